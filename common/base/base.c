@@ -1,0 +1,203 @@
+/* Status strings, logging, last-error text, time, f16, RNG, arenas and file helpers. */
+#include "strata/base.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+const char *st_status_str(st_status_t s) {
+    switch (s) {
+    case ST_OK: return "ok";
+    case ST_ERR_INVALID_ARG: return "invalid argument";
+    case ST_ERR_OUT_OF_RANGE: return "out of range";
+    case ST_ERR_CAPACITY: return "capacity exhausted";
+    case ST_ERR_TIMEOUT: return "timed out";
+    case ST_ERR_CANCELLED: return "cancelled";
+    case ST_ERR_CONFIG: return "bad config";
+    case ST_ERR_CHECKPOINT: return "bad checkpoint";
+    case ST_ERR_IO: return "I/O error";
+    case ST_ERR_PARSE: return "parse error";
+    case ST_ERR_PEER: return "peer failure";
+    case ST_ERR_PROTOCOL: return "protocol error";
+    case ST_ERR_NO_MEMORY: return "out of memory";
+    case ST_ERR_DEVICE: return "device error";
+    case ST_ERR_UNSUPPORTED: return "unsupported";
+    case ST_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+static st_log_level_t g_level = ST_LOG_INFO;
+static const char *g_tag = "strata";
+static int g_level_from_env = 0;
+
+void st_log_set_level(st_log_level_t lvl) { g_level = lvl; }
+void st_log_set_tag(const char *tag) { g_tag = tag; }
+
+static void log_env_once(void) {
+    if (g_level_from_env) return;
+    g_level_from_env = 1;
+    const char *e = getenv("STRATA_LOG");
+    if (!e) return;
+    if (!strcmp(e, "error")) g_level = ST_LOG_ERROR;
+    else if (!strcmp(e, "warn")) g_level = ST_LOG_WARN;
+    else if (!strcmp(e, "info")) g_level = ST_LOG_INFO;
+    else if (!strcmp(e, "debug")) g_level = ST_LOG_DEBUG;
+}
+
+static void log_v(st_log_level_t lvl, const char *file, int line, const char *fmt, va_list ap) {
+    static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    char msg[2048];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    fprintf(stderr, "%02d:%02d:%02d.%03ld %-5s [%s] %s:%d %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+            ts.tv_nsec / 1000000, names[lvl], g_tag, base, line, msg);
+}
+
+void st_log_msg(st_log_level_t lvl, const char *file, int line, const char *fmt, ...) {
+    log_env_once();
+    if (lvl > g_level) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_v(lvl, file, line, fmt, ap);
+    va_end(ap);
+}
+
+static _Thread_local char g_err[1024];
+
+void st_err_set(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+}
+
+const char *st_err_last(void) { return g_err; }
+
+st_status_t st_fail(st_status_t s, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    st_log_msg(ST_LOG_ERROR, file, line, "%s (%s)", g_err, st_status_str(s));
+    return s;
+}
+
+double st_time_sec(void) { return (double)st_time_ns() * 1e-9; }
+
+uint64_t st_time_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+float st_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    if (exp == 31) {
+        uint32_t u = sign | 0x7f800000u | (man << 13);
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint32_t u = sign | ((exp + 112) << 23) | (man << 13);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t st_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    float a = fabsf(f);
+    if (isnan(f)) return (uint16_t)(sign | 0x7e00);
+    if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00);
+    if (a < 6.103515625e-05f) { /* subnormal: round to nearest multiple of 2^-24 */
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
+    }
+    uint32_t e = ((u >> 23) & 0xff) - 112, m = u & 0x7fffff;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rem = m & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+float st_rng_normal(st_rng_t *r) {
+    double u1 = st_rng_uniform(r), u2 = st_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+st_status_t st_arena_init(st_arena_t *a, size_t cap) {
+    memset(a, 0, sizeof *a);
+    if (cap == 0) return ST_OK;
+    if (posix_memalign((void **)&a->base, 64, cap) != 0)
+        return ST_FAIL(ST_ERR_NO_MEMORY, "arena of %zu bytes", cap);
+    a->cap = cap;
+    return ST_OK;
+}
+
+void st_arena_cleanup(st_arena_t *a) {
+    free(a->base);
+    memset(a, 0, sizeof *a);
+}
+
+void *st_arena_alloc(st_arena_t *a, size_t bytes) {
+    size_t off = (a->used + 63) & ~(size_t)63;
+    if (off + bytes > a->cap) return NULL;
+    a->used = off + bytes;
+    if (a->used > a->high) a->high = a->used;
+    return a->base + off;
+}
+
+st_status_t st_file_read_all(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ST_FAIL(ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return ST_FAIL(ST_ERR_IO, "cannot seek %s", path);
+    }
+    long n = ftell(f);
+    rewind(f);
+    if (n < 0) {
+        fclose(f);
+        return ST_FAIL(ST_ERR_IO, "cannot size %s", path);
+    }
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return ST_FAIL(ST_ERR_NO_MEMORY, "reading %s (%ld bytes)", path, n);
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        return ST_FAIL(ST_ERR_IO, "short read on %s", path);
+    }
+    fclose(f);
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = (size_t)n;
+    return ST_OK;
+}
+
+st_status_t st_file_write_all(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return ST_FAIL(ST_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    if (len && fwrite(data, 1, len, f) != len) {
+        fclose(f);
+        return ST_FAIL(ST_ERR_IO, "short write on %s", path);
+    }
+    if (fclose(f) != 0) return ST_FAIL(ST_ERR_IO, "close failed on %s", path);
+    return ST_OK;
+}

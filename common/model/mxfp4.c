@@ -1,0 +1,58 @@
+/* Weight decode: F32/BF16/F16 rows and MXFP4 (OCP E2M1 codes, E8M0 group-32 scales; see
+ * notes/checkpoint-layout.md §6) into fp32. */
+#include <math.h>
+
+#include "strata/model.h"
+
+static const float k_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+float st_mxfp4_value(uint8_t nibble, uint8_t scale) {
+    float v = k_e2m1[nibble & 7];
+    if (nibble & 8) v = -v;
+    /* NOTE: E8M0 0xFF is +inf in the reference (no clamp); ldexpf(…, 128) gives inf as well. */
+    return ldexpf(v, (int)scale - 127);
+}
+
+void st_weight_rows_f32(const st_weight_t *w, int r0, int n, float *dst) {
+    size_t cols = (size_t)w->cols;
+    for (int r = 0; r < n; r++) {
+        size_t row = (size_t)(r0 + r);
+        float *out = dst + (size_t)r * cols;
+        switch (w->dtype) {
+        case ST_DT_F32: {
+            const float *src = (const float *)w->data + row * cols;
+            memcpy(out, src, cols * sizeof(float));
+            break;
+        }
+        case ST_DT_BF16: {
+            const uint16_t *src = (const uint16_t *)w->data + row * cols;
+            for (size_t c = 0; c < cols; c++) out[c] = st_bf16_to_f32(src[c]);
+            break;
+        }
+        case ST_DT_F16: {
+            const uint16_t *src = (const uint16_t *)w->data + row * cols;
+            for (size_t c = 0; c < cols; c++) out[c] = st_f16_to_f32(src[c]);
+            break;
+        }
+        case ST_DT_MXFP4: {
+            const uint8_t *codes = (const uint8_t *)w->data + row * (cols / 2);
+            const uint8_t *sc = w->scale + row * (cols / 32);
+            for (size_t g = 0; g < cols / 32; g++) {
+                float mul = ldexpf(1.0f, (int)sc[g] - 127);
+                for (size_t j = 0; j < 16; j++) {
+                    uint8_t b = codes[g * 16 + j];
+                    float lo = k_e2m1[b & 7], hi = k_e2m1[(b >> 4) & 7];
+                    out[g * 32 + 2 * j] = ((b & 8) ? -lo : lo) * mul;
+                    out[g * 32 + 2 * j + 1] = ((b & 0x80) ? -hi : hi) * mul;
+                }
+            }
+            break;
+        }
+        case ST_DT_U8: {
+            const uint8_t *src = (const uint8_t *)w->data + row * cols;
+            for (size_t c = 0; c < cols; c++) out[c] = (float)src[c];
+            break;
+        }
+        }
+    }
+}

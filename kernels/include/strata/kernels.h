@@ -1,0 +1,127 @@
+/* Strata compute ops, CPU versions (kernels/<op>.c). Each op is a plain function over fp32
+ * activations; the *_ref variants are loop-by-loop transcriptions of SPEC.md that tests (and the
+ * CUDA kernels) are checked against. Kernels never allocate: callers pass workspace.
+ * Layout: activations row-major [T, width] fp32 unless a comment says otherwise. */
+#ifndef STRATA_KERNELS_H
+#define STRATA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/base.h"
+#include "strata/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------- linear algebra ---------------- */
+/* y [T, W->rows] = x [T, W->cols] · Wᵀ. BLAS (sgemm) on fp32 panels; non-F32 weights are decoded
+ * panel by panel into ws. ws: st_linear_ws_floats(W) floats.
+ * NOTE: each output row depends only on its own input row (no batch-dependent reduction order), so
+ * a token gets bit-identical results whatever else is in the batch. */
+size_t st_linear_ws_floats(const st_weight_t *W);
+void st_linear(float *y, const float *x, const st_weight_t *W, int T, float *ws);
+void st_linear_ref(float *y, const float *x, const st_weight_t *W, int T); /* plain loops */
+/* C [M,N] = A [M,K] · Bᵀ (B [N,K]), all fp32 row-major; BLAS. */
+void st_gemm_nt(float *C, const float *A, const float *B, int M, int N, int K);
+
+/* ---------------- norms & activations ---------------- */
+/* y [T,n] = x / sqrt(mean(x²)+eps) ⊙ w  (w NULL: no weight). y may alias x. */
+void st_rmsnorm(float *y, const float *x, const float *w, int T, int n, float eps);
+/* in place, per head: x [T, H, dh] ← x / sqrt(Σx² + eps) */
+void st_l2norm_heads(float *x, int T, int H, int dh, float eps);
+float st_silu(float x);
+float st_sigmoid(float x);
+/* h [T,n] = act(gate [T,n], up [T,n]); SiTU: (b1·tanh(a/b1)·σ(a))·(b2·tanh(u/b2)); SiLU: silu(a)·u.
+ * gate/up may be rows of one [T, 2n] buffer: pass ld (row stride in floats) for both inputs. */
+void st_glu(float *h, const float *gate, const float *up, int T, int n, int ld_in, st_act_t act,
+            float b1, float b2);
+
+/* ---------------- KDA (SPEC §3) ---------------- */
+/* Depthwise causal conv, kernel K, then SiLU. x [T, C]; w [C, K] fp32 (tap K-1 = newest);
+ * state [K-1, C] holds the previous K-1 inputs, oldest first (zeros at sequence start); updated in
+ * place to the last K-1 inputs. y [T, C] must not alias x. */
+void st_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K);
+/* Decay gate. f [T, H*dk] (= W_fb W_fa x) → g [T, H*dk] (may alias f).
+ * bounded:   g = lb · σ(exp(A_log[h]) · (f + dt_bias))
+ * unbounded: g = −exp(A_log[h]) · softplus(f + dt_bias) */
+void st_kda_gate(float *g, const float *f, const float *A_log, const float *dt_bias, int T, int H,
+                 int dk, bool bounded, float lb);
+/* Recurrent KDA (the definition, §3.2), one sequence.
+ * q,k,g [T, H, dk]; v [T, H, dv]; beta [T, H]; S [H, dk, dv] fp32 in/out; o [T, H, dv]. */
+void st_kda_recurrent(float *o, const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, float *S, int T, int H, int dk, int dv, float scale);
+/* Chunked KDA (§3.3), one sequence, 16-token tiles. bounded = the gate has a lower bound, so the
+ * diagonal tile uses the dense (Q⊙Γ)(K/Γ)ᵀ form; otherwise a per-pair exponent form.
+ * Same arguments and result (to rounding) as st_kda_recurrent. ws: st_kda_chunked_ws_floats. */
+size_t st_kda_chunked_ws_floats(int H, int dk, int dv);
+void st_kda_chunked(float *o, const float *q, const float *k, const float *v, const float *g,
+                    const float *beta, float *S, int T, int H, int dk, int dv, float scale,
+                    bool bounded, float *ws);
+/* Output norm and gate: o [T, H, dv] ← RMSNorm(o_h; w_norm [dv], eps) ⊙ σ(gate [T, H*dv]) */
+void st_kda_out_gate(float *o, const float *gate, const float *w_norm, int T, int H, int dv, float eps);
+
+/* ---------------- MLA (SPEC §4) ---------------- */
+/* Paged latent cache of one sequence and layer: rows of width R = kv_lora + rope, fp32,
+ * page_size rows per page; pages[i] points at page i. Owns nothing. */
+typedef struct {
+    float *const *pages;
+    int page_size;
+    int R;
+    int n; /* rows valid */
+} st_kv_view_t;
+static inline float *st_kv_row(const st_kv_view_t *kv, int i) {
+    return kv->pages[i / kv->page_size] + (size_t)(i % kv->page_size) * (size_t)kv->R;
+}
+/* Direct (prefill) form: T queries at positions n_ctx-T .. n_ctx-1 over keys 0..n_ctx-1, causal.
+ * q [T, H, dqk]; k [n_ctx, H, dqk]; v [n_ctx, H, dv]; o [T, H, dv]. ws: n_ctx floats. */
+void st_mla_attn_direct(float *o, const float *q, const float *k, const float *v, int T, int n_ctx,
+                        int H, int dqk, int dv, float scale, float *ws);
+/* Absorbed (decode) form: MQA over the latent cache. q_abs [T, H, R] (= [W_UKᵀ q_nope ; q_pe]);
+ * query t sits at position kv->n - T + t and sees rows 0..that position.
+ * o_lat [T, H, kv_lora] = Σ_s p_s c̃_s. ws: kv->n floats. */
+void st_mla_attn_absorbed(float *o_lat, const float *q_abs, const st_kv_view_t *kv, int T, int H,
+                          int kv_lora, float scale, float *ws);
+
+/* ---------------- Block AttnRes (SPEC §5) ---------------- */
+/* Direct form for one token: out [d] = Σ_i softmax(s)_i V_i over sources src[0..n_src) (each [d]),
+ * s_i = Σ_c V_i[c]/sqrt(mean(V_i²)+eps) · w_eff[c], w_eff = γ ⊙ w. */
+void st_attnres_direct(float *out, const float *const *src, int n_src, const float *w_eff, int d,
+                       float eps);
+/* Two-phase form.
+ * Phase 1 (once per completed-block set, for Q queries): blocks [m][T, d] (m completed blocks, each
+ * a [T,d] array), w_eff [Q, d] → stats [T, Q, 2] (running max, sum of exp) and acc [T, Q, d]
+ * (Σ exp(s_i − max) V_i), i.e. the online-softmax state over the completed blocks.
+ * Phase 2 (per sublayer q): merge the current partial [T, d] and write out [T, d]. m may be 0. */
+void st_attnres_phase1(float *stats, float *acc, const float *const *blocks, int m, const float *w_eff,
+                       int Q, int T, int d, float eps);
+void st_attnres_phase2(float *out, const float *partial, const float *stats, const float *acc,
+                       const float *w_eff_q, int q, int Q, int T, int d, float eps);
+
+/* ---------------- router (SPEC §7) ---------------- */
+/* s [T, n] = σ(logits) in place. */
+void st_router_sigmoid(float *s, int T, int n);
+/* top-k: ids [T, k] (ascending expert id within a token), w [T, k]; select by s + bias (bias may
+ * be NULL), ties → lower id; weights from unbiased s, renormalised if renorm, times scale. */
+void st_route_topk(int *ids, float *w, const float *s, const float *bias, int T, int n, int k,
+                   bool renorm, float scale);
+/* quantile: expert j active iff s_j >= tau[j]; keep at most kmax with the largest s_j − tau_j
+ * (ties → lower id); ids [T, kmax] ascending within a token, cnt [T] (may be 0). */
+void st_route_quantile(int *ids, float *w, int *cnt, const float *s, const float *tau, int T, int n,
+                       int kmax, bool renorm, float scale);
+
+/* ---------------- sampling (SPEC §9) ---------------- */
+typedef struct {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+} st_sampling_t;
+/* Returns the chosen id. rng advanced only when sampling (temperature > 0). ws: 2*V floats. */
+int st_sample(const float *logits, int V, const st_sampling_t *sp, st_rng_t *rng, float *ws);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
