@@ -1,0 +1,69 @@
+/* The attention-worker engine: the whole model of SPEC §2–9 over batches of sequences, with
+ * per-sequence state pools (KDA state + conv windows, paged MLA latent cache) sized at creation.
+ * In one process it also runs the routed experts locally; the distributed worker replaces that part
+ * through st_engine_set_experts. Not thread-safe: one thread drives an engine. */
+#ifndef STRATA_ENGINE_H
+#define STRATA_ENGINE_H
+
+#include <stdbool.h>
+
+#include "strata/base.h"
+#include "strata/kernels.h"
+#include "strata/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct st_engine st_engine_t;
+
+typedef enum { ST_ROUTE_TOPK = 0, ST_ROUTE_QUANTILE = 1 } st_route_mode_t;
+
+typedef struct {
+    int max_seqs;         /* sequence slots in the state pools */
+    int max_batch_tokens; /* new tokens per step, summed over sequences */
+    int max_ctx;          /* tokens per sequence (prompt + generated) */
+    int kv_page_size;     /* MLA latent-cache rows per page (0 = 64) */
+    int kv_pages;         /* pages in the pool (0 = enough for max_seqs × max_ctx) */
+    st_route_mode_t routing;
+    int k_max;            /* quantile mode: most experts per token (0 = 2k) */
+} st_engine_opts_t;
+
+void st_engine_opts_default(st_engine_opts_t *o);
+st_status_t st_engine_create(st_engine_t **out, const st_ckpt_t *ck, const st_engine_opts_t *opts);
+void st_engine_destroy(st_engine_t *e);
+const st_config_t *st_engine_config(const st_engine_t *e);
+
+/* Sequence slots: open gives a slot with empty state; close returns it. */
+st_status_t st_engine_seq_open(st_engine_t *e, int *slot);
+void st_engine_seq_close(st_engine_t *e, int slot);
+int st_engine_seq_len(const st_engine_t *e, int slot); /* tokens consumed so far */
+
+/* One step: each entry feeds n_tokens new tokens of one open sequence (a prompt, a prompt piece, or
+ * one decode token). Logits are written in entry order: all n_tokens rows when all_logits, else
+ * only the last row; each row is vocab floats. Errors (bad slot, token id, capacity) leave every
+ * sequence's state unchanged. */
+typedef struct {
+    int slot;
+    int n_tokens;
+    const int *tokens;
+    bool all_logits;
+} st_seq_chunk_t;
+st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
+
+/* Quantile thresholds τ [n_layers][n_experts] (rows of non-MoE layers ignored); NULL = back to
+ * top-k until the next set. Copied. */
+void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version);
+
+/* Routing hook, called at every MoE layer after routing and before the experts run, with the
+ * step's tokens in entry order. It may read the scores (e.g. for threshold summaries) and may
+ * overwrite the chosen sets (tests force the reference's choices this way); weights are then
+ * recomputed from the scores over the final sets. ids [T, kmax] ascending per token, cnt [T]. */
+typedef void (*st_route_hook_t)(void *ctx, int layer, int T, int n_experts, const float *scores,
+                                int *ids, int *cnt, int kmax);
+void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
