@@ -112,6 +112,13 @@ void st_route_topk(int *ids, float *w, const float *s, const float *bias, int T,
 void st_route_quantile(int *ids, float *w, int *cnt, const float *s, const float *tau, int T, int n,
                        int kmax, bool renorm, float scale);
 
+/* ---------------- FFN (SPEC §6) ---------------- */
+/* GLU feed-forward: y [T, down->rows] = down · act(gate x, up x); x [T, gate->cols].
+ * Used for dense layers, shared experts and routed experts. ws: st_ffn_ws_floats(T, ...) floats. */
+size_t st_ffn_ws_floats(int T, const st_weight_t *gate, const st_weight_t *up, const st_weight_t *down);
+void st_ffn(float *y, const float *x, int T, const st_weight_t *gate, const st_weight_t *up,
+            const st_weight_t *down, st_act_t act, float b1, float b2, float *ws);
+
 /* ---------------- sampling (SPEC §9) ---------------- */
 typedef struct {
     float temperature; /* 0 = greedy */
