@@ -1,0 +1,25 @@
+/* The `strata` command: subcommand entry points and small shared helpers. */
+#ifndef STRATA_CLI_H
+#define STRATA_CLI_H
+
+#include <stdio.h>
+
+#include "strata/base.h"
+
+typedef struct {
+    FILE *f;
+    int rows, cols;
+} st_npy_t;
+st_status_t st_npy_open(st_npy_t *n, const char *path, int cols);
+st_status_t st_npy_append(st_npy_t *n, const float *rows, int count);
+st_status_t st_npy_close(st_npy_t *n);
+
+/* option parsing: returns the value of --name (argv[i+1]) and advances i, or NULL */
+const char *st_cli_opt(int argc, char **argv, int *i, const char *name);
+/* "1,2,3" → ids; returns count or -1 on a malformed list */
+int st_cli_parse_ids(const char *s, int *ids, int max);
+
+int st_cmd_ckpt(int argc, char **argv);
+int st_cmd_run(int argc, char **argv);
+
+#endif

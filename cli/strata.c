@@ -1,0 +1,55 @@
+/* `strata`: one command for users — checkpoints (init, inspect) and the one-process engine (run). */
+#include <stdlib.h>
+
+#include "cli.h"
+
+const char *st_cli_opt(int argc, char **argv, int *i, const char *name) {
+    if (strcmp(argv[*i], name) != 0) return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "strata: %s needs a value\n", name);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+int st_cli_parse_ids(const char *s, int *ids, int max) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 0x7fffffff || n >= max) return -1;
+        ids[n++] = (int)v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: strata <command> [options]\n"
+            "  ckpt init --preset tiny|small|k3-mini --out DIR [--seed N] [--dtype bf16|f32]\n"
+            "            [--skew-router X] [--mxfp4 | --no-mxfp4]\n"
+            "  ckpt inspect DIR\n"
+            "  run --ckpt DIR (--prompt TEXT | --prompt-tokens 1,2,3 | --batch-file FILE) --max-tokens N\n"
+            "      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE.npy]\n"
+            "      [--routing topk|quantile] [--ignore-eos] [--print-tokens]\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage();
+        return 2;
+    }
+    st_log_set_tag("strata");
+    if (!strcmp(argv[1], "ckpt")) return st_cmd_ckpt(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "run")) return st_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage();
+        return 0;
+    }
+    fprintf(stderr, "strata: unknown command '%s'\n", argv[1]);
+    usage();
+    return 2;
+}
