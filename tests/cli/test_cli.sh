@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The `strata` command end to end on the tiny preset: ckpt init/inspect, run with text and tokens,
+# --dump-logits shapes, --batch-file gives each prompt exactly the logits it gets alone, sampling is
+# reproducible with a seed, and bad inputs give clear errors (exit 1/2, no crash).
+set -u
+bin=${STRATA_BIN:?}/strata
+tmp=$(mktemp -d "${STRATA_TEST_TMP:-/tmp}/cli.XXXXXX" 2>/dev/null || mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); echo "ok   $1"; }
+bad() { fail=$((fail+1)); echo "FAIL $1"; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+
+"$bin" ckpt init --preset tiny --out "$tmp/ck" --seed 3 >/dev/null 2>&1
+check "ckpt init writes config, index and several shards" \
+  "[ -f $tmp/ck/config.json ] && [ -f $tmp/ck/model.safetensors.index.json ] && [ \$(ls $tmp/ck/*.safetensors | wc -l) -ge 3 ]"
+out=$("$bin" ckpt inspect "$tmp/ck" 2>&1)
+check "inspect prints parameters and bytes" "echo \"\$out\" | grep -q 'active per token' && echo \"\$out\" | grep -q 'attention worker'"
+
+out=$("$bin" run --ckpt "$tmp/ck" --prompt "Hello" --max-tokens 6 --ignore-eos 2>"$tmp/err")
+check "run prints tokens/s" "grep -q 'tokens/s' $tmp/err"
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 5,6,7,8 --max-tokens 5 --print-tokens --ignore-eos \
+  --dump-logits "$tmp/one.npy" >"$tmp/one.txt" 2>/dev/null
+check "dump-logits is [prompt + generated - 1, vocab] float32" \
+  "python3 -c \"import numpy as n; a=n.load('$tmp/one.npy'); assert a.shape==(8,512) and a.dtype==n.float32 and n.isfinite(a).all()\""
+check "printed tokens are greedy argmax of dumped logits" \
+  "python3 -c \"import numpy as n; a=n.load('$tmp/one.npy'); t=[int(x) for x in open('$tmp/one.txt').read().split(',')]; assert list(a[3:].argmax(1))==t[:5]\""
+
+# batch: each prompt gets exactly the logits it gets alone
+printf 'tokens: 5,6,7,8\nHello there, a longer prompt of many bytes\ntokens: 9\n' > "$tmp/batch.txt"
+"$bin" run --ckpt "$tmp/ck" --batch-file "$tmp/batch.txt" --max-tokens 4 --ignore-eos --dump-logits "$tmp/b.npy" >/dev/null 2>&1
+"$bin" run --ckpt "$tmp/ck" --prompt "Hello there, a longer prompt of many bytes" --max-tokens 4 --ignore-eos --dump-logits "$tmp/a1.npy" >/dev/null 2>&1
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 9 --max-tokens 4 --ignore-eos --dump-logits "$tmp/a2.npy" >/dev/null 2>&1
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 5,6,7,8 --max-tokens 4 --ignore-eos --dump-logits "$tmp/a0.npy" >/dev/null 2>&1
+check "batch-file prompt 0 logits == alone (bitwise)" "cmp -s $tmp/b.0.npy $tmp/a0.npy"
+check "batch-file prompt 1 logits == alone (bitwise)" "cmp -s $tmp/b.1.npy $tmp/a1.npy"
+check "batch-file prompt 2 logits == alone (bitwise)" "cmp -s $tmp/b.2.npy $tmp/a2.npy"
+
+s1=$("$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 12 --temperature 1.0 --top-p 0.9 --seed 42 --print-tokens --ignore-eos 2>/dev/null)
+s2=$("$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 12 --temperature 1.0 --top-p 0.9 --seed 42 --print-tokens --ignore-eos 2>/dev/null)
+s3=$("$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 12 --temperature 1.0 --top-p 0.9 --seed 43 --print-tokens --ignore-eos 2>/dev/null)
+check "sampling with a seed is reproducible" "[ -n \"$s1\" ] && [ \"$s1\" = \"$s2\" ]"
+check "a different seed samples differently" "[ \"$s1\" != \"$s3\" ]"
+
+# bad inputs
+"$bin" run --ckpt "$tmp/nope" --prompt x --max-tokens 1 >/dev/null 2>"$tmp/err"; rc=$?
+check "missing checkpoint: exit 1 with a message" "[ $rc -eq 1 ] && grep -q 'nope' $tmp/err"
+cp -r "$tmp/ck" "$tmp/ck2"
+python3 -c "import json; p='$tmp/ck2/config.json'; c=json.load(open(p)); del c['text_config']['hidden_size']; json.dump(c, open(p,'w'))"
+"$bin" run --ckpt "$tmp/ck2" --prompt x --max-tokens 1 >/dev/null 2>"$tmp/err"; rc=$?
+check "config without hidden_size: error names the key" "[ $rc -eq 1 ] && grep -q 'hidden_size' $tmp/err"
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,99999 --max-tokens 1 >/dev/null 2>"$tmp/err"; rc=$?
+check "token id out of range: clear error" "[ $rc -eq 1 ] && grep -q 'vocabulary' $tmp/err"
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,x --max-tokens 1 >/dev/null 2>&1; rc=$?
+check "malformed token list: usage error" "[ $rc -eq 2 ]"
+"$bin" ckpt init --preset huge --out "$tmp/h" >/dev/null 2>"$tmp/err"; rc=$?
+check "unknown preset: clear error" "[ $rc -ne 0 ] && grep -qi 'preset' $tmp/err"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
