@@ -1,0 +1,46 @@
+/* Shared by the GPU benchmarks: device start-up, the ceilings (copy bandwidth, bf16 GEMM) measured
+ * in the same run, and a timing loop. Figures are printed as "RESULT name value unit". */
+#ifndef STRATA_BENCH_GPU_COMMON_H
+#define STRATA_BENCH_GPU_COMMON_H
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "strata/gpu.h"
+#include "strata/kernels_cuda.h"
+
+#define BK(call)                                                                              \
+    do {                                                                                      \
+        st_status_t rc_ = (call);                                                             \
+        if (rc_ != ST_OK) {                                                                   \
+            fprintf(stderr, "FATAL %s:%d: %s -> %s\n", __FILE__, __LINE__, #call, st_err_last()); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static st_gpu_stream_t bs;
+static double b_copy_gbs, b_gemm_tflops;
+
+static void bench_init(const char *name, int want_gemm) {
+    if (st_gpu_device_count() <= 0) {
+        printf("%s: no CUDA device\n", name);
+        exit(77);
+    }
+    BK(st_gpu_init(0));
+    BK(st_gpu_stream_create(&bs));
+    char d[256];
+    st_gpu_describe(d, sizeof d);
+    printf("%s on %s\n", name, d);
+    BK(st_gpu_ceiling_copy(&bs, (size_t)2 << 30, 5, &b_copy_gbs));
+    printf("RESULT ceiling_copy_d2d %.0f GB/s (2 GiB, read+written)\n", b_copy_gbs);
+    if (want_gemm) {
+        BK(st_gpu_ceiling_gemm(&bs, 8192, 10, &b_gemm_tflops));
+        printf("RESULT ceiling_gemm_bf16_8192 %.1f TFLOP/s\n", b_gemm_tflops);
+    }
+}
+
+static void *bdev(size_t bytes) {
+    void *p;
+    BK(st_gpu_malloc(&p, bytes));
+    return p;
+}
+#endif

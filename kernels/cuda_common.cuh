@@ -1,0 +1,68 @@
+/* Internal helpers shared by kernels/*.cu: bf16 conversions, warp reductions and the
+ * mma.sync m16n8k16 bf16 tensor-core wrapper with its fragment loaders. Not a public header. */
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "strata/kernels_cuda.h"
+
+#define ST_LAUNCH_OK(name) st_gpu_last_launch((name), __FILE__, __LINE__)
+#define ST_STREAM(s) ((cudaStream_t)(s)->stream)
+
+__device__ __forceinline__ float st_bf(const st_bf16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ st_bf16_t st_tobf(float f) {
+    __nv_bfloat16 b = __float2bfloat16_rn(f);
+    return *reinterpret_cast<st_bf16_t *>(&b);
+}
+__device__ __forceinline__ uint32_t st_pack_bf2(float lo, float hi) {
+    return (uint32_t)st_tobf(lo) | ((uint32_t)st_tobf(hi) << 16);
+}
+
+__device__ __forceinline__ float st_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float st_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Block sum for blockDim.x a multiple of 32, ≤ 1024; red: 32 floats of shared memory. */
+__device__ __forceinline__ float st_block_sum(float v, float *red) {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    v = st_warp_sum(v);
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float t = l < nw ? red[l] : 0.f;
+    return st_warp_sum(t);
+}
+
+/* D += A·B, m16n8k16, bf16 in, fp32 accumulate.
+ * Fragments (g = lane>>2, t = lane&3): a[0]=A[g][2t..], a[1]=A[g+8][2t..], a[2]=A[g][2t+8..],
+ * a[3]=A[g+8][2t+8..]; b[0]=B[2t..][g], b[1]=B[2t+8..][g]; c[0..1]=C[g][2t..], c[2..3]=C[g+8][2t..]. */
+__device__ __forceinline__ void st_mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* A fragment from row-major bf16 smem M (leading dim ld elements), rows r0.., cols k0.. */
+__device__ __forceinline__ void st_frag_a(uint32_t a[4], const st_bf16_t *M, int ld, int r0, int k0) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const st_bf16_t *p = M + (size_t)(r0 + g) * ld + k0 + 2 * t;
+    a[0] = *(const uint32_t *)p;
+    a[1] = *(const uint32_t *)(p + 8 * ld);
+    a[2] = *(const uint32_t *)(p + 8);
+    a[3] = *(const uint32_t *)(p + 8 * ld + 8);
+}
+/* B fragment where B[k][n] = Bt[n][k] (Bt row-major, leading dim ld): cols n0.., rows k0.. */
+__device__ __forceinline__ void st_frag_b(uint32_t b[2], const st_bf16_t *Bt, int ld, int n0, int k0) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const st_bf16_t *p = Bt + (size_t)(n0 + g) * ld + k0 + 2 * t;
+    b[0] = *(const uint32_t *)p;
+    b[1] = *(const uint32_t *)(p + 8);
+}

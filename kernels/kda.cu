@@ -1,0 +1,427 @@
+/* Kimi Delta Attention on the GPU (SPEC §3): short conv + SiLU, decay gate, chunked prefill and
+ * recurrent decode over a state pool. K = V = 128. CPU references: st_conv_silu, st_kda_gate,
+ * st_kda_recurrent / st_kda_chunked (kernels/kda.c). Derivation of the tile form: SPEC §3.3. */
+#include <stdlib.h>
+
+#include "cuda_common.cuh"
+
+#define KD 128 /* key = value head dim */
+
+/* ------------------------------------------------------------------ conv + SiLU */
+__device__ __forceinline__ int seq_of(const int *cu, int B, int t) { /* largest b with cu[b] <= t */
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* one thread per (token, channel); reads the old conv state, never writes it */
+__global__ void conv_silu_kernel(st_bf16_t *y, const st_bf16_t *x, const float *state, const int *slots,
+                                 const float *w, const int *cu, int B, int T_tot, int C, int K) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T_tot * C) return;
+    int t = (int)(i / C), c = (int)(i % C);
+    int b = seq_of(cu, B, t);
+    int pos = t - cu[b];
+    const float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
+    float acc = 0.f;
+    for (int j = 0; j < K; j++) {
+        int p = pos - (K - 1) + j;
+        float xv = p >= 0 ? st_bf(x[(size_t)(t - (K - 1) + j) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
+        acc += w[c * K + j] * xv;
+    }
+    y[i] = st_tobf(acc / (1.f + __expf(-acc)));
+}
+
+/* one thread per (sequence, channel): state ← last K-1 inputs, ascending so in-place reads of the
+ * old state (index L+j > j) happen before that slot is overwritten. */
+__global__ void conv_state_kernel(float *state, const int *slots, const st_bf16_t *x, const int *cu, int B,
+                                  int C, int K) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * C) return;
+    int b = i / C, c = i % C;
+    int bos = cu[b], L = cu[b + 1] - bos;
+    float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
+    for (int j = 0; j < K - 1; j++) {
+        int p = L - (K - 1) + j;
+        float v = p >= 0 ? st_bf(x[(size_t)(bos + p) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
+        st[(size_t)j * C + c] = v;
+    }
+}
+
+extern "C" st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x,
+                                         float *state, const int *slots, const float *w, const int *cu_seqlens,
+                                         int B, int T_tot, int C, int K) {
+    if (B < 0 || T_tot < 0 || C <= 0 || K < 1 || K > 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "conv_silu: B=%d T=%d C=%d K=%d", B, T_tot, C, K);
+    if (B == 0) return ST_OK;
+    size_t n = (size_t)T_tot * C;
+    if (n) conv_silu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, x, state, slots, w,
+                                                                                   cu_seqlens, B, T_tot, C, K);
+    if (K > 1) conv_state_kernel<<<(B * C + 255) / 256, 256, 0, ST_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
+    return ST_LAUNCH_OK("conv_silu_kernel");
+}
+
+/* ------------------------------------------------------------------ gate */
+__global__ void kda_gate_kernel(float *g, const st_bf16_t *f, const float *A_log, const float *dt_bias,
+                                size_t n, int H, int dk, int bounded, float lb) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int hc = (int)(i % ((size_t)H * dk));
+    float a = expf(A_log[hc / dk]);
+    float u = st_bf(f[i]) + dt_bias[hc];
+    if (bounded) g[i] = lb / (1.f + expf(-a * u));
+    else g[i] = -a * (u > 20.f ? u : log1pf(expf(u)));
+}
+
+extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const st_bf16_t *f,
+                                        const float *A_log, const float *dt_bias, int T, int H, int dk,
+                                        bool bounded, float lb) {
+    if (T < 0 || H <= 0 || dk <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_gate: T=%d H=%d dk=%d", T, H, dk);
+    size_t n = (size_t)T * H * dk;
+    if (!n) return ST_OK;
+    kda_gate_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(g, f, A_log, dt_bias, n, H, dk,
+                                                                          bounded, lb);
+    return ST_LAUNCH_OK("kda_gate_kernel");
+}
+
+/* ------------------------------------------------------------------ decode */
+/* grid (KD/32, H, N), 128 threads: a block owns 32 value columns of one (sequence, head) state;
+ * thread = (row group rg = tid/8 : rows rg + 16·i, i < 8) × (column quad tid%8). The state slice
+ * (16 KiB) is read once into registers and written once. */
+__global__ void __launch_bounds__(128) kda_decode_kernel(st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
+                                                         const st_bf16_t *v, const float *g, const float *beta,
+                                                         float *S, const int *slots, int H, float scale) {
+    __shared__ float qs[KD], ks[KD], ds[KD];
+    __shared__ float red[16][33];
+    __shared__ float es[32];
+    const int n = blockIdx.z, h = blockIdx.y, v0 = blockIdx.x * 32, tid = threadIdx.x;
+    const int rg = tid >> 3, cq = (tid & 7) * 4;
+    const size_t tok = (size_t)n * H + h;
+    float *Sp = S + ((size_t)(slots ? slots[n] : n) * H + h) * KD * KD + v0 + cq;
+    float4 sr[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) sr[i] = *reinterpret_cast<const float4 *>(Sp + (size_t)(rg + 16 * i) * KD);
+    qs[tid] = st_bf(q[tok * KD + tid]) * scale;
+    ks[tid] = st_bf(k[tok * KD + tid]);
+    ds[tid] = __expf(g[tok * KD + tid]);
+    __syncthreads();
+    float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int c = rg + 16 * i;
+        float d = ds[c], kc = ks[c];
+        sr[i].x *= d, sr[i].y *= d, sr[i].z *= d, sr[i].w *= d;
+        p0 += kc * sr[i].x, p1 += kc * sr[i].y, p2 += kc * sr[i].z, p3 += kc * sr[i].w;
+    }
+    red[rg][cq] = p0, red[rg][cq + 1] = p1, red[rg][cq + 2] = p2, red[rg][cq + 3] = p3;
+    __syncthreads();
+    if (tid < 32) {
+        float a = 0;
+#pragma unroll
+        for (int r = 0; r < 16; r++) a += red[r][tid];
+        es[tid] = beta[tok] * (st_bf(v[tok * KD + v0 + tid]) - a);
+    }
+    __syncthreads();
+    float e0 = es[cq], e1 = es[cq + 1], e2 = es[cq + 2], e3 = es[cq + 3];
+    p0 = p1 = p2 = p3 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int c = rg + 16 * i;
+        float kc = ks[c], qc = qs[c];
+        sr[i].x += kc * e0, sr[i].y += kc * e1, sr[i].z += kc * e2, sr[i].w += kc * e3;
+        p0 += qc * sr[i].x, p1 += qc * sr[i].y, p2 += qc * sr[i].z, p3 += qc * sr[i].w;
+        *reinterpret_cast<float4 *>(Sp + (size_t)c * KD) = sr[i];
+    }
+    __syncthreads(); /* red reused */
+    red[rg][cq] = p0, red[rg][cq + 1] = p1, red[rg][cq + 2] = p2, red[rg][cq + 3] = p3;
+    __syncthreads();
+    if (tid < 32) {
+        float a = 0;
+#pragma unroll
+        for (int r = 0; r < 16; r++) a += red[r][tid];
+        o[tok * KD + v0 + tid] = st_tobf(a);
+    }
+}
+
+extern "C" st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
+                                          const st_bf16_t *k, const st_bf16_t *v, const float *g,
+                                          const float *beta, float *S, const int *slots, int N, int H,
+                                          float scale) {
+    if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
+    if (N == 0) return ST_OK;
+    kda_decode_kernel<<<dim3(KD / 32, H, N), 128, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H, scale);
+    return ST_LAUNCH_OK("kda_decode_kernel");
+}
+
+/* ------------------------------------------------------------------ chunked prefill */
+/* grid (KD/BV, H, B), NW warps, BV = 16·NW value columns per block. Each block scans its
+ * sequence's 16-token tiles in order. Warp w owns value columns [16w, 16w+16) of the block's state
+ * slice S[0..128, v0+16w ..] in mma accumulator registers (8 m-tiles × 2 n-tiles × 4 fp32), so
+ * everything after the shared A_kk / A_qk / (I+A_kk)^{-1} is warp-local. Per tile (G = cumsum g
+ * from the tile start, Γ = exp G, C = last token):
+ *   Qs = scale·Q⊙Γ, Kp = K⊙Γ, Kn = K⊙Γ⁻¹ (≤ e^80 when the tile's decay allows, else per-pair),
+ *   Kd = K⊙Γ_C/Γ; A_kk = β·tril₋(Kp Knᵀ), A_qk = tril(Qs Knᵀ);
+ *   X = β⊙(V − Kp S); E = (I+A_kk)⁻¹ X; O = Qs S + A_qk E; S ← Γ_C⊙S + Kdᵀ E.
+ * NOTE: S enters the two products with Kp and Qs as bf16 (St); the state itself stays fp32. */
+template <int NW> struct KdaSmem {
+    static constexpr int BV = 16 * NW, LDK = KD + 8, LDT = 24;
+    st_bf16_t Qs[16 * LDK], Kp[16 * LDK], Kn[16 * LDK];
+    st_bf16_t KdT[KD * LDT]; /* [c][t] */
+    st_bf16_t St[BV * LDK];  /* [v][c] bf16 copy of the state slice */
+    st_bf16_t XT[BV * LDT];  /* [v][t] β⊙(V − Kp S) */
+    st_bf16_t ET[BV * LDT];  /* [v][t] E */
+    st_bf16_t Vs[16 * BV];   /* [t][v] */
+    st_bf16_t Aqk[16 * LDT], Tinv[16 * LDT];
+    float Akk[16 * 17];
+    float Gs[16 * KD]; /* [t][c] cumulative log decay, for the per-pair path */
+    float gC[KD];
+    float bs[16];
+};
+
+template <int NW>
+__global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restrict__ o, const st_bf16_t *__restrict__ q,
+                                                              const st_bf16_t *__restrict__ k,
+                                                              const st_bf16_t *__restrict__ v, const float *__restrict__ g,
+                                                              const float *__restrict__ beta, float *S, const int *slots,
+                                                              const int *cu, int H, float scale) {
+    using Sm = KdaSmem<NW>;
+    constexpr int BV = Sm::BV, LDK = Sm::LDK, LDT = Sm::LDT, NT = NW * 32;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    Sm &sm = *reinterpret_cast<Sm *>(smraw);
+    const int b = blockIdx.z, h = blockIdx.y, v0 = blockIdx.x * BV;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int bos = cu[b], L = cu[b + 1] - bos;
+    const size_t HK = (size_t)H * KD;
+    float *Sg = S + ((size_t)(slots ? slots[b] : b) * H + h) * KD * KD + v0;
+    const int wv = 16 * w; /* warp's first local value column */
+
+    float Sr[8][2][4];
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int c = mt * 16 + gq + (i >> 1) * 8, vv = wv + j * 8 + tq * 2 + (i & 1);
+                Sr[mt][j][i] = Sg[(size_t)c * KD + vv];
+            }
+    auto write_St = [&]() {
+#pragma unroll
+        for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int c = mt * 16 + gq + (i >> 1) * 8, vv = wv + j * 8 + tq * 2 + (i & 1);
+                    sm.St[vv * LDK + c] = st_tobf(Sr[mt][j][i]);
+                }
+    };
+    write_St();
+
+    for (int t0 = 0; t0 < L; t0 += 16) {
+        const int n = min(16, L - t0);
+        const size_t tok0 = (size_t)(bos + t0);
+        __syncthreads(); /* previous tile's shared data fully used */
+        /* ---- load: per channel cumulative decay and the scaled q / k copies ---- */
+        int far = 0;
+        for (int c = tid; c < KD; c += NT) {
+            float G[16];
+            float acc = 0.f;
+#pragma unroll
+            for (int t = 0; t < 16; t++) {
+                acc += t < n ? g[(tok0 + t) * HK + (size_t)h * KD + c] : 0.f;
+                G[t] = acc;
+            }
+            const float GC = G[15];
+            far |= GC < -80.f;
+            sm.gC[c] = __expf(GC);
+#pragma unroll
+            for (int t = 0; t < 16; t++) {
+                float qv = 0.f, kv = 0.f;
+                if (t < n) {
+                    qv = st_bf(q[(tok0 + t) * HK + (size_t)h * KD + c]);
+                    kv = st_bf(k[(tok0 + t) * HK + (size_t)h * KD + c]);
+                }
+                float e = __expf(G[t]);
+                sm.Qs[t * LDK + c] = st_tobf(qv * e * scale);
+                sm.Kp[t * LDK + c] = st_tobf(kv * e);
+                sm.Kn[t * LDK + c] = st_tobf(kv * __expf(-G[t]));
+                sm.KdT[c * LDT + t] = st_tobf(kv * __expf(GC - G[t]));
+                sm.Gs[t * KD + c] = G[t];
+            }
+        }
+        for (int i = tid; i < 16 * BV; i += NT) {
+            int t = i / BV, vv = i % BV;
+            sm.Vs[i] = t < n ? v[(tok0 + t) * HK + (size_t)h * KD + v0 + vv] : (st_bf16_t)0;
+        }
+        if (tid < 16) sm.bs[tid] = tid < n ? beta[(tok0 + tid) * H + h] : 0.f;
+        const int pair = __syncthreads_or(far);
+
+        /* ---- A_kk, A_qk (shared) ---- */
+        if (!pair) {
+            for (int job = w; job < 4; job += NW) {
+                const st_bf16_t *Am = job < 2 ? sm.Kp : sm.Qs;
+                const int n0 = (job & 1) * 8;
+                float c4[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int kk = 0; kk < KD / 16; kk++) {
+                    uint32_t a[4], bb[2];
+                    st_frag_a(a, Am, LDK, 0, kk * 16);
+                    st_frag_b(bb, sm.Kn, LDK, n0, kk * 16);
+                    st_mma16816(c4, a, bb);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int r = gq + (i >> 1) * 8, j = n0 + tq * 2 + (i & 1);
+                    if (job < 2) sm.Akk[r * 17 + j] = j < r ? sm.bs[r] * c4[i] : 0.f;
+                    else sm.Aqk[r * LDT + j] = st_tobf(j <= r ? c4[i] : 0.f);
+                }
+            }
+        } else {
+            /* per-pair form: exp(G_r − G_j) ≤ 1 for j ≤ r, never overflows */
+            for (int p = tid; p < 256; p += NT) {
+                int r = p >> 4, j = p & 15;
+                float skk = 0.f, sqk = 0.f;
+                if (j <= r && r < n) {
+                    for (int c = 0; c < KD; c++) {
+                        float kj = st_bf(k[(tok0 + j) * HK + (size_t)h * KD + c]);
+                        float e = __expf(sm.Gs[r * KD + c] - sm.Gs[j * KD + c]) * kj;
+                        skk += st_bf(k[(tok0 + r) * HK + (size_t)h * KD + c]) * e;
+                        sqk += st_bf(q[(tok0 + r) * HK + (size_t)h * KD + c]) * e;
+                    }
+                }
+                sm.Akk[r * 17 + j] = j < r ? sm.bs[r] * skk : 0.f;
+                sm.Aqk[r * LDT + j] = st_tobf(j <= r ? scale * sqk : 0.f);
+            }
+        }
+
+        /* ---- X = β(V − Kp S) and Qs S for the warp's 16 columns ---- */
+        float X[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, O[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int kk = 0; kk < KD / 16; kk++) {
+            uint32_t ak[4], aq[4];
+            st_frag_a(ak, sm.Kp, LDK, 0, kk * 16);
+            st_frag_a(aq, sm.Qs, LDK, 0, kk * 16);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                uint32_t bb[2];
+                st_frag_b(bb, sm.St, LDK, wv + j * 8, kk * 16);
+                st_mma16816(X[j], ak, bb);
+                st_mma16816(O[j], aq, bb);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int t = gq + (i >> 1) * 8, vv = wv + j * 8 + tq * 2 + (i & 1);
+                sm.XT[vv * LDT + t] = st_tobf(sm.bs[t] * (st_bf(sm.Vs[t * BV + vv]) - X[j][i]));
+            }
+        __syncthreads();
+
+        /* ---- (I + A_kk)^{-1}: forward substitution, lane j solves column j ---- */
+        if (w == 0 && lane < 16) {
+            const int j = lane;
+            float x[16];
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                float a = r == j ? 1.f : 0.f;
+#pragma unroll
+                for (int i = 0; i < r; i++) a -= sm.Akk[r * 17 + i] * x[i];
+                x[r] = r < j ? 0.f : a;
+            }
+#pragma unroll
+            for (int r = 0; r < 16; r++) sm.Tinv[r * LDT + j] = st_tobf(x[r]);
+        }
+        __syncthreads();
+
+        /* ---- E, O, S (warp-local) ---- */
+        uint32_t at[4];
+        st_frag_a(at, sm.Tinv, LDT, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float E[4] = {0, 0, 0, 0};
+            uint32_t bb[2];
+            st_frag_b(bb, sm.XT, LDT, wv + j * 8, 0);
+            st_mma16816(E, at, bb);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int t = gq + (i >> 1) * 8, vv = wv + j * 8 + tq * 2 + (i & 1);
+                sm.ET[vv * LDT + t] = st_tobf(E[i]);
+            }
+        }
+        __syncwarp();
+        uint32_t aa[4], be[2][2];
+        st_frag_a(aa, sm.Aqk, LDT, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            st_frag_b(be[j], sm.ET, LDT, wv + j * 8, 0);
+            st_mma16816(O[j], aa, be[j]);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                int t = gq + hf * 8, vv = v0 + wv + j * 8 + tq * 2;
+                if (t < n)
+                    *reinterpret_cast<uint32_t *>(o + (tok0 + t) * HK + (size_t)h * KD + vv) =
+                        st_pack_bf2(O[j][hf * 2], O[j][hf * 2 + 1]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 8; mt++) {
+            uint32_t ak[4];
+            st_frag_a(ak, sm.KdT, LDT, mt * 16, 0);
+            const float d0 = sm.gC[mt * 16 + gq], d1 = sm.gC[mt * 16 + gq + 8];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                Sr[mt][j][0] *= d0, Sr[mt][j][1] *= d0, Sr[mt][j][2] *= d1, Sr[mt][j][3] *= d1;
+                st_mma16816(Sr[mt][j], ak, be[j]);
+            }
+        }
+        __syncwarp();
+        write_St();
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int c = mt * 16 + gq + (i >> 1) * 8, vv = wv + j * 8 + tq * 2 + (i & 1);
+                Sg[(size_t)c * KD + vv] = Sr[mt][j][i];
+            }
+}
+
+template <int NW>
+static st_status_t launch_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
+                                  const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
+                                  const int *cu, int B, int H, float scale) {
+    size_t smem = sizeof(KdaSmem<NW>);
+    st_status_t rc = ST_CUDA_CHECK(
+        cudaFuncSetAttribute(kda_chunked_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (rc) return rc;
+    kda_chunked_kernel<NW><<<dim3(KD / (16 * NW), H, B), NW * 32, smem, ST_STREAM(s)>>>(o, q, k, v, g, beta, S,
+                                                                                        slots, cu, H, scale);
+    return ST_LAUNCH_OK("kda_chunked_kernel");
+}
+
+extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
+                                           const st_bf16_t *k, const st_bf16_t *v, const float *g,
+                                           const float *beta, float *S, const int *slots, const int *cu_seqlens,
+                                           int B, int H, float scale) {
+    if (B < 0 || B > 65535 || H <= 0 || H > 65535)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "kda_chunked: B=%d H=%d", B, H);
+    if (B == 0) return ST_OK;
+    /* NOTE: warps per block (16 value columns each): 2, 4 or 8; STRATA_KDA_NW overrides for benchmarks. */
+    int nw = 0;
+    const char *e = getenv("STRATA_KDA_NW");
+    if (e) nw = atoi(e);
+    if (nw != 2 && nw != 4 && nw != 8) nw = (long)B * H * 2 >= 4L * 132 ? 8 : ((long)B * H * 4 >= 4L * 132 ? 4 : 2);
+    switch (nw) {
+    case 2: return launch_chunked<2>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+    case 4: return launch_chunked<4>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+    default: return launch_chunked<8>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+    }
+}

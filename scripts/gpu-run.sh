@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One whole GPU run on the device machine: the gpu-labelled tests through ctest, then every
+# bench/gpu program, full logs under results/gpu-<stamp>/ and a summary table at the end.
+# Usage (repo root, build made elsewhere for sm_90 and carried): scripts/gpu-run.sh [build-dir]
+# Env: ST_BENCH="bench_gpu_kda ..." limits the benchmarks; ST_SKIP_TESTS=1 skips ctest.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-cuda}
+RES=results/gpu-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$RES"
+export LD_LIBRARY_PATH=$PWD/devlibs/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi >"$RES/nvidia-smi.txt" 2>&1
+# ctest records absolute paths of the machine that configured the build: make them resolve here.
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt")
+if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
+    mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
+fi
+if [ -z "${ST_SKIP_TESTS:-}" ]; then
+    (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) >"$RES/ctest.log" 2>&1
+    echo "ctest rc=$?" >>"$RES/ctest.log"
+fi
+for b in ${ST_BENCH:-$(cd "$BUILD/bin" && ls bench_gpu_* 2>/dev/null)}; do
+    echo "== $b" >&2
+    "$BUILD/bin/$b" >"$RES/$b.log" 2>&1
+    echo "rc=$?" >>"$RES/$b.log"
+done
+if [ -f bench/gpu/peers.py ]; then
+    PYTHONUNBUFFERED=1 python3 bench/gpu/peers.py >"$RES/peers.log" 2>&1
+fi
+{
+    echo "## GPU run $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+    echo
+    echo "| test | result |"
+    echo "|---|---|"
+    [ -f "$RES/ctest.log" ] && grep -E "Test +#" "$RES/ctest.log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+ *([^0-9]*)([0-9.]+ sec)?/| \1 | \2 \3 |/'
+    [ -f "$RES/ctest.log" ] && grep -hE "passed, [0-9]+ failed|tests passed" "$RES/ctest.log" | sed 's/^/    /'
+    echo
+    echo "| figure |"
+    echo "|---|"
+    grep -h "^RESULT" "$RES"/*.log | sed -E 's/^RESULT (.*)/| \1 |/'
+} | tee "$RES/summary.md"
+echo "logs: $RES"
