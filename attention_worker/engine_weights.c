@@ -7,6 +7,11 @@
 #include "engine_impl.h"
 
 #define NAME_MAX_LEN 256
+#define TRY(x)                                                                                    \
+    do {                                                                                          \
+        st_status_t s_ = (x);                                                                     \
+        if (s_ != ST_OK) return s_;                                                               \
+    } while (0)
 
 static st_status_t wt(const st_ckpt_t *ck, st_weight_t *w, int rows, int cols, const char *fmt, int l) {
     char stem[NAME_MAX_LEN];
@@ -22,6 +27,22 @@ static st_status_t vec(const st_ckpt_t *ck, float **dst, int n, bool pad, const 
     return st_ckpt_vec_f32(ck, name, n, pad, *dst);
 }
 
+/* depthwise conv weight [C, 1, K] → fp32 [C, K] */
+static st_status_t conv_w(const st_ckpt_t *ck, float **dst, int C, int K, const char *fmt, int l) {
+    char name[NAME_MAX_LEN];
+    snprintf(name, sizeof name, fmt, l);
+    int64_t shape[3] = {C, 1, K};
+    const st_tensor_t *t;
+    TRY(st_ckpt_get(ck, name, 3, shape, &t));
+    *dst = malloc((size_t)C * (size_t)K * sizeof(float));
+    if (!*dst) return ST_FAIL(ST_ERR_NO_MEMORY, "conv weight %s", name);
+    st_weight_t w = {.dtype = t->dtype, .rows = C, .cols = K, .data = t->data};
+    if (t->dtype != ST_DT_F32 && t->dtype != ST_DT_BF16 && t->dtype != ST_DT_F16)
+        return ST_FAIL(ST_ERR_CHECKPOINT, "tensor '%s' has dtype %s, expected a float type", name, st_dtype_name(t->dtype));
+    st_weight_rows_f32(&w, 0, C, *dst);
+    return ST_OK;
+}
+
 /* w_eff = γ ⊙ w of one AttnRes sublayer (SPEC §5: the norm weight folds into the query). */
 static st_status_t res_weff(const st_ckpt_t *ck, float **dst, int d, const char *norm_fmt,
                             const char *proj_fmt, int l) {
@@ -34,11 +55,6 @@ static st_status_t res_weff(const st_ckpt_t *ck, float **dst, int d, const char 
     return s;
 }
 
-#define TRY(x)                                                                                    \
-    do {                                                                                          \
-        st_status_t s_ = (x);                                                                     \
-        if (s_ != ST_OK) return s_;                                                               \
-    } while (0)
 
 static st_status_t bind_kda(const st_ckpt_t *ck, const st_config_t *c, st_layer_w_t *L, int l) {
     int H = c->kda_heads, dk = c->kda_head_dim, dv = dk, P = H * dk, d = c->d;
@@ -46,9 +62,9 @@ static st_status_t bind_kda(const st_ckpt_t *ck, const st_config_t *c, st_layer_
     TRY(wt(ck, &L->q, P, d, "model.layers.%d.self_attn.q_proj", l));
     TRY(wt(ck, &L->k, P, d, "model.layers.%d.self_attn.k_proj", l));
     TRY(wt(ck, &L->v, H * dv, d, "model.layers.%d.self_attn.v_proj", l));
-    TRY(vec(ck, &L->conv_q, P * c->conv_k, false, "model.layers.%d.self_attn.q_conv1d.weight", l));
-    TRY(vec(ck, &L->conv_k, P * c->conv_k, false, "model.layers.%d.self_attn.k_conv1d.weight", l));
-    TRY(vec(ck, &L->conv_v, H * dv * c->conv_k, false, "model.layers.%d.self_attn.v_conv1d.weight", l));
+    TRY(conv_w(ck, &L->conv_q, P, c->conv_k, "model.layers.%d.self_attn.q_conv1d.weight", l));
+    TRY(conv_w(ck, &L->conv_k, P, c->conv_k, "model.layers.%d.self_attn.k_conv1d.weight", l));
+    TRY(conv_w(ck, &L->conv_v, H * dv, c->conv_k, "model.layers.%d.self_attn.v_conv1d.weight", l));
     TRY(wt(ck, &L->f_a, c->f_rank, d, "model.layers.%d.self_attn.f_a_proj", l));
     TRY(wt(ck, &L->f_b, P, c->f_rank, "model.layers.%d.self_attn.f_b_proj", l));
     TRY(vec(ck, &L->A_log, H, true, "model.layers.%d.self_attn.A_log", l));

@@ -123,7 +123,7 @@ static void test_batch_invariance(void) {
 }
 
 static void test_errors(void) {
-    st_engine_t *e = mk(2, 16, 24, ST_ROUTE_TOPK);
+    st_engine_t *e = mk(2, 16, 20, ST_ROUTE_TOPK);
     if (!e) return;
     float *lg = malloc(sizeof(float) * 16 * V), *ref = malloc(sizeof(float) * V);
     int toks[16];
@@ -148,7 +148,7 @@ static void test_errors(void) {
     big.tokens = many;
     CHECK(st_engine_step(e, &big, 1, lg) == ST_ERR_CAPACITY, "step budget enforced");
     st_seq_chunk_t longer = {.slot = a, .n_tokens = 16, .tokens = toks + 0};
-    CHECK(st_engine_step(e, &longer, 1, lg) == ST_ERR_CAPACITY, "context limit enforced (8 + 16 > 24)");
+    CHECK(st_engine_step(e, &longer, 1, lg) == ST_ERR_CAPACITY, "context limit enforced (8 + 16 > 20)");
     /* the sequence still continues exactly as if nothing happened: compare with a fresh run */
     int nxt = 3;
     st_seq_chunk_t d = {.slot = a, .n_tokens = 1, .tokens = &nxt};
