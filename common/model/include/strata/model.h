@@ -120,6 +120,13 @@ st_status_t st_ckpt_weight(const st_ckpt_t *ck, const char *stem, int rows, int 
  * pass allow_pad = true to accept numel >= n and use the first n. */
 st_status_t st_ckpt_vec_f32(const st_ckpt_t *ck, const char *name, int n, bool allow_pad, float *dst);
 
+/* Routed expert j of MoE layer l (SPEC §6): gate = w1 [mi, ew], up = w3 [mi, ew], down = w2 [ew, mi],
+ * ew = st_config_expert_width. Shapes checked; MXFP4 or dense. */
+typedef struct {
+    st_weight_t gate, up, down;
+} st_expert_weights_t;
+st_status_t st_ckpt_expert(const st_ckpt_t *ck, int layer, int j, st_expert_weights_t *out);
+
 /* Sizes for `strata ckpt inspect`. */
 typedef struct {
     int64_t params_total, params_active;   /* active per token: trunk + k routed experts */
