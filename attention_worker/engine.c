@@ -47,8 +47,10 @@ struct st_engine {
     st_route_hook_t hook;
     void *hook_ctx;
     /* step */
-    st_arena_t arena;
+    struct st_engine_mb *mb; /* the micro-batch st_engine_step uses (local experts only) */
+    bool *seq_busy;          /* slot is in a micro-batch in flight */
     size_t lin_ws;
+    st_engine_stats_t stats;
 };
 
 /* ------------------------------------------------------------------ sizing helpers */
@@ -74,7 +76,7 @@ typedef struct {
     float *q, *k, *v, *qc, *kc, *vc, *fa, *g, *beta, *gate, *ga, *o; /* KDA + shared with MLA */
     float *cq, *ckv, *qabs, *olat, *cctx, *kvfull, *K, *V, *attn_ws, *kda_ws;
     float *scores, *wts, *z, *zin, *eout, *u, *ffn_ws, *sh;
-    int *ids, *ids_tmp, *cnt, *grp_off, *grp_tok;
+    int *ids, *ids_tmp, *cnt, *grp_off, *grp_tok, *tok_ent;
     float *lin;
 } st_bufs_t;
 
@@ -115,7 +117,7 @@ static size_t carve_bufs(st_engine_t *e, uint8_t *base, st_bufs_t *b) {
     CF(attn_ws, ctx + 64);
     size_t n = (size_t)ST_MAX(c->n_experts, 1), kc = (size_t)e->kcap, ew = (size_t)st_config_expert_width(c);
     CF(scores, T * n); CF(wts, T * kc); CI(ids, T * kc); CI(ids_tmp, T * kc); CI(cnt, T);
-    CI(grp_off, n + 1); CI(grp_tok, T * kc);
+    CI(grp_off, n + 1); CI(grp_tok, T * kc); CI(tok_ent, T);
     CF(z, T * ew); CF(zin, 2 * T * ew); CF(eout, T * kc * ew); CF(u, T * ew); CF(sh, T * d);
     /* FFN workspace: the largest of dense, shared and expert FFNs at T (experts: T·kcap rows max) */
     size_t fw = 0;
@@ -125,7 +127,7 @@ static size_t carve_bufs(st_engine_t *e, uint8_t *base, st_bufs_t *b) {
         if (L->shared.gate.rows) fw = ST_MAX(fw, st_ffn_ws_floats((int)T, &L->shared.gate, &L->shared.up, &L->shared.down));
         if (L->experts)
             for (int j = 0; j < c->n_experts; j++)
-                fw = ST_MAX(fw, st_ffn_ws_floats((int)T, &L->experts[j].w1, &L->experts[j].w3, &L->experts[j].w2));
+                fw = ST_MAX(fw, st_ffn_ws_floats((int)T, &L->experts[j].gate, &L->experts[j].up, &L->experts[j].down));
     }
     CF(ffn_ws, fw);
     CF(lin, e->lin_ws);
@@ -203,7 +205,7 @@ st_status_t st_engine_create(st_engine_t **out, const st_ckpt_t *ck, const st_en
     e->o.k_max = ST_MIN(kmax, ST_MAX(c->n_experts, 1));
     e->kcap = ST_MAX(c->top_k, e->o.routing == ST_ROUTE_QUANTILE ? e->o.k_max : 0);
     if (e->kcap <= 0) e->kcap = 1;
-    s = st_engine_bind(&e->W, ck, true);
+    s = st_engine_bind(&e->W, ck, !e->o.remote_experts);
     if (s != ST_OK) goto err_unbind;
     e->layer_slot = calloc((size_t)c->n_layers, sizeof(int));
     if (!e->layer_slot) { s = ST_FAIL(ST_ERR_NO_MEMORY, "engine tables"); goto err_unbind; }
@@ -239,11 +241,15 @@ st_status_t st_engine_create(st_engine_t **out, const st_ckpt_t *ck, const st_en
     for (int i = 0; i < e->n_pages; i++) e->free_pages[i] = e->n_pages - 1 - i;
     e->n_free = e->n_pages;
 
+    e->seq_busy = calloc((size_t)M, sizeof(bool));
+    if (!e->seq_busy) { s = ST_FAIL(ST_ERR_NO_MEMORY, "engine tables"); goto err_pools; }
     e->lin_ws = lin_ws_max(&e->W, c);
     st_bufs_t dry;
     size_t need = carve_bufs(e, NULL, &dry);
-    s = st_arena_init(&e->arena, need);
-    if (s != ST_OK) goto err_pools;
+    if (!e->o.remote_experts) {
+        s = st_engine_mb_create(e, &e->mb);
+        if (s != ST_OK) goto err_pools;
+    }
     st_log_info("engine: %d layers (%d KDA, %d MLA), %d seqs × %d ctx, %d tokens/step, step buffers %.1f MiB, "
                 "%d cache pages of %d rows",
                 c->n_layers, e->n_kda, e->n_mla, M, e->o.max_ctx, e->o.max_batch_tokens,
@@ -252,6 +258,7 @@ st_status_t st_engine_create(st_engine_t **out, const st_ckpt_t *ck, const st_en
     return ST_OK;
 
 err_pools:
+    free(e->seq_busy);
     free(e->seq_used); free(e->seq_len); free(e->kda_S); free(e->kda_conv); free(e->kv_pool);
     free(e->free_pages); free(e->seq_npages); free(e->seq_pageptr); free(e->seq_pageid); free(e->tau);
 err_tables:
@@ -267,7 +274,8 @@ err_free:
 
 void st_engine_destroy(st_engine_t *e) {
     if (!e) return;
-    st_arena_cleanup(&e->arena);
+    st_engine_mb_destroy(e->mb);
+    free(e->seq_busy);
     free(e->seq_used); free(e->seq_len); free(e->kda_S); free(e->kda_conv); free(e->kv_pool);
     free(e->free_pages); free(e->seq_npages); free(e->seq_pageptr); free(e->seq_pageid); free(e->tau);
     if (e->bq)
@@ -296,6 +304,10 @@ st_status_t st_engine_seq_open(st_engine_t *e, int *slot) {
 
 void st_engine_seq_close(st_engine_t *e, int slot) {
     if (slot < 0 || slot >= e->o.max_seqs || !e->seq_used[slot]) return;
+    if (e->seq_busy[slot]) { /* our own invariant: the scheduler closes sequences between steps */
+        st_log_error("engine: slot %d closed while its micro-batch is in flight; ignored", slot);
+        return;
+    }
     for (int m = 0; m < e->n_mla; m++) {
         int *np = &e->seq_npages[slot * e->n_mla + m];
         int *ids = &e->seq_pageid[((size_t)slot * e->n_mla + m) * e->pages_per_seq];
@@ -486,36 +498,23 @@ static void route(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t
     }
 }
 
-static void moe_layer(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t *b) {
+/* Latent inputs and the work item of one MoE layer (before the experts run). */
+static void moe_begin(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t *b, st_moe_work_t *w) {
     const st_config_t *c = &e->c;
-    int n = c->n_experts, kc = e->kcap, ew = st_config_expert_width(c), d = c->d;
     route(e, L, l, T, b);
     const float *z = b->xn;
     if (c->latent > 0) {
         st_linear(b->z, b->xn, &L->lat_down, T, b->lin);
         z = b->z;
     }
-    /* group (token, slot) pairs by expert: counting sort keeps tokens ascending within an expert */
-    memset(b->grp_off, 0, (size_t)(n + 1) * sizeof(int));
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < b->cnt[t]; i++) b->grp_off[b->ids[(size_t)t * kc + i] + 1]++;
-    for (int j = 0; j < n; j++) b->grp_off[j + 1] += b->grp_off[j];
-    int *fill = b->ids_tmp; /* reuse: per-expert write cursor */
-    memcpy(fill, b->grp_off, (size_t)n * sizeof(int));
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < b->cnt[t]; i++) b->grp_tok[fill[b->ids[(size_t)t * kc + i]]++] = t * kc + i;
-    for (int j = 0; j < n; j++) {
-        int r0 = b->grp_off[j], cj = b->grp_off[j + 1] - r0;
-        if (cj == 0) continue;
-        for (int r = 0; r < cj; r++)
-            memcpy(b->zin + (size_t)r * ew, z + (size_t)(b->grp_tok[r0 + r] / kc) * ew, (size_t)ew * sizeof(float));
-        const st_expert_w_t *x = &L->experts[j];
-        float *yo = b->zin + (size_t)cj * ew; /* rows after the gathered input */
-        st_ffn(yo, b->zin, cj, &x->w1, &x->w3, &x->w2, c->act, c->situ_beta1, c->situ_beta2, b->ffn_ws);
-        for (int r = 0; r < cj; r++)
-            memcpy(b->eout + (size_t)b->grp_tok[r0 + r] * ew, yo + (size_t)r * ew, (size_t)ew * sizeof(float));
-    }
-    /* combine in latent width, ascending expert id (ids are ascending per token) */
+    *w = (st_moe_work_t){.layer = l, .T = T, .kc = e->kcap, .ew = st_config_expert_width(c), .z = z,
+                         .ids = b->ids, .cnt = b->cnt, .tok_ent = b->tok_ent, .out = b->eout};
+}
+
+/* Combine in latent width (ascending expert id), norm, up-projection, shared experts → b->a. */
+static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int T, st_bufs_t *b) {
+    const st_config_t *c = &e->c;
+    int kc = e->kcap, ew = st_config_expert_width(c), d = c->d;
     for (int t = 0; t < T; t++) {
         float *u = b->u + (size_t)t * ew;
         memset(u, 0, (size_t)ew * sizeof(float));
@@ -538,10 +537,46 @@ static void moe_layer(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bu
     }
 }
 
-/* ------------------------------------------------------------------ step */
+/* ------------------------------------------------------------------ micro-batches */
 
-static st_status_t validate(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, st_ent_t *ents, int *T_out,
-                            int *pages_out) {
+struct st_engine_mb {
+    st_engine_t *e;
+    st_arena_t arena;
+    st_bufs_t b;
+    st_ent_t *ents;
+    const st_seq_chunk_t *seqs;
+    int n_seqs, T;
+    float *logits;
+    int l, nb;          /* next layer; completed AttnRes blocks */
+    bool waiting, busy; /* waiting: experts of layer l outstanding */
+};
+
+st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out) {
+    st_engine_mb_t *mb = calloc(1, sizeof *mb);
+    if (!mb) return ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
+    mb->e = e;
+    mb->ents = calloc((size_t)e->o.max_seqs, sizeof(st_ent_t));
+    st_bufs_t dry;
+    st_status_t s = mb->ents ? st_arena_init(&mb->arena, carve_bufs(e, NULL, &dry))
+                             : ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch entries");
+    if (s != ST_OK) {
+        free(mb->ents);
+        free(mb);
+        return s;
+    }
+    carve_bufs(e, mb->arena.base, &mb->b);
+    *out = mb;
+    return ST_OK;
+}
+
+void st_engine_mb_destroy(st_engine_mb_t *mb) {
+    if (!mb) return;
+    st_arena_cleanup(&mb->arena);
+    free(mb->ents);
+    free(mb);
+}
+
+static st_status_t validate(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, st_ent_t *ents, int *T_out) {
     const st_config_t *c = &e->c;
     if (n_seqs <= 0 || n_seqs > e->o.max_seqs)
         return ST_FAIL(ST_ERR_INVALID_ARG, "step: %d sequences (1..%d allowed)", n_seqs, e->o.max_seqs);
@@ -550,6 +585,7 @@ static st_status_t validate(st_engine_t *e, const st_seq_chunk_t *seqs, int n_se
         const st_seq_chunk_t *s = &seqs[i];
         if (s->slot < 0 || s->slot >= e->o.max_seqs || !e->seq_used[s->slot])
             return ST_FAIL(ST_ERR_INVALID_ARG, "step: sequence slot %d is not open", s->slot);
+        if (e->seq_busy[s->slot]) return ST_FAIL(ST_ERR_INVALID_ARG, "step: slot %d is already in a micro-batch", s->slot);
         for (int j = 0; j < i; j++)
             if (seqs[j].slot == s->slot) return ST_FAIL(ST_ERR_INVALID_ARG, "step: slot %d given twice", s->slot);
         if (s->n_tokens <= 0 || !s->tokens)
@@ -571,7 +607,6 @@ static st_status_t validate(st_engine_t *e, const st_seq_chunk_t *seqs, int n_se
     if (pages > e->n_free)
         return ST_FAIL(ST_ERR_CAPACITY, "step: latent cache full (%d pages needed, %d free)", pages, e->n_free);
     *T_out = T;
-    *pages_out = pages;
     return ST_OK;
 }
 
@@ -589,73 +624,167 @@ static void grow_pages(st_engine_t *e, const st_ent_t *en) {
     }
 }
 
-st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
-    const st_config_t *c = &e->c;
-    st_ent_t ents[n_seqs > 0 && n_seqs <= e->o.max_seqs ? n_seqs : 1];
-    int T = 0, pages = 0;
-    st_status_t s = validate(e, seqs, n_seqs, ents, &T, &pages);
+st_status_t st_engine_mb_begin(st_engine_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
+    st_engine_t *e = mb->e;
+    if (mb->busy) return ST_FAIL(ST_ERR_INVALID_ARG, "micro-batch is still in flight");
+    int T = 0;
+    st_status_t s = validate(e, seqs, n_seqs, mb->ents, &T);
     if (s != ST_OK) return s;
-    for (int i = 0; i < n_seqs; i++) grow_pages(e, &ents[i]);
-
-    st_bufs_t b;
-    carve_bufs(e, e->arena.base, &b);
-    int d = c->d, B = c->attn_res_block;
-    size_t Td = (size_t)T * d;
-    for (int i = 0; i < n_seqs; i++)
-        for (int t = 0; t < seqs[i].n_tokens; t++)
-            st_weight_rows_f32(&e->W.embed, seqs[i].tokens[t], 1, b.partial + (size_t)(ents[i].off + t) * d);
-
-    int nb = 0; /* completed blocks */
-    for (int l = 0; l < c->n_layers; l++) {
-        const st_layer_w_t *L = &e->W.layers[l];
-        /* attention side */
-        const float *h = b.partial;
-        if (B > 0 && nb > 0) {
-            st_block_q_t *bq = &e->bq[nb - 1];
-            st_attnres_phase2(b.h, b.partial, b.ar_stats, b.ar_acc, L->attn_res, e->q_attn[l], bq->Q, T, d, c->rms_eps);
-            h = b.h;
-        }
-        st_rmsnorm(b.xn, h, L->in_norm, T, d, c->rms_eps);
-        bool pushed = B > 0 && l % B == 0;
-        if (pushed) {
-            memcpy(b.blocks[nb++], b.partial, Td * sizeof(float));
-            st_block_q_t *bq = &e->bq[nb - 1];
-            st_attnres_phase1(b.ar_stats, b.ar_acc, (const float *const *)b.blocks, nb, bq->w, bq->Q, T, d, c->rms_eps);
-        }
-        if (c->is_mla[l]) mla_layer(e, L, l, ents, n_seqs, T, &b);
-        else kda_layer(e, L, l, ents, n_seqs, T, &b);
-        if (pushed) memcpy(b.partial, b.a, Td * sizeof(float));
-        else for (size_t i = 0; i < Td; i++) b.partial[i] += b.a[i];
-        /* MLP side */
-        h = b.partial;
-        if (B > 0) {
-            st_block_q_t *bq = &e->bq[nb - 1];
-            st_attnres_phase2(b.h, b.partial, b.ar_stats, b.ar_acc, L->mlp_res, e->q_mlp[l], bq->Q, T, d, c->rms_eps);
-            h = b.h;
-        }
-        st_rmsnorm(b.xn, h, L->post_norm, T, d, c->rms_eps);
-        if (st_config_is_moe_layer(c, l))
-            moe_layer(e, L, l, T, &b);
-        else
-            st_ffn(b.a, b.xn, T, &L->dense.gate, &L->dense.up, &L->dense.down, c->act, c->situ_beta1,
-                   c->situ_beta2, b.ffn_ws);
-        for (size_t i = 0; i < Td; i++) b.partial[i] += b.a[i];
+    for (int i = 0; i < n_seqs; i++) {
+        grow_pages(e, &mb->ents[i]);
+        e->seq_busy[seqs[i].slot] = true;
     }
-    const float *fin = b.partial;
-    if (B > 0) {
-        st_block_q_t *bq = &e->bq[nb - 1];
-        st_attnres_phase2(b.h, b.partial, b.ar_stats, b.ar_acc, e->W.out_res, e->q_out, bq->Q, T, d, c->rms_eps);
-        fin = b.h;
+    mb->seqs = seqs;
+    mb->n_seqs = n_seqs;
+    mb->T = T;
+    mb->logits = logits;
+    mb->l = 0;
+    mb->nb = 0;
+    mb->waiting = false;
+    mb->busy = true;
+    st_bufs_t *b = &mb->b;
+    int d = e->c.d;
+    for (int i = 0; i < n_seqs; i++)
+        for (int t = 0; t < seqs[i].n_tokens; t++) {
+            int r = mb->ents[i].off + t;
+            b->tok_ent[r] = i;
+            st_weight_rows_f32(&e->W.embed, seqs[i].tokens[t], 1, b->partial + (size_t)r * d);
+        }
+    return ST_OK;
+}
+
+static void finish_step(st_engine_mb_t *mb) {
+    st_engine_t *e = mb->e;
+    const st_config_t *c = &e->c;
+    st_bufs_t *b = &mb->b;
+    int d = c->d, T = mb->T;
+    const float *fin = b->partial;
+    if (c->attn_res_block > 0) {
+        st_block_q_t *bq = &e->bq[mb->nb - 1];
+        st_attnres_phase2(b->h, b->partial, b->ar_stats, b->ar_acc, e->W.out_res, e->q_out, bq->Q, T, d, c->rms_eps);
+        fin = b->h;
     }
     /* logits only for the rows asked for */
     int rows = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        int first = seqs[i].all_logits ? 0 : seqs[i].n_tokens - 1;
-        for (int t = first; t < seqs[i].n_tokens; t++)
-            memcpy(b.final + (size_t)rows++ * d, fin + (size_t)(ents[i].off + t) * d, (size_t)d * sizeof(float));
+    for (int i = 0; i < mb->n_seqs; i++) {
+        int first = mb->seqs[i].all_logits ? 0 : mb->seqs[i].n_tokens - 1;
+        for (int t = first; t < mb->seqs[i].n_tokens; t++)
+            memcpy(b->final + (size_t)rows++ * d, fin + (size_t)(mb->ents[i].off + t) * d, (size_t)d * sizeof(float));
     }
-    st_rmsnorm(b.final, b.final, e->W.final_norm, rows, d, c->rms_eps);
-    st_linear(logits, b.final, &e->W.lm_head, rows, b.lin);
-    for (int i = 0; i < n_seqs; i++) e->seq_len[ents[i].slot] += ents[i].n;
+    st_rmsnorm(b->final, b->final, e->W.final_norm, rows, d, c->rms_eps);
+    st_linear(mb->logits, b->final, &e->W.lm_head, rows, b->lin);
+    for (int i = 0; i < mb->n_seqs; i++) {
+        e->seq_len[mb->ents[i].slot] += mb->ents[i].n;
+        e->seq_busy[mb->ents[i].slot] = false;
+    }
+    e->stats.steps++;
+    e->stats.tokens += (uint64_t)T;
+    mb->busy = false;
+}
+
+int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
+    st_engine_t *e = mb->e;
+    const st_config_t *c = &e->c;
+    st_bufs_t *b = &mb->b;
+    int d = c->d, B = c->attn_res_block, T = mb->T;
+    size_t Td = (size_t)T * d;
+    double t0 = st_time_sec();
+    if (mb->waiting) { /* the experts of layer l are back */
+        moe_finish(e, &e->W.layers[mb->l], T, b);
+        for (size_t i = 0; i < Td; i++) b->partial[i] += b->a[i];
+        mb->waiting = false;
+        mb->l++;
+        double t1 = st_time_sec();
+        e->stats.combine += t1 - t0;
+        t0 = t1;
+    }
+    for (; mb->l < c->n_layers; mb->l++) {
+        int l = mb->l;
+        const st_layer_w_t *L = &e->W.layers[l];
+        /* attention side */
+        const float *h = b->partial;
+        if (B > 0 && mb->nb > 0) {
+            st_block_q_t *bq = &e->bq[mb->nb - 1];
+            st_attnres_phase2(b->h, b->partial, b->ar_stats, b->ar_acc, L->attn_res, e->q_attn[l], bq->Q, T, d, c->rms_eps);
+            h = b->h;
+        }
+        st_rmsnorm(b->xn, h, L->in_norm, T, d, c->rms_eps);
+        bool pushed = B > 0 && l % B == 0;
+        if (pushed) {
+            memcpy(b->blocks[mb->nb++], b->partial, Td * sizeof(float));
+            st_block_q_t *bq = &e->bq[mb->nb - 1];
+            st_attnres_phase1(b->ar_stats, b->ar_acc, (const float *const *)b->blocks, mb->nb, bq->w, bq->Q, T, d, c->rms_eps);
+        }
+        if (c->is_mla[l]) mla_layer(e, L, l, mb->ents, mb->n_seqs, T, b);
+        else kda_layer(e, L, l, mb->ents, mb->n_seqs, T, b);
+        if (pushed) memcpy(b->partial, b->a, Td * sizeof(float));
+        else for (size_t i = 0; i < Td; i++) b->partial[i] += b->a[i];
+        /* MLP side */
+        h = b->partial;
+        if (B > 0) {
+            st_block_q_t *bq = &e->bq[mb->nb - 1];
+            st_attnres_phase2(b->h, b->partial, b->ar_stats, b->ar_acc, L->mlp_res, e->q_mlp[l], bq->Q, T, d, c->rms_eps);
+            h = b->h;
+        }
+        st_rmsnorm(b->xn, h, L->post_norm, T, d, c->rms_eps);
+        double t1 = st_time_sec();
+        e->stats.attention += t1 - t0;
+        t0 = t1;
+        if (st_config_is_moe_layer(c, l)) {
+            moe_begin(e, L, l, T, b, work);
+            e->stats.route += st_time_sec() - t0;
+            mb->waiting = true;
+            return 1;
+        }
+        st_ffn(b->a, b->xn, T, &L->dense.gate, &L->dense.up, &L->dense.down, c->act, c->situ_beta1, c->situ_beta2,
+               b->ffn_ws);
+        for (size_t i = 0; i < Td; i++) b->partial[i] += b->a[i];
+        t1 = st_time_sec();
+        e->stats.attention += t1 - t0;
+        t0 = t1;
+    }
+    finish_step(mb);
+    e->stats.head += st_time_sec() - t0;
+    return 0;
+}
+
+void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *w) {
+    st_engine_t *e = mb->e;
+    const st_config_t *c = &e->c;
+    st_bufs_t *b = &mb->b;
+    const st_layer_w_t *L = &e->W.layers[w->layer];
+    int n = c->n_experts, kc = w->kc, ew = w->ew, T = w->T;
+    double t0 = st_time_sec();
+    /* group (token, slot) pairs by expert: a counting sort keeps tokens ascending within an expert */
+    memset(b->grp_off, 0, (size_t)(n + 1) * sizeof(int));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < w->cnt[t]; i++) b->grp_off[w->ids[(size_t)t * kc + i] + 1]++;
+    for (int j = 0; j < n; j++) b->grp_off[j + 1] += b->grp_off[j];
+    int *fill = b->ids_tmp; /* per-expert write cursor */
+    memcpy(fill, b->grp_off, (size_t)n * sizeof(int));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < w->cnt[t]; i++) b->grp_tok[fill[w->ids[(size_t)t * kc + i]]++] = t * kc + i;
+    for (int j = 0; j < n; j++) {
+        int r0 = b->grp_off[j], cj = b->grp_off[j + 1] - r0;
+        if (cj == 0) continue;
+        for (int r = 0; r < cj; r++)
+            memcpy(b->zin + (size_t)r * ew, w->z + (size_t)(b->grp_tok[r0 + r] / kc) * ew, (size_t)ew * sizeof(float));
+        const st_expert_weights_t *x = &L->experts[j];
+        float *yo = b->zin + (size_t)cj * ew; /* rows after the gathered input */
+        st_ffn(yo, b->zin, cj, &x->gate, &x->up, &x->down, c->act, c->situ_beta1, c->situ_beta2, b->ffn_ws);
+        for (int r = 0; r < cj; r++)
+            memcpy(w->out + (size_t)b->grp_tok[r0 + r] * ew, yo + (size_t)r * ew, (size_t)ew * sizeof(float));
+    }
+    e->stats.experts += st_time_sec() - t0;
+}
+
+st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
+    if (!e->mb) return ST_FAIL(ST_ERR_INVALID_ARG, "engine: st_engine_step needs local experts");
+    st_status_t s = st_engine_mb_begin(e->mb, seqs, n_seqs, logits);
+    if (s != ST_OK) return s;
+    st_moe_work_t w;
+    while (st_engine_mb_advance(e->mb, &w)) st_engine_mb_run_local(e->mb, &w);
     return ST_OK;
 }
+
+void st_engine_get_stats(const st_engine_t *e, st_engine_stats_t *out) { *out = e->stats; }

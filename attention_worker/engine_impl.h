@@ -9,10 +9,6 @@ typedef struct {
 } st_ffn_w_t;
 
 typedef struct {
-    st_weight_t w1, w3, w2; /* gate [mi, ℓ], up [mi, ℓ], down [ℓ, mi] */
-} st_expert_w_t;
-
-typedef struct {
     float *in_norm, *post_norm;   /* [d] */
     float *attn_res, *mlp_res;    /* [d] w_eff = γ ⊙ w, NULL without AttnRes */
     /* KDA */
@@ -38,7 +34,7 @@ typedef struct {
     st_weight_t lat_down, lat_up; /* [ℓ, d], [d, ℓ] */
     float *lat_norm;              /* [ℓ] or NULL */
     st_ffn_w_t shared;
-    st_expert_w_t *experts;       /* [n] when run locally, else NULL */
+    st_expert_weights_t *experts; /* [n] when run locally, else NULL */
 } st_layer_w_t;
 
 typedef struct {
@@ -50,7 +46,5 @@ typedef struct {
 
 st_status_t st_engine_bind(st_engine_w_t *W, const st_ckpt_t *ck, bool local_experts);
 void st_engine_unbind(st_engine_w_t *W);
-st_status_t st_engine_bind_experts(const st_ckpt_t *ck, const st_config_t *c, int l, int j,
-                                   st_expert_w_t *x);
 
 #endif

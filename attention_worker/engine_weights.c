@@ -117,19 +117,6 @@ static st_status_t bind_ffn(const st_ckpt_t *ck, const st_config_t *c, st_ffn_w_
     return ST_OK;
 }
 
-st_status_t st_engine_bind_experts(const st_ckpt_t *ck, const st_config_t *c, int l, int j,
-                                   st_expert_w_t *x) {
-    int ew = st_config_expert_width(c), mi = c->moe_inter;
-    char stem[NAME_MAX_LEN];
-    snprintf(stem, sizeof stem, "model.layers.%d.block_sparse_moe.experts.%d.w1", l, j);
-    TRY(st_ckpt_weight(ck, stem, mi, ew, &x->w1));
-    snprintf(stem, sizeof stem, "model.layers.%d.block_sparse_moe.experts.%d.w3", l, j);
-    TRY(st_ckpt_weight(ck, stem, mi, ew, &x->w3));
-    snprintf(stem, sizeof stem, "model.layers.%d.block_sparse_moe.experts.%d.w2", l, j);
-    TRY(st_ckpt_weight(ck, stem, ew, mi, &x->w2));
-    return ST_OK;
-}
-
 static st_status_t bind_moe(const st_ckpt_t *ck, const st_config_t *c, st_layer_w_t *L, int l,
                             bool local_experts) {
     int d = c->d, n = c->n_experts;
@@ -150,9 +137,9 @@ static st_status_t bind_moe(const st_ckpt_t *ck, const st_config_t *c, st_layer_
     if (c->n_shared > 0)
         TRY(bind_ffn(ck, c, &L->shared, c->n_shared * c->moe_inter, "block_sparse_moe.shared_experts", l));
     if (local_experts) {
-        L->experts = calloc((size_t)n, sizeof(st_expert_w_t));
+        L->experts = calloc((size_t)n, sizeof(st_expert_weights_t));
         if (!L->experts) return ST_FAIL(ST_ERR_NO_MEMORY, "expert table");
-        for (int j = 0; j < n; j++) TRY(st_engine_bind_experts(ck, c, l, j, &L->experts[j]));
+        for (int j = 0; j < n; j++) TRY(st_ckpt_expert(ck, l, j, &L->experts[j]));
     }
     return ST_OK;
 }

@@ -27,6 +27,7 @@ typedef struct {
     int kv_pages;         /* pages in the pool (0 = enough for max_seqs × max_ctx) */
     st_route_mode_t routing;
     int k_max;            /* quantile mode: most experts per token (0 = 2k) */
+    bool remote_experts;  /* routed experts run elsewhere (micro-batch API); none are bound here */
 } st_engine_opts_t;
 
 void st_engine_opts_default(st_engine_opts_t *o);
@@ -62,6 +63,43 @@ void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version
 typedef void (*st_route_hook_t)(void *ctx, int layer, int T, int n_experts, const float *scores,
                                 int *ids, int *cnt, int kmax);
 void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx);
+
+/* ---- micro-batches: the distributed worker drives the layer walk itself ----
+ * A micro-batch steps a set of sequences through the layers and stops at every MoE layer to hand
+ * its routed tokens to an executor (local experts, or expert servers over the network). Several
+ * micro-batches with disjoint sequences may be in flight at once (ping-pong): while one waits for
+ * its experts, another advances. Each owns step buffers sized for max_batch_tokens. */
+typedef struct st_engine_mb st_engine_mb_t;
+
+typedef struct {
+    int layer;          /* MoE layer index */
+    int T;              /* tokens */
+    int kc;             /* routing stride per token */
+    int ew;             /* expert width ℓ */
+    const float *z;     /* [T, ew] latent inputs */
+    const int *ids;     /* [T, kc] chosen experts, ascending within a token */
+    const int *cnt;     /* [T] experts per token (0 = shared path only) */
+    const int *tok_ent; /* [T] index of the step entry each token belongs to */
+    float *out;         /* [T*kc, ew]: the executor writes row t*kc+i = E_{ids[t*kc+i]}(z_t) */
+} st_moe_work_t;
+
+st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out);
+void st_engine_mb_destroy(st_engine_mb_t *mb);
+/* Validate the entries and reserve cache pages (nothing changes on error), embed the tokens.
+ * logits: where the final rows go (as st_engine_step). */
+st_status_t st_engine_mb_begin(st_engine_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
+/* Returns 1 with *work filled when a MoE layer needs its experts (fill work->out, call again), or 0
+ * when the step is finished and the logits are written. */
+int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work);
+/* Run one work item on the locally bound experts (not with remote_experts). */
+void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *work);
+
+/* Seconds spent per stage since creation (for benchmarks). */
+typedef struct {
+    double attention, route, experts, combine, head;
+    uint64_t steps, tokens;
+} st_engine_stats_t;
+void st_engine_get_stats(const st_engine_t *e, st_engine_stats_t *out);
 
 #ifdef __cplusplus
 }
