@@ -14,6 +14,10 @@
  *   2. the same prompt in three pieces (5 + 16 + 16), then the same 8 decode steps;
  *   3. three sequences of different lengths in one step, then mixed prefill/decode steps;
  *   4. a reused slot (close + open) must start from empty state.
+ * Checkpoints: tiny with f32 weights, with bf16 weights, with bf16 + MXFP4 routed experts, and a
+ * config variant of the f32 one (config.json edited, same tensors) that takes the other SPEC paths:
+ * unbounded softplus decay gate (§3.3 fallback), plain residuals (§5.4), SiLU-GLU, no MLA output
+ * gate, router weights without renormalisation and scaled by 2.446.
  * Set STRATA_GOLDEN_VERBOSE=1 for per-layer router-score deviations of every phase. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +31,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "harness.h"
 #include "strata/engine.h"
@@ -966,7 +972,36 @@ static void fill_tokens(int *t, int n, int vmax, uint64_t seed) {
     for (int i = 0; i < n; i++) t[i] = (int)(st_rng_next(&r) % (uint64_t)vmax);
 }
 
-static void run_case(const char *tmpdir, const char *tag, st_dtype_t dtype, bool mxfp4) {
+/* The config variant: edit the written config.json (text_config) in place. */
+static bool edit_config_variant(const char *dir) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root) {
+        fprintf(stderr, "golden: cannot parse %s: %s\n", path, err.text);
+        return false;
+    }
+    json_t *tc = json_object_get(root, "text_config");
+    if (!tc) tc = root;
+    json_t *lac = json_object_get(tc, "linear_attn_config");
+    bool ok = lac && json_object_get(lac, "gate_lower_bound") && json_object_get(tc, "attn_res_block_size");
+    if (ok) {
+        json_object_del(lac, "gate_lower_bound");       /* unbounded gate: −exp(A_log)·softplus(f + dt_bias) */
+        json_object_del(tc, "attn_res_block_size");     /* plain pre-norm residuals */
+        json_object_set_new(tc, "hidden_act", json_string("silu"));
+        json_object_set_new(tc, "mla_use_output_gate", json_false());
+        json_object_set_new(tc, "moe_renormalize", json_false());
+        json_object_set_new(tc, "routed_scaling_factor", json_real(2.446));
+        ok = json_dump_file(root, path, JSON_INDENT(2)) == 0;
+    } else {
+        fprintf(stderr, "golden: %s lacks linear_attn_config.gate_lower_bound or attn_res_block_size\n", path);
+    }
+    json_decref(root);
+    return ok;
+}
+
+static void run_case(const char *tmpdir, const char *tag, st_dtype_t dtype, bool mxfp4, bool variant) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tiny-%s", tmpdir, tag);
     double t0 = st_time_sec();
@@ -985,6 +1020,11 @@ static void run_case(const char *tmpdir, const char *tag, st_dtype_t dtype, bool
     }
     CHECK(s == ST_OK, "[%s] st_ckpt_init(preset tiny, %s): %s: %s", tag, dir, st_status_str(s), st_err_last());
     if (s != ST_OK) return;
+    if (variant) {
+        bool ok = edit_config_variant(dir);
+        CHECK(ok, "[%s] could not write the config variant", tag);
+        if (!ok) return;
+    }
     st_ckpt_t *ck = NULL;
     s = st_ckpt_open(&ck, dir);
     CHECK(s == ST_OK && ck, "[%s] st_ckpt_open(%s): %s: %s", tag, dir, st_status_str(s), st_err_last());
@@ -996,13 +1036,14 @@ static void run_case(const char *tmpdir, const char *tag, st_dtype_t dtype, bool
         n_moe += st_config_is_moe_layer(c, l);
     }
     printf("golden[%s] tiny: d %d, %d layers (%d MLA, %d MoE), vocab %d, KDA %dx%d conv %d %s gate%s, MLA %d heads "
-           "q_lora %d kv_lora %d nope %d rope %d v %d%s, AttnRes block %d, experts %d top-%d shared %d inter %d latent %d%s, "
-           "act %s\n",
+           "q_lora %d kv_lora %d nope %d rope %d v %d%s, AttnRes block %d, experts %d top-%d shared %d inter %d latent %d%s%s, "
+           "renorm %d scale %g, act %s\n",
            tag, c->d, c->n_layers, n_mla, n_moe, c->vocab, c->kda_heads, c->kda_head_dim, c->conv_k,
            c->gate_bounded ? "bounded" : "softplus", c->full_rank_gate ? " full-rank" : " low-rank", c->mla_heads,
            c->q_lora_rank, c->kv_lora_rank, c->qk_nope, c->qk_rope, c->v_head_dim, c->mla_output_gate ? " gated" : "",
            c->attn_res_block, c->n_experts, c->top_k, c->n_shared, c->moe_inter, c->latent,
-           c->latent_norm ? " (normed)" : "", c->act == ST_ACT_SITU ? "situ" : "silu");
+           c->latent_norm ? " (normed)" : "", c->experts_mxfp4 ? " mxfp4" : "", (int)c->renormalize,
+           (double)c->routed_scale, c->act == ST_ACT_SITU ? "situ" : "silu");
     if (c->n_layers > ST_MAX_LAYERS || c->n_layers <= 0) {
         CHECK(0, "[%s] bad layer count %d", tag, c->n_layers);
         st_ckpt_close(ck);
@@ -1181,8 +1222,10 @@ int main(void) {
         CHECK(0, "cannot create a temp dir under %s", base);
         return st_test_done();
     }
-    run_case(tmp, "f32", ST_DT_F32, false);
-    run_case(tmp, "bf16", ST_DT_BF16, false);
+    run_case(tmp, "f32", ST_DT_F32, false, false);
+    run_case(tmp, "bf16", ST_DT_BF16, false, false);
+    run_case(tmp, "bf16-mxfp4", ST_DT_BF16, true, false);
+    run_case(tmp, "f32-variant", ST_DT_F32, false, true);
     if (!getenv("STRATA_GOLDEN_KEEP")) nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     else printf("golden: kept %s\n", tmp);
     return st_test_done();
