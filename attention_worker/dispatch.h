@@ -1,0 +1,31 @@
+/* Dispatch / combine bookkeeping of one MoE work item: which rows go to which expert server (grouped
+ * by expert, experts ascending, tokens ascending within an expert) and where each reply row lands.
+ * Pure logic over preallocated tables; the transport moves the bytes. */
+#ifndef STRATA_AW_DISPATCH_H
+#define STRATA_AW_DISPATCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "strata/engine.h"
+
+typedef struct {
+    int n_servers, n_experts, max_rows;
+    int *n_rows;       /* [S] rows for server s */
+    int *n_exp;        /* [S] experts for server s */
+    uint32_t *exp_ids; /* [S][n_experts] ascending */
+    uint32_t *offsets; /* [S][n_experts + 1] row offsets per expert */
+    int *pair;         /* [S][max_rows] row → t*kc + i of the work item */
+} st_dispatch_plan_t;
+
+st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
+void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
+/* server_of[e]: server slot that runs expert e for this layer, or -1 when no live server holds it;
+ * tokens routed to such an expert are flagged in tok_failed [T] (set true, never cleared here). */
+void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
+/* rows of server s → dst [n_rows[s], ew] */
+void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, float *dst);
+/* reply rows of server s (same order) → w->out */
+void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows);
+
+#endif
