@@ -1,0 +1,104 @@
+/* Linear layers y = x·Wᵀ on the CPU: OpenBLAS sgemm over fp32 weight panels (non-F32 weights decoded
+ * panel by panel into the caller's workspace), plus the plain-loop reference. */
+#include <cblas.h>
+#include <string.h>
+
+#include "strata/kernels.h"
+
+/* NOTE: batch invariance. OpenBLAS 0.3.21 does not give a row the same bits for different T: M=1
+ * goes through a gemv-like path and, on the Haswell/Zen kernels, rows in a 16-row call land in
+ * different micro-kernel edge paths depending on their position. Every sgemm here therefore gets
+ * exactly LIN_TB token rows (the last block zero-padded), so a row's arithmetic is the same
+ * whatever T is. LIN_TB = 8 was measured position-invariant on the Haswell, Zen, SkylakeX,
+ * Cooperlake and Sandybridge kernels, 1 and 2 threads; 16 was not (Haswell/Zen). test_linear
+ * checks it bitwise. */
+#define LIN_TB 8
+
+/* Weight rows per panel: a fixed function of the weight's width (never of T), so the panel
+ * geometry cannot make results batch-dependent. Aim at ~256 KiB of fp32 per panel. */
+static int lin_panel_rows(const st_weight_t *W) {
+    int p = (int)((256u * 1024u / sizeof(float)) / (size_t)(W->cols > 0 ? W->cols : 1));
+    p = p / 16 * 16;
+    if (p < 16) p = 16;
+    if (p > 256) p = 256;
+    if (p > W->rows) p = W->rows;
+    return p > 0 ? p : 1;
+}
+
+size_t st_linear_ws_floats(const st_weight_t *W) {
+    size_t P = (size_t)lin_panel_rows(W), K = (size_t)W->cols;
+    size_t n = LIN_TB * K + LIN_TB * P; /* padded x block, padded y block */
+    if (W->dtype != ST_DT_F32) n += P * K; /* decoded panel */
+    return n;
+}
+
+void st_linear(float *y, const float *x, const st_weight_t *W, int T, float *ws) {
+    const int N = W->rows, K = W->cols, P = lin_panel_rows(W);
+    float *xb = ws;                          /* [LIN_TB, K] */
+    float *yb = xb + (size_t)LIN_TB * K;     /* [LIN_TB, P] */
+    float *wp = yb + (size_t)LIN_TB * P;     /* [P, K], non-F32 only */
+    if (T <= 0 || N <= 0) return;
+    if (K == 0) {
+        memset(y, 0, (size_t)T * N * sizeof(float));
+        return;
+    }
+    int t_full = T / LIN_TB * LIN_TB, t_rem = T - t_full;
+    if (t_rem) {
+        memcpy(xb, x + (size_t)t_full * K, (size_t)t_rem * K * sizeof(float));
+        memset(xb + (size_t)t_rem * K, 0, (size_t)(LIN_TB - t_rem) * K * sizeof(float));
+    }
+    for (int r0 = 0; r0 < N; r0 += P) {
+        int n = ST_MIN(P, N - r0);
+        const float *Wp;
+        if (W->dtype == ST_DT_F32) {
+            Wp = (const float *)W->data + (size_t)r0 * K;
+        } else {
+            st_weight_rows_f32(W, r0, n, wp);
+            Wp = wp;
+        }
+        for (int t0 = 0; t0 < t_full; t0 += LIN_TB)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, LIN_TB, n, K, 1.0f,
+                        x + (size_t)t0 * K, K, Wp, K, 0.0f, y + (size_t)t0 * N + r0, N);
+        if (t_rem) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, LIN_TB, n, K, 1.0f, xb, K, Wp, K,
+                        0.0f, yb, n);
+            for (int t = 0; t < t_rem; t++)
+                memcpy(y + (size_t)(t_full + t) * N + r0, yb + (size_t)t * n, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+/* one element of W as fp32 */
+static float weight_at(const st_weight_t *W, int r, int c) {
+    size_t i = (size_t)r * (size_t)W->cols + (size_t)c;
+    switch (W->dtype) {
+    case ST_DT_F32: return ((const float *)W->data)[i];
+    case ST_DT_BF16: return st_bf16_to_f32(((const uint16_t *)W->data)[i]);
+    case ST_DT_F16: return st_f16_to_f32(((const uint16_t *)W->data)[i]);
+    case ST_DT_U8: return (float)((const uint8_t *)W->data)[i];
+    case ST_DT_MXFP4: {
+        uint8_t b = ((const uint8_t *)W->data)[i / 2];
+        uint8_t nib = (c & 1) ? (uint8_t)(b >> 4) : (uint8_t)(b & 15);
+        return st_mxfp4_value(nib, W->scale[(size_t)r * (size_t)(W->cols / 32) + (size_t)c / 32]);
+    }
+    }
+    return 0.0f;
+}
+
+void st_linear_ref(float *y, const float *x, const st_weight_t *W, int T) {
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < W->rows; r++) {
+            float acc = 0.0f;
+            for (int c = 0; c < W->cols; c++) acc += x[(size_t)t * W->cols + c] * weight_at(W, r, c);
+            y[(size_t)t * W->rows + r] = acc;
+        }
+}
+
+void st_gemm_nt(float *C, const float *A, const float *B, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        memset(C, 0, (size_t)M * N * sizeof(float));
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+}
