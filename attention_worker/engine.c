@@ -358,6 +358,9 @@ static void kda_layer(st_engine_t *e, const st_layer_w_t *L, int l, const st_ent
     for (size_t i = 0; i < (size_t)T * H; i++) b->beta[i] = st_sigmoid(b->beta[i]);
     int ks = e->layer_slot[l];
     float scale = 1.0f / sqrtf((float)dk);
+    /* NOTE: the dense diagonal-tile form needs exp(-G) over a 16-token tile inside fp32
+     * (16·|g_min| < ~88); a lower bound below that takes the per-pair path (SPEC §3.3) */
+    bool dense_diag = c->gate_bounded && c->gate_lower_bound * 16.0f > -85.0f;
     for (int i = 0; i < ne; i++) {
         const st_ent_t *en = &ents[i];
         size_t r = (size_t)en->off;
@@ -375,7 +378,7 @@ static void kda_layer(st_engine_t *e, const st_layer_w_t *L, int l, const st_ent
                              b->beta + r * H, S, en->n, H, dk, dv, scale);
         else
             st_kda_chunked(b->o + r * P, b->qc + r * P, b->kc + r * P, b->vc + r * P, b->g + r * P,
-                           b->beta + r * H, S, en->n, H, dk, dv, scale, c->gate_bounded, b->kda_ws);
+                           b->beta + r * H, S, en->n, H, dk, dv, scale, dense_diag, b->kda_ws);
     }
     if (c->full_rank_gate) {
         st_linear(b->gate, b->xn, &L->g, T, b->lin);

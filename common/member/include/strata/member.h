@@ -1,0 +1,40 @@
+/* Cluster membership, member side: register with the coordinator, heartbeat, and follow the
+ * versioned placement map and thresholds. Used by expert servers and attention workers. Runs on
+ * the process's libuv loop thread (over common/rpc); callbacks run there too. */
+#ifndef STRATA_MEMBER_H
+#define STRATA_MEMBER_H
+
+#include <stdint.h>
+
+#include "strata/base.h"
+#include "strata/proto.h"
+#include "strata/rpc.h"
+
+struct uv_loop_s;
+
+typedef struct st_member st_member_t;
+
+typedef struct {
+    st_proto_role_t role;
+    const char *name;
+    const char *data_endpoint; /* "host:port" where this member serves (UCX or gRPC) */
+    uint32_t capacity;
+    const char *coordinator;   /* "host:port" of the coordinator's gRPC */
+    uint32_t rpc_timeout_ms;   /* per call (default 2000) */
+    /* called on the loop thread with each new map / threshold set (owned by the caller only
+     * during the call) */
+    void (*on_placement)(void *arg, const st_proto_placement_t *p);
+    void (*on_thresholds)(void *arg, const st_proto_thresholds_t *t); /* NULL: not followed */
+    void (*on_registered)(void *arg, uint64_t member_id);
+    uint32_t (*inflight)(void *arg); /* reported in heartbeats; may be NULL */
+    void *arg;
+} st_member_opts_t;
+
+st_status_t st_member_start(struct uv_loop_s *loop, const st_member_opts_t *o, st_member_t **out);
+/* Stop timers and wait for calls in flight; done(arg) once everything is released. */
+void st_member_stop(st_member_t *m, void (*done)(void *arg), void *arg);
+uint64_t st_member_id(const st_member_t *m); /* 0 until registered */
+st_rpc_channel_t *st_member_channel(st_member_t *m);
+void st_member_set_step(st_member_t *m, uint64_t step);
+
+#endif

@@ -1,0 +1,35 @@
+/* strata-expert: holds latent experts and runs them on batches that arrive over UCX. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "server.h"
+
+static void usage(void) {
+    fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
+                    "                     [--max-rows N] [--slots N]\n");
+}
+
+int main(int argc, char **argv) {
+    st_es_opts_t o = {0};
+    static char host[256];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { usage(); return 2; }
+        if (!strcmp(a, "--coordinator")) o.coordinator = v;
+        else if (!strcmp(a, "--ckpt")) o.ckpt = v;
+        else if (!strcmp(a, "--name")) o.name = v;
+        else if (!strcmp(a, "--max-rows")) o.max_rows = atoi(v);
+        else if (!strcmp(a, "--slots")) o.slots = atoi(v);
+        else if (!strcmp(a, "--listen")) {
+            const char *c = strrchr(v, ':');
+            if (!c || c == v || (size_t)(c - v) >= sizeof host) { usage(); return 2; }
+            memcpy(host, v, (size_t)(c - v));
+            o.host = host;
+            o.port = (uint16_t)atoi(c + 1);
+        } else { usage(); return 2; }
+        i++;
+    }
+    if (!o.coordinator || !o.ckpt) { usage(); return 2; }
+    st_log_set_tag(o.name ? o.name : "expert");
+    return st_es_run(&o);
+}

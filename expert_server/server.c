@@ -1,0 +1,330 @@
+/* Expert server event loop and compute thread (see server.h).
+ * Loop thread: UCX (receive dispatches, send replies), gRPC membership, signals.
+ * Compute thread: the expert FFNs. They meet through two slot rings (mutex + condvar one way,
+ * mutex + uv_async the other). Receive/reply buffers are preallocated slots: nothing is allocated
+ * per dispatch. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <uv.h>
+
+#include "compute.h"
+#include "server.h"
+#include "strata/member.h"
+#include "strata/transport.h"
+#include "strata/wire.h"
+
+enum { SLOT_FREE = 0, SLOT_RECV, SLOT_QUEUED, SLOT_DONE, SLOT_SENDING };
+
+typedef struct es es_t;
+typedef struct {
+    es_t *es;
+    int idx, state;
+    st_tp_recv_t recv;
+    st_tp_send_req_t send;
+    uint8_t *in, *out; /* payload buffers, cap bytes each */
+    st_tp_ep_t *ep;    /* reply endpoint; NULL once the peer is lost (loop thread only) */
+    st_wire_info_t info;
+    st_status_t result;
+    char err[256];
+} slot_t;
+
+struct es {
+    st_es_opts_t o;
+    uv_loop_t loop;
+    st_tp_t *tp;
+    st_member_t *mem;
+    st_ckpt_t *ck;
+    st_es_compute_t cx;
+    slot_t *slots;
+    size_t cap;
+    /* loop → compute */
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int *q_in, q_in_n, q_in_head; /* ring of slot indices */
+    int *q_out, q_out_n, q_out_head;
+    uv_async_t async;
+    uv_signal_t sig_int, sig_term;
+    int stop;
+    uint64_t served, rows;
+};
+
+/* ---------------------------------------------------------------- compute thread */
+
+static void compute_one(es_t *es, slot_t *s) {
+    const uint32_t *ids, *off;
+    const float *rows;
+    s->result = st_wire_table_decode(s->in, &s->info, &ids, &off, &rows);
+    if (s->result != ST_OK) {
+        snprintf(s->err, sizeof s->err, "malformed dispatch table: %s", st_err_last());
+        return;
+    }
+    for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
+        s->result = st_es_compute_bind(&es->cx, (int)s->info.layer, (int)ids[k]);
+    if (s->result == ST_OK) {
+        float *out_rows;
+        s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
+        if (s->result == ST_OK)
+            s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, ids, off, rows, out_rows);
+    }
+    if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
+}
+
+static void *compute_main(void *arg) {
+    es_t *es = arg;
+    pthread_mutex_lock(&es->mu);
+    for (;;) {
+        while (!es->stop && es->q_in_n == 0) pthread_cond_wait(&es->cv, &es->mu);
+        if (es->stop) break;
+        int i = es->q_in[es->q_in_head];
+        es->q_in_head = (es->q_in_head + 1) % es->o.slots;
+        es->q_in_n--;
+        pthread_mutex_unlock(&es->mu);
+        compute_one(es, &es->slots[i]);
+        pthread_mutex_lock(&es->mu);
+        es->q_out[(es->q_out_head + es->q_out_n) % es->o.slots] = i;
+        es->q_out_n++;
+        uv_async_send(&es->async);
+    }
+    pthread_mutex_unlock(&es->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- loop thread */
+
+static void slot_free(slot_t *s) {
+    s->state = SLOT_FREE;
+    s->ep = NULL;
+}
+
+static void on_sent(st_tp_send_req_t *req, st_status_t st) {
+    slot_t *s = req->user;
+    if (st != ST_OK) st_log_warn("expert: reply seq %llu not delivered: %s", (unsigned long long)s->info.seq, st_status_str(st));
+    slot_free(s);
+}
+
+static void send_reply(es_t *es, slot_t *s) {
+    st_wire_info_t r = s->info;
+    const void *payload = s->out;
+    size_t len;
+    if (s->result == ST_OK) {
+        r.kind = ST_WIRE_KIND_COMBINE;
+        r.status = ST_OK;
+        len = st_wire_payload_bytes(r.token_count, r.expert_count, r.row_width);
+    } else {
+        r.kind = ST_WIRE_KIND_ERROR;
+        r.status = s->result;
+        r.token_count = r.expert_count = 0;
+        len = strlen(s->err);
+        if (len > ST_WIRE_MAX_ERROR_TEXT) len = ST_WIRE_MAX_ERROR_TEXT;
+        memcpy(s->out, s->err, len);
+    }
+    r.payload_bytes = len;
+    st_wire_header_t h;
+    if (st_wire_header_encode(&r, &h) != ST_OK) {
+        slot_free(s);
+        return;
+    }
+    s->send.cb = on_sent;
+    s->send.user = s;
+    s->state = SLOT_SENDING;
+    if (st_tp_send(s->ep, ST_WIRE_AM_REPLY, &h, sizeof h, payload, len, &s->send) != ST_OK) slot_free(s);
+    es->served++;
+    es->rows += r.token_count;
+}
+
+static void on_async(uv_async_t *a) {
+    es_t *es = a->data;
+    for (;;) {
+        pthread_mutex_lock(&es->mu);
+        if (es->q_out_n == 0) {
+            pthread_mutex_unlock(&es->mu);
+            break;
+        }
+        int i = es->q_out[es->q_out_head];
+        es->q_out_head = (es->q_out_head + 1) % es->o.slots;
+        es->q_out_n--;
+        pthread_mutex_unlock(&es->mu);
+        slot_t *s = &es->slots[i];
+        if (!s->ep) slot_free(s); /* the worker is gone: nobody to answer */
+        else send_reply(es, s);
+    }
+}
+
+static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t hdr_len, size_t len) {
+    es_t *es = arg;
+    for (int i = 0; i < es->o.slots; i++) {
+        slot_t *s = &es->slots[i];
+        if (s->state != SLOT_FREE) continue;
+        s->state = SLOT_RECV;
+        s->recv.buf = s->in;
+        s->recv.cap = es->cap;
+        s->recv.user = s;
+        return &s->recv;
+    }
+    return NULL; /* all slots busy: dropped; the worker's deadline fails or retries it */
+}
+
+static void am_done(void *arg, st_tp_recv_t *r) {
+    es_t *es = arg;
+    slot_t *s = r->user;
+    if (r->status != ST_OK || !r->ep) {
+        st_log_warn("expert: dispatch lost in transfer: %s", st_status_str(r->status));
+        slot_free(s);
+        return;
+    }
+    st_wire_info_t info;
+    if (st_wire_header_decode(r->hdr, r->hdr_len, r->len, &info) != ST_OK || info.kind != ST_WIRE_KIND_DISPATCH) {
+        st_log_warn("expert: dropped a message with a bad header from %p: %s", (void *)r->ep, st_err_last());
+        slot_free(s);
+        return;
+    }
+    s->info = info;
+    s->ep = r->ep;
+    if (info.row_width != (uint32_t)st_config_expert_width(es->cx.c)) {
+        s->result = ST_ERR_PROTOCOL;
+        snprintf(s->err, sizeof s->err, "row width %u, this model's experts work at %d", info.row_width,
+                 st_config_expert_width(es->cx.c));
+        send_reply(es, s);
+        return;
+    }
+    s->state = SLOT_QUEUED;
+    pthread_mutex_lock(&es->mu);
+    es->q_in[(es->q_in_head + es->q_in_n) % es->o.slots] = s->idx;
+    es->q_in_n++;
+    pthread_cond_signal(&es->cv);
+    pthread_mutex_unlock(&es->mu);
+}
+
+static void on_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
+    es_t *es = arg;
+    int n = 0;
+    for (int i = 0; i < es->o.slots; i++)
+        if (es->slots[i].ep == ep) {
+            es->slots[i].ep = NULL;
+            n++;
+        }
+    st_log_info("expert: attention worker disconnected (%s); %d replies dropped", st_status_str(why), n);
+}
+
+static void on_accept(st_tp_t *tp, st_tp_ep_t *ep, void *arg) { st_tp_ep_on_lost(ep, on_lost, arg); }
+
+static void on_placement(void *arg, const st_proto_placement_t *p) {
+    es_t *es = arg;
+    uint64_t me = st_member_id(es->mem);
+    size_t held = 0;
+    for (size_t i = 0; i < p->n_member_ids; i++) held += p->member_ids[i] == me;
+    st_log_info("expert %s: placement v%llu assigns %zu (layer, expert) pairs here", es->o.name,
+                (unsigned long long)p->version, held);
+}
+
+static void on_member_stopped(void *arg) {
+    es_t *es = arg;
+    st_tp_destroy(es->tp);
+    st_rpc_cleanup();
+    uv_close((uv_handle_t *)&es->async, NULL);
+    uv_close((uv_handle_t *)&es->sig_int, NULL);
+    uv_close((uv_handle_t *)&es->sig_term, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int sig) {
+    es_t *es = h->data;
+    if (es->stop) return;
+    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served)", es->o.name, sig,
+                (unsigned long long)es->served, (unsigned long long)es->rows);
+    pthread_mutex_lock(&es->mu);
+    es->stop = 1;
+    pthread_cond_signal(&es->cv);
+    pthread_mutex_unlock(&es->mu);
+    st_member_stop(es->mem, on_member_stopped, es);
+}
+
+int st_es_run(const st_es_opts_t *opts) {
+    es_t *es = calloc(1, sizeof *es);
+    if (!es) return 1;
+    es->o = *opts;
+    if (es->o.max_rows <= 0) es->o.max_rows = 4096;
+    if (es->o.slots <= 0) es->o.slots = 16;
+    if (!es->o.host) es->o.host = "127.0.0.1";
+    if (!es->o.name) es->o.name = "expert";
+    int rc = 1;
+    if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
+    const st_config_t *c = st_ckpt_config(es->ck);
+    if (c->n_experts <= 0) {
+        ST_FAIL(ST_ERR_CONFIG, "%s has no routed experts", es->o.ckpt);
+        goto out_ck;
+    }
+    if (st_es_compute_init(&es->cx, es->ck, es->o.max_rows) != ST_OK) goto out_ck;
+    es->cap = st_wire_payload_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts, (uint32_t)st_config_expert_width(c));
+    es->slots = calloc((size_t)es->o.slots, sizeof(slot_t));
+    es->q_in = calloc((size_t)es->o.slots, sizeof(int));
+    es->q_out = calloc((size_t)es->o.slots, sizeof(int));
+    if (!es->slots || !es->q_in || !es->q_out) goto out_cx;
+    for (int i = 0; i < es->o.slots; i++) {
+        es->slots[i] = (slot_t){.es = es, .idx = i};
+        es->slots[i].in = malloc(es->cap);
+        es->slots[i].out = malloc(es->cap + ST_WIRE_MAX_ERROR_TEXT);
+        if (!es->slots[i].in || !es->slots[i].out) {
+            ST_FAIL(ST_ERR_NO_MEMORY, "expert: %d slots of %zu bytes", es->o.slots, es->cap);
+            goto out_slots;
+        }
+    }
+    uv_loop_init(&es->loop);
+    pthread_mutex_init(&es->mu, NULL);
+    pthread_cond_init(&es->cv, NULL);
+    uv_async_init(&es->loop, &es->async, on_async);
+    es->async.data = es;
+    uint16_t port = 0;
+    if (st_rpc_init(&es->loop) != ST_OK) goto out_loop;
+    if (st_tp_create(&es->loop, &es->tp) != ST_OK) goto out_rpc;
+    if (st_tp_set_am_handler(es->tp, ST_WIRE_AM_DISPATCH, am_begin, am_done, es) != ST_OK ||
+        st_tp_listen(es->tp, es->o.host, es->o.port, on_accept, es, &port) != ST_OK)
+        goto out_tp;
+    char endpoint[300];
+    snprintf(endpoint, sizeof endpoint, "%s:%u", es->o.host, port);
+    st_member_opts_t mo = {.role = ST_PROTO_ROLE_EXPERT, .name = es->o.name, .data_endpoint = endpoint,
+                           .capacity = (uint32_t)es->o.max_rows, .coordinator = es->o.coordinator,
+                           .on_placement = on_placement, .arg = es};
+    if (st_member_start(&es->loop, &mo, &es->mem) != ST_OK) goto out_tp;
+    pthread_create(&es->th, NULL, compute_main, es);
+    uv_signal_init(&es->loop, &es->sig_int);
+    uv_signal_init(&es->loop, &es->sig_term);
+    es->sig_int.data = es->sig_term.data = es;
+    uv_signal_start(&es->sig_int, on_signal, SIGINT);
+    uv_signal_start(&es->sig_term, on_signal, SIGTERM);
+    st_log_info("expert %s: serving %s on UCX %s, %d slots × %d rows", es->o.name, es->o.ckpt, endpoint, es->o.slots,
+                es->o.max_rows);
+    printf("expert %s listening on %s\n", es->o.name, endpoint);
+    fflush(stdout);
+    uv_run(&es->loop, UV_RUN_DEFAULT);
+    pthread_join(es->th, NULL);
+    rc = 0;
+    goto out_loop_closed;
+out_tp:
+    st_tp_destroy(es->tp);
+out_rpc:
+    st_rpc_cleanup();
+out_loop:
+    uv_close((uv_handle_t *)&es->async, NULL);
+    uv_run(&es->loop, UV_RUN_DEFAULT);
+out_loop_closed:
+    uv_loop_close(&es->loop);
+out_slots:
+    for (int i = 0; es->slots && i < es->o.slots; i++) {
+        free(es->slots[i].in);
+        free(es->slots[i].out);
+    }
+    free(es->slots);
+    free(es->q_in);
+    free(es->q_out);
+out_cx:
+    st_es_compute_cleanup(&es->cx);
+out_ck:
+    st_ckpt_close(es->ck);
+out:
+    if (rc) fprintf(stderr, "strata-expert: %s\n", st_err_last());
+    free(es);
+    return rc;
+}

@@ -1,0 +1,23 @@
+/* The expert server: receives dispatches over UCX from any number of attention workers, runs them
+ * on a compute thread, replies on the same endpoint. Registers with the coordinator. */
+#ifndef STRATA_ES_SERVER_H
+#define STRATA_ES_SERVER_H
+
+#include <stdint.h>
+
+#include "strata/base.h"
+
+typedef struct {
+    const char *ckpt;        /* checkpoint directory */
+    const char *coordinator; /* host:port (gRPC) */
+    const char *host;        /* UCX listen host (default 127.0.0.1) */
+    uint16_t port;           /* 0 = ephemeral */
+    const char *name;
+    int max_rows;            /* rows per dispatch (default 4096) */
+    int slots;               /* dispatches in flight (default 16) */
+} st_es_opts_t;
+
+/* Runs until SIGINT/SIGTERM; returns the process exit code. */
+int st_es_run(const st_es_opts_t *o);
+
+#endif
