@@ -268,6 +268,19 @@ int main(void) {
 
     check_layout(ck, false, a);
 
+    /* byte-level tokenizer of the presets; bos/eos (>= 256) decode to nothing */
+    {
+        const char *txt = "h\xc3\xa9llo\n";
+        int ids[16];
+        ids[0] = c->bos_id;
+        int n = st_tok_encode(txt, ids + 1, 15);
+        ids[1 + n] = c->eos_id;
+        char back[16];
+        int m = st_tok_decode(ids, n + 2, back, 16);
+        CHECK(n == 7 && ids[2] == 0xc3 && m == 7 && memcmp(back, txt, 7) == 0, "tokenizer round trip");
+        CHECK(st_tok_encode(txt, ids, 3) == 3, "encode respects max_ids");
+    }
+
     /* views */
     st_weight_t w;
     CHECK(st_ckpt_weight(ck, "model.layers.0.self_attn.q_proj", 128, 128, &w) == ST_OK && w.dtype == ST_DT_BF16,

@@ -107,6 +107,7 @@ static void e_text_config(json_t *t, json_t *tc) { json_object_set_new(t, "text_
 static void e_lac_type(json_t *t, json_t *tc) { json_object_set_new(tc, "linear_attn_config", json_string("x")); }
 static void e_eps(json_t *t, json_t *tc) { json_object_set_new(tc, "rms_norm_eps", json_real(-1.0)); }
 static void e_dense(json_t *t, json_t *tc) { json_object_del(tc, "intermediate_size"); }
+static void e_groups(json_t *t, json_t *tc) { json_object_set_new(tc, "num_expert_group", json_integer(8)); }
 static void e_moe_inter_mx(json_t *t, json_t *tc) {
     json_object_set_new(tc, "quantization_config", json_pack("{s:s}", "format", "mxfp4-pack-quantized"));
     json_object_set_new(tc, "moe_intermediate_size", json_integer(48));
@@ -166,6 +167,43 @@ int main(void) {
         CHECK(n_mla == 7, "kimi linear: %d MLA layers", n_mla);
     }
 
+    /* K3's own text_config values (checkpoint-layout §4), nested, bos/eos repeated at the top */
+    {
+        json_t *top = json_loads(k_tiny, 0, NULL), *tc = json_object_get(top, "text_config");
+        json_t *lac = json_object_get(tc, "linear_attn_config");
+        json_t *full = json_array(), *kda = json_array();
+        for (int l = 1; l <= 93; l++)
+            json_array_append_new((l % 4 == 0 || l == 93) ? full : kda, json_integer(l));
+        json_object_set_new(lac, "full_attn_layers", full);
+        json_object_set_new(lac, "kda_layers", kda);
+        json_object_set_new(lac, "num_heads", json_integer(96));
+        json_object_set_new(lac, "head_dim", json_integer(128));
+        json_t *kv = json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b,s:i,s:s}",
+                               "hidden_size", 7168, "num_hidden_layers", 93, "vocab_size", 163840,
+                               "intermediate_size", 33792, "attn_res_block_size", 12, "num_attention_heads", 96,
+                               "num_key_value_heads", 96, "q_lora_rank", 1536, "kv_lora_rank", 512,
+                               "qk_nope_head_dim", 128, "qk_rope_head_dim", 64, "v_head_dim", 128, "num_experts", 896,
+                               "num_experts_per_token", 16, "num_shared_experts", 2, "moe_intermediate_size", 3072,
+                               "routed_expert_hidden_size", 3584, "use_grouped_topk", 1, "moe_layer_freq", 1,
+                               "topk_method", "noaux_tc");
+        json_object_update(tc, kv);
+        json_decref(kv);
+        json_object_set_new(tc, "bos_token_id", json_integer(163584));
+        json_object_set_new(tc, "eos_token_id", json_integer(163586));
+        json_object_set_new(tc, "quantization_config", json_pack("{s:s}", "format", "mxfp4-pack-quantized"));
+        char *text = json_dumps(top, JSON_COMPACT);
+        st_config_t k;
+        CHECK(st_config_parse(&k, text) == ST_OK, "K3 config: %s", st_err_last());
+        int n_mla = 0;
+        for (int l = 0; l < 93; l++) n_mla += k.is_mla[l];
+        CHECK(n_mla == 24 && k.is_mla[91] && k.is_mla[92] && k.is_mla[3] && !k.is_mla[90] && k.n_experts == 896 &&
+                  k.top_k == 16 && k.latent == 3584 && k.experts_mxfp4 && k.eos_id == 163586 &&
+                  k.attn_res_block == 12 && k.kda_heads == 96,
+              "K3 values");
+        free(text);
+        json_decref(top);
+    }
+
     /* one broken key at a time */
     expect_error("missing hidden_size", e_no_hidden, "'hidden_size'");
     expect_error("hidden_size string", e_hidden_str, "'hidden_size'");
@@ -187,6 +225,7 @@ int main(void) {
     expect_error("negative eps", e_eps, "'rms_norm_eps'");
     expect_error("dense layer without intermediate_size", e_dense, "'intermediate_size'");
     expect_error("mxfp4 width", e_moe_inter_mx, "'moe_intermediate_size'");
+    expect_error("grouped top-k", e_groups, "'num_expert_group'");
 
     /* not JSON, or not an object */
     const char *bad[] = {"", "{", "{\"hidden_size\":}", "[1,2,3]", "null", "42", "\"x\"", "{\"text_config\":[]}",
