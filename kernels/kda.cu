@@ -180,7 +180,23 @@ template <int NW> struct KdaSmem {
     float Gs[16 * KD]; /* [t][c] cumulative log decay, for the per-pair path */
     float gC[KD];
     float bs[16];
+    /* raw next-tile inputs, filled by cp.async while the current tile computes */
+    st_bf16_t Rq[16 * KD], Rk[16 * KD];
+    float Rg[16 * KD];
+    st_bf16_t Rv[16 * BV];
+    float Rb[16];
 };
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 template <int NW>
 __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restrict__ o, const st_bf16_t *__restrict__ q,
@@ -222,10 +238,34 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restr
     };
     write_St();
 
+    /* rows past the sequence end are zero-filled (src size 0), so padded tokens contribute nothing */
+    auto prefetch = [&](int t0) {
+        const int n = min(16, L - t0);
+        const size_t tok0 = (size_t)(bos + t0);
+        for (int i = tid; i < 16 * 16; i += NT) {
+            int t = i >> 4, ch = (i & 15) * 8;
+            size_t src = (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + ch;
+            cp_async16(sm.Rq + t * KD + ch, q + src, t < n);
+            cp_async16(sm.Rk + t * KD + ch, k + src, t < n);
+        }
+        for (int i = tid; i < 16 * 32; i += NT) {
+            int t = i >> 5, ch = (i & 31) * 4;
+            cp_async16(sm.Rg + t * KD + ch, g + (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + ch, t < n);
+        }
+        for (int i = tid; i < 16 * (BV / 8); i += NT) {
+            int t = i / (BV / 8), ch = (i % (BV / 8)) * 8;
+            cp_async16(sm.Rv + t * BV + ch, v + (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + v0 + ch, t < n);
+        }
+        if (tid < 16) cp_async4(sm.Rb + tid, beta + (tok0 + (tid < n ? tid : 0)) * H + h, tid < n);
+        cp_async_commit();
+    };
+    if (L > 0) prefetch(0);
+
     for (int t0 = 0; t0 < L; t0 += 16) {
         const int n = min(16, L - t0);
         const size_t tok0 = (size_t)(bos + t0);
-        __syncthreads(); /* previous tile's shared data fully used */
+        cp_async_wait_all();
+        __syncthreads(); /* previous tile's shared data fully used; this tile's raw inputs landed */
         /* ---- load: per channel cumulative decay and the scaled q / k copies ---- */
         int far = 0;
         for (int c = tid; c < KD; c += NT) {
@@ -233,7 +273,7 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restr
             float acc = 0.f;
 #pragma unroll
             for (int t = 0; t < 16; t++) {
-                acc += t < n ? g[(tok0 + t) * HK + (size_t)h * KD + c] : 0.f;
+                acc += sm.Rg[t * KD + c];
                 G[t] = acc;
             }
             const float GC = G[15];
@@ -241,11 +281,7 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restr
             sm.gC[c] = __expf(GC);
 #pragma unroll
             for (int t = 0; t < 16; t++) {
-                float qv = 0.f, kv = 0.f;
-                if (t < n) {
-                    qv = st_bf(q[(tok0 + t) * HK + (size_t)h * KD + c]);
-                    kv = st_bf(k[(tok0 + t) * HK + (size_t)h * KD + c]);
-                }
+                const float qv = st_bf(sm.Rq[t * KD + c]), kv = st_bf(sm.Rk[t * KD + c]);
                 float e = __expf(G[t]);
                 sm.Qs[t * LDK + c] = st_tobf(qv * e * scale);
                 sm.Kp[t * LDK + c] = st_tobf(kv * e);
@@ -254,12 +290,10 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restr
                 sm.Gs[t * KD + c] = G[t];
             }
         }
-        for (int i = tid; i < 16 * BV; i += NT) {
-            int t = i / BV, vv = i % BV;
-            sm.Vs[i] = t < n ? v[(tok0 + t) * HK + (size_t)h * KD + v0 + vv] : (st_bf16_t)0;
-        }
-        if (tid < 16) sm.bs[tid] = tid < n ? beta[(tok0 + tid) * H + h] : 0.f;
+        for (int i = tid; i < 16 * BV / 2; i += NT) ((uint32_t *)sm.Vs)[i] = ((const uint32_t *)sm.Rv)[i];
+        if (tid < 16) sm.bs[tid] = sm.Rb[tid];
         const int pair = __syncthreads_or(far);
+        if (t0 + 16 < L) prefetch(t0 + 16); /* raw buffers are free again: overlap the next tile's loads */
 
         /* ---- A_kk, A_qk (shared) ---- */
         if (!pair) {
@@ -418,7 +452,8 @@ extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *
     int nw = 0;
     const char *e = getenv("STRATA_KDA_NW");
     if (e) nw = atoi(e);
-    if (nw != 2 && nw != 4 && nw != 8) nw = (long)B * H * 2 >= 4L * 132 ? 8 : ((long)B * H * 4 >= 4L * 132 ? 4 : 2);
+    /* measured on the H200 (docs/perf.md): 8 warps win once B·H fills the 132 SMs once over */
+    if (nw != 2 && nw != 4 && nw != 8) nw = (long)B * H >= 128 ? 8 : ((long)B * H >= 64 ? 4 : 2);
     switch (nw) {
     case 2: return launch_chunked<2>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
     case 4: return launch_chunked<4>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);

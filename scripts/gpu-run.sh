@@ -17,7 +17,7 @@ if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
     mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
 fi
 if [ -z "${ST_SKIP_TESTS:-}" ]; then
-    (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) >"$RES/ctest.log" 2>&1
+    (cd "$BUILD" && ctest -L gpu -V --timeout 600) >"$RES/ctest.log" 2>&1
     echo "ctest rc=$?" >>"$RES/ctest.log"
 fi
 for b in ${ST_BENCH:-$(cd "$BUILD/bin" && ls bench_gpu_* 2>/dev/null)}; do
@@ -33,7 +33,7 @@ fi
     echo
     echo "| test | result |"
     echo "|---|---|"
-    [ -f "$RES/ctest.log" ] && grep -E "Test +#" "$RES/ctest.log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+ *([^0-9]*)([0-9.]+ sec)?/| \1 | \2 \3 |/'
+    [ -f "$RES/ctest.log" ] && grep -E "^ *[0-9]+/[0-9]+ Test +#" "$RES/ctest.log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+ *([^0-9]*)([0-9.]+ sec)?/| \1 | \2 \3 |/'
     [ -f "$RES/ctest.log" ] && grep -hE "passed, [0-9]+ failed|tests passed" "$RES/ctest.log" | sed 's/^/    /'
     echo
     echo "| figure |"

@@ -23,9 +23,10 @@ static void bench_chunked(int B, int T, int H) {
     BK(st_cuda_fill_uniform(&bs, beta, false, ntok * H, 0.1f, 0.9f, 5));
     st_gpu_timer_t t;
     BK(st_gpu_timer_init(&t));
-    static const char *nws[] = {"2", "4", "8"};
-    for (int i = 0; i < 3; i++) {
-        setenv("STRATA_KDA_NW", nws[i], 1);
+    static const char *nws[] = {"2", "4", "8", "default"};
+    for (int i = 0; i < 4; i++) {
+        if (i < 3) setenv("STRATA_KDA_NW", nws[i], 1);
+        else unsetenv("STRATA_KDA_NW");
         BK(st_gpu_memset(S, 0, 4 * (size_t)B * H * D * D));
         BK(st_cuda_kda_chunked(&bs, o, q, k, v, g, beta, S, NULL, cu, B, H, 1.f / sqrtf(D)));
         double ms = 0;

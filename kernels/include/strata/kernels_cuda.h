@@ -63,6 +63,32 @@ st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o, const st_
                                const st_bf16_t *k, const st_bf16_t *v, const float *g, const float *beta,
                                float *S, const int *slots, int N, int H, float scale);
 
+/* ---------------- MLA (SPEC §4) ---------------- */
+/* Absorbed decode: one query per sequence, MQA over its paged latent cache.
+ * q_abs [B, H, 576] bf16 (= [W_UKᵀ q_nope ; q_pe]); pool [n_pages, page_size, 576] bf16 rows
+ * [c̃ (512) ; k_pe (64)]; block_table [B, max_pages] int32 (page ids); seqlens [B] int32 (rows valid,
+ * the query sees all of them, 0 allowed → zeros); o_lat [B, H, 512] bf16 = Σ_s softmax(q·k_s·scale) c̃_s.
+ * Split-KV: split_len tokens per block (multiple of 32; e.g. 1024); max_ctx ≥ every seqlens[b].
+ * ws: st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len) bytes of device memory. */
+size_t st_cuda_mla_decode_ws_bytes(int B, int H, int max_ctx, int split_len);
+st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const st_bf16_t *q_abs,
+                               const st_bf16_t *pool, const int *block_table, const int *seqlens, int B, int H,
+                               int page_size, int max_pages, int max_ctx, int split_len, float scale, void *ws,
+                               size_t ws_bytes);
+
+/* ---------------- MoE side (SPEC §6, §7) and sampling (§9) ---------------- */
+/* h [T, n] bf16 = act(gate [T, n], up [T, n]) with row stride ld_in (both may be halves of one
+ * [T, 2n] buffer); situ: (b1·tanh(a/b1)·σ(a))·(b2·tanh(u/b2)), else SiLU(a)·u. fp32 math. */
+st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, const st_bf16_t *gate, const st_bf16_t *up, int T,
+                        int n, int ld_in, bool situ, float b1, float b2);
+/* scores [T, n] fp32: router logits in, σ(logits) out (in place). ids [T, k] int32 ascending per
+ * token, w [T, k] fp32: top-k of σ + bias (bias [n] or NULL; ties → lower id), weights from the
+ * unbiased scores, renormalised if renorm, times scale. k ≤ 32. */
+st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, float *scores, const float *bias,
+                                int T, int n, int k, bool renorm, float scale);
+/* Greedy sampling: ids [T] int32 = argmax of logits [T, V] fp32 (ties → lower id). */
+st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const float *logits, int T, int V);
+
 /* ---------------- benchmark / test data ---------------- */
 /* p [n] (bf16 if bf16 else fp32) = uniform [lo, hi) from a counter hash of (index, seed). */
 st_status_t st_cuda_fill_uniform(const st_gpu_stream_t *s, void *p, bool bf16, size_t n, float lo, float hi,

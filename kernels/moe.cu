@@ -1,0 +1,112 @@
+/* MoE-side ops on the GPU: GLU activation (SiTU / SiLU, SPEC §6), sigmoid router with biased top-k
+ * selection (SPEC §7), and greedy argmax sampling (SPEC §9). CPU references: st_glu,
+ * st_router_sigmoid + st_route_topk, st_sample with temperature 0. */
+#include "cuda_common.cuh"
+
+__global__ void glu_kernel(st_bf16_t *h, const st_bf16_t *gu_gate, const st_bf16_t *gu_up, int T, int n, int ld,
+                           int situ, float b1, float b2) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * n) return;
+    size_t t = i / n, c = i % n;
+    float a = st_bf(gu_gate[t * ld + c]), u = st_bf(gu_up[t * ld + c]);
+    float sg = 1.f / (1.f + expf(-a));
+    h[i] = st_tobf(situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u);
+}
+
+extern "C" st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, const st_bf16_t *gate, const st_bf16_t *up,
+                                   int T, int n, int ld_in, bool situ, float b1, float b2) {
+    if (T < 0 || n <= 0 || ld_in < n) return ST_FAIL(ST_ERR_INVALID_ARG, "glu: T=%d n=%d ld=%d", T, n, ld_in);
+    size_t N = (size_t)T * n;
+    if (!N) return ST_OK;
+    glu_kernel<<<(unsigned)((N + 255) / 256), 256, 0, ST_STREAM(s)>>>(h, gate, up, T, n, ld_in, situ, b1, b2);
+    return ST_LAUNCH_OK("glu_kernel");
+}
+
+/* one warp per token; k rounds of warp argmax over s+bias (ties → lower id), selected ids kept in
+ * registers of lane 0 then sorted ascending. s [T, n] fp32 logits → sigmoid written back. */
+#define TOPK_MAX 32
+__global__ void router_topk_kernel(int *ids, float *w, float *s, const float *bias, int T, int n, int k, int renorm,
+                                   float scale) {
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    float *st = s + (size_t)t * n;
+    for (int j = lane; j < n; j += 32) st[j] = 1.f / (1.f + expf(-st[j]));
+    __syncwarp();
+    int sel[TOPK_MAX];
+    float sum = 0.f;
+    for (int r = 0; r < k; r++) {
+        float best = -INFINITY;
+        int bid = 0x7fffffff;
+        for (int j = lane; j < n; j += 32) {
+            bool taken = false;
+            for (int q = 0; q < r; q++) taken |= sel[q] == j;
+            if (taken) continue;
+            float v = st[j] + (bias ? bias[j] : 0.f);
+            if (v > best || (v == best && j < bid)) best = v, bid = j;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+            if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
+        }
+        sel[r] = bid;
+        sum += st[bid];
+    }
+    if (lane == 0) {
+        for (int a = 1; a < k; a++) /* insertion sort, ascending id */
+            for (int b = a; b > 0 && sel[b - 1] > sel[b]; b--) {
+                int x = sel[b];
+                sel[b] = sel[b - 1];
+                sel[b - 1] = x;
+            }
+        for (int r = 0; r < k; r++) {
+            ids[(size_t)t * k + r] = sel[r];
+            w[(size_t)t * k + r] = (renorm ? st[sel[r]] / (sum + 1e-20f) : st[sel[r]]) * scale;
+        }
+    }
+}
+
+extern "C" st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, float *scores,
+                                           const float *bias, int T, int n, int k, bool renorm, float scale) {
+    if (T < 0 || n <= 0 || k <= 0 || k > TOPK_MAX || k > n)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "router_topk: T=%d n=%d k=%d (k ≤ %d)", T, n, k, TOPK_MAX);
+    if (!T) return ST_OK;
+    router_topk_kernel<<<(T + 3) / 4, 128, 0, ST_STREAM(s)>>>(ids, w, scores, bias, T, n, k, renorm, scale);
+    return ST_LAUNCH_OK("router_topk_kernel");
+}
+
+/* one block per row: first index of the maximum (ties → lower id, like the CPU) */
+__global__ void argmax_kernel(int *out, const float *logits, int V) {
+    const float *x = logits + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    int bid = 0x7fffffff;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        if (x[j] > best) best = x[j], bid = j; /* strided ascending: first max per thread */
+    for (int o = 16; o > 0; o >>= 1) {
+        float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+        if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
+    }
+    __shared__ float sb[32];
+    __shared__ int si[32];
+    int wv = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) sb[wv] = best, si[wv] = bid;
+    __syncthreads();
+    if (wv == 0) {
+        best = l < (int)(blockDim.x >> 5) ? sb[l] : -INFINITY;
+        bid = l < (int)(blockDim.x >> 5) ? si[l] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+            if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
+        }
+        if (l == 0) out[blockIdx.x] = bid == 0x7fffffff ? 0 : bid;
+    }
+}
+
+extern "C" st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const float *logits, int T, int V) {
+    if (T < 0 || V <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "argmax: T=%d V=%d", T, V);
+    if (!T) return ST_OK;
+    argmax_kernel<<<T, 512, 0, ST_STREAM(s)>>>(ids, logits, V);
+    return ST_LAUNCH_OK("argmax_kernel");
+}

@@ -1,0 +1,66 @@
+/* MLA absorbed decode on the GPU vs st_mla_attn_absorbed over a paged cache (pages shuffled in the
+ * pool), odd head counts (padding of the 16-head groups), one-row contexts, several splits. */
+#include <math.h>
+
+#include "gpu_test.h"
+#include "strata/kernels.h"
+
+#define DRW 576
+#define DL 512
+
+static void mla_case(const int *lens, int B, int H, int page_size, int split_len, uint64_t seed) {
+    st_rng_t r = {seed};
+    int max_ctx = 0, max_pages = 0, n_pages = 0;
+    for (int b = 0; b < B; b++) {
+        int np = (lens[b] + page_size - 1) / page_size;
+        if (np > max_pages) max_pages = np;
+        if (lens[b] > max_ctx) max_ctx = lens[b];
+        n_pages += np;
+    }
+    n_pages += 1;
+    size_t page_el = (size_t)page_size * DRW;
+    float *pool = gt_xmalloc(4 * page_el * n_pages);
+    uint16_t *poolb = gt_xmalloc(2 * page_el * n_pages);
+    gt_randn_bf(pool, poolb, page_el * n_pages, 1.f, &r);
+    int *bt = gt_xmalloc(sizeof(int) * B * (max_pages ? max_pages : 1));
+    int next = 0;
+    for (int b = 0; b < B; b++) /* page ids in reverse order of allocation, so pages interleave */
+        for (int p = 0; p < (lens[b] + page_size - 1) / page_size; p++) bt[b * max_pages + p] = n_pages - 1 - (next++);
+    size_t nq = (size_t)B * H * DRW;
+    float *q = gt_xmalloc(4 * nq), *ref = gt_xmalloc(4 * (size_t)B * H * DL), *got = gt_xmalloc(4 * (size_t)B * H * DL);
+    uint16_t *qb = gt_xmalloc(2 * nq), *ob = gt_xmalloc(2 * (size_t)B * H * DL);
+    gt_randn_bf(q, qb, nq, 0.1f, &r);
+    const float scale = 1.f / sqrtf(192.f);
+    float **pages = gt_xmalloc(sizeof(float *) * (max_pages ? max_pages : 1));
+    float *ws = gt_xmalloc(4 * (size_t)(max_ctx + 1));
+    for (int b = 0; b < B; b++) {
+        for (int p = 0; p < max_pages; p++) pages[p] = pool + (size_t)bt[b * max_pages + p] * page_el;
+        st_kv_view_t kv = {.pages = pages, .page_size = page_size, .R = DRW, .n = lens[b]};
+        st_mla_attn_absorbed(ref + (size_t)b * H * DL, q + (size_t)b * H * DRW, &kv, 1, H, DL, scale, ws);
+    }
+    uint16_t *d_pool = gt_up(poolb, 2 * page_el * n_pages), *d_q = gt_up(qb, 2 * nq);
+    uint16_t *d_o = gt_dev(2 * (size_t)B * H * DL);
+    int *d_bt = gt_up(bt, sizeof(int) * B * (max_pages ? max_pages : 1)), *d_len = gt_up(lens, sizeof(int) * B);
+    size_t wsb = st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len);
+    void *d_ws = gt_dev(wsb);
+    GT_OK(st_cuda_mla_decode(&gt_stream, d_o, d_q, d_pool, d_bt, d_len, B, H, page_size, max_pages, max_ctx, split_len,
+                             scale, d_ws, wsb));
+    gt_down(ob, d_o, 2 * (size_t)B * H * DL);
+    gt_from_bf(got, ob, (size_t)B * H * DL);
+    char what[128];
+    snprintf(what, sizeof what, "mla_decode B=%d H=%d max_ctx=%d page=%d split=%d", B, H, max_ctx, page_size, split_len);
+    st_t_close(what, got, ref, (size_t)B * H * DL, 2e-2, 1e-2);
+    st_gpu_free(d_pool), st_gpu_free(d_q), st_gpu_free(d_o), st_gpu_free(d_bt), st_gpu_free(d_len), st_gpu_free(d_ws);
+    free(pool), free(poolb), free(bt), free(q), free(ref), free(got), free(qb), free(ob), free(pages), free(ws);
+}
+
+int main(void) {
+    gt_init_or_skip("test_gpu_mla");
+    static const int l1[] = {1}, l3[] = {1, 33, 1000}, l4[] = {4096, 77, 64, 2};
+    mla_case(l1, 1, 1, 64, 64, 1);
+    mla_case(l3, 3, 16, 64, 64, 2);
+    mla_case(l3, 3, 20, 16, 1024, 3);
+    mla_case(l4, 4, 7, 64, 256, 4);
+    mla_case(l4, 4, 64, 64, 1024, 5);
+    return st_test_done();
+}

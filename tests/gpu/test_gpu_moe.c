@@ -1,0 +1,89 @@
+/* GLU activations, sigmoid router with biased top-k and greedy argmax on the GPU vs the CPU ops.
+ * Routing sets must match exactly (ids ascending), weights to 1e-5; argmax ids exactly, with ties. */
+#include <math.h>
+
+#include "gpu_test.h"
+#include "strata/kernels.h"
+
+static void glu_case(int T, int n, bool situ, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t N = (size_t)T * 2 * n;
+    float *gu = gt_xmalloc(4 * N), *ref = gt_xmalloc(4 * (size_t)T * n), *got = gt_xmalloc(4 * (size_t)T * n);
+    uint16_t *gub = gt_xmalloc(2 * N), *hb = gt_xmalloc(2 * (size_t)T * n);
+    gt_randn_bf(gu, gub, N, 4.f, &r);
+    st_glu(ref, gu, gu + n, T, n, 2 * n, situ ? ST_ACT_SITU : ST_ACT_SILU, 4.f, 25.f);
+    uint16_t *d_gu = gt_up(gub, 2 * N), *d_h = gt_dev(2 * (size_t)T * n);
+    GT_OK(st_cuda_glu(&gt_stream, d_h, d_gu, d_gu + n, T, n, 2 * n, situ, 4.f, 25.f));
+    gt_down(hb, d_h, 2 * (size_t)T * n);
+    gt_from_bf(got, hb, (size_t)T * n);
+    char what[64];
+    snprintf(what, sizeof what, "glu %s T=%d n=%d", situ ? "situ" : "silu", T, n);
+    st_t_close(what, got, ref, (size_t)T * n, 1e-2, 1e-2);
+    st_gpu_free(d_gu), st_gpu_free(d_h);
+    free(gu), free(ref), free(got), free(gub), free(hb);
+}
+
+static void router_case(int T, int n, int k, bool renorm, bool with_bias, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t N = (size_t)T * n;
+    float *s = gt_xmalloc(4 * N), *bias = gt_xmalloc(4 * n), *w_ref = gt_xmalloc(4 * (size_t)T * k),
+          *w_got = gt_xmalloc(4 * (size_t)T * k), *s_got = gt_xmalloc(4 * N);
+    int *id_ref = gt_xmalloc(sizeof(int) * T * k), *id_got = gt_xmalloc(sizeof(int) * T * k);
+    for (size_t i = 0; i < N; i++) s[i] = 2.f * st_rng_normal(&r);
+    for (int i = 0; i < n; i++) bias[i] = 0.1f * st_rng_normal(&r);
+    float *d_s = gt_up(s, 4 * N), *d_b = gt_up(bias, 4 * n), *d_w = gt_dev(4 * (size_t)T * k);
+    int *d_id = gt_dev(sizeof(int) * T * k);
+    st_router_sigmoid(s, T, n);
+    st_route_topk(id_ref, w_ref, s, with_bias ? bias : NULL, T, n, k, renorm, 2.5f);
+    GT_OK(st_cuda_router_topk(&gt_stream, d_id, d_w, d_s, with_bias ? d_b : NULL, T, n, k, renorm, 2.5f));
+    gt_down(id_got, d_id, sizeof(int) * T * k);
+    gt_down(w_got, d_w, 4 * (size_t)T * k);
+    gt_down(s_got, d_s, 4 * N);
+    int diff = 0;
+    for (int i = 0; i < T * k; i++) diff += id_got[i] != id_ref[i];
+    CHECK(diff == 0, "router_topk T=%d n=%d k=%d: %d ids differ", T, n, k, diff);
+    char what[96];
+    snprintf(what, sizeof what, "router_topk T=%d n=%d k=%d renorm=%d bias=%d: w", T, n, k, renorm, with_bias);
+    st_t_close(what, w_got, w_ref, (size_t)T * k, 1e-5, 1e-6);
+    snprintf(what, sizeof what, "router_sigmoid T=%d n=%d", T, n);
+    st_t_close(what, s_got, s, N, 1e-5, 1e-6);
+    st_gpu_free(d_s), st_gpu_free(d_b), st_gpu_free(d_w), st_gpu_free(d_id);
+    free(s), free(bias), free(w_ref), free(w_got), free(s_got), free(id_ref), free(id_got);
+}
+
+static void argmax_case(int T, int V, uint64_t seed) {
+    st_rng_t r = {seed};
+    float *x = gt_xmalloc(4 * (size_t)T * V), *ws = gt_xmalloc(8 * (size_t)V);
+    int *got = gt_xmalloc(sizeof(int) * T);
+    for (size_t i = 0; i < (size_t)T * V; i++) x[i] = st_rng_normal(&r);
+    for (int t = 0; t < T; t++) { /* plant a tie at the maximum in every other row */
+        float *row = x + (size_t)t * V;
+        if (t & 1 && V > 2) row[V - 1] = row[V / 3] = 10.f;
+    }
+    float *d_x = gt_up(x, 4 * (size_t)T * V);
+    int *d_id = gt_dev(sizeof(int) * T);
+    GT_OK(st_cuda_argmax(&gt_stream, d_id, d_x, T, V));
+    gt_down(got, d_id, sizeof(int) * T);
+    st_sampling_t sp = {.temperature = 0.f, .top_k = 0, .top_p = 1.f};
+    st_rng_t rr = {1};
+    int diff = 0;
+    for (int t = 0; t < T; t++) diff += got[t] != st_sample(x + (size_t)t * V, V, &sp, &rr, ws);
+    CHECK(diff == 0, "argmax T=%d V=%d: %d rows differ", T, V, diff);
+    st_gpu_free(d_x), st_gpu_free(d_id);
+    free(x), free(ws), free(got);
+}
+
+int main(void) {
+    gt_init_or_skip("test_gpu_moe");
+    static const int gt[] = {1, 33}, gn[] = {1, 512, 1000};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) glu_case(gt[i], gn[j], (i + j) & 1 ? false : true, 10 + i * 3 + j), glu_case(gt[i], gn[j], true, 50 + j);
+    router_case(1, 8, 1, true, false, 1);
+    router_case(17, 64, 2, true, true, 2);
+    router_case(100, 896, 8, true, true, 3);
+    router_case(33, 384, 8, false, true, 4);
+    argmax_case(1, 1, 1);
+    argmax_case(4, 1000, 2);
+    argmax_case(3, 163840, 3);
+    return st_test_done();
+}

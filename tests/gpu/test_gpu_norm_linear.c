@@ -1,0 +1,89 @@
+/* RMSNorm, per-head L2Norm and the cuBLAS linear vs their CPU versions over odd shapes
+ * (one token, odd widths, K3 widths). Tolerance: bf16 output rounding (rel L2 1e-2). */
+#include <math.h>
+
+#include "gpu_test.h"
+#include "strata/kernels.h"
+
+static void rmsnorm_case(int T, int n, bool weighted, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t N = (size_t)T * n;
+    float *x = gt_xmalloc(4 * N), *w = gt_xmalloc(4 * n), *ref = gt_xmalloc(4 * N), *got = gt_xmalloc(4 * N);
+    uint16_t *xb = gt_xmalloc(2 * N), *yb = gt_xmalloc(2 * N);
+    gt_randn_bf(x, xb, N, 3.f, &r);
+    for (int i = 0; i < n; i++) w[i] = 1.f + 0.3f * st_rng_normal(&r);
+    st_rmsnorm(ref, x, weighted ? w : NULL, T, n, 1e-5f);
+    uint16_t *dx = gt_up(xb, 2 * N), *dy = gt_dev(2 * N);
+    float *dw = gt_up(w, 4 * n);
+    GT_OK(st_cuda_rmsnorm(&gt_stream, dy, dx, weighted ? dw : NULL, T, n, 1e-5f));
+    gt_down(yb, dy, 2 * N);
+    gt_from_bf(got, yb, N);
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm T=%d n=%d w=%d", T, n, weighted);
+    st_t_close(what, got, ref, N, 1e-2, 1e-2);
+    /* in place (y aliases x) */
+    GT_OK(st_cuda_rmsnorm(&gt_stream, dx, dx, weighted ? dw : NULL, T, n, 1e-5f));
+    gt_down(yb, dx, 2 * N);
+    gt_from_bf(got, yb, N);
+    snprintf(what, sizeof what, "rmsnorm in place T=%d n=%d", T, n);
+    st_t_close(what, got, ref, N, 1e-2, 1e-2);
+    st_gpu_free(dx), st_gpu_free(dy), st_gpu_free(dw);
+    free(x), free(w), free(ref), free(got), free(xb), free(yb);
+}
+
+static void l2norm_case(int T, int H, int dh, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t N = (size_t)T * H * dh;
+    float *x = gt_xmalloc(4 * N), *got = gt_xmalloc(4 * N);
+    uint16_t *xb = gt_xmalloc(2 * N);
+    gt_randn_bf(x, xb, N, 2.f, &r);
+    uint16_t *dx = gt_up(xb, 2 * N);
+    st_l2norm_heads(x, T, H, dh, 1e-6f);
+    GT_OK(st_cuda_l2norm_heads(&gt_stream, dx, T, H, dh, 1e-6f));
+    gt_down(xb, dx, 2 * N);
+    gt_from_bf(got, xb, N);
+    char what[96];
+    snprintf(what, sizeof what, "l2norm T=%d H=%d dh=%d", T, H, dh);
+    st_t_close(what, got, x, N, 1e-2, 1e-2);
+    st_gpu_free(dx);
+    free(x), free(got), free(xb);
+}
+
+static void linear_case(int T, int N, int K, bool f32out, uint64_t seed) {
+    st_rng_t r = {seed};
+    float *x = gt_xmalloc(4 * (size_t)T * K), *W = gt_xmalloc(4 * (size_t)N * K), *ref = gt_xmalloc(4 * (size_t)T * N),
+          *got = gt_xmalloc(4 * (size_t)T * N);
+    uint16_t *xb = gt_xmalloc(2 * (size_t)T * K), *Wb = gt_xmalloc(2 * (size_t)N * K), *yb = gt_xmalloc(2 * (size_t)T * N);
+    gt_randn_bf(x, xb, (size_t)T * K, 1.f, &r);
+    gt_randn_bf(W, Wb, (size_t)N * K, 1.f / sqrtf((float)K), &r);
+    st_weight_t w = {.dtype = ST_DT_F32, .rows = N, .cols = K, .data = W};
+    st_linear_ref(ref, x, &w, T);
+    uint16_t *dx = gt_up(xb, 2 * (size_t)T * K), *dW = gt_up(Wb, 2 * (size_t)N * K);
+    void *dy = gt_dev(4 * (size_t)T * N);
+    GT_OK(st_cuda_linear(&gt_stream, dy, f32out, dx, dW, T, N, K));
+    if (f32out) gt_down(got, dy, 4 * (size_t)T * N);
+    else {
+        gt_down(yb, dy, 2 * (size_t)T * N);
+        gt_from_bf(got, yb, (size_t)T * N);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "linear T=%d N=%d K=%d out=%s", T, N, K, f32out ? "f32" : "bf16");
+    st_t_close(what, got, ref, (size_t)T * N, f32out ? 1e-4 : 1e-2, 1e-3);
+    st_gpu_free(dx), st_gpu_free(dW), st_gpu_free(dy);
+    free(x), free(W), free(ref), free(got), free(xb), free(Wb), free(yb);
+}
+
+int main(void) {
+    gt_init_or_skip("test_gpu_norm_linear");
+    static const int Ts[] = {1, 7, 33}, ns[] = {1, 100, 513, 7168};
+    for (size_t i = 0; i < 3; i++)
+        for (size_t j = 0; j < 4; j++) rmsnorm_case(Ts[i], ns[j], j & 1, 10 * i + j);
+    l2norm_case(1, 1, 128, 1);
+    l2norm_case(5, 3, 128, 2);
+    l2norm_case(9, 64, 64, 3);
+    static const int lt[] = {1, 17, 128}, ln[] = {1, 101, 512}, lk[] = {8, 200, 1024};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 3; k++) linear_case(lt[i], ln[j], lk[k], (i + j + k) & 1, 100 + 9 * i + 3 * j + k);
+    return st_test_done();
+}
