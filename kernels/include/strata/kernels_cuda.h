@@ -51,7 +51,7 @@ st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const st_bf16_t
  * 128] fp32 ([key channel, value channel]); slots [B] (NULL: b), read and updated in place;
  * o [T_tot, H, 128] bf16. Tiles of 16 tokens; the diagonal tile's A_kk / A_qk are dense
  * tensor-core products when the tile's decay stays within e^80 (always so for a bounded gate),
- * otherwise that tile takes the per-pair form. max_T: the longest sequence (grid sizing). */
+ * otherwise that tile takes the per-pair form. */
 st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
                                 const st_bf16_t *k, const st_bf16_t *v, const float *g, const float *beta,
                                 float *S, const int *slots, const int *cu_seqlens, int B, int H,
