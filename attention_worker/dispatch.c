@@ -38,6 +38,7 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
      * and the order canonical (n × T·kc is small next to the expert FFNs) */
     for (int e = 0; e < n; e++) {
         int s = server_of[e];
+        if (s == ST_DISPATCH_SKIP) continue;
         int start = s >= 0 ? p->n_rows[s] : 0;
         for (int t = 0; t < w->T; t++)
             for (int i = 0; i < w->cnt[t]; i++) {

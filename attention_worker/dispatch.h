@@ -20,8 +20,11 @@ typedef struct {
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
 void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
-/* server_of[e]: server slot that runs expert e for this layer, or -1 when no live server holds it;
- * tokens routed to such an expert are flagged in tok_failed [T] (set true, never cleared here). */
+/* server_of[e]: server slot that runs expert e for this layer; ST_DISPATCH_NONE when no live server
+ * holds it (tokens routed to it are flagged in tok_failed [T]: set true, never cleared here);
+ * ST_DISPATCH_SKIP to leave its pairs out (a retry round that only re-sends some experts). */
+#define ST_DISPATCH_NONE (-1)
+#define ST_DISPATCH_SKIP (-2)
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
 /* rows of server s → dst [n_rows[s], ew] */
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, float *dst);

@@ -1,0 +1,955 @@
+/* Attention worker (see worker.h).
+ *
+ * Threads. The loop thread owns every network object: gRPC (Worker.Generate, membership), UCX
+ * endpoints, request calls. The compute thread owns the engine and the sequences and runs the
+ * scheduler. They meet in three places, all under `mu`:
+ *   inbox   loop → compute: new requests, cancellations (compute waits on `cv`);
+ *   outbox  compute → loop: token chunks, finishes, dispatch sends (woken by uv_async);
+ *   pend    per (micro-batch, server) dispatch records: the compute thread fills and posts them,
+ *           the loop sends them and lands replies in their preallocated buffers, then signals `cv`.
+ * Every wait on the network is bounded by expert_timeout_ms. A server that fails or times out is
+ * retried once on a replica; tokens with no live holder fail only their own sequences. */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <uv.h>
+
+#include "dispatch.h"
+#include "strata/member.h"
+#include "strata/proto.h"
+#include "strata/rpc.h"
+#include "strata/transport.h"
+#include "strata/wire.h"
+#include "worker.h"
+
+#define MAX_SERVERS 64
+#define MAX_MB 2
+#define MAX_STOP 16
+
+enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
+enum { EV_CHUNK = 1, EV_SEND };
+enum { IN_NEW = 1, IN_CANCEL };
+
+typedef struct aw aw_t;
+
+typedef struct {
+    uint64_t id;
+    char name[64], endpoint[128];
+    st_tp_ep_t *ep; /* loop thread only */
+    int alive;      /* under mu */
+} srv_t;
+
+typedef struct {
+    aw_t *aw;
+    int mb, s, state; /* state under mu */
+    uint64_t seq;
+    st_wire_header_t hdr;
+    uint8_t *sbuf, *rbuf;
+    size_t slen, cap;
+    size_t rlen;
+    st_tp_send_req_t send;
+    st_tp_recv_t recv;
+    char err[256];
+} pend_t;
+
+typedef struct ev {
+    struct ev *next;
+    int kind, req, mb, s;
+    uint64_t gen;
+    uint8_t *bytes;
+    size_t len;
+    int finish;
+    st_status_t status;
+    char err[256];
+} ev_t;
+
+typedef struct in_msg {
+    struct in_msg *next;
+    int kind, req;
+    uint64_t gen;
+    st_proto_generate_req_t r;
+} in_msg_t;
+
+typedef struct {
+    int used;
+    uint64_t gen;
+    st_rpc_call_t *call; /* loop only; NULL once cancelled or finished */
+} req_t;
+
+typedef struct {
+    int used, req, slot;
+    uint64_t gen;
+    int *toks, n_prompt, n_gen, max_tokens;
+    st_sampling_t sp;
+    st_rng_t rng;
+    uint32_t stop[MAX_STOP];
+    int n_stop, dump, prefilled, cancelled, failed;
+    char err[256];
+} seq_t;
+
+struct aw {
+    st_aw_opts_t o;
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_signal_t sig_int, sig_term;
+    st_ckpt_t *ck;
+    const st_config_t *c;
+    st_engine_t *e;
+    st_engine_mb_t *mbs[MAX_MB];
+    st_tp_t *tp;
+    st_rpc_server_t *rpc;
+    st_member_t *mem;
+    int rpc_port;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, compute_done;
+    /* shared under mu */
+    in_msg_t *in_head, *in_tail;
+    ev_t *ev_head, *ev_tail;
+    srv_t srv[MAX_SERVERS];
+    int n_srv;
+    int *holders;   /* [n_layers][n_experts][R] server indices, -1 none */
+    int R;
+    uint64_t place_version, place_applied;
+    pend_t pend[MAX_MB][MAX_SERVERS];
+    req_t *reqs;    /* [max_seqs * 2] */
+    int n_reqs;
+    uint32_t active;
+    /* compute thread only */
+    seq_t *seqs;    /* [max_seqs] */
+    int *hl;        /* private copy of holders */
+    int *server_of, *server_of2; /* [n_experts] */
+    st_dispatch_plan_t plan[MAX_MB], plan2;
+    bool *tok_failed[MAX_MB];
+    float *logits[MAX_MB];
+    uint64_t step, next_seq;
+    size_t pay_cap;
+};
+
+/* ================================================================ compute thread */
+
+static void post_event(aw_t *aw, ev_t *ev) {
+    pthread_mutex_lock(&aw->mu);
+    if (aw->ev_tail) aw->ev_tail->next = ev;
+    else aw->ev_head = ev;
+    aw->ev_tail = ev;
+    pthread_mutex_unlock(&aw->mu);
+    uv_async_send(&aw->async);
+}
+
+/* One chunk to the client: a token (finish NONE) or the end (finish set, token may ride along). */
+static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logits, st_proto_finish_t fin,
+                 const char *err) {
+    ev_t *ev = calloc(1, sizeof *ev);
+    if (!ev) return;
+    char text[8] = {0};
+    if (has_token) st_tok_decode(&token, 1, text, sizeof text - 1);
+    st_proto_generate_chunk_t ch = {.index = (uint32_t)(q->n_gen - (has_token ? 1 : 0)), .token_id = has_token ? (uint32_t)token : 0,
+                                    .text = text, .finish = fin, .error = (char *)(err ? err : "")};
+    if (logits && q->dump) {
+        ch.logits = (uint8_t *)logits;
+        ch.logits_len = (size_t)aw->c->vocab * sizeof(float);
+    }
+    ev->kind = EV_CHUNK;
+    ev->req = q->req;
+    ev->gen = q->gen;
+    ev->finish = fin != ST_PROTO_FINISH_NONE;
+    if (st_proto_generate_chunk_encode(&ch, &ev->bytes, &ev->len) != ST_OK) {
+        free(ev);
+        return;
+    }
+    post_event(aw, ev);
+}
+
+static void seq_end(aw_t *aw, seq_t *q) {
+    st_engine_seq_close(aw->e, q->slot);
+    free(q->toks);
+    q->toks = NULL;
+    q->used = 0;
+    pthread_mutex_lock(&aw->mu);
+    aw->active--;
+    pthread_mutex_unlock(&aw->mu);
+}
+
+static void seq_fail(aw_t *aw, seq_t *q, st_proto_finish_t fin, const char *err) {
+    emit(aw, q, 0, 0, NULL, fin, err);
+    seq_end(aw, q);
+}
+
+static void admit(aw_t *aw, in_msg_t *m) {
+    const st_config_t *c = aw->c;
+    st_proto_generate_req_t *r = &m->r;
+    seq_t tmp = {.req = m->req, .gen = m->gen};
+    int free_i = -1;
+    for (int i = 0; i < aw->o.max_seqs; i++)
+        if (!aw->seqs[i].used) { free_i = i; break; }
+    char err[256] = "";
+    int n = r->n_prompt_tokens ? (int)r->n_prompt_tokens : (int)strlen(r->prompt ? r->prompt : "");
+    int max_tokens = r->max_tokens ? (int)r->max_tokens : 16;
+    if (free_i < 0) snprintf(err, sizeof err, "worker %s: all %d sequence slots busy", aw->o.name, aw->o.max_seqs);
+    else if (n <= 0) snprintf(err, sizeof err, "empty prompt");
+    else if (n > aw->o.max_batch_tokens) snprintf(err, sizeof err, "prompt of %d tokens exceeds the %d-token step budget", n, aw->o.max_batch_tokens);
+    else if (n + max_tokens > aw->o.max_ctx) snprintf(err, sizeof err, "prompt %d + max_tokens %d exceeds the context limit %d", n, max_tokens, aw->o.max_ctx);
+    else if (r->n_stop_ids > MAX_STOP) snprintf(err, sizeof err, "at most %d stop ids", MAX_STOP);
+    int *toks = NULL;
+    if (!err[0]) {
+        toks = malloc(sizeof(int) * (size_t)(n + max_tokens + 1));
+        if (!toks) snprintf(err, sizeof err, "out of memory");
+    }
+    if (!err[0]) {
+        if (r->n_prompt_tokens)
+            for (int i = 0; i < n; i++) {
+                toks[i] = (int)r->prompt_tokens[i];
+                if (toks[i] < 0 || toks[i] >= c->vocab) {
+                    snprintf(err, sizeof err, "prompt token %u outside vocabulary 0..%d", r->prompt_tokens[i], c->vocab - 1);
+                    break;
+                }
+            }
+        else
+            n = st_tok_encode(r->prompt, toks, n);
+    }
+    int slot = -1;
+    if (!err[0] && st_engine_seq_open(aw->e, &slot) != ST_OK) snprintf(err, sizeof err, "%s", st_err_last());
+    if (err[0]) {
+        free(toks);
+        emit(aw, &tmp, 0, 0, NULL, ST_PROTO_FINISH_ERROR, err);
+        pthread_mutex_lock(&aw->mu);
+        aw->active--;
+        pthread_mutex_unlock(&aw->mu);
+        return;
+    }
+    seq_t *q = &aw->seqs[free_i];
+    *q = (seq_t){.used = 1, .req = m->req, .gen = m->gen, .slot = slot, .toks = toks, .n_prompt = n,
+                 .max_tokens = max_tokens, .dump = r->dump_logits};
+    q->sp.temperature = r->temperature;
+    q->sp.top_k = (int)r->top_k;
+    q->sp.top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f;
+    q->rng.s = r->has_seed ? r->seed : (uint64_t)st_time_ns();
+    q->n_stop = (int)r->n_stop_ids;
+    for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
+}
+
+static void drain_inbox(aw_t *aw) {
+    pthread_mutex_lock(&aw->mu);
+    in_msg_t *m = aw->in_head;
+    aw->in_head = aw->in_tail = NULL;
+    pthread_mutex_unlock(&aw->mu);
+    while (m) {
+        in_msg_t *next = m->next;
+        if (m->kind == IN_NEW) {
+            admit(aw, m);
+            st_proto_generate_req_cleanup(&m->r);
+        } else {
+            for (int i = 0; i < aw->o.max_seqs; i++)
+                if (aw->seqs[i].used && aw->seqs[i].req == m->req && aw->seqs[i].gen == m->gen) aw->seqs[i].cancelled = 1;
+        }
+        free(m);
+        m = next;
+    }
+}
+
+/* Copy the newest placement (server indices) for the compute thread. */
+static void sync_placement(aw_t *aw) {
+    pthread_mutex_lock(&aw->mu);
+    if (aw->place_version != aw->place_applied) {
+        memcpy(aw->hl, aw->holders, sizeof(int) * (size_t)aw->c->n_layers * aw->c->n_experts * aw->R);
+        aw->place_applied = aw->place_version;
+    }
+    pthread_mutex_unlock(&aw->mu);
+}
+
+/* server_of for a layer: the first live holder (skipping `avoid`), else NONE. */
+static void choose_servers(aw_t *aw, int layer, int *server_of, const int *avoid_mask) {
+    int E = aw->c->n_experts, R = aw->R;
+    pthread_mutex_lock(&aw->mu);
+    for (int e = 0; e < E; e++) {
+        server_of[e] = ST_DISPATCH_NONE;
+        const int *h = aw->hl + ((size_t)layer * E + e) * R;
+        for (int r = 0; r < R; r++)
+            if (h[r] >= 0 && aw->srv[h[r]].alive && !(avoid_mask && avoid_mask[h[r]])) {
+                server_of[e] = h[r];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&aw->mu);
+}
+
+/* Pack and post the dispatches of plan p for micro-batch mb. */
+static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w) {
+    for (int s = 0; s < aw->n_srv && s < p->n_servers; s++) {
+        if (!p->n_rows[s]) continue;
+        pend_t *pd = &aw->pend[mb][s];
+        float *rows;
+        st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
+                               .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
+                               .token_count = (uint32_t)p->n_rows[s], .expert_count = (uint32_t)p->n_exp[s],
+                               .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq};
+        info.payload_bytes = st_wire_payload_bytes(info.token_count, info.expert_count, info.row_width);
+        st_wire_table_encode(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
+                             p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &rows);
+        st_dispatch_pack(p, s, w, rows);
+        st_wire_header_encode(&info, &pd->hdr);
+        pthread_mutex_lock(&aw->mu);
+        pd->seq = info.seq;
+        pd->slen = info.payload_bytes;
+        pd->state = P_QUEUED;
+        pd->err[0] = 0;
+        pthread_mutex_unlock(&aw->mu);
+        ev_t *ev = calloc(1, sizeof *ev);
+        ev->kind = EV_SEND;
+        ev->mb = mb;
+        ev->s = s;
+        post_event(aw, ev);
+    }
+}
+
+/* Wait (bounded) for every dispatch of plan p; unpack the good ones, return a mask of failed
+ * servers (count in *n_failed) and their errors in pend[].err. */
+static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)aw->o.expert_timeout_ms * 1000000ull;
+    dl.tv_sec += (time_t)(ns / 1000000000ull);
+    dl.tv_nsec = (long)(ns % 1000000000ull);
+    *n_failed = 0;
+    pthread_mutex_lock(&aw->mu);
+    for (;;) {
+        int waiting = 0;
+        for (int s = 0; s < aw->n_srv; s++)
+            if (p->n_rows[s] && (aw->pend[mb][s].state == P_QUEUED || aw->pend[mb][s].state == P_SENT)) waiting = 1;
+        if (!waiting) break;
+        if (pthread_cond_timedwait(&aw->cv, &aw->mu, &dl) != 0) {
+            for (int s = 0; s < aw->n_srv; s++) {
+                pend_t *pd = &aw->pend[mb][s];
+                if (p->n_rows[s] && (pd->state == P_QUEUED || pd->state == P_SENT)) {
+                    pd->state = P_FAILED;
+                    snprintf(pd->err, sizeof pd->err, "expert server %s (%s) did not answer within %u ms",
+                             aw->srv[s].name, aw->srv[s].endpoint, aw->o.expert_timeout_ms);
+                }
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&aw->mu);
+    for (int s = 0; s < aw->n_srv; s++) {
+        if (!p->n_rows[s]) continue;
+        pend_t *pd = &aw->pend[mb][s];
+        if (pd->state == P_DONE) {
+            /* the reply must describe exactly what we sent */
+            st_wire_info_t info;
+            const uint32_t *ids, *off;
+            const float *rows;
+            int ok = st_wire_header_decode(&pd->recv.hdr, pd->recv.hdr_len, pd->rlen, &info) == ST_OK &&
+                     st_wire_table_decode(pd->rbuf, &info, &ids, &off, &rows) == ST_OK &&
+                     info.token_count == (uint32_t)p->n_rows[s] && info.expert_count == (uint32_t)p->n_exp[s] &&
+                     !memcmp(ids, p->exp_ids + (size_t)s * p->n_experts, sizeof(uint32_t) * info.expert_count) &&
+                     !memcmp(off, p->offsets + (size_t)s * (p->n_experts + 1), sizeof(uint32_t) * (info.expert_count + 1));
+            if (ok) {
+                st_dispatch_unpack(p, s, w, rows);
+                pd->state = P_IDLE;
+                continue;
+            }
+            snprintf(pd->err, sizeof pd->err, "expert server %s sent a reply that does not match the dispatch", aw->srv[s].name);
+            pd->state = P_FAILED;
+        }
+        failed_mask[s] = 1;
+        (*n_failed)++;
+        st_log_warn("worker %s: %s", aw->o.name, pd->err);
+    }
+}
+
+/* Run one work item on the expert servers: dispatch, wait, and one retry round on replicas for
+ * the experts of failed servers. Tokens left without an answer are flagged. */
+static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
+    int failed[MAX_SERVERS] = {0}, nf = 0;
+    choose_servers(aw, w->layer, aw->server_of, NULL);
+    st_dispatch_plan_build(&aw->plan[mb], w, aw->server_of, aw->tok_failed[mb]);
+    send_plan(aw, mb, &aw->plan[mb], w);
+    wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
+    if (nf == 0) return;
+    for (int s = 0; s < aw->n_srv; s++)
+        if (failed[s]) {
+            snprintf(why, why_len, "%s", aw->pend[mb][s].err);
+            pthread_mutex_lock(&aw->mu);
+            aw->srv[s].alive = 0; /* until the coordinator's next map says otherwise */
+            aw->pend[mb][s].state = P_IDLE;
+            pthread_mutex_unlock(&aw->mu);
+        }
+    /* retry: only experts that were on failed servers, on another live holder */
+    choose_servers(aw, w->layer, aw->server_of2, failed);
+    for (int e = 0; e < aw->c->n_experts; e++) {
+        int s0 = aw->server_of[e];
+        if (s0 < 0 || !failed[s0]) aw->server_of2[e] = ST_DISPATCH_SKIP;
+    }
+    st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
+    send_plan(aw, mb, &aw->plan2, w);
+    int failed2[MAX_SERVERS] = {0}, nf2 = 0;
+    wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
+    for (int s = 0; s < aw->n_srv; s++) {
+        if (!failed2[s]) continue;
+        pthread_mutex_lock(&aw->mu);
+        aw->srv[s].alive = 0;
+        aw->pend[mb][s].state = P_IDLE;
+        pthread_mutex_unlock(&aw->mu);
+        for (int r = 0; r < aw->plan2.n_rows[s]; r++) aw->tok_failed[mb][aw->plan2.pair[(size_t)s * aw->plan2.max_rows + r] / w->kc] = true;
+    }
+}
+
+static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
+    if (tok == aw->c->eos_id) return 1;
+    for (int i = 0; i < q->n_stop; i++)
+        if ((uint32_t)tok == q->stop[i]) return 1;
+    return 0;
+}
+
+/* One scheduler step over every admitted sequence. */
+static void step(aw_t *aw) {
+    int ns = 0, budget = aw->o.max_batch_tokens;
+    int idx[256];
+    st_seq_chunk_t ch[256];
+    /* cancelled sequences leave first */
+    for (int i = 0; i < aw->o.max_seqs; i++)
+        if (aw->seqs[i].used && aw->seqs[i].cancelled) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_CANCELLED, "cancelled");
+    for (int i = 0; i < aw->o.max_seqs && ns < 256; i++) {
+        seq_t *q = &aw->seqs[i];
+        if (!q->used) continue;
+        int n = q->prefilled ? 1 : q->n_prompt;
+        if (n > budget) continue; /* joins at a later step boundary */
+        budget -= n;
+        idx[ns] = i;
+        ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
+                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks};
+    }
+    if (ns == 0) return;
+    /* micro-batches: split the entries in two halves by tokens when both halves are big enough */
+    int total = aw->o.max_batch_tokens - budget, nmb = 1, cut = ns;
+    if (aw->o.micro_batches >= 2 && ns >= 2 && total >= 2 * aw->o.min_mb_tokens) {
+        int acc = 0;
+        for (cut = 0; cut < ns - 1 && acc + ch[cut].n_tokens <= total / 2; cut++) acc += ch[cut].n_tokens;
+        if (cut == 0) cut = 1;
+        nmb = 2;
+    }
+    int first[MAX_MB] = {0, cut}, count[MAX_MB] = {cut, ns - cut}, live[MAX_MB] = {0};
+    st_moe_work_t w[MAX_MB];
+    char why[MAX_MB][256] = {{0}};
+    aw->step++;
+    for (int m = 0; m < nmb; m++) {
+        memset(aw->tok_failed[m], 0, sizeof(bool) * (size_t)aw->o.max_batch_tokens);
+        if (st_engine_mb_begin(aw->mbs[m], ch + first[m], count[m], aw->logits[m]) != ST_OK) {
+            /* validated at admission; reaching here is our bug: fail these sequences cleanly */
+            for (int j = 0; j < count[m]; j++) seq_fail(aw, &aw->seqs[idx[first[m] + j]], ST_PROTO_FINISH_ERROR, st_err_last());
+            count[m] = 0;
+            continue;
+        }
+        live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
+    }
+    /* ping-pong: while one micro-batch waits on its experts, the other's attention runs */
+    while (live[0] || live[1]) {
+        for (int m = 0; m < nmb; m++) {
+            if (!live[m]) continue;
+            run_remote(aw, m, &w[m], why[m], sizeof why[m]);
+            for (int t = 0; t < w[m].T; t++)
+                if (aw->tok_failed[m][t]) memset(w[m].out + (size_t)t * w[m].kc * w[m].ew, 0, sizeof(float) * (size_t)w[m].kc * w[m].ew);
+            live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
+        }
+    }
+    /* sample, stream, finish */
+    for (int m = 0; m < nmb; m++) {
+        /* per-sequence failure: any of its tokens failed at any MoE layer */
+        int off = 0;
+        for (int j = 0; j < count[m]; j++) {
+            seq_t *q = &aw->seqs[idx[first[m] + j]];
+            int n = ch[first[m] + j].n_tokens, bad = 0;
+            for (int t = 0; t < n; t++) bad |= aw->tok_failed[m][off + t];
+            off += n;
+            const float *lg = aw->logits[m] + (size_t)j * aw->c->vocab;
+            if (bad) {
+                seq_fail(aw, q, ST_PROTO_FINISH_ERROR, why[m][0] ? why[m] : "an expert of this request has no live server");
+                continue;
+            }
+            q->prefilled = 1;
+            int tok = st_sample(lg, aw->c->vocab, &q->sp, &q->rng, aw->logits[m] + (size_t)aw->o.max_seqs * aw->c->vocab);
+            q->toks[q->n_prompt + q->n_gen++] = tok;
+            st_proto_finish_t fin = is_stop(aw, q, tok) ? ST_PROTO_FINISH_STOP
+                                    : q->n_gen >= q->max_tokens ? ST_PROTO_FINISH_LENGTH
+                                                                : ST_PROTO_FINISH_NONE;
+            emit(aw, q, 1, tok, lg, fin, NULL);
+            if (fin != ST_PROTO_FINISH_NONE) seq_end(aw, q);
+        }
+    }
+    st_member_set_step(aw->mem, aw->step);
+}
+
+static void *compute_main(void *arg) {
+    aw_t *aw = arg;
+    for (;;) {
+        pthread_mutex_lock(&aw->mu);
+        while (!aw->stop && !aw->in_head && aw->active == 0) pthread_cond_wait(&aw->cv, &aw->mu);
+        int stop = aw->stop;
+        pthread_mutex_unlock(&aw->mu);
+        if (stop) break;
+        drain_inbox(aw);
+        sync_placement(aw);
+        step(aw);
+    }
+    for (int i = 0; i < aw->o.max_seqs; i++)
+        if (aw->seqs[i].used) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_CANCELLED, "worker shutting down");
+    pthread_mutex_lock(&aw->mu);
+    aw->compute_done = 1;
+    pthread_mutex_unlock(&aw->mu);
+    uv_async_send(&aw->async);
+    return NULL;
+}
+
+/* ================================================================ loop thread */
+
+static st_status_t alloc_pend(aw_t *aw, int s);
+
+static void on_sent(st_tp_send_req_t *req, st_status_t st) {
+    pend_t *pd = req->user;
+    if (st == ST_OK) return;
+    aw_t *aw = pd->aw;
+    pthread_mutex_lock(&aw->mu);
+    if (pd->state == P_SENT || pd->state == P_QUEUED) {
+        pd->state = P_FAILED;
+        snprintf(pd->err, sizeof pd->err, "expert server %s (%s): send failed: %s", aw->srv[pd->s].name,
+                 aw->srv[pd->s].endpoint, st_status_str(st));
+        pthread_cond_broadcast(&aw->cv);
+    }
+    pthread_mutex_unlock(&aw->mu);
+}
+
+static void do_send(aw_t *aw, int mb, int s) {
+    pend_t *pd = &aw->pend[mb][s];
+    st_status_t st = ST_ERR_PEER;
+    pthread_mutex_lock(&aw->mu);
+    int ok = pd->state == P_QUEUED && aw->srv[s].ep && aw->srv[s].alive;
+    if (ok) pd->state = P_SENT;
+    pthread_mutex_unlock(&aw->mu);
+    if (ok) {
+        pd->send.cb = on_sent;
+        pd->send.user = pd;
+        st = st_tp_send(aw->srv[s].ep, ST_WIRE_AM_DISPATCH, &pd->hdr, sizeof pd->hdr, pd->sbuf, pd->slen, &pd->send);
+    }
+    if (st != ST_OK) {
+        pthread_mutex_lock(&aw->mu);
+        if (pd->state == P_SENT || pd->state == P_QUEUED) {
+            pd->state = P_FAILED;
+            const srv_t *sv = &aw->srv[s];
+            char e[sizeof pd->err];
+            snprintf(e, sizeof e, "expert server %s (%s) is not reachable", sv->name, sv->endpoint);
+            memcpy(pd->err, e, sizeof e);
+        }
+        pthread_cond_broadcast(&aw->cv);
+        pthread_mutex_unlock(&aw->mu);
+    }
+}
+
+static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t hdr_len, size_t len) {
+    aw_t *aw = arg;
+    st_wire_info_t info;
+    if (st_wire_header_decode(hdr, hdr_len, len, &info) != ST_OK || info.micro_batch >= MAX_MB) return NULL;
+    srv_t *sv = ep ? st_tp_ep_user(ep) : NULL;
+    if (!sv) return NULL;
+    int s = (int)(sv - aw->srv);
+    pend_t *pd = &aw->pend[info.micro_batch][s];
+    st_tp_recv_t *r = NULL;
+    pthread_mutex_lock(&aw->mu);
+    if (pd->state == P_SENT && pd->seq == info.seq && len <= pd->cap) {
+        pd->recv.buf = pd->rbuf;
+        pd->recv.cap = pd->cap;
+        pd->recv.user = pd;
+        r = &pd->recv;
+    }
+    pthread_mutex_unlock(&aw->mu);
+    return r; /* a late reply to a timed-out dispatch is dropped */
+}
+
+static void am_done(void *arg, st_tp_recv_t *r) {
+    aw_t *aw = arg;
+    pend_t *pd = r->user;
+    st_wire_info_t info;
+    pthread_mutex_lock(&aw->mu);
+    if (pd->state == P_SENT) {
+        if (r->status != ST_OK || st_wire_header_decode(r->hdr, r->hdr_len, r->len, &info) != ST_OK) {
+            pd->state = P_FAILED;
+            snprintf(pd->err, sizeof pd->err, "expert server %s: bad reply (%s)", aw->srv[pd->s].name, st_status_str(r->status));
+        } else if (info.kind == ST_WIRE_KIND_ERROR) {
+            pd->state = P_FAILED;
+            int n = (int)ST_MIN(r->len, sizeof pd->err - 40);
+            snprintf(pd->err, sizeof pd->err, "expert server %s: %.*s", aw->srv[pd->s].name, n, (const char *)pd->rbuf);
+        } else {
+            pd->rlen = r->len;
+            pd->state = P_DONE;
+        }
+        pthread_cond_broadcast(&aw->cv);
+    }
+    pthread_mutex_unlock(&aw->mu);
+}
+
+static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
+    aw_t *aw = arg;
+    srv_t *sv = st_tp_ep_user(ep);
+    if (!sv) return;
+    st_log_warn("worker %s: lost expert server %s (%s): %s", aw->o.name, sv->name, sv->endpoint, st_status_str(why));
+    pthread_mutex_lock(&aw->mu);
+    sv->ep = NULL;
+    sv->alive = 0;
+    int s = (int)(sv - aw->srv);
+    for (int m = 0; m < MAX_MB; m++) {
+        pend_t *pd = &aw->pend[m][s];
+        if (pd->state == P_SENT || pd->state == P_QUEUED) {
+            pd->state = P_FAILED;
+            snprintf(pd->err, sizeof pd->err, "lost expert server %s (%s): %s", sv->name, sv->endpoint, st_status_str(why));
+        }
+    }
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+}
+
+static int split_hostport(const char *s, char *host, size_t hn, uint16_t *port) {
+    const char *c = strrchr(s, ':');
+    if (!c || c == s || (size_t)(c - s) >= hn) return -1;
+    memcpy(host, s, (size_t)(c - s));
+    host[c - s] = 0;
+    *port = (uint16_t)atoi(c + 1);
+    return 0;
+}
+
+/* New map: learn expert servers (connect to new ones), rebuild the holder table. */
+static void on_placement(void *arg, const st_proto_placement_t *p) {
+    aw_t *aw = arg;
+    const st_config_t *c = aw->c;
+    if ((int)p->n_layers != c->n_layers || (int)p->n_experts != c->n_experts) {
+        st_log_error("worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored", aw->o.name, p->n_layers,
+                     p->n_experts, c->n_layers, c->n_experts);
+        return;
+    }
+    for (size_t i = 0; i < p->n_members; i++) {
+        const st_proto_member_t *mm = &p->members[i];
+        if (mm->role != ST_PROTO_ROLE_EXPERT) continue;
+        int s = -1;
+        for (int k = 0; k < aw->n_srv; k++)
+            if (aw->srv[k].id == mm->member_id) s = k;
+        if (s < 0 && aw->n_srv < MAX_SERVERS && mm->alive) {
+            s = aw->n_srv;
+            if (alloc_pend(aw, s) != ST_OK) continue; /* membership change, not the token path */
+            srv_t *sv = &aw->srv[s];
+            memset(sv, 0, sizeof *sv);
+            sv->id = mm->member_id;
+            snprintf(sv->name, sizeof sv->name, "%s", mm->name ? mm->name : "?");
+            snprintf(sv->endpoint, sizeof sv->endpoint, "%s", mm->data_endpoint ? mm->data_endpoint : "");
+            char host[128];
+            uint16_t port;
+            if (split_hostport(sv->endpoint, host, sizeof host, &port) == 0 && st_tp_connect(aw->tp, host, port, &sv->ep) == ST_OK) {
+                st_tp_ep_set_user(sv->ep, sv);
+                st_tp_ep_on_lost(sv->ep, on_srv_lost, aw);
+                pthread_mutex_lock(&aw->mu);
+                sv->alive = 1;
+                aw->n_srv++;
+                pthread_mutex_unlock(&aw->mu);
+                st_log_info("worker %s: connected to expert server %s at %s", aw->o.name, sv->name, sv->endpoint);
+            }
+        }
+    }
+    pthread_mutex_lock(&aw->mu);
+    for (size_t i = 0; i < (size_t)c->n_layers * c->n_experts * aw->R; i++) aw->holders[i] = -1;
+    for (size_t i = 0; i < (size_t)c->n_layers * c->n_experts; i++) {
+        int r = 0;
+        for (uint32_t k = p->offsets[i]; k < p->offsets[i + 1] && r < aw->R; k++)
+            for (int s = 0; s < aw->n_srv; s++)
+                if (aw->srv[s].id == p->member_ids[k] && aw->srv[s].ep) aw->holders[i * aw->R + r++] = s;
+    }
+    /* a server the coordinator lists as alive and we hold an endpoint to is usable again */
+    for (size_t i = 0; i < p->n_members; i++)
+        for (int s = 0; s < aw->n_srv; s++)
+            if (aw->srv[s].id == p->members[i].member_id) aw->srv[s].alive = p->members[i].alive && aw->srv[s].ep != NULL;
+    aw->place_version = p->version;
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+    st_log_info("worker %s: placement v%llu applied (%d expert servers)", aw->o.name, (unsigned long long)p->version, aw->n_srv);
+}
+
+static void on_call_cancel(st_rpc_call_t *call, void *arg) {
+    req_t *rq = arg;
+    if (rq->call != call) return;
+    rq->call = NULL; /* compute side learns through the inbox */
+}
+
+static void handle_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    aw_t *aw = arg;
+    in_msg_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        st_rpc_call_finish(call, ST_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    if (st_proto_generate_req_decode(req, len, &m->r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        free(m);
+        return;
+    }
+    int slot = -1;
+    for (int i = 0; i < aw->n_reqs; i++)
+        if (!aw->reqs[i].used) { slot = i; break; }
+    pthread_mutex_lock(&aw->mu);
+    int full = slot < 0 || aw->stop;
+    if (!full) aw->active++;
+    pthread_mutex_unlock(&aw->mu);
+    if (full) {
+        st_proto_generate_req_cleanup(&m->r);
+        free(m);
+        st_rpc_call_finish(call, ST_ERR_CAPACITY, "attention worker is full");
+        return;
+    }
+    req_t *rq = &aw->reqs[slot];
+    rq->used = 1;
+    rq->gen++;
+    rq->call = call;
+    st_rpc_call_on_cancel(call, on_call_cancel, rq);
+    m->kind = IN_NEW;
+    m->req = slot;
+    m->gen = rq->gen;
+    pthread_mutex_lock(&aw->mu);
+    if (aw->in_tail) aw->in_tail->next = m;
+    else aw->in_head = m;
+    aw->in_tail = m;
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+}
+
+static void cancel_to_compute(aw_t *aw, int req, uint64_t gen) {
+    in_msg_t *m = calloc(1, sizeof *m);
+    if (!m) return;
+    m->kind = IN_CANCEL;
+    m->req = req;
+    m->gen = gen;
+    pthread_mutex_lock(&aw->mu);
+    if (aw->in_tail) aw->in_tail->next = m;
+    else aw->in_head = m;
+    aw->in_tail = m;
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+}
+
+static void on_rpc_closed(void *arg) {
+    aw_t *aw = arg;
+    st_tp_destroy(aw->tp);
+    st_rpc_cleanup();
+    uv_close((uv_handle_t *)&aw->async, NULL);
+    uv_close((uv_handle_t *)&aw->sig_int, NULL);
+    uv_close((uv_handle_t *)&aw->sig_term, NULL);
+}
+
+static void on_member_stopped(void *arg) {
+    aw_t *aw = arg;
+    st_rpc_server_close(aw->rpc, on_rpc_closed, aw);
+}
+
+static void on_async(uv_async_t *a) {
+    aw_t *aw = a->data;
+    pthread_mutex_lock(&aw->mu);
+    ev_t *ev = aw->ev_head;
+    aw->ev_head = aw->ev_tail = NULL;
+    int done = aw->compute_done;
+    pthread_mutex_unlock(&aw->mu);
+    while (ev) {
+        ev_t *next = ev->next;
+        if (ev->kind == EV_SEND) {
+            do_send(aw, ev->mb, ev->s);
+        } else {
+            req_t *rq = &aw->reqs[ev->req];
+            if (rq->used && rq->gen == ev->gen) {
+                if (rq->call) {
+                    if (st_rpc_call_write(rq->call, ev->bytes, ev->len) != ST_OK && !ev->finish) {
+                        /* the client is gone: stop generating for it */
+                        cancel_to_compute(aw, ev->req, ev->gen);
+                    }
+                    if (ev->finish) st_rpc_call_finish(rq->call, ST_OK, NULL);
+                } else if (!ev->finish) {
+                    cancel_to_compute(aw, ev->req, ev->gen);
+                }
+                if (ev->finish) {
+                    rq->used = 0;
+                    rq->call = NULL;
+                }
+            }
+            free(ev->bytes);
+        }
+        free(ev);
+        ev = next;
+    }
+    if (done && aw->compute_done != 2) {
+        aw->compute_done = 2;
+        st_member_stop(aw->mem, on_member_stopped, aw);
+    }
+}
+
+static void on_signal(uv_signal_t *h, int sig) {
+    aw_t *aw = h->data;
+    pthread_mutex_lock(&aw->mu);
+    int already = aw->stop;
+    aw->stop = 1;
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+    if (!already) st_log_info("worker %s: signal %d, stopping after %llu steps", aw->o.name, sig, (unsigned long long)aw->step);
+}
+
+static uint32_t inflight(void *arg) {
+    aw_t *aw = arg;
+    pthread_mutex_lock(&aw->mu);
+    uint32_t n = aw->active;
+    pthread_mutex_unlock(&aw->mu);
+    return n;
+}
+
+/* ================================================================ start-up */
+
+static st_status_t alloc_buffers(aw_t *aw) {
+    const st_config_t *c = aw->c;
+    int kc = ST_MAX(c->top_k, aw->o.routing == ST_ROUTE_QUANTILE ? (aw->o.k_max > 0 ? aw->o.k_max : 2 * c->top_k) : 0);
+    int rows = aw->o.max_batch_tokens * kc, ew = st_config_expert_width(c);
+    aw->pay_cap = st_wire_payload_bytes((uint32_t)rows, (uint32_t)c->n_experts, (uint32_t)ew);
+    aw->R = 8;
+    size_t cells = (size_t)c->n_layers * c->n_experts * aw->R;
+    aw->holders = malloc(sizeof(int) * cells);
+    aw->hl = malloc(sizeof(int) * cells);
+    aw->server_of = malloc(sizeof(int) * (size_t)c->n_experts);
+    aw->server_of2 = malloc(sizeof(int) * (size_t)c->n_experts);
+    aw->seqs = calloc((size_t)aw->o.max_seqs, sizeof(seq_t));
+    aw->n_reqs = aw->o.max_seqs * 2;
+    aw->reqs = calloc((size_t)aw->n_reqs, sizeof(req_t));
+    if (!aw->holders || !aw->hl || !aw->server_of || !aw->server_of2 || !aw->seqs || !aw->reqs)
+        return ST_FAIL(ST_ERR_NO_MEMORY, "worker tables");
+    for (size_t i = 0; i < cells; i++) aw->holders[i] = aw->hl[i] = -1;
+    if (st_dispatch_plan_init(&aw->plan2, MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
+    for (int m = 0; m < MAX_MB; m++) {
+        if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
+        if (st_dispatch_plan_init(&aw->plan[m], MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
+        aw->tok_failed[m] = calloc((size_t)aw->o.max_batch_tokens, sizeof(bool));
+        /* logits rows of the entries + sampling workspace (2·V) */
+        aw->logits[m] = malloc(sizeof(float) * (size_t)(aw->o.max_seqs + 2) * c->vocab);
+        if (!aw->tok_failed[m] || !aw->logits[m]) return ST_FAIL(ST_ERR_NO_MEMORY, "worker buffers");
+    }
+    return ST_OK;
+}
+
+static st_status_t alloc_pend(aw_t *aw, int s) {
+    for (int m = 0; m < MAX_MB; m++) {
+        pend_t *pd = &aw->pend[m][s];
+        if (pd->sbuf) continue;
+        pd->aw = aw;
+        pd->mb = m;
+        pd->s = s;
+        pd->cap = aw->pay_cap + ST_WIRE_MAX_ERROR_TEXT;
+        pd->sbuf = malloc(aw->pay_cap);
+        pd->rbuf = malloc(pd->cap);
+        if (!pd->sbuf || !pd->rbuf) return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch buffers");
+    }
+    return ST_OK;
+}
+
+int st_aw_run(const st_aw_opts_t *opts) {
+    aw_t *aw = calloc(1, sizeof *aw);
+    if (!aw) return 1;
+    aw->o = *opts;
+    if (!aw->o.name) aw->o.name = "attn";
+    if (!aw->o.listen) aw->o.listen = "127.0.0.1:0";
+    if (aw->o.max_seqs <= 0) aw->o.max_seqs = 16;
+    if (aw->o.max_seqs > 256) aw->o.max_seqs = 256;
+    if (aw->o.max_batch_tokens <= 0) aw->o.max_batch_tokens = 2048;
+    if (aw->o.max_ctx <= 0) aw->o.max_ctx = 4096;
+    if (aw->o.micro_batches <= 0) aw->o.micro_batches = 2;
+    if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 64;
+    if (!aw->o.expert_timeout_ms) aw->o.expert_timeout_ms = 5000;
+    int rc = 1;
+    if (st_ckpt_open(&aw->ck, aw->o.ckpt) != ST_OK) goto out;
+    aw->c = st_ckpt_config(aw->ck);
+    if (aw->c->n_experts <= 0 || aw->c->n_experts > 4096) {
+        ST_FAIL(ST_ERR_CONFIG, "%s: the distributed worker needs 1..4096 routed experts", aw->o.ckpt);
+        goto out_ck;
+    }
+    st_engine_opts_t eo;
+    st_engine_opts_default(&eo);
+    eo.max_seqs = aw->o.max_seqs;
+    eo.max_batch_tokens = aw->o.max_batch_tokens;
+    eo.max_ctx = aw->o.max_ctx;
+    eo.routing = aw->o.routing;
+    eo.k_max = aw->o.k_max;
+    eo.remote_experts = true;
+    if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
+    if (alloc_buffers(aw) != ST_OK) goto out_engine;
+    uv_loop_init(&aw->loop);
+    pthread_mutex_init(&aw->mu, NULL);
+    pthread_cond_init(&aw->cv, NULL);
+    uv_async_init(&aw->loop, &aw->async, on_async);
+    aw->async.data = aw;
+    if (st_rpc_init(&aw->loop) != ST_OK) goto out_loop;
+    if (st_tp_create(&aw->loop, &aw->tp) != ST_OK) goto out_rpc;
+    if (st_tp_set_am_handler(aw->tp, ST_WIRE_AM_REPLY, am_begin, am_done, aw) != ST_OK) goto out_tp;
+    if (st_rpc_server_create(aw->o.listen, &aw->rpc) != ST_OK ||
+        st_rpc_server_add_method(aw->rpc, ST_WORKER_METHOD_GENERATE, handle_generate, aw) != ST_OK ||
+        st_rpc_server_start(aw->rpc, &aw->rpc_port) != ST_OK)
+        goto out_tp;
+    char host[128], endpoint[200];
+    uint16_t p0;
+    if (split_hostport(aw->o.listen, host, sizeof host, &p0) != 0) snprintf(host, sizeof host, "127.0.0.1");
+    snprintf(endpoint, sizeof endpoint, "%s:%d", host, aw->rpc_port);
+    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION, .name = aw->o.name, .data_endpoint = endpoint,
+                           .capacity = (uint32_t)aw->o.max_seqs, .coordinator = aw->o.coordinator,
+                           .on_placement = on_placement, .inflight = inflight, .arg = aw};
+    if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
+    pthread_create(&aw->th, NULL, compute_main, aw);
+    uv_signal_init(&aw->loop, &aw->sig_int);
+    uv_signal_init(&aw->loop, &aw->sig_term);
+    aw->sig_int.data = aw->sig_term.data = aw;
+    uv_signal_start(&aw->sig_int, on_signal, SIGINT);
+    uv_signal_start(&aw->sig_term, on_signal, SIGTERM);
+    st_log_info("worker %s: serving %s on %s (%d seqs, %d tokens/step, %d ctx, %s routing, %d micro-batches)", aw->o.name,
+                aw->o.ckpt, endpoint, aw->o.max_seqs, aw->o.max_batch_tokens, aw->o.max_ctx,
+                aw->o.routing == ST_ROUTE_QUANTILE ? "quantile" : "top-k", aw->o.micro_batches);
+    printf("worker %s listening on %s\n", aw->o.name, endpoint);
+    fflush(stdout);
+    uv_run(&aw->loop, UV_RUN_DEFAULT);
+    pthread_join(aw->th, NULL);
+    rc = 0;
+    goto out_closed;
+out_tp:
+    st_tp_destroy(aw->tp);
+out_rpc:
+    st_rpc_cleanup();
+out_loop:
+    uv_close((uv_handle_t *)&aw->async, NULL);
+    uv_run(&aw->loop, UV_RUN_DEFAULT);
+out_closed:
+    uv_loop_close(&aw->loop);
+out_engine:
+    for (int m = 0; m < MAX_MB; m++) {
+        st_engine_mb_destroy(aw->mbs[m]);
+        st_dispatch_plan_cleanup(&aw->plan[m]);
+        free(aw->tok_failed[m]);
+        free(aw->logits[m]);
+    }
+    st_dispatch_plan_cleanup(&aw->plan2);
+    for (int m = 0; m < MAX_MB; m++)
+        for (int s = 0; s < MAX_SERVERS; s++) {
+            free(aw->pend[m][s].sbuf);
+            free(aw->pend[m][s].rbuf);
+        }
+    st_engine_destroy(aw->e);
+out_ck:
+    st_ckpt_close(aw->ck);
+out:
+    if (rc) fprintf(stderr, "strata-attn: %s\n", st_err_last());
+    free(aw->holders);
+    free(aw->hl);
+    free(aw->server_of);
+    free(aw->server_of2);
+    free(aw->seqs);
+    free(aw->reqs);
+    free(aw);
+    return rc;
+}
