@@ -15,7 +15,7 @@
 
 #define PFX "language_model."
 #define RES_PROJ_SCALE 1.0f  /* AttnRes pseudo-query: N(0,1)/sqrt(d) × this (scores O(1)) */
-#define SKEW_SHARED 2.0f     /* shared embedding component along u when skewing the router */
+#define SKEW_SHARED 3.0f     /* shared embedding component along u when skewing the router */
 
 typedef enum {
     K_MATRIX,   /* N(0,1)/sqrt(cols) */
