@@ -89,6 +89,90 @@ st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, fl
 /* Greedy sampling: ids [T] int32 = argmax of logits [T, V] fp32 (ties → lower id). */
 st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const float *logits, int T, int V);
 
+/* ---------------- latent expert FFN, grouped (SPEC §6; kernels/moe_ffn.cu, gather.cu) ----------
+ * Rows of the expert batch are grouped by expert: rows offsets[e] .. offsets[e+1]-1 of x belong to
+ * expert e (offsets [E+1] int32, device, offsets[0] = 0, non-decreasing; empty experts allowed). */
+
+/* Routing → grouping. ids [T, kmax] int32 (ascending per token, entries ≥ cnt[t] ignored), cnt [T]
+ * int32 (NULL: every token uses all kmax slots), E experts →
+ *   offsets [E+1] int32: expert e's rows are offsets[e] .. offsets[e+1]-1,
+ *   row_of [T, kmax] int32: grouped row of (t, i), −1 for i ≥ cnt[t],
+ *   src_of [T*kmax] int32 (may be NULL): token of each grouped row (rows ≥ offsets[E] untouched).
+ * NOTE: deterministic: within an expert, rows follow (t, i) ascending.
+ * ws: st_cuda_moe_group_ws_bytes(T, kmax, E) bytes of device memory. */
+size_t st_cuda_moe_group_ws_bytes(int T, int kmax, int E);
+st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, int *src_of, const int *ids,
+                              const int *cnt, int T, int kmax, int E, void *ws, size_t ws_bytes);
+/* Dispatch gather: xg [rows, l] bf16, xg[row_of[t,i]] = z[t] for every (t, i) with row_of ≥ 0;
+ * z [T, l] bf16; row_of [T, kmax] int32. Rows of xg no (t, i) names are not written. */
+st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
+                               int T, int kmax, int l);
+/* Combine: u [T, l] fp32, u[t] = Σ_{i<cnt[t]} p[t,i] · y[row_of[t,i]], summed in slot order i
+ * (= ascending expert id, the CPU engine's moe_finish order; no FMA contraction, fp32).
+ * y [rows, l] bf16 (the grouped expert outputs); p [T, kmax] fp32; row_of [T, kmax]; cnt [T] int32
+ * (NULL: kmax each). A token with cnt 0 gets u = 0. */
+st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, float *u, const st_bf16_t *y, const float *p,
+                                const int *row_of, const int *cnt, int T, int kmax, int l);
+
+/* MXFP4 weight → bf16, once at load. codes [rows, cols/2] U8 (low nibble = even column, OCP E2M1),
+ * scale [rows, cols/32] U8 (E8M0, value = E2M1[code]·2^(s−127)); out [rows, cols] bf16 row-major.
+ * cols % 32 == 0. (Exact: every E2M1 value times a power of two is a bf16 unless it overflows,
+ * which gives ±inf as on the CPU.) */
+st_status_t st_cuda_mxfp4_to_bf16(const st_gpu_stream_t *s, st_bf16_t *out, const uint8_t *codes,
+                                  const uint8_t *scale, int rows, int cols);
+/* Grouped expert FFN: for every expert e and its rows r (offsets above),
+ *   y[r] = w2_e · act(w1_e x[r], w3_e x[r])        (act: SiTU(b1, b2) if situ, else SiLU-GLU)
+ * x [N, l] bf16 (N = offsets[E] rows used); w1, w3 [E, w, l] bf16 (gate, up; row-major per expert,
+ * experts contiguous); w2 [E, l, w] bf16; y [N, l] bf16. fp32 accumulation; the activation is
+ * applied in fp32 to the fp32 gate/up accumulators (fused epilogue) and h is stored bf16 in ws.
+ * offsets: device [E+1] int32; max_rows_per_expert ≥ max_e (offsets[e+1]-offsets[e]) bounds the
+ * grid (pass N if unknown). l % 8 == 0, w % 8 == 0.
+ * ws: st_cuda_moe_ffn_ws_bytes(N, w) bytes (h [N, w] bf16). */
+size_t st_cuda_moe_ffn_ws_bytes(int N, int w);
+st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
+                            int E, int N, int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3,
+                            const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
+                            size_t ws_bytes);
+
+/* ---------------- router, quantile mode (SPEC §7; kernels/router_q.cu) ---------------- */
+/* scores [T, n] fp32: router logits in, σ(logits) out (in place). Expert j active iff s_j ≥ tau[j]
+ * (tau [n] fp32); keep at most kmax with the largest s_j − tau_j (ties → lower id); ids [T, kmax]
+ * int32 ascending within a token, −1 past cnt; w [T, kmax] fp32 from the unbiased s (renormalised
+ * over the active set if renorm, times scale), 0 past cnt; cnt [T] int32 (may be 0). kmax ≤ 64. */
+st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
+                                    const float *tau, int T, int n, int kmax, bool renorm, float scale);
+/* Per-step score summary input: copy scores [T, n] fp32 (device) to host_pinned [T, n] (pinned host
+ * memory), asynchronously on s; the caller syncs the stream (or an event) before reading. */
+st_status_t st_cuda_router_scores_to_host(const st_gpu_stream_t *s, float *host_pinned, const float *scores,
+                                          int T, int n);
+
+/* ---------------- Block AttnRes, two-phase (SPEC §5; kernels/attnres.cu) ---------------- */
+/* Phase 1 (once per completed-block set): blocks = host array of m device pointers, each [T, d]
+ * fp32; w_eff [Q, d] fp32 (γ ⊙ w of each of the Q sublayer queries) → stats [T, Q, 2] fp32
+ * (max score, Σ exp(s_i − max)) and acc [T, Q, d] fp32 (Σ exp(s_i − max) V_i). m may be 0
+ * (stats = (−inf, 0), acc = 0). m ≤ 64. Same as st_attnres_phase1. */
+st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *const *blocks,
+                                   int m, const float *w_eff, int Q, int T, int d, float eps);
+/* Phase 2 (per sublayer q < Q): merge partial [T, d] fp32 (score with w_eff_q [d] fp32) into the
+ * phase-1 state → out [T, d] fp32 (may be NULL) and/or out_bf [T, d] bf16 (may be NULL; the input
+ * of the next RMSNorm). Same as st_attnres_phase2. */
+st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *out, st_bf16_t *out_bf, const float *partial,
+                                   const float *stats, const float *acc, const float *w_eff_q, int q, int Q, int T,
+                                   int d, float eps);
+
+/* ---------------- MLA causal prefill, direct form, NoPE (SPEC §4; kernels/mla_prefill.cu) ------- */
+/* One sequence: T queries at positions n−T .. n−1 over keys 0..n−1, causal (query t sees keys
+ * 0 .. n−T+t). q [T, H, dqk] bf16; k [n, H, dqk] bf16; v [n, H, dv] bf16; o [T, H, dv] bf16.
+ * o = softmax(q·kᵀ·scale) v with fp32 scores/softmax/accumulation (flash form, tensor cores).
+ * (dqk, dv) ∈ {(192,128), (128,128), (64,64), (48,32)}; 1 ≤ T ≤ n. */
+st_status_t st_cuda_mla_prefill(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
+                                const st_bf16_t *v, int T, int n, int H, int dqk, int dv, float scale);
+
+/* ---------------- sampling ---------------- */
+/* Temperature / top-k / top-p sampling stays on the host for now (st_sample on logits copied with
+ * cudaMemcpyAsync into pinned memory); only greedy (st_cuda_argmax above) runs on the device.
+ * See docs/perf.md "Sampling" for the cost and the plan. */
+
 /* ---------------- benchmark / test data ---------------- */
 /* p [n] (bf16 if bf16 else fp32) = uniform [lo, hi) from a counter hash of (index, seed). */
 st_status_t st_cuda_fill_uniform(const st_gpu_stream_t *s, void *p, bool bf16, size_t n, float lo, float hi,
