@@ -1,0 +1,92 @@
+/* Strata control-plane RPC over gRPC C core (insecure HTTP/2; meant for loopback and cluster
+ * networks): a byte-payload server with unary and server-streaming handlers, and a client with
+ * deadlines. Messages are opaque bytes here; strata/proto.h encodes them. Not for tensors.
+ *
+ * Threads: one completion-queue thread per process blocks in grpc_completion_queue_next and hands
+ * every event to the libuv loop given to st_rpc_init() (mutex queue + uv_async_send). All
+ * callbacks and handlers run on that loop thread, and every function here must be called from it.
+ *
+ * Callbacks: a function taking a callback either fails (returns an error, never calls it) or
+ * succeeds and calls it exactly once. */
+#ifndef STRATA_RPC_H
+#define STRATA_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct uv_loop_s;
+
+#define ST_RPC_MAX_MESSAGE (64u << 20) /* both directions, client and server */
+
+/* Process-wide start: grpc_init, the completion queue, its thread and the loop hand-off. */
+st_status_t st_rpc_init(struct uv_loop_s *loop);
+/* Process-wide stop, on the loop thread, after every server's close callback has run and every
+ * client call has completed. Joins the CQ thread; the loop must run once more to close the
+ * hand-off handle. */
+void st_rpc_cleanup(void);
+
+/* ---- server ---- */
+typedef struct st_rpc_server st_rpc_server_t;
+typedef struct st_rpc_call st_rpc_call_t; /* one incoming call, owned by its handler until finished */
+
+/* Called once per call with the request bytes (valid only during the call: copy what you keep).
+ * The handler (now or later, on the loop thread) answers with st_rpc_call_reply(), or writes any
+ * number of messages and then st_rpc_call_finish(); exactly one of reply/finish ends the call and
+ * invalidates the handle. */
+typedef void (*st_rpc_handler_fn)(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg);
+/* The client went away, the deadline passed, or the server is closing. The handle stays valid
+ * until reply/finish (writes then fail with ST_ERR_CANCELLED) or the server's close callback. */
+typedef void (*st_rpc_cancel_fn)(st_rpc_call_t *call, void *arg);
+
+/* addr: "127.0.0.1:0" for an ephemeral port. */
+st_status_t st_rpc_server_create(const char *addr, st_rpc_server_t **out);
+/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED. */
+st_status_t st_rpc_server_add_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg);
+st_status_t st_rpc_server_start(st_rpc_server_t *srv, int *bound_port);
+/* Stop accepting, cancel every open call (their cancel callbacks fire), wait for gRPC to let go,
+ * destroy, then call done(arg). Open handles are freed before done: drop them in the cancel cb. */
+void st_rpc_server_close(st_rpc_server_t *srv, void (*done)(void *arg), void *arg);
+
+st_status_t st_rpc_call_write(st_rpc_call_t *call, const void *msg, size_t len); /* copies msg */
+/* End the call: ST_OK sends gRPC OK; an error maps to the matching gRPC code with detail text. */
+void st_rpc_call_finish(st_rpc_call_t *call, st_status_t st, const char *detail);
+/* write + finish(ST_OK); on a write failure the call is finished with that error. */
+st_status_t st_rpc_call_reply(st_rpc_call_t *call, const void *msg, size_t len);
+void st_rpc_call_on_cancel(st_rpc_call_t *call, st_rpc_cancel_fn fn, void *arg);
+int st_rpc_call_is_cancelled(const st_rpc_call_t *call);
+const char *st_rpc_call_method(const st_rpc_call_t *call);
+
+/* ---- client ---- */
+typedef struct st_rpc_channel st_rpc_channel_t;
+typedef struct st_rpc_stream st_rpc_stream_t;
+
+/* target: "host:port". Connects lazily. Destroy only after its calls have completed. */
+st_status_t st_rpc_channel_create(const char *target, st_rpc_channel_t **out);
+void st_rpc_channel_destroy(st_rpc_channel_t *ch);
+
+/* st: ST_OK with the reply, or the mapped error (ST_ERR_TIMEOUT deadline, ST_ERR_UNSUPPORTED
+ * unknown method, ST_ERR_PEER unreachable, ST_ERR_CANCELLED, ...) with gRPC's detail text. reply
+ * and detail are valid only during the callback. */
+typedef void (*st_rpc_reply_fn)(st_status_t st, const uint8_t *reply, size_t len, const char *detail, void *arg);
+typedef void (*st_rpc_msg_fn)(const uint8_t *msg, size_t len, void *arg);
+typedef void (*st_rpc_done_fn)(st_status_t st, const char *detail, void *arg);
+
+st_status_t st_rpc_unary(st_rpc_channel_t *ch, const char *path, const void *req, size_t len, uint32_t timeout_ms,
+                         st_rpc_reply_fn cb, void *arg);
+/* Server-streaming: on_msg per message, then on_done exactly once. timeout_ms bounds the whole
+ * stream. *out (optional) is valid until on_done and may be passed to st_rpc_stream_cancel(). */
+st_status_t st_rpc_stream_open(st_rpc_channel_t *ch, const char *path, const void *req, size_t len,
+                               uint32_t timeout_ms, st_rpc_msg_fn on_msg, st_rpc_done_fn on_done, void *arg,
+                               st_rpc_stream_t **out);
+void st_rpc_stream_cancel(st_rpc_stream_t *s); /* on_done then reports ST_ERR_CANCELLED */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,180 @@
+/* Encode and validate the data-plane header and offsets table (byte map in strata/wire.h). Every
+ * field of an arriving header is checked before anyone indexes with it. */
+#include "strata/wire.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "strata wire format is little-endian; add byte swaps for this host"
+#endif
+
+_Static_assert(sizeof(st_wire_header_t) == ST_WIRE_HEADER_BYTES, "wire header must be 64 bytes");
+_Static_assert(offsetof(st_wire_header_t, step) == 8, "byte map: step");
+_Static_assert(offsetof(st_wire_header_t, layer) == 16, "byte map: layer");
+_Static_assert(offsetof(st_wire_header_t, micro_batch) == 20, "byte map: micro_batch");
+_Static_assert(offsetof(st_wire_header_t, source_id) == 24, "byte map: source_id");
+_Static_assert(offsetof(st_wire_header_t, token_count) == 28, "byte map: token_count");
+_Static_assert(offsetof(st_wire_header_t, expert_count) == 32, "byte map: expert_count");
+_Static_assert(offsetof(st_wire_header_t, row_width) == 36, "byte map: row_width");
+_Static_assert(offsetof(st_wire_header_t, seq) == 40, "byte map: seq");
+_Static_assert(offsetof(st_wire_header_t, payload_bytes) == 48, "byte map: payload_bytes");
+_Static_assert(offsetof(st_wire_header_t, status) == 56, "byte map: status");
+_Static_assert(offsetof(st_wire_header_t, reserved) == 60, "byte map: reserved");
+
+size_t st_wire_table_bytes(uint32_t expert_count) {
+    size_t b = ((size_t)expert_count * 2 + 1) * sizeof(uint32_t);
+    return (b + ST_WIRE_ALIGN - 1) / ST_WIRE_ALIGN * ST_WIRE_ALIGN;
+}
+
+static int shape_ok(uint32_t tokens, uint32_t experts, uint32_t width) {
+    return tokens <= ST_WIRE_MAX_TOKENS && experts <= ST_WIRE_MAX_EXPERTS && width <= ST_WIRE_MAX_ROW_WIDTH;
+}
+
+/* NOTE: the bounds keep tokens * width * 4 below 2^40, so no overflow on 64-bit size_t. */
+static size_t payload_of(uint32_t tokens, uint32_t experts, uint32_t width) {
+    return st_wire_table_bytes(experts) + (size_t)tokens * width * sizeof(float);
+}
+
+size_t st_wire_payload_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width) {
+    if (!shape_ok(token_count, expert_count, row_width)) {
+        ST_FAIL(ST_ERR_INVALID_ARG, "wire: shape %u tokens x %u experts x %u width exceeds limits", token_count,
+                expert_count, row_width);
+        return 0;
+    }
+    return payload_of(token_count, expert_count, row_width);
+}
+
+/* Shared checks of encode and decode; returns a static reason or NULL. */
+static const char *info_problem(const st_wire_info_t *in) {
+    switch (in->kind) {
+    case ST_WIRE_KIND_DISPATCH:
+    case ST_WIRE_KIND_COMBINE:
+        if (!shape_ok(in->token_count, in->expert_count, in->row_width)) return "counts exceed limits";
+        if (in->token_count > 0 && in->expert_count == 0) return "tokens without experts";
+        if (in->row_width == 0 && in->token_count > 0) return "zero row width";
+        if (in->payload_bytes != payload_of(in->token_count, in->expert_count, in->row_width))
+            return "payload_bytes disagrees with counts";
+        if (in->status != ST_OK) return "status set on a data message";
+        return NULL;
+    case ST_WIRE_KIND_ERROR:
+        if (in->token_count || in->expert_count || in->row_width) return "error reply with counts";
+        if (in->payload_bytes > ST_WIRE_MAX_ERROR_TEXT) return "error text too long";
+        if (in->status >= 0) return "error reply without a negative status";
+        return NULL;
+    }
+    return "unknown kind";
+}
+
+st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *out) {
+    const char *why = info_problem(info);
+    if (why)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "wire: encode kind %d seq %llu: %s", (int)info->kind,
+                       (unsigned long long)info->seq, why);
+    st_wire_header_t h = {
+        .magic = ST_WIRE_MAGIC,
+        .version = ST_WIRE_VERSION,
+        .kind = (uint16_t)info->kind,
+        .step = info->step,
+        .layer = info->layer,
+        .micro_batch = info->micro_batch,
+        .flags = 0,
+        .source_id = info->source_id,
+        .token_count = info->token_count,
+        .expert_count = info->expert_count,
+        .row_width = info->row_width,
+        .seq = info->seq,
+        .payload_bytes = info->payload_bytes,
+        .status = (int32_t)info->status,
+        .reserved = 0,
+    };
+    *out = h;
+    return ST_OK;
+}
+
+st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payload_len, st_wire_info_t *out) {
+    if (!hdr || hdr_len != ST_WIRE_HEADER_BYTES)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: header of %zu bytes, expected %u", hdr_len, ST_WIRE_HEADER_BYTES);
+    st_wire_header_t h;
+    memcpy(&h, hdr, sizeof h); /* NOTE: the AM header may be unaligned */
+    if (h.magic != ST_WIRE_MAGIC) return ST_FAIL(ST_ERR_PROTOCOL, "wire: bad magic 0x%08x", h.magic);
+    if (h.version != ST_WIRE_VERSION)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
+    if (h.flags != 0 || h.reserved != 0)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, reserved 0x%x)", h.flags,
+                       h.reserved);
+    if (h.payload_bytes != payload_len)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu says %llu payload bytes, %zu arrived",
+                       (unsigned long long)h.seq, (unsigned long long)h.payload_bytes, payload_len);
+    st_wire_info_t in = {
+        .kind = (st_wire_kind_t)h.kind,
+        .step = h.step,
+        .layer = h.layer,
+        .micro_batch = h.micro_batch,
+        .source_id = h.source_id,
+        .token_count = h.token_count,
+        .expert_count = h.expert_count,
+        .row_width = h.row_width,
+        .seq = h.seq,
+        .payload_bytes = h.payload_bytes,
+        .status = (st_status_t)h.status,
+    };
+    const char *why = info_problem(&in);
+    if (why)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: kind %u seq %llu from %u: %s (tokens %u experts %u width %u bytes %llu)",
+                       h.kind, (unsigned long long)h.seq, h.source_id, why, h.token_count, h.expert_count,
+                       h.row_width, (unsigned long long)h.payload_bytes);
+    *out = in;
+    return ST_OK;
+}
+
+static const char *table_problem(uint32_t n, const uint32_t *ids, const uint32_t *off, uint32_t tokens) {
+    if (n > ST_WIRE_MAX_EXPERTS) return "too many experts";
+    for (uint32_t i = 1; i < n; i++)
+        if (ids[i] <= ids[i - 1]) return "expert ids not strictly ascending";
+    if (off[0] != 0) return "first offset not 0";
+    for (uint32_t i = 0; i < n; i++)
+        if (off[i + 1] < off[i]) return "offsets decrease";
+    if (off[n] != tokens) return "last offset is not the token count";
+    return NULL;
+}
+
+st_status_t st_wire_table_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
+                                 const uint32_t *offsets, uint32_t token_count, float **rows) {
+    const char *why = table_problem(expert_count, expert_ids, offsets, token_count);
+    if (why) return ST_FAIL(ST_ERR_INVALID_ARG, "wire: table of %u experts: %s", expert_count, why);
+    uint8_t *p = payload;
+    size_t tb = st_wire_table_bytes(expert_count);
+    memcpy(p, expert_ids, (size_t)expert_count * 4);
+    memcpy(p + (size_t)expert_count * 4, offsets, ((size_t)expert_count + 1) * 4);
+    size_t used = ((size_t)expert_count * 2 + 1) * 4;
+    memset(p + used, 0, tb - used);
+    if (rows) *rows = (float *)(p + tb);
+    return ST_OK;
+}
+
+st_status_t st_wire_table_decode(const void *payload, const st_wire_info_t *info, const uint32_t **expert_ids,
+                                 const uint32_t **offsets, const float **rows) {
+    if (info->kind != ST_WIRE_KIND_DISPATCH && info->kind != ST_WIRE_KIND_COMBINE)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: kind %d has no table", (unsigned long long)info->seq,
+                       (int)info->kind);
+    if ((uintptr_t)payload % 4 != 0)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload not 4-byte aligned", (unsigned long long)info->seq);
+    if (info->payload_bytes < st_wire_table_bytes(info->expert_count))
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload shorter than its table",
+                       (unsigned long long)info->seq);
+    const uint32_t *ids = payload;
+    const uint32_t *off = ids + info->expert_count;
+    const char *why = table_problem(info->expert_count, ids, off, info->token_count);
+    if (why)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: table of %u experts: %s",
+                       (unsigned long long)info->seq, info->source_id, info->expert_count, why);
+    const uint8_t *p = payload;
+    size_t used = ((size_t)info->expert_count * 2 + 1) * 4;
+    for (size_t i = used; i < st_wire_table_bytes(info->expert_count); i++)
+        if (p[i]) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero table padding", (unsigned long long)info->seq);
+    *expert_ids = ids;
+    *offsets = off;
+    *rows = (const float *)(p + st_wire_table_bytes(info->expert_count));
+    return ST_OK;
+}

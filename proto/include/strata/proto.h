@@ -1,0 +1,196 @@
+/* Strata control-plane messages as plain C structs, and their conversion to/from protobuf bytes
+ * (proto/strata.proto, package strata.v1). The only public face of the schema: nothing outside
+ * proto/convert.c sees generated protobuf-c types.
+ *
+ * Per message X: st_proto_X_encode() packs into a malloc'd buffer (caller free()s); _decode()
+ * parses, validates array shapes and fills *out (written only on success) with malloc'd strings and
+ * arrays; _cleanup() frees exactly what _decode allocated — never call it on a struct you filled by
+ * hand. Encode reads NULL strings as "". StatusRequest is empty: send zero bytes. */
+#ifndef STRATA_PROTO_H
+#define STRATA_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Method paths for st_rpc (gRPC "/package.Service/Method"). */
+#define ST_PROTO_METHOD_REGISTER "/strata.v1.Coordinator/RegisterMember"
+#define ST_PROTO_METHOD_HEARTBEAT "/strata.v1.Coordinator/Heartbeat"
+#define ST_PROTO_METHOD_PLACEMENT "/strata.v1.Coordinator/GetPlacement"
+#define ST_PROTO_METHOD_REPORT_SCORES "/strata.v1.Coordinator/ReportScores"
+#define ST_PROTO_METHOD_THRESHOLDS "/strata.v1.Coordinator/GetThresholds"
+#define ST_PROTO_METHOD_GENERATE "/strata.v1.Coordinator/Generate" /* server-streaming */
+#define ST_PROTO_METHOD_STATUS "/strata.v1.Coordinator/Status"
+/* Served by attention workers; the coordinator forwards client requests there. */
+#define ST_PROTO_METHOD_WORKER_GENERATE "/strata.v1.Worker/Generate" /* server-streaming */
+
+/* Bounds enforced by decode (a K3 map is 92 x 896). */
+#define ST_PROTO_MAX_LAYERS 4096u
+#define ST_PROTO_MAX_EXPERTS 65536u
+#define ST_PROTO_MAX_CELLS (1u << 24) /* n_layers * n_experts */
+
+typedef enum {
+    ST_PROTO_ROLE_UNSPECIFIED = 0,
+    ST_PROTO_ROLE_ATTENTION = 1,
+    ST_PROTO_ROLE_EXPERT = 2,
+} st_proto_role_t;
+
+typedef enum {
+    ST_PROTO_FINISH_NONE = 0, /* more chunks follow */
+    ST_PROTO_FINISH_STOP = 1,
+    ST_PROTO_FINISH_LENGTH = 2,
+    ST_PROTO_FINISH_ERROR = 3,
+    ST_PROTO_FINISH_CANCELLED = 4,
+} st_proto_finish_t;
+
+typedef struct {
+    uint32_t layer;
+    size_t n_experts;
+    uint32_t *experts; /* [n_experts] ascending */
+} st_proto_layer_experts_t;
+
+typedef struct {
+    st_proto_role_t role;
+    char *name;
+    char *data_endpoint; /* "host:port" of the member's UCX listener */
+    uint8_t *ucx_address;
+    size_t ucx_address_len;
+    uint32_t capacity;
+    size_t n_layers;
+    st_proto_layer_experts_t *layers; /* [n_layers] */
+} st_proto_register_req_t;
+
+typedef struct {
+    uint64_t member_id;
+    uint32_t heartbeat_interval_ms;
+    uint64_t placement_version, threshold_version;
+} st_proto_register_reply_t;
+
+typedef struct {
+    uint64_t member_id, step;
+    uint32_t inflight;
+} st_proto_heartbeat_req_t;
+
+typedef struct {
+    int known;
+    uint64_t placement_version, threshold_version;
+} st_proto_heartbeat_reply_t;
+
+/* GetPlacementRequest and GetThresholdsRequest share this shape. */
+typedef struct {
+    uint64_t known_version;
+} st_proto_version_req_t;
+
+typedef struct {
+    uint64_t member_id;
+    st_proto_role_t role;
+    char *name;
+    char *data_endpoint;
+    uint8_t *ucx_address;
+    size_t ucx_address_len;
+    uint32_t capacity;
+    int alive;
+} st_proto_member_t;
+
+/* Members holding expert e of layer l: member_ids[offsets[i] .. offsets[i+1]), i = l*n_experts + e.
+ * unchanged: the requester's version is current and no map is carried (arrays NULL, counts 0). */
+typedef struct {
+    uint64_t version;
+    int unchanged;
+    uint32_t n_layers, n_experts;
+    uint32_t *offsets; /* [n_layers * n_experts + 1], offsets[0] = 0, non-decreasing */
+    size_t n_member_ids;
+    uint64_t *member_ids; /* [offsets[last]] */
+    size_t n_members;
+    st_proto_member_t *members;
+} st_proto_placement_t;
+
+/* One worker's score tail summary of one step (see strata.proto ScoreSummary): for cell
+ * i = l*n_experts + e, counts[i] scores were seen and tail points j in
+ * [tail_offsets[i], tail_offsets[i+1]) say exactly tail_ranks[j] of them are >= tail_values[j]
+ * (values descending, ranks ascending within a cell). */
+typedef struct {
+    uint64_t worker_id, step, threshold_version;
+    uint32_t n_layers, n_experts;
+    uint32_t *counts;       /* [n_layers * n_experts] */
+    uint32_t *tail_offsets; /* [n_layers * n_experts + 1] */
+    size_t n_tail;          /* = tail_offsets[last] */
+    float *tail_values;     /* [n_tail] */
+    uint32_t *tail_ranks;   /* [n_tail] */
+} st_proto_scores_t;
+
+typedef struct {
+    uint64_t threshold_version;
+} st_proto_scores_reply_t;
+
+/* τ[l][e] = tau[l*n_experts + e]; unchanged: requester is current, tau NULL. */
+typedef struct {
+    uint64_t version;
+    int unchanged;
+    uint64_t step;
+    uint32_t n_layers, n_experts;
+    float *tau; /* [n_layers * n_experts] */
+} st_proto_thresholds_t;
+
+typedef struct {
+    char *request_id;
+    char *prompt; /* used when n_prompt_tokens == 0 */
+    size_t n_prompt_tokens;
+    uint32_t *prompt_tokens;
+    uint32_t max_tokens;
+    float temperature; /* 0 = greedy */
+    float top_p;       /* 0 or 1 = off */
+    uint32_t top_k;    /* 0 = off */
+    uint64_t seed;
+    int has_seed;
+    size_t n_stop_ids;
+    uint32_t *stop_ids;
+    int dump_logits;
+} st_proto_generate_req_t;
+
+typedef struct {
+    uint32_t index, token_id;
+    char *text;
+    uint8_t *logits; /* fp32 little-endian [vocab] when dump_logits */
+    size_t logits_len;
+    st_proto_finish_t finish;
+    char *error;
+} st_proto_generate_chunk_t;
+
+typedef struct {
+    char *version;
+    double uptime_s;
+    uint64_t placement_version, threshold_version, step;
+    size_t n_members;
+    st_proto_member_t *members;
+    char *detail_json;
+} st_proto_status_reply_t;
+
+#define ST_PROTO_DECLARE(x)                                                                  \
+    st_status_t st_proto_##x##_encode(const st_proto_##x##_t *m, uint8_t **out, size_t *len); \
+    st_status_t st_proto_##x##_decode(const uint8_t *buf, size_t len, st_proto_##x##_t *out); \
+    void st_proto_##x##_cleanup(st_proto_##x##_t *m);
+
+ST_PROTO_DECLARE(register_req)
+ST_PROTO_DECLARE(register_reply)
+ST_PROTO_DECLARE(heartbeat_req)
+ST_PROTO_DECLARE(heartbeat_reply)
+ST_PROTO_DECLARE(version_req)
+ST_PROTO_DECLARE(placement)
+ST_PROTO_DECLARE(scores)
+ST_PROTO_DECLARE(scores_reply)
+ST_PROTO_DECLARE(thresholds)
+ST_PROTO_DECLARE(generate_req)
+ST_PROTO_DECLARE(generate_chunk)
+ST_PROTO_DECLARE(status_reply)
+#undef ST_PROTO_DECLARE
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,130 @@
+/* Wire header and offsets table: encode → decode round trip, then every corrupted field rejected. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "strata/wire.h"
+
+static st_wire_info_t dispatch_info(void) {
+    st_wire_info_t in = {.kind = ST_WIRE_KIND_DISPATCH, .step = 123456789012ull, .layer = 91, .micro_batch = 1,
+                         .source_id = 17, .token_count = 10, .expert_count = 3, .row_width = 8, .seq = 99};
+    in.payload_bytes = st_wire_payload_bytes(in.token_count, in.expert_count, in.row_width);
+    return in;
+}
+
+/* Corrupt the field at byte offset off (size sz) to value v; decoding must fail. */
+static void expect_reject(const st_wire_header_t *good, size_t payload, size_t off, size_t sz, uint64_t v,
+                          const char *what) {
+    uint8_t b[64];
+    memcpy(b, good, 64);
+    memcpy(b + off, &v, sz);
+    st_wire_info_t out = {.seq = 0xdead};
+    st_status_t st = st_wire_header_decode(b, 64, payload, &out);
+    CHECK(st == ST_ERR_PROTOCOL, "%s: accepted (status %d)", what, st);
+    CHECK(out.seq == 0xdead, "%s: output written on failure", what);
+}
+
+int main(void) {
+    CHECK(sizeof(st_wire_header_t) == 64, "header size");
+    CHECK(st_wire_table_bytes(0) == 16 && st_wire_table_bytes(1) == 16 && st_wire_table_bytes(2) == 32,
+          "table bytes %zu %zu %zu", st_wire_table_bytes(0), st_wire_table_bytes(1), st_wire_table_bytes(2));
+    CHECK(st_wire_table_bytes(3) == 32, "table bytes(3) = %zu", st_wire_table_bytes(3));
+
+    st_wire_info_t in = dispatch_info();
+    CHECK(in.payload_bytes == 32 + 10 * 8 * 4, "payload bytes %llu", (unsigned long long)in.payload_bytes);
+    st_wire_header_t h;
+    CHECK(st_wire_header_encode(&in, &h) == ST_OK, "encode");
+    const uint8_t *hb = (const uint8_t *)&h;
+    CHECK(memcmp(hb, "STRW", 4) == 0, "magic bytes on the wire");
+    st_wire_info_t out;
+    CHECK(st_wire_header_decode(&h, 64, in.payload_bytes, &out) == ST_OK, "decode");
+    CHECK(out.kind == in.kind && out.step == in.step && out.layer == in.layer && out.micro_batch == in.micro_batch &&
+              out.source_id == in.source_id && out.token_count == in.token_count &&
+              out.expert_count == in.expert_count && out.row_width == in.row_width && out.seq == in.seq &&
+              out.payload_bytes == in.payload_bytes && out.status == in.status,
+          "round trip equal");
+
+    /* every field corrupted */
+    size_t pl = in.payload_bytes;
+    expect_reject(&h, pl, 0, 4, 0x57525454, "magic");
+    expect_reject(&h, pl, 4, 2, 2, "version");
+    expect_reject(&h, pl, 4, 2, 0, "version 0");
+    expect_reject(&h, pl, 6, 2, 0, "kind 0");
+    expect_reject(&h, pl, 6, 2, 4, "kind 4");
+    expect_reject(&h, pl, 6, 2, ST_WIRE_KIND_ERROR, "kind error with counts");
+    expect_reject(&h, pl, 22, 2, 1, "flags");
+    expect_reject(&h, pl, 28, 4, 11, "token_count vs payload");
+    expect_reject(&h, pl, 28, 4, ST_WIRE_MAX_TOKENS + 1, "token_count over limit");
+    expect_reject(&h, pl, 32, 4, 4, "expert_count vs payload");
+    expect_reject(&h, pl, 32, 4, 0, "tokens without experts");
+    expect_reject(&h, pl, 32, 4, ST_WIRE_MAX_EXPERTS + 1, "expert_count over limit");
+    expect_reject(&h, pl, 36, 4, 9, "row_width vs payload");
+    expect_reject(&h, pl, 36, 4, ST_WIRE_MAX_ROW_WIDTH + 1, "row_width over limit");
+    expect_reject(&h, pl, 48, 8, pl + 4, "payload_bytes field");
+    expect_reject(&h, pl, 56, 4, (uint32_t)-40, "status on data message");
+    expect_reject(&h, pl, 60, 4, 1, "reserved");
+    CHECK(st_wire_header_decode(&h, 64, pl - 1, &out) == ST_ERR_PROTOCOL, "short payload");
+    CHECK(st_wire_header_decode(&h, 64, pl + 1, &out) == ST_ERR_PROTOCOL, "long payload");
+    CHECK(st_wire_header_decode(&h, 63, pl, &out) == ST_ERR_PROTOCOL, "short header");
+    CHECK(st_wire_header_decode(&h, 65, pl, &out) == ST_ERR_PROTOCOL, "long header");
+    CHECK(st_wire_header_decode(NULL, 64, pl, &out) == ST_ERR_PROTOCOL, "null header");
+    /* fields that may hold any value decode unchanged */
+    uint8_t b[64];
+    memcpy(b, &h, 64);
+    b[20] = 7; /* micro_batch */
+    CHECK(st_wire_header_decode(b, 64, pl, &out) == ST_OK && out.micro_batch == 7, "micro_batch free");
+
+    /* encode refuses bad info */
+    st_wire_info_t bad = in;
+    bad.payload_bytes++;
+    CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode bad payload_bytes");
+    bad = in;
+    bad.kind = (st_wire_kind_t)9;
+    CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode bad kind");
+    CHECK(st_wire_payload_bytes(ST_WIRE_MAX_TOKENS + 1, 1, 1) == 0, "payload_bytes over limit");
+
+    /* error reply */
+    st_wire_info_t er = {.kind = ST_WIRE_KIND_ERROR, .seq = 5, .payload_bytes = 12, .status = ST_ERR_CAPACITY};
+    CHECK(st_wire_header_encode(&er, &h) == ST_OK, "encode error reply");
+    CHECK(st_wire_header_decode(&h, 64, 12, &out) == ST_OK && out.status == ST_ERR_CAPACITY, "decode error reply");
+    expect_reject(&h, 12, 56, 4, 0, "error reply without status");
+    expect_reject(&h, 12, 28, 4, 1, "error reply with tokens");
+    er.payload_bytes = ST_WIRE_MAX_ERROR_TEXT + 1;
+    CHECK(st_wire_header_encode(&er, &h) == ST_ERR_INVALID_ARG, "error text too long");
+
+    /* table: encode, decode, every corruption */
+    uint32_t ids[3] = {2, 5, 700}, off[4] = {0, 4, 4, 10};
+    float *payload = aligned_alloc(16, pl);
+    float *rows;
+    CHECK(st_wire_table_encode(payload, 3, ids, off, 10, &rows) == ST_OK, "table encode");
+    CHECK((uint8_t *)rows == (uint8_t *)payload + 32, "rows follow the table");
+    for (int i = 0; i < 80; i++) rows[i] = (float)i;
+    const uint32_t *dids, *doff;
+    const float *drows;
+    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, &drows) == ST_OK, "table decode");
+    CHECK(dids[2] == 700 && doff[3] == 10 && drows[79] == 79.0f, "table views");
+    uint32_t *t = (uint32_t *)payload;
+    struct { int idx; uint32_t v; const char *what; } cases[] = {
+        {1, 2, "ids not ascending (equal)"}, {1, 1, "ids descending"}, {3, 1, "first offset"},
+        {5, 3, "offsets decrease"}, {6, 9, "last offset != tokens"}, {7, 1, "padding nonzero"},
+    };
+    for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+        uint32_t save = t[cases[i].idx];
+        t[cases[i].idx] = cases[i].v;
+        CHECK(st_wire_table_decode(payload, &in, &dids, &doff, &drows) == ST_ERR_PROTOCOL, "table: %s accepted",
+              cases[i].what);
+        t[cases[i].idx] = save;
+    }
+    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, &drows) == ST_OK, "table restored");
+    CHECK(st_wire_table_decode((uint8_t *)payload + 1, &in, &dids, &doff, &drows) == ST_ERR_PROTOCOL, "misaligned");
+    uint32_t bad_off[4] = {0, 5, 4, 10};
+    CHECK(st_wire_table_encode(payload, 3, ids, bad_off, 10, NULL) == ST_ERR_INVALID_ARG, "encode bad offsets");
+    st_wire_info_t ei = er;
+    ei.payload_bytes = 12;
+    CHECK(st_wire_table_decode(payload, &ei, &dids, &doff, &drows) == ST_ERR_PROTOCOL, "table on error kind");
+    /* empty dispatch: zero tokens, zero experts */
+    st_wire_info_t empty = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = st_wire_payload_bytes(0, 0, 8)};
+    CHECK(st_wire_header_encode(&empty, &h) == ST_OK && st_wire_header_decode(&h, 64, 16, &out) == ST_OK, "empty");
+    free(payload);
+    return st_test_done();
+}
