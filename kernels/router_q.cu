@@ -1,0 +1,82 @@
+/* Quantile routing on the GPU (SPEC §7): σ(logits), experts with s ≥ τ, at most kmax of them by
+ * the largest s − τ (ties → lower id), ids ascending, weights renormalised over the active set;
+ * and the copy of the scores to pinned host memory for the coordinator's per-step summary.
+ * CPU reference: st_router_sigmoid + st_route_quantile (kernels/router.c). */
+#include "cuda_common.cuh"
+
+#define RQ_KMAX 64
+
+/* one warp per token; rounds of warp argmax of s − τ over the active, not yet taken experts; the
+ * taken set is a bitmask in shared memory (n ≤ 32·RQ_BITS words). */
+#define RQ_WARPS 4
+#define RQ_NMAX 8192
+__global__ void router_quantile_kernel(int *ids, float *w, int *cnt, float *s, const float *tau, int T, int n,
+                                       int kmax, int renorm, float scale) {
+    __shared__ unsigned taken_all[RQ_WARPS][RQ_NMAX / 32];
+    __shared__ int sel_all[RQ_WARPS][RQ_KMAX];
+    const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * RQ_WARPS + wid;
+    if (t >= T) return;
+    unsigned *taken = taken_all[wid];
+    int *sel = sel_all[wid];
+    float *st = s + (size_t)t * n;
+    for (int j = lane; j < n; j += 32) st[j] = 1.f / (1.f + expf(-st[j]));
+    for (int j = lane; j < (n + 31) / 32; j += 32) taken[j] = 0u;
+    __syncwarp();
+    int len = 0;
+    for (; len < kmax; len++) {
+        float best = -INFINITY;
+        int bid = 0x7fffffff;
+        for (int j = lane; j < n; j += 32) {
+            float sj = st[j], tj = tau[j];
+            if (!(sj >= tj) || (taken[j >> 5] >> (j & 31)) & 1u) continue;
+            float key = sj - tj;
+            if (bid == 0x7fffffff || key > best) best = key, bid = j; /* ascending j: first max kept */
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+            if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
+        }
+        if (bid == 0x7fffffff) break;
+        if (lane == 0) {
+            sel[len] = bid;
+            taken[bid >> 5] |= 1u << (bid & 31);
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        for (int a = 1; a < len; a++) /* insertion sort, ascending id */
+            for (int b = a; b > 0 && sel[b - 1] > sel[b]; b--) {
+                int x = sel[b];
+                sel[b] = sel[b - 1];
+                sel[b - 1] = x;
+            }
+        float sum = 0.f; /* ascending id order, as the CPU */
+        for (int i = 0; i < len; i++) sum += st[sel[i]];
+        for (int i = 0; i < kmax; i++) {
+            ids[(size_t)t * kmax + i] = i < len ? sel[i] : -1;
+            w[(size_t)t * kmax + i] = i < len ? (renorm ? st[sel[i]] / (sum + 1e-20f) * scale : st[sel[i]] * scale) : 0.f;
+        }
+        cnt[t] = len;
+    }
+}
+
+extern "C" st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
+                                               const float *tau, int T, int n, int kmax, bool renorm, float scale) {
+    if (T < 0 || n <= 0 || n > RQ_NMAX || kmax <= 0 || kmax > RQ_KMAX)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "router_quantile: T=%d n=%d (≤ %d) kmax=%d (≤ %d)", T, n, RQ_NMAX, kmax,
+                       RQ_KMAX);
+    if (!T) return ST_OK;
+    router_quantile_kernel<<<(T + RQ_WARPS - 1) / RQ_WARPS, RQ_WARPS * 32, 0, ST_STREAM(s)>>>(
+        ids, w, cnt, scores, tau, T, n, kmax, renorm, scale);
+    return ST_LAUNCH_OK("router_quantile_kernel");
+}
+
+extern "C" st_status_t st_cuda_router_scores_to_host(const st_gpu_stream_t *s, float *host_pinned, const float *scores,
+                                                     int T, int n) {
+    if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "router_scores_to_host: T=%d n=%d", T, n);
+    if (!T) return ST_OK;
+    return ST_CUDA_CHECK(cudaMemcpyAsync(host_pinned, scores, (size_t)T * n * sizeof(float), cudaMemcpyDeviceToHost,
+                                         ST_STREAM(s)));
+}
