@@ -475,7 +475,8 @@ static void route(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t
     int n = c->n_experts, k = c->top_k, kc = e->kcap;
     st_linear(b->scores, b->xn, &L->router, T, b->lin);
     st_router_sigmoid(b->scores, T, n);
-    if (e->o.routing == ST_ROUTE_QUANTILE && e->tau_set) {
+    /* NOTE: a layer whose thresholds are unset (NaN) routes top-k until the coordinator has data */
+    if (e->o.routing == ST_ROUTE_QUANTILE && e->tau_set && !isnan(e->tau[(size_t)l * n])) {
         st_route_quantile(b->ids, b->wts, b->cnt, b->scores, e->tau + (size_t)l * n, T, n, e->o.k_max,
                           c->renormalize, c->routed_scale);
         if (e->o.k_max != kc) /* restride [T, k_max] → [T, kc] */

@@ -20,6 +20,7 @@
 #include "dispatch.h"
 #include "strata/member.h"
 #include "strata/proto.h"
+#include "strata/quantile.h"
 #include "strata/rpc.h"
 #include "strata/transport.h"
 #include "strata/wire.h"
@@ -30,7 +31,7 @@
 #define MAX_STOP 16
 
 enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
-enum { EV_CHUNK = 1, EV_SEND };
+enum { EV_CHUNK = 1, EV_SEND, EV_REPORT };
 enum { IN_NEW = 1, IN_CANCEL };
 
 typedef struct aw aw_t;
@@ -51,6 +52,7 @@ typedef struct {
     size_t slen, cap;
     size_t rlen;
     st_tp_send_req_t send;
+    int send_busy; /* loop thread: UCX still holds `send` */
     st_tp_recv_t recv;
     char err[256];
 } pend_t;
@@ -121,6 +123,7 @@ struct aw {
     uint32_t active;
     /* compute thread only */
     seq_t *seqs;    /* [max_seqs] */
+    in_msg_t *wait_head, *wait_tail; /* admitted to the worker, waiting for a sequence slot */
     int *hl;        /* private copy of holders */
     int *server_of, *server_of2; /* [n_experts] */
     st_dispatch_plan_t plan[MAX_MB], plan2;
@@ -128,6 +131,19 @@ struct aw {
     float *logits[MAX_MB];
     uint64_t step, next_seq;
     size_t pay_cap;
+    /* quantile routing: thresholds from the coordinator, score summaries and loads back to it */
+    float *tau_in, *rho_in;      /* [n_layers][n_experts], under mu */
+    uint64_t tau_in_version;
+    float *tau_cur, *rho_cur;    /* compute thread's copy */
+    uint64_t tau_cur_version;
+    st_qtable_t qtab;            /* view of the MoE rows of tau_cur/rho_cur */
+    st_qsum_t *qsum[MAX_MB];
+    uint8_t *qbuf[MAX_MB];
+    size_t qcap, qlen[MAX_MB];
+    int hook_mb;
+    uint32_t *load;              /* [n_layers][n_experts] tokens per expert this step */
+    uint64_t dispatch_bytes;
+    int reports_inflight;        /* loop thread */
 };
 
 /* ================================================================ compute thread */
@@ -180,7 +196,8 @@ static void seq_fail(aw_t *aw, seq_t *q, st_proto_finish_t fin, const char *err)
     seq_end(aw, q);
 }
 
-static void admit(aw_t *aw, in_msg_t *m) {
+/* Admit a request into a free sequence slot; 0 when none is free (it waits), 1 when handled. */
+static int admit(aw_t *aw, in_msg_t *m) {
     const st_config_t *c = aw->c;
     st_proto_generate_req_t *r = &m->r;
     seq_t tmp = {.req = m->req, .gen = m->gen};
@@ -190,8 +207,8 @@ static void admit(aw_t *aw, in_msg_t *m) {
     char err[256] = "";
     int n = r->n_prompt_tokens ? (int)r->n_prompt_tokens : (int)strlen(r->prompt ? r->prompt : "");
     int max_tokens = r->max_tokens ? (int)r->max_tokens : 16;
-    if (free_i < 0) snprintf(err, sizeof err, "worker %s: all %d sequence slots busy", aw->o.name, aw->o.max_seqs);
-    else if (n <= 0) snprintf(err, sizeof err, "empty prompt");
+    if (free_i < 0) return 0;
+    if (n <= 0) snprintf(err, sizeof err, "empty prompt");
     else if (n > aw->o.max_batch_tokens) snprintf(err, sizeof err, "prompt of %d tokens exceeds the %d-token step budget", n, aw->o.max_batch_tokens);
     else if (n + max_tokens > aw->o.max_ctx) snprintf(err, sizeof err, "prompt %d + max_tokens %d exceeds the context limit %d", n, max_tokens, aw->o.max_ctx);
     else if (r->n_stop_ids > MAX_STOP) snprintf(err, sizeof err, "at most %d stop ids", MAX_STOP);
@@ -220,7 +237,7 @@ static void admit(aw_t *aw, in_msg_t *m) {
         pthread_mutex_lock(&aw->mu);
         aw->active--;
         pthread_mutex_unlock(&aw->mu);
-        return;
+        return 1;
     }
     seq_t *q = &aw->seqs[free_i];
     *q = (seq_t){.used = 1, .req = m->req, .gen = m->gen, .slot = slot, .toks = toks, .n_prompt = n,
@@ -231,8 +248,11 @@ static void admit(aw_t *aw, in_msg_t *m) {
     q->rng.s = r->has_seed ? r->seed : (uint64_t)st_time_ns();
     q->n_stop = (int)r->n_stop_ids;
     for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
+    return 1;
 }
 
+/* New requests join the waiting line; cancellations reach waiting and running ones; then the
+ * line is admitted in order while sequence slots are free (continuous batching). */
 static void drain_inbox(aw_t *aw) {
     pthread_mutex_lock(&aw->mu);
     in_msg_t *m = aw->in_head;
@@ -240,15 +260,41 @@ static void drain_inbox(aw_t *aw) {
     pthread_mutex_unlock(&aw->mu);
     while (m) {
         in_msg_t *next = m->next;
+        m->next = NULL;
         if (m->kind == IN_NEW) {
-            admit(aw, m);
-            st_proto_generate_req_cleanup(&m->r);
+            if (aw->wait_tail) aw->wait_tail->next = m;
+            else aw->wait_head = m;
+            aw->wait_tail = m;
         } else {
             for (int i = 0; i < aw->o.max_seqs; i++)
                 if (aw->seqs[i].used && aw->seqs[i].req == m->req && aw->seqs[i].gen == m->gen) aw->seqs[i].cancelled = 1;
+            for (in_msg_t **pp = &aw->wait_head; *pp; pp = &(*pp)->next)
+                if ((*pp)->req == m->req && (*pp)->gen == m->gen) {
+                    in_msg_t *w = *pp;
+                    seq_t tmp = {.req = w->req, .gen = w->gen};
+                    emit(aw, &tmp, 0, 0, NULL, ST_PROTO_FINISH_CANCELLED, "cancelled");
+                    pthread_mutex_lock(&aw->mu);
+                    aw->active--;
+                    pthread_mutex_unlock(&aw->mu);
+                    *pp = w->next;
+                    if (aw->wait_tail == w) {
+                        aw->wait_tail = NULL;
+                        for (in_msg_t *t = aw->wait_head; t; t = t->next) aw->wait_tail = t;
+                    }
+                    st_proto_generate_req_cleanup(&w->r);
+                    free(w);
+                    break;
+                }
+            free(m);
         }
-        free(m);
         m = next;
+    }
+    while (aw->wait_head && admit(aw, aw->wait_head)) {
+        in_msg_t *w = aw->wait_head;
+        aw->wait_head = w->next;
+        if (!aw->wait_head) aw->wait_tail = NULL;
+        st_proto_generate_req_cleanup(&w->r);
+        free(w);
     }
 }
 
@@ -293,6 +339,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                              p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &rows);
         st_dispatch_pack(p, s, w, rows);
         st_wire_header_encode(&info, &pd->hdr);
+        aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
         pthread_mutex_lock(&aw->mu);
         pd->seq = info.seq;
         pd->slen = info.payload_bytes;
@@ -399,6 +446,63 @@ static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why
     }
 }
 
+/* Every MoE layer of every micro-batch: count the load, add the scores to the step's summary. */
+static void route_hook(void *ctx, int layer, int T, int n, const float *scores, int *ids, int *cnt, int kmax) {
+    aw_t *aw = ctx;
+    uint32_t *ld = aw->load + (size_t)layer * n;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++) ld[ids[(size_t)t * kmax + i]]++;
+    if (aw->o.routing == ST_ROUTE_QUANTILE &&
+        st_qsum_add_layer(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), scores, (uint32_t)T) != ST_OK)
+        st_log_warn("worker %s: score summary of layer %d dropped: %s", aw->o.name, layer, st_err_last());
+}
+
+/* Newest thresholds → the engine and the summary builder, at a step boundary. */
+static void sync_thresholds(aw_t *aw) {
+    const st_config_t *c = aw->c;
+    size_t cells = (size_t)c->n_layers * c->n_experts;
+    pthread_mutex_lock(&aw->mu);
+    int fresh = aw->tau_in_version != aw->tau_cur_version;
+    if (fresh) {
+        memcpy(aw->tau_cur, aw->tau_in, sizeof(float) * cells);
+        memcpy(aw->rho_cur, aw->rho_in, sizeof(float) * cells);
+        aw->tau_cur_version = aw->tau_in_version;
+    }
+    pthread_mutex_unlock(&aw->mu);
+    if (!fresh) return;
+    st_engine_set_thresholds(aw->e, aw->tau_cur, aw->tau_cur_version);
+    size_t off = (size_t)c->first_k_dense * c->n_experts;
+    aw->qtab = (st_qtable_t){.version = aw->tau_cur_version, .n_layers = (uint32_t)(c->n_layers - c->first_k_dense),
+                             .n_experts = (uint32_t)c->n_experts, .tau = aw->tau_cur + off, .rho = aw->rho_cur + off};
+}
+
+/* After a step: one ReportScores (loads, bytes, and the micro-batches' summaries) to the loop. */
+static void post_report(aw_t *aw, int nmb) {
+    const st_config_t *c = aw->c;
+    st_proto_scores_t r = {.worker_id = st_member_id(aw->mem), .step = aw->step, .threshold_version = aw->tau_cur_version,
+                           .n_layers = (uint32_t)c->n_layers, .n_experts = (uint32_t)c->n_experts,
+                           .load = aw->load, .n_load = (size_t)c->n_layers * c->n_experts,
+                           .dispatch_bytes = aw->dispatch_bytes};
+    const uint8_t *sums[MAX_MB];
+    size_t lens[MAX_MB];
+    if (aw->o.routing == ST_ROUTE_QUANTILE)
+        for (int m = 0; m < nmb; m++) {
+            if (st_qsum_finish(aw->qsum[m], &lens[r.n_summaries]) != ST_OK) continue;
+            sums[r.n_summaries++] = aw->qbuf[m];
+        }
+    r.summaries = sums;
+    r.summary_lens = lens;
+    aw->dispatch_bytes = 0;
+    ev_t *ev = calloc(1, sizeof *ev);
+    if (!ev) return;
+    ev->kind = EV_REPORT;
+    if (r.worker_id == 0 || st_proto_scores_encode(&r, &ev->bytes, &ev->len) != ST_OK) {
+        free(ev);
+        return;
+    }
+    post_event(aw, ev);
+}
+
 static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
     if (tok == aw->c->eos_id) return 1;
     for (int i = 0; i < q->n_stop; i++)
@@ -437,7 +541,12 @@ static void step(aw_t *aw) {
     st_moe_work_t w[MAX_MB];
     char why[MAX_MB][256] = {{0}};
     aw->step++;
+    memset(aw->load, 0, sizeof(uint32_t) * (size_t)aw->c->n_layers * aw->c->n_experts);
     for (int m = 0; m < nmb; m++) {
+        if (aw->o.routing == ST_ROUTE_QUANTILE)
+            st_qsum_begin(aw->qsum[m], aw->qbuf[m], aw->qcap, (uint32_t)st_member_id(aw->mem), aw->step,
+                          aw->qtab.version ? &aw->qtab : NULL);
+        aw->hook_mb = m;
         memset(aw->tok_failed[m], 0, sizeof(bool) * (size_t)aw->o.max_batch_tokens);
         if (st_engine_mb_begin(aw->mbs[m], ch + first[m], count[m], aw->logits[m]) != ST_OK) {
             /* validated at admission; reaching here is our bug: fail these sequences cleanly */
@@ -454,9 +563,11 @@ static void step(aw_t *aw) {
             run_remote(aw, m, &w[m], why[m], sizeof why[m]);
             for (int t = 0; t < w[m].T; t++)
                 if (aw->tok_failed[m][t]) memset(w[m].out + (size_t)t * w[m].kc * w[m].ew, 0, sizeof(float) * (size_t)w[m].kc * w[m].ew);
+            aw->hook_mb = m;
             live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
         }
     }
+    post_report(aw, nmb);
     /* sample, stream, finish */
     for (int m = 0; m < nmb; m++) {
         /* per-sequence failure: any of its tokens failed at any MoE layer */
@@ -494,6 +605,7 @@ static void *compute_main(void *arg) {
         if (stop) break;
         drain_inbox(aw);
         sync_placement(aw);
+        sync_thresholds(aw);
         step(aw);
     }
     for (int i = 0; i < aw->o.max_seqs; i++)
@@ -511,6 +623,7 @@ static st_status_t alloc_pend(aw_t *aw, int s);
 
 static void on_sent(st_tp_send_req_t *req, st_status_t st) {
     pend_t *pd = req->user;
+    pd->send_busy = 0;
     if (st == ST_OK) return;
     aw_t *aw = pd->aw;
     pthread_mutex_lock(&aw->mu);
@@ -527,13 +640,16 @@ static void do_send(aw_t *aw, int mb, int s) {
     pend_t *pd = &aw->pend[mb][s];
     st_status_t st = ST_ERR_PEER;
     pthread_mutex_lock(&aw->mu);
-    int ok = pd->state == P_QUEUED && aw->srv[s].ep && aw->srv[s].alive;
+    /* NOTE: a previous send still held by UCX (slow peer after a timeout) blocks reuse of the record */
+    int ok = pd->state == P_QUEUED && aw->srv[s].ep && aw->srv[s].alive && !pd->send_busy;
     if (ok) pd->state = P_SENT;
     pthread_mutex_unlock(&aw->mu);
     if (ok) {
         pd->send.cb = on_sent;
         pd->send.user = pd;
+        pd->send_busy = 1;
         st = st_tp_send(aw->srv[s].ep, ST_WIRE_AM_DISPATCH, &pd->hdr, sizeof pd->hdr, pd->sbuf, pd->slen, &pd->send);
+        if (st != ST_OK) pd->send_busy = 0;
     }
     if (st != ST_OK) {
         pthread_mutex_lock(&aw->mu);
@@ -749,6 +865,26 @@ static void on_member_stopped(void *arg) {
     st_rpc_server_close(aw->rpc, on_rpc_closed, aw);
 }
 
+static void on_reported(st_status_t st, const uint8_t *reply, size_t len, const char *detail, void *arg) {
+    aw_t *aw = arg;
+    aw->reports_inflight--;
+    if (st != ST_OK) st_log_debug("worker %s: ReportScores: %s (%s)", aw->o.name, st_status_str(st), detail ? detail : "");
+}
+
+static void on_thresholds(void *arg, const st_proto_thresholds_t *t) {
+    aw_t *aw = arg;
+    size_t cells = (size_t)aw->c->n_layers * aw->c->n_experts;
+    if (t->n_layers != (uint32_t)aw->c->n_layers || t->n_experts != (uint32_t)aw->c->n_experts || !t->tau || t->n_rho != cells) {
+        st_log_error("worker %s: thresholds of the wrong shape; ignored", aw->o.name);
+        return;
+    }
+    pthread_mutex_lock(&aw->mu);
+    memcpy(aw->tau_in, t->tau, sizeof(float) * cells);
+    memcpy(aw->rho_in, t->rho, sizeof(float) * cells);
+    aw->tau_in_version = t->version;
+    pthread_mutex_unlock(&aw->mu);
+}
+
 static void on_async(uv_async_t *a) {
     aw_t *aw = a->data;
     pthread_mutex_lock(&aw->mu);
@@ -760,6 +896,13 @@ static void on_async(uv_async_t *a) {
         ev_t *next = ev->next;
         if (ev->kind == EV_SEND) {
             do_send(aw, ev->mb, ev->s);
+        } else if (ev->kind == EV_REPORT) {
+            /* never wait on the coordinator: with two reports still in flight, drop this one */
+            if (aw->reports_inflight < 2 &&
+                st_rpc_unary(st_member_channel(aw->mem), ST_PROTO_METHOD_REPORT_SCORES, ev->bytes, ev->len, 2000, on_reported,
+                             aw) == ST_OK)
+                aw->reports_inflight++;
+            free(ev->bytes);
         } else {
             req_t *rq = &aw->reqs[ev->req];
             if (rq->used && rq->gen == ev->gen) {
@@ -825,6 +968,21 @@ static st_status_t alloc_buffers(aw_t *aw) {
     if (!aw->holders || !aw->hl || !aw->server_of || !aw->server_of2 || !aw->seqs || !aw->reqs)
         return ST_FAIL(ST_ERR_NO_MEMORY, "worker tables");
     for (size_t i = 0; i < cells; i++) aw->holders[i] = aw->hl[i] = -1;
+    size_t tc = (size_t)c->n_layers * c->n_experts;
+    aw->tau_in = malloc(sizeof(float) * tc);
+    aw->rho_in = malloc(sizeof(float) * tc);
+    aw->tau_cur = malloc(sizeof(float) * tc);
+    aw->rho_cur = malloc(sizeof(float) * tc);
+    aw->load = calloc(tc, sizeof(uint32_t));
+    if (!aw->tau_in || !aw->rho_in || !aw->tau_cur || !aw->rho_cur || !aw->load) return ST_FAIL(ST_ERR_NO_MEMORY, "worker tables");
+    uint32_t n_moe = (uint32_t)(c->n_layers - c->first_k_dense);
+    aw->qcap = st_qsum_max_bytes(n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, (uint32_t)aw->o.max_batch_tokens);
+    for (int m = 0; m < MAX_MB && aw->o.routing == ST_ROUTE_QUANTILE; m++) {
+        aw->qbuf[m] = malloc(aw->qcap);
+        if (!aw->qbuf[m] || st_qsum_create(n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k,
+                                           (uint32_t)aw->o.max_batch_tokens, &aw->qsum[m]) != ST_OK)
+            return ST_FAIL(ST_ERR_NO_MEMORY, "score summaries");
+    }
     if (st_dispatch_plan_init(&aw->plan2, MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
     for (int m = 0; m < MAX_MB; m++) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
@@ -891,7 +1049,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (st_tp_create(&aw->loop, &aw->tp) != ST_OK) goto out_rpc;
     if (st_tp_set_am_handler(aw->tp, ST_WIRE_AM_REPLY, am_begin, am_done, aw) != ST_OK) goto out_tp;
     if (st_rpc_server_create(aw->o.listen, &aw->rpc) != ST_OK ||
-        st_rpc_server_add_method(aw->rpc, ST_WORKER_METHOD_GENERATE, handle_generate, aw) != ST_OK ||
+        st_rpc_server_add_method(aw->rpc, ST_PROTO_METHOD_WORKER_GENERATE, handle_generate, aw) != ST_OK ||
         st_rpc_server_start(aw->rpc, &aw->rpc_port) != ST_OK)
         goto out_tp;
     char host[128], endpoint[200];
@@ -900,7 +1058,9 @@ int st_aw_run(const st_aw_opts_t *opts) {
     snprintf(endpoint, sizeof endpoint, "%s:%d", host, aw->rpc_port);
     st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION, .name = aw->o.name, .data_endpoint = endpoint,
                            .capacity = (uint32_t)aw->o.max_seqs, .coordinator = aw->o.coordinator,
-                           .on_placement = on_placement, .inflight = inflight, .arg = aw};
+                           .on_placement = on_placement, .inflight = inflight, .arg = aw,
+                           .on_thresholds = aw->o.routing == ST_ROUTE_QUANTILE ? on_thresholds : NULL};
+    st_engine_set_route_hook(aw->e, route_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);
     uv_signal_init(&aw->loop, &aw->sig_int);
@@ -934,6 +1094,11 @@ out_engine:
         free(aw->logits[m]);
     }
     st_dispatch_plan_cleanup(&aw->plan2);
+    for (int m = 0; m < MAX_MB; m++) {
+        st_qsum_destroy(aw->qsum[m]);
+        free(aw->qbuf[m]);
+    }
+    free(aw->tau_in); free(aw->rho_in); free(aw->tau_cur); free(aw->rho_cur); free(aw->load);
     for (int m = 0; m < MAX_MB; m++)
         for (int s = 0; s < MAX_SERVERS; s++) {
             free(aw->pend[m][s].sbuf);

@@ -8,8 +8,6 @@
 
 #include "strata/engine.h"
 
-#define ST_WORKER_METHOD_GENERATE "/strata.v1.Worker/Generate"
-
 typedef struct {
     const char *ckpt;
     const char *coordinator;   /* host:port */

@@ -21,5 +21,13 @@ int st_cli_parse_ids(const char *s, int *ids, int max);
 
 int st_cmd_ckpt(int argc, char **argv);
 int st_cmd_run(int argc, char **argv);
+/* local cluster (cluster.c) and its client (generate.c) */
+int st_cmd_up(int argc, char **argv);
+int st_cmd_down(int argc, char **argv);
+int st_cmd_status(int argc, char **argv);
+int st_cmd_generate(int argc, char **argv);
+const char *st_cli_state_dir(const char *given);
+int st_cli_state_get(const char *state, const char *key, char *out, size_t n);
+int st_cli_http(const char *hostport, const char *method, const char *path, const char *body, char **out);
 
 #endif

@@ -34,7 +34,13 @@ static void usage(void) {
             "  ckpt inspect DIR\n"
             "  run --ckpt DIR (--prompt TEXT | --prompt-tokens 1,2,3 | --batch-file FILE) --max-tokens N\n"
             "      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE.npy]\n"
-            "      [--routing topk|quantile] [--ignore-eos] [--print-tokens]\n");
+            "      [--routing topk|quantile] [--ignore-eos] [--print-tokens]\n"
+            "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
+            "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--state DIR]\n"
+            "  generate (--prompt TEXT | --prompt-tokens 1,2,3) [--max-tokens N] [--temperature T] [--top-p P]\n"
+            "     [--top-k K] [--seed S] [--stream] [--print-tokens] [--dump-logits FILE.npy] [--coordinator HOST:PORT]\n"
+            "  status [--json] [--http HOST:PORT]\n"
+            "  down [--state DIR]\n");
 }
 
 int main(int argc, char **argv) {
@@ -45,6 +51,12 @@ int main(int argc, char **argv) {
     st_log_set_tag("strata");
     if (!strcmp(argv[1], "ckpt")) return st_cmd_ckpt(argc - 2, argv + 2);
     if (!strcmp(argv[1], "run")) return st_cmd_run(argc - 2, argv + 2);
+#ifdef STRATA_WITH_CLUSTER
+    if (!strcmp(argv[1], "up")) return st_cmd_up(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "down")) return st_cmd_down(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "status")) return st_cmd_status(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "generate")) return st_cmd_generate(argc - 2, argv + 2);
+#endif
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage();
         return 0;

@@ -93,6 +93,31 @@ st_status_t st_placement_update(st_placement_t *p, const st_place_server_t *live
             changed = true;
         }
     }
+    /* 3. rebalance (a server joined, or holes were filled unevenly): move single assignments from
+     * the most to the least loaded server until loads differ by at most one; deterministic */
+    for (int guard = 0; n_live > 1 && guard < (int)(tot * R); guard++) {
+        int hi = 0, lo = 0;
+        for (int s = 1; s < n_live; s++) {
+            if (load[s] > load[hi]) hi = s;
+            if (load[s] < load[lo]) lo = s;
+        }
+        if (load[hi] - load[lo] <= 1) break;
+        int moved = 0;
+        for (size_t i = 0; i < tot && !moved; i++) {
+            uint64_t *h = p->holder + i * (size_t)R;
+            int has_lo = 0, r_hi = -1;
+            for (int r = 0; r < R; r++) {
+                has_lo |= h[r] == live[lo].id;
+                if (h[r] == live[hi].id) r_hi = r;
+            }
+            if (r_hi < 0 || has_lo || (live[lo].capacity && (uint32_t)load[lo] >= live[lo].capacity)) continue;
+            h[r_hi] = live[lo].id;
+            load[hi]--;
+            load[lo]++;
+            moved = changed = true;
+        }
+        if (!moved) break;
+    }
     if (changed || p->version == 0) p->version++;
     free(live);
     free(load);

@@ -402,42 +402,34 @@ err_unpacked:
 
 /* ---- ScoreSummary ---- */
 
-static int tail_ok(const uint32_t *off, size_t cells, const float *val, const uint32_t *rank) {
-    for (size_t i = 0; i < cells; i++) {
-        for (uint32_t j = off[i] + 1; j < off[i + 1]; j++)
-            if (!(val[j] <= val[j - 1]) || rank[j] < rank[j - 1]) return 0; /* NaN fails too */
-    }
-    return 1;
-}
-
 st_status_t st_proto_scores_encode(const st_proto_scores_t *m, uint8_t **out, size_t *len) {
     size_t cells;
-    if (!cells_ok(m->n_layers, m->n_experts, &cells) || (cells && (!m->counts || !m->tail_offsets)) ||
-        (cells && !offsets_ok(m->tail_offsets, cells + 1, m->n_tail)))
-        return ST_FAIL(ST_ERR_INVALID_ARG, "proto: scores %u x %u: bad shape or tail offsets", m->n_layers,
-                       m->n_experts);
+    if (!cells_ok(m->n_layers, m->n_experts, &cells) || (m->n_load && (m->n_load != cells || !m->load)) ||
+        (m->n_summaries && (!m->summaries || !m->summary_lens)))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "proto: scores %u x %u: bad shape", m->n_layers, m->n_experts);
     Strata__V1__ScoreSummary pb;
     strata__v1__score_summary__init(&pb);
+    ProtobufCBinaryData bins[8];
+    if (m->n_summaries > 8) return ST_FAIL(ST_ERR_INVALID_ARG, "proto: at most 8 score summaries per step");
+    for (size_t i = 0; i < m->n_summaries; i++) bins[i] = (ProtobufCBinaryData){.len = m->summary_lens[i], .data = (uint8_t *)m->summaries[i]};
     pb.worker_id = m->worker_id;
     pb.step = m->step;
     pb.threshold_version = m->threshold_version;
     pb.n_layers = m->n_layers;
     pb.n_experts = m->n_experts;
-    pb.n_counts = cells;
-    pb.counts = m->counts;
-    pb.n_tail_offsets = cells ? cells + 1 : 0;
-    pb.tail_offsets = m->tail_offsets;
-    pb.n_tail_values = pb.n_tail_ranks = m->n_tail;
-    pb.tail_values = m->tail_values;
-    pb.tail_ranks = m->tail_ranks;
+    pb.n_summaries = m->n_summaries;
+    pb.summaries = bins;
+    pb.n_load = m->n_load;
+    pb.load = m->load;
+    pb.dispatch_bytes = m->dispatch_bytes;
     return pack_msg(&pb.base, "ScoreSummary", out, len);
 }
 
 void st_proto_scores_cleanup(st_proto_scores_t *m) {
-    free(m->counts);
-    free(m->tail_offsets);
-    free(m->tail_values);
-    free(m->tail_ranks);
+    for (size_t i = 0; i < m->n_summaries; i++) free((void *)m->summaries[i]);
+    free((void *)m->summaries);
+    free(m->summary_lens);
+    free(m->load);
     memset(m, 0, sizeof *m);
 }
 
@@ -447,16 +439,10 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
     st_status_t st;
     st_proto_scores_t r = {0};
     size_t cells;
-    if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_counts != cells ||
-        pb->n_tail_offsets != (cells ? cells + 1 : 0) || pb->n_tail_values != pb->n_tail_ranks ||
-        (cells && !offsets_ok(pb->tail_offsets, pb->n_tail_offsets, pb->n_tail_values)) ||
-        (!cells && pb->n_tail_values) ||
-        (cells && !tail_ok(pb->tail_offsets, cells, pb->tail_values, pb->tail_ranks))) {
-        st = ST_FAIL(ST_ERR_PROTOCOL,
-                     "proto: scores from worker %llu step %llu: %u x %u with %zu counts, %zu offsets, %zu/%zu "
-                     "tail points inconsistent",
-                     (unsigned long long)pb->worker_id, (unsigned long long)pb->step, pb->n_layers,
-                     pb->n_experts, pb->n_counts, pb->n_tail_offsets, pb->n_tail_values, pb->n_tail_ranks);
+    if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || (pb->n_load && pb->n_load != cells) || pb->n_summaries > 8) {
+        st = ST_FAIL(ST_ERR_PROTOCOL, "proto: scores from worker %llu step %llu: %u x %u with %zu loads, %zu summaries",
+                     (unsigned long long)pb->worker_id, (unsigned long long)pb->step, pb->n_layers, pb->n_experts,
+                     pb->n_load, pb->n_summaries);
         goto err_unpacked;
     }
     r.worker_id = pb->worker_id;
@@ -464,15 +450,26 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
     r.threshold_version = pb->threshold_version;
     r.n_layers = pb->n_layers;
     r.n_experts = pb->n_experts;
-    if (!dup_arr((void **)&r.counts, pb->counts, pb->n_counts, sizeof(uint32_t)) ||
-        !dup_arr((void **)&r.tail_offsets, pb->tail_offsets, pb->n_tail_offsets, sizeof(uint32_t)) ||
-        !dup_arr((void **)&r.tail_values, pb->tail_values, pb->n_tail_values, sizeof(float)) ||
-        !dup_arr((void **)&r.tail_ranks, pb->tail_ranks, pb->n_tail_ranks, sizeof(uint32_t))) {
+    r.dispatch_bytes = pb->dispatch_bytes;
+    r.summaries = calloc(pb->n_summaries + 1, sizeof(uint8_t *));
+    r.summary_lens = calloc(pb->n_summaries + 1, sizeof(size_t));
+    int okm = r.summaries && r.summary_lens && dup_arr((void **)&r.load, pb->load, pb->n_load, sizeof(uint32_t));
+    for (size_t i = 0; okm && i < pb->n_summaries; i++) {
+        uint8_t *d = malloc(pb->summaries[i].len + 1);
+        if (!d) okm = 0;
+        else {
+            memcpy(d, pb->summaries[i].data, pb->summaries[i].len);
+            r.summaries[i] = d;
+            r.summary_lens[i] = pb->summaries[i].len;
+            r.n_summaries = i + 1;
+        }
+    }
+    if (!okm) {
         st = NOMEM("ScoreSummary");
         st_proto_scores_cleanup(&r);
         goto err_unpacked;
     }
-    r.n_tail = pb->n_tail_values;
+    r.n_load = pb->n_load;
     protobuf_c_message_free_unpacked(&pb->base, NULL);
     *out = r;
     return ST_OK;
@@ -497,12 +494,16 @@ st_status_t st_proto_thresholds_encode(const st_proto_thresholds_t *m, uint8_t *
     if (!m->unchanged) {
         pb.n_tau = cells;
         pb.tau = m->tau;
+        if (m->n_rho && m->n_rho != cells) return ST_FAIL(ST_ERR_INVALID_ARG, "proto: thresholds: rho of %zu values", m->n_rho);
+        pb.n_rho = m->n_rho;
+        pb.rho = m->rho;
     }
     return pack_msg(&pb.base, "Thresholds", out, len);
 }
 
 void st_proto_thresholds_cleanup(st_proto_thresholds_t *m) {
     free(m->tau);
+    free(m->rho);
     memset(m, 0, sizeof *m);
 }
 
@@ -512,7 +513,8 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
     st_status_t st = ST_OK;
     size_t cells;
     st_proto_thresholds_t r = {0};
-    if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_tau != (pb->unchanged ? 0 : cells)) {
+    if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_tau != (pb->unchanged ? 0 : cells) ||
+        (pb->n_rho && pb->n_rho != cells)) {
         st = ST_FAIL(ST_ERR_PROTOCOL, "proto: thresholds %u x %u with %zu values", pb->n_layers, pb->n_experts,
                      pb->n_tau);
         goto err_unpacked;
@@ -522,7 +524,10 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
     r.step = pb->step;
     r.n_layers = pb->n_layers;
     r.n_experts = pb->n_experts;
-    if (!dup_arr((void **)&r.tau, pb->tau, pb->n_tau, sizeof(float))) {
+    r.n_rho = pb->n_rho;
+    if (!dup_arr((void **)&r.tau, pb->tau, pb->n_tau, sizeof(float)) ||
+        !dup_arr((void **)&r.rho, pb->rho, pb->n_rho, sizeof(float))) {
+        free(r.tau);
         st = NOMEM("Thresholds");
         goto err_unpacked;
     }

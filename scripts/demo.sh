@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# The main job on the built-in tiny model: installs dependencies, builds, writes a random tiny
-# checkpoint and generates from a prompt with the one-process engine.
+# The main job: installs dependencies, builds, starts a local Strata cluster on the built-in tiny
+# model (coordinator, 2 expert servers, 1 attention worker on loopback), completes a prompt through
+# the OpenAI-compatible HTTP API, streams one through gRPC, prints the status summary, shuts down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 BUILD_DIR=build bash scripts/build.sh
-ck=${STRATA_CKPT:-build/ckpt-tiny}
-[ -f "$ck/config.json" ] || build/bin/strata ckpt init --preset tiny --out "$ck" --seed 1
-build/bin/strata ckpt inspect "$ck"
-build/bin/strata run --ckpt "$ck" --prompt "${1:-Hello, Strata}" --max-tokens 32 --print-tokens
+export STRATA_STATE=${STRATA_STATE:-$PWD/build/cluster}
+S=build/bin/strata
+$S down >/dev/null 2>&1 || true
+trap '$S down >/dev/null 2>&1 || true' EXIT
+$S up --preset tiny --experts 2 --workers 1
+http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
+prompt=${1:-Hello, Strata}
+echo "== POST http://$http/v1/completions"
+curl -s -X POST "http://$http/v1/completions" -H 'Content-Type: application/json' \
+  -d "{\"prompt\": \"$prompt\", \"max_tokens\": 24, \"temperature\": 0}" | python3 -m json.tool
+echo "== strata generate --stream (gRPC)"
+$S generate --prompt "$prompt" --max-tokens 24 --stream --print-tokens
+echo "== strata status"
+$S status
+$S down
+trap - EXIT

@@ -62,6 +62,18 @@ int main(void) {
     CHECK(st_placement_update(&p, small, 2) == ST_ERR_CAPACITY, "capacity shortfall reported");
     CHECK(st_placement_count(&p, 1) == 10 && st_placement_count(&p, 2) == 10, "filled up to capacity");
     CHECK(st_placement_init(&q, 2, 4, 0) == ST_ERR_INVALID_ARG, "R=0 rejected");
+    /* servers joining one by one end up balanced (R=1), moving only what must move */
+    st_placement_t j;
+    st_placement_init(&j, 3, 16, 1);
+    st_place_server_t one[1] = {{5, 0}}, two[2] = {{5, 0}, {6, 0}}, three[3] = {{5, 0}, {6, 0}, {7, 0}};
+    st_placement_update(&j, one, 1);
+    CHECK(st_placement_count(&j, 5) == 48, "first server holds everything");
+    st_placement_update(&j, two, 2);
+    CHECK(st_placement_count(&j, 5) == 24 && st_placement_count(&j, 6) == 24, "second server takes half");
+    st_placement_update(&j, three, 3);
+    CHECK(st_placement_count(&j, 5) == 16 && st_placement_count(&j, 6) == 16 && st_placement_count(&j, 7) == 16,
+          "third server: balanced 16/16/16");
+    st_placement_cleanup(&j);
     st_placement_cleanup(&p);
     return st_test_done();
 }

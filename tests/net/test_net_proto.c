@@ -48,30 +48,31 @@ int main(void) {
     CHECK(st_proto_placement_encode(&pl, &buf, &n) == ST_ERR_INVALID_ARG, "placement bad offsets refused");
     off[3] = 3;
 
-    /* scores: 1 layer x 2 experts, cell 0 has 3 exact tail points, cell 1 none */
-    uint32_t counts[2] = {100, 7}, toff[3] = {0, 3, 3}, ranks[3] = {1, 2, 3};
-    float vals[3] = {0.9f, 0.8f, 0.8f};
-    st_proto_scores_t sc = {.worker_id = 4, .step = 9, .n_layers = 1, .n_experts = 2, .counts = counts,
-                            .tail_offsets = toff, .n_tail = 3, .tail_values = vals, .tail_ranks = ranks};
+    /* scores: 1 layer x 2 experts, two summaries (opaque bytes), loads */
+    uint32_t load[2] = {100, 7};
+    const uint8_t s0[3] = {1, 2, 3}, s1[1] = {9};
+    const uint8_t *sums[2] = {s0, s1};
+    size_t slens[2] = {3, 1};
+    st_proto_scores_t sc = {.worker_id = 4, .step = 9, .n_layers = 1, .n_experts = 2, .n_summaries = 2,
+                            .summaries = sums, .summary_lens = slens, .n_load = 2, .load = load, .dispatch_bytes = 77};
     CHECK(st_proto_scores_encode(&sc, &buf, &n) == ST_OK, "scores encode");
     st_proto_scores_t sd;
     CHECK(st_proto_scores_decode(buf, n, &sd) == ST_OK, "scores decode");
-    CHECK(sd.n_tail == 3 && sd.counts[1] == 7 && sd.tail_values[1] == 0.8f && sd.tail_ranks[2] == 3, "scores fields");
+    CHECK(sd.n_summaries == 2 && sd.summary_lens[0] == 3 && sd.summaries[0][2] == 3 && sd.summaries[1][0] == 9 &&
+              sd.n_load == 2 && sd.load[1] == 7 && sd.dispatch_bytes == 77,
+          "scores fields");
     st_proto_scores_cleanup(&sd);
     free(buf);
-    vals[2] = 0.95f; /* not descending: encode passes shape checks, decode rejects */
-    CHECK(st_proto_scores_encode(&sc, &buf, &n) == ST_OK, "scores encode (unsorted)");
-    CHECK(st_proto_scores_decode(buf, n, &sd) == ST_ERR_PROTOCOL, "unsorted tail rejected");
-    free(buf);
-    vals[2] = 0.8f;
-    sc.n_experts = 3; /* counts too short for the declared shape: caught at decode */
-    toff[2] = 3;
-    /* build an inconsistent message by hand: shape says 1x3 but arrays carry 2 cells */
-    sc.n_experts = 2;
-    st_proto_thresholds_t th = {.version = 5, .step = 9, .n_layers = 1, .n_experts = 2, .tau = vals};
+    sc.n_load = 3; /* loads that do not match the shape are refused */
+    CHECK(st_proto_scores_encode(&sc, &buf, &n) == ST_ERR_INVALID_ARG, "scores with a bad load shape refused");
+    sc.n_load = 2;
+    float vals[3] = {0.9f, 0.8f, 0.8f}, rho[2] = {0.5f, 0.25f};
+    st_proto_thresholds_t th = {.version = 5, .step = 9, .n_layers = 1, .n_experts = 2, .tau = vals, .n_rho = 2, .rho = rho};
     CHECK(st_proto_thresholds_encode(&th, &buf, &n) == ST_OK, "thresholds encode");
     st_proto_thresholds_t td;
-    CHECK(st_proto_thresholds_decode(buf, n, &td) == ST_OK && td.tau[1] == 0.8f && td.version == 5, "thresholds");
+    CHECK(st_proto_thresholds_decode(buf, n, &td) == ST_OK && td.tau[1] == 0.8f && td.version == 5 && td.n_rho == 2 &&
+              td.rho[1] == 0.25f,
+          "thresholds");
     st_proto_thresholds_cleanup(&td);
     free(buf);
     /* Thresholds bytes re-read as Placement with a shape mismatch: fields 4/5 are n_layers/n_experts in

@@ -52,8 +52,8 @@ typedef struct {
 } st_seq_chunk_t;
 st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
 
-/* Quantile thresholds τ [n_layers][n_experts] (rows of non-MoE layers ignored); NULL = back to
- * top-k until the next set. Copied. */
+/* Quantile thresholds τ [n_layers][n_experts] (rows of non-MoE layers ignored; a layer whose row
+ * starts with NaN is unset and routes top-k); NULL = back to top-k until the next set. Copied. */
 void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version);
 
 /* Routing hook, called at every MoE layer after routing and before the experts run, with the

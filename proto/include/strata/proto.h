@@ -110,31 +110,33 @@ typedef struct {
     st_proto_member_t *members;
 } st_proto_placement_t;
 
-/* One worker's score tail summary of one step (see strata.proto ScoreSummary): for cell
- * i = l*n_experts + e, counts[i] scores were seen and tail points j in
- * [tail_offsets[i], tail_offsets[i+1]) say exactly tail_ranks[j] of them are >= tail_values[j]
- * (values descending, ranks ascending within a cell). */
+/* One worker's step (see strata.proto ScoreSummary): score summaries in common/quantile's byte
+ * format (one per micro-batch), and per-expert loads load[l*n_experts + e] (n_load 0 or cells). */
 typedef struct {
     uint64_t worker_id, step, threshold_version;
     uint32_t n_layers, n_experts;
-    uint32_t *counts;       /* [n_layers * n_experts] */
-    uint32_t *tail_offsets; /* [n_layers * n_experts + 1] */
-    size_t n_tail;          /* = tail_offsets[last] */
-    float *tail_values;     /* [n_tail] */
-    uint32_t *tail_ranks;   /* [n_tail] */
+    size_t n_summaries;
+    const uint8_t **summaries; /* [n_summaries]; decode allocates */
+    size_t *summary_lens;      /* [n_summaries] */
+    size_t n_load;
+    uint32_t *load;
+    uint64_t dispatch_bytes;
 } st_proto_scores_t;
 
 typedef struct {
     uint64_t threshold_version;
 } st_proto_scores_reply_t;
 
-/* τ[l][e] = tau[l*n_experts + e]; unchanged: requester is current, tau NULL. */
+/* τ[l][e] = tau[l*n_experts + e] (NaN = unset layer), rho the report cuts; unchanged: requester
+ * is current, tau NULL. */
 typedef struct {
     uint64_t version;
     int unchanged;
     uint64_t step;
     uint32_t n_layers, n_experts;
-    float *tau; /* [n_layers * n_experts] */
+    float *tau;   /* [n_layers * n_experts] */
+    size_t n_rho; /* 0 or n_layers * n_experts */
+    float *rho;
 } st_proto_thresholds_t;
 
 typedef struct {

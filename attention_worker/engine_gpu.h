@@ -1,0 +1,111 @@
+/* The GPU engine (attention_worker/engine_gpu.c): the same walk of SPEC §2–9 as engine.c, with
+ * bf16 weights and activations on one CUDA device (fp32 accumulation, fp32 residual stream, KDA
+ * state and AttnRes sources), a paged bf16 MLA latent cache, and every buffer sized at creation.
+ * engine.c forwards here when st_engine_opts_t.device >= 0. Internal header; also declares the
+ * glue kernels of engine_gpu_kernels.cu (eg_*). Not thread-safe, like the CPU engine. */
+#ifndef STRATA_ENGINE_GPU_H
+#define STRATA_ENGINE_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "strata/engine.h"
+#include "strata/gpu.h"
+#include "strata/kernels_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct st_egpu st_egpu_t;
+typedef struct st_egpu_mb st_egpu_mb_t;
+
+st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine_opts_t *opts);
+void st_egpu_destroy(st_egpu_t *g);
+st_status_t st_egpu_seq_open(st_egpu_t *g, int *slot);
+void st_egpu_seq_close(st_egpu_t *g, int slot);
+int st_egpu_seq_len(const st_egpu_t *g, int slot);
+st_status_t st_egpu_step(st_egpu_t *g, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
+void st_egpu_set_thresholds(st_egpu_t *g, const float *tau, uint64_t version);
+void st_egpu_set_route_hook(st_egpu_t *g, st_route_hook_t fn, void *ctx);
+void st_egpu_get_stats(const st_egpu_t *g, st_engine_stats_t *out);
+st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out);
+void st_egpu_mb_destroy(st_egpu_mb_t *mb);
+st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
+int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work);
+void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work);
+
+/* ---- glue kernels (engine_gpu_kernels.cu); asynchronous on s, device pointers unless noted ---- */
+/* y [T, N] (row stride ldy; fp32 if y_f32 else bf16) = beta·y + x [T, K] (row stride ldx) · Wᵀ,
+ * W [N, K] bf16 row-major; fp32 accumulation. beta ∈ {0, 1} (1 only with fp32 y: residual adds). */
+st_status_t eg_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
+                      int ldx, const st_bf16_t *W, int T, int N, int K);
+/* Per head h < H: y_h [T, N] (at y + h·sy, row stride ldy) = x_h [T, K] (x + h·sx, ldx) · op(W_h),
+ * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16. */
+st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, int ldy, long long sy, const st_bf16_t *x,
+                            int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw, bool trans_w, int T,
+                            int N, int K, int H);
+st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind /* 0 d2d, 1 h2d, 2 d2h */);
+st_status_t eg_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes);
+/* partial [T, d] fp32 = E[tok[t]] (E [V, d] bf16) */
+st_status_t eg_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *E, const int *tok, int T, int d);
+/* AttnRes phase 1 over m blocks (block i at blocks + i·bstride, [T, d] fp32) for Q queries w [Q, d]
+ * fp32 → stats [T, Q, 2], acc [T, Q, d] (st_attnres_phase1). */
+st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks, size_t bstride,
+                              int m, const float *w, int Q, int T, int d, float eps);
+/* xn [n_rows, d] bf16 = RMSNorm(h; norm_w, norm_eps), h = partial row r (rows[i], or i when rows is
+ * NULL), merged with the phase-1 state of query q first when stats != NULL (st_attnres_phase2). */
+st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, const float *partial, const float *stats,
+                       const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
+                       int n_rows, int d, float ar_eps, float norm_eps);
+/* KDA after the fused q|k|v conv: qkv [T, 3P] bf16 → q, k (L2-normed per head), v [T, P] bf16;
+ * beta [T, H] fp32 = σ(aux[t, boff + h]) (aux row stride ldaux, bf16). */
+st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta,
+                        const st_bf16_t *qkv, const st_bf16_t *aux, int ldaux, int boff, int T, int H, int dk,
+                        float l2eps);
+/* o [T, H, dv] bf16 ← RMSNorm(o_h; w [dv], eps) ⊙ σ(gate[t, h·dv + j]) (gate row stride ldg) */
+st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *gate, int ldg, const float *w,
+                            int T, int H, int dv, float eps);
+/* Recurrent KDA (SPEC §3.2) for any dk = dv ≤ 128 over a variable-length batch (token by token):
+ * arguments as st_cuda_kda_chunked. For head widths the tensor-core kernels do not take. */
+st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
+                             const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
+                             const int *cu_seqlens, int B, int H, int dk, float scale);
+/* MLA cache write: row of token t = [RMSNorm(ckv[t, :kvr]; w, eps) ; ckv[t, kvr:R]] into pool
+ * [pages, page_size, R] bf16 at position tok_pos[t] of entry tok_ent[t] (btab [n_ent, pps]). */
+st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, st_bf16_t *pool, const st_bf16_t *ckv, const float *w,
+                            const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size, int T,
+                            int kvr, int R, float eps);
+/* qabs[t, h, kvr:R] = q[t, h, nope:nope+rope] (the W_UK part is written by eg_linear_heads) */
+st_status_t eg_mla_qpe(const st_gpu_stream_t *s, st_bf16_t *qabs, const st_bf16_t *q, int T, int H, int nope,
+                       int rope, int kvr);
+/* Absorbed MLA attention, causal: query t (qabs [T, H, R]) sees cache rows 0..tok_pos[t] of its
+ * entry; olat [T, H, kvr] bf16 = Σ_s softmax(q·k_s·scale) c̃_s. Any R ≤ 1024, kvr ≤ 512, kvr % 32 == 0. */
+st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const st_bf16_t *qabs, const st_bf16_t *pool,
+                        const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size, int T, int H,
+                        int R, int kvr, float scale);
+/* x [T, n] bf16 ← x ⊙ σ(gate [T, n]) */
+st_status_t eg_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *x, const st_bf16_t *gate, size_t n);
+/* Routing tail: when src != NULL, ids[t, i] = src[t·ks + i] for i < k and cnt[t] = k; then
+ * w [T, kc] from scores [T, n] over ids[t, 0..cnt[t]) (SPEC §7), 0 past cnt. */
+st_status_t eg_route_finish(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, const int *src, int ks, int k,
+                            const float *scores, int T, int n, int kc, bool renorm, float scale);
+/* Grouping by expert (one block): offsets [E+1], row_of [T, kc] (−1 past cnt). */
+st_status_t eg_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt, int T,
+                         int kc, int E);
+/* xg[row_of[t, i]] = z[t] (bf16, width l) */
+st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
+                          const int *cnt, int T, int kc, int l);
+/* Combine in latent width, slot order (= ascending expert id): u = Σ_i p[t, i] y_i with y_i =
+ * yg[row_of[t, i]] (bf16, grouped) when yg != NULL, else yf[t·kc + i] (fp32, the hand-off rows).
+ * Then: norm_w != NULL → un [T, l] bf16 = RMSNorm(u; norm_w, eps); un == NULL → partial [T, l] += u
+ * (experts at full width); otherwise un = u as bf16. */
+st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const st_bf16_t *yg,
+                           const float *yf, const int *row_of, const float *p, const int *cnt, const float *norm_w,
+                           int T, int kc, int l, float eps);
+st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

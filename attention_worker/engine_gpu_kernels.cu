@@ -1,0 +1,507 @@
+/* Glue kernels of the GPU engine (declared in engine_gpu.h): strided cuBLAS calls, embedding,
+ * AttnRes two-phase fused with the following RMSNorm, KDA prep / output gate / generic recurrence,
+ * MLA cache write and absorbed causal attention over the paged cache, routing tail, expert
+ * grouping, gather and combine. Plain loops over bf16 data with fp32 math; the heavy work (GEMMs,
+ * KDA chunked/decode, MLA split-KV decode, grouped expert FFN) lives in kernels/. */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "engine_gpu.h"
+
+#define EG_STREAM(s) ((cudaStream_t)(s)->stream)
+#define EG_LAUNCH(name) st_gpu_last_launch((name), __FILE__, __LINE__)
+
+__device__ __forceinline__ float eg_bf(st_bf16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ st_bf16_t eg_tobf(float f) {
+    __nv_bfloat16 b = __float2bfloat16_rn(f);
+    return *reinterpret_cast<st_bf16_t *>(&b);
+}
+__device__ __forceinline__ float eg_sig(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float eg_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float eg_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* block sum, blockDim a multiple of 32; red: 32 floats of shared memory; every thread gets it */
+__device__ float eg_block_sum(float v, float *red) {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    v = eg_warp_sum(v);
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float t = l < nw ? red[l] : 0.f;
+    return eg_warp_sum(t);
+}
+
+/* ------------------------------------------------------------------ cuBLAS */
+extern "C" st_status_t eg_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
+                                 const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
+    if (T < 0 || N <= 0 || K <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_linear: T=%d N=%d K=%d", T, N, K);
+    if (T == 0) return ST_OK;
+    const float one = 1.f;
+    // NOTE: column-major view: yᵀ (N×T, ld ldy) = Wᵀᵀ … as in kernels/linear.cu, with strides.
+    return ST_CUBLAS_CHECK(cublasGemmEx((cublasHandle_t)s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W,
+                                        CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta, y,
+                                        y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, int ldy, long long sy,
+                                       const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw,
+                                       long long sw, bool trans_w, int T, int N, int K, int H) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f, zero = 0.f;
+    // col-major: y_hᵀ (N×T) = op(W_h)ᵀ-view (N×K) · x_hᵀ (K×T). W_h [K,N] row-major is col-major N×K
+    // (op N, ld N); W_h [N,K] row-major is col-major K×N (op T, ld K).
+    return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
+        ldw, sw, x, CUDA_R_16BF, ldx, sx, &zero, y, CUDA_R_16BF, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind) {
+    if (!bytes) return ST_OK;
+    cudaMemcpyKind k = kind == 1 ? cudaMemcpyHostToDevice : kind == 2 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    return ST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, EG_STREAM(s)));
+}
+extern "C" st_status_t eg_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes) {
+    if (!bytes) return ST_OK;
+    return ST_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, EG_STREAM(s)));
+}
+
+/* ------------------------------------------------------------------ embedding, AttnRes, norms */
+__global__ void embed_kernel(float *partial, const st_bf16_t *E, const int *tok, int d) {
+    const st_bf16_t *row = E + (size_t)tok[blockIdx.x] * d;
+    float *o = partial + (size_t)blockIdx.x * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_bf(row[c]);
+}
+extern "C" st_status_t eg_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *E, const int *tok, int T,
+                                int d) {
+    if (T <= 0) return ST_OK;
+    embed_kernel<<<T, 256, 0, EG_STREAM(s)>>>(partial, E, tok, d);
+    return EG_LAUNCH("embed_kernel");
+}
+
+/* one block per token; smem: sc [m·Q] scores, rinv [m] */
+__global__ void attnres_p1_kernel(float *stats, float *acc, const float *blocks, size_t bstride, int m, const float *w,
+                                  int Q, int d, float eps) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    float *sc = sh, *rinv = sh + m * Q;
+    const int t = blockIdx.x;
+    for (int i = 0; i < m; i++) {
+        const float *V = blocks + i * bstride + (size_t)t * d;
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) ss += V[c] * V[c];
+        ss = eg_block_sum(ss, red);
+        if (threadIdx.x == 0) rinv[i] = 1.f / sqrtf(ss / (float)d + eps);
+        for (int q = 0; q < Q; q++) {
+            const float *wq = w + (size_t)q * d;
+            float dot = 0.f;
+            for (int c = threadIdx.x; c < d; c += blockDim.x) dot += V[c] * wq[c];
+            dot = eg_block_sum(dot, red);
+            if (threadIdx.x == 0) sc[i * Q + q] = dot;
+        }
+    }
+    __syncthreads();
+    for (int q = 0; q < Q; q++) {
+        float mx = -INFINITY, sum = 0.f;
+        for (int i = 0; i < m; i++) mx = fmaxf(mx, sc[i * Q + q] * rinv[i]);
+        for (int i = 0; i < m; i++) sum += expf(sc[i * Q + q] * rinv[i] - mx);
+        float *a = acc + ((size_t)t * Q + q) * d;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            float v = 0.f;
+            for (int i = 0; i < m; i++) v += expf(sc[i * Q + q] * rinv[i] - mx) * blocks[i * bstride + (size_t)t * d + c];
+            a[c] = v;
+        }
+        if (threadIdx.x == 0) {
+            stats[((size_t)t * Q + q) * 2] = mx;
+            stats[((size_t)t * Q + q) * 2 + 1] = sum;
+        }
+    }
+}
+extern "C" st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks,
+                                         size_t bstride, int m, const float *w, int Q, int T, int d, float eps) {
+    if (T <= 0) return ST_OK;
+    attnres_p1_kernel<<<T, 256, (size_t)(m * Q + m + 1) * sizeof(float), EG_STREAM(s)>>>(stats, acc, blocks, bstride, m,
+                                                                                         w, Q, d, eps);
+    return EG_LAUNCH("attnres_p1_kernel");
+}
+
+/* one block per output row; smem h [d] fp32 */
+__global__ void resnorm_kernel(st_bf16_t *xn, const float *partial, const float *stats, const float *acc,
+                               const float *wq, int q, int Q, const float *nw, const int *rows, int d, float ar_eps,
+                               float eps) {
+    extern __shared__ float h[];
+    __shared__ float red[32];
+    const int i = blockIdx.x, r = rows ? rows[i] : i;
+    const float *P = partial + (size_t)r * d;
+    if (stats) {
+        float ss = 0.f, dot = 0.f;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) ss += P[c] * P[c], dot += P[c] * wq[c];
+        ss = eg_block_sum(ss, red);
+        dot = eg_block_sum(dot, red);
+        float sp = dot / sqrtf(ss / (float)d + ar_eps);
+        const float *st = stats + ((size_t)r * Q + q) * 2;
+        const float *a = acc + ((size_t)r * Q + q) * d;
+        float mx = fmaxf(st[0], sp), cb = expf(st[0] - mx), cp = expf(sp - mx);
+        float inv = 1.f / (st[1] * cb + cp);
+        for (int c = threadIdx.x; c < d; c += blockDim.x) h[c] = (a[c] * cb + cp * P[c]) * inv;
+    } else {
+        for (int c = threadIdx.x; c < d; c += blockDim.x) h[c] = P[c];
+    }
+    __syncthreads();
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) ss += h[c] * h[c];
+    ss = eg_block_sum(ss, red);
+    float rs = 1.f / sqrtf(ss / (float)d + eps);
+    st_bf16_t *o = xn + (size_t)i * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_tobf(h[c] * rs * nw[c]);
+}
+extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, const float *partial, const float *stats,
+                                  const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
+                                  int n_rows, int d, float ar_eps, float norm_eps) {
+    if (n_rows <= 0) return ST_OK;
+    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), EG_STREAM(s)>>>(xn, partial, stats, acc, w_q, q, Q, norm_w,
+                                                                            rows, d, ar_eps, norm_eps);
+    return EG_LAUNCH("resnorm_kernel");
+}
+
+/* ------------------------------------------------------------------ KDA glue */
+/* one warp per (token, head) */
+__global__ void kda_prep_kernel(st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta, const st_bf16_t *qkv,
+                                const st_bf16_t *aux, int ldaux, int boff, int T, int H, int dk, float l2eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
+    if (row >= T * H) return;
+    int t = row / H, h = row % H, P = H * dk;
+    const st_bf16_t *src = qkv + (size_t)t * 3 * P + (size_t)h * dk;
+    float sq = 0.f, sk = 0.f;
+    for (int c = l; c < dk; c += 32) {
+        float a = eg_bf(src[c]), b = eg_bf(src[P + c]);
+        sq += a * a, sk += b * b;
+    }
+    sq = eg_warp_sum(sq), sk = eg_warp_sum(sk);
+    float rq = 1.f / sqrtf(sq + l2eps), rk = 1.f / sqrtf(sk + l2eps);
+    size_t o = (size_t)t * P + (size_t)h * dk;
+    for (int c = l; c < dk; c += 32) {
+        q[o + c] = eg_tobf(eg_bf(src[c]) * rq);
+        k[o + c] = eg_tobf(eg_bf(src[P + c]) * rk);
+        v[o + c] = src[2 * P + c];
+    }
+    if (l == 0) beta[(size_t)t * H + h] = eg_sig(eg_bf(aux[(size_t)t * ldaux + boff + h]));
+}
+extern "C" st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta,
+                                   const st_bf16_t *qkv, const st_bf16_t *aux, int ldaux, int boff, int T, int H, int dk,
+                                   float l2eps) {
+    int rows = T * H;
+    if (rows <= 0) return ST_OK;
+    kda_prep_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(q, k, v, beta, qkv, aux, ldaux, boff, T, H, dk, l2eps);
+    return EG_LAUNCH("kda_prep_kernel");
+}
+
+__global__ void kda_out_gate_kernel(st_bf16_t *o, const st_bf16_t *gate, int ldg, const float *w, int T, int H, int dv,
+                                    float eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
+    if (row >= T * H) return;
+    int t = row / H, h = row % H;
+    st_bf16_t *p = o + (size_t)row * dv;
+    const st_bf16_t *g = gate + (size_t)t * ldg + (size_t)h * dv;
+    float ss = 0.f;
+    for (int c = l; c < dv; c += 32) {
+        float a = eg_bf(p[c]);
+        ss += a * a;
+    }
+    ss = eg_warp_sum(ss);
+    float r = 1.f / sqrtf(ss / (float)dv + eps);
+    for (int c = l; c < dv; c += 32) p[c] = eg_tobf(eg_bf(p[c]) * r * w[c] * eg_sig(eg_bf(g[c])));
+}
+extern "C" st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *gate, int ldg,
+                                       const float *w, int T, int H, int dv, float eps) {
+    int rows = T * H;
+    if (rows <= 0) return ST_OK;
+    kda_out_gate_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(o, gate, ldg, w, T, H, dv, eps);
+    return EG_LAUNCH("kda_out_gate_kernel");
+}
+
+/* grid (H, B), dk threads; thread j owns value column j of S_h (in global memory, [c][j]). */
+__global__ void kda_rec_kernel(st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k, const st_bf16_t *v, const float *g,
+                               const float *beta, float *S, const int *slots, const int *cu, int H, int dk, float scale) {
+    __shared__ float qs[128], ks[128], es[128];
+    const int h = blockIdx.x, b = blockIdx.y, j = threadIdx.x;
+    float *Sh = S + ((size_t)(slots ? slots[b] : b) * H + h) * dk * dk;
+    for (int t = cu[b]; t < cu[b + 1]; t++) {
+        size_t base = ((size_t)t * H + h) * dk;
+        __syncthreads();
+        qs[j] = eg_bf(q[base + j]) * scale;
+        ks[j] = eg_bf(k[base + j]);
+        es[j] = expf(g[base + j]);
+        __syncthreads();
+        float kv = 0.f;
+        for (int c = 0; c < dk; c++) {
+            float sv = Sh[(size_t)c * dk + j] * es[c];
+            Sh[(size_t)c * dk + j] = sv;
+            kv += sv * ks[c];
+        }
+        float e = beta[(size_t)t * H + h] * (eg_bf(v[base + j]) - kv);
+        float out = 0.f;
+        for (int c = 0; c < dk; c++) {
+            float sv = Sh[(size_t)c * dk + j] + ks[c] * e;
+            Sh[(size_t)c * dk + j] = sv;
+            out += sv * qs[c];
+        }
+        o[base + j] = eg_tobf(out);
+    }
+}
+extern "C" st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
+                                        const st_bf16_t *v, const float *g, const float *beta, float *S,
+                                        const int *slots, const int *cu_seqlens, int B, int H, int dk, float scale) {
+    if (dk <= 0 || dk > 128) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_kda_recurrent: dk=%d (≤ 128)", dk);
+    if (B <= 0) return ST_OK;
+    kda_rec_kernel<<<dim3(H, B), dk, 0, EG_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, cu_seqlens, H, dk, scale);
+    return EG_LAUNCH("kda_rec_kernel");
+}
+
+/* ------------------------------------------------------------------ MLA glue */
+__global__ void mla_kv_store_kernel(st_bf16_t *pool, const st_bf16_t *ckv, const float *w, const int *tok_ent,
+                                    const int *tok_pos, const int *btab, int pps, int ps, int kvr, int R, float eps) {
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    const st_bf16_t *x = ckv + (size_t)t * R;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < kvr; c += blockDim.x) {
+        float a = eg_bf(x[c]);
+        ss += a * a;
+    }
+    ss = eg_block_sum(ss, red);
+    float r = 1.f / sqrtf(ss / (float)kvr + eps);
+    int pos = tok_pos[t], page = btab[(size_t)tok_ent[t] * pps + pos / ps];
+    st_bf16_t *dst = pool + ((size_t)page * ps + pos % ps) * R;
+    for (int c = threadIdx.x; c < R; c += blockDim.x) dst[c] = c < kvr ? eg_tobf(eg_bf(x[c]) * r * w[c]) : x[c];
+}
+extern "C" st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, st_bf16_t *pool, const st_bf16_t *ckv, const float *w,
+                                       const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
+                                       int T, int kvr, int R, float eps) {
+    if (T <= 0) return ST_OK;
+    mla_kv_store_kernel<<<T, 128, 0, EG_STREAM(s)>>>(pool, ckv, w, tok_ent, tok_pos, btab, pps, page_size, kvr, R, eps);
+    return EG_LAUNCH("mla_kv_store_kernel");
+}
+
+__global__ void mla_qpe_kernel(st_bf16_t *qabs, const st_bf16_t *q, int H, int nope, int rope, int kvr) {
+    int th = blockIdx.x, R = kvr + rope; /* (t, h) */
+    for (int c = threadIdx.x; c < rope; c += blockDim.x)
+        qabs[(size_t)th * R + kvr + c] = q[(size_t)th * (nope + rope) + nope + c];
+}
+extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, st_bf16_t *qabs, const st_bf16_t *q, int T, int H, int nope,
+                                  int rope, int kvr) {
+    if (T <= 0 || rope <= 0) return ST_OK;
+    mla_qpe_kernel<<<T * H, 64, 0, EG_STREAM(s)>>>(qabs, q, H, nope, rope, kvr);
+    return EG_LAUNCH("mla_qpe_kernel");
+}
+
+/* grid (T, ceil(H/8)), 256 threads: warp w = head h0+w of query token t. Key tiles of 32 rows go
+ * to shared memory (row stride R+2 bf16: an odd word count, so lane j reading row j is
+ * conflict-free); lane j scores key j, then the warp updates its online softmax and the lane-strided
+ * accumulator (kvr/32 ≤ 16 values per lane). */
+#define MLA_TK 32
+__global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const st_bf16_t *qabs, const st_bf16_t *pool,
+                                                       const int *tok_ent, const int *tok_pos, const int *btab, int pps,
+                                                       int ps, int H, int R, int kvr, float scale) {
+    extern __shared__ __align__(16) unsigned char smraw[];
+    const int LD = R + 2;
+    st_bf16_t *Ks = reinterpret_cast<st_bf16_t *>(smraw);           /* [TK][LD] */
+    float *qs = reinterpret_cast<float *>(smraw + (size_t)MLA_TK * LD * 2 + 16); /* [8][R] */
+    const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y * 8 + w;
+    const bool active = h < H;
+    const int n = tok_pos[t] + 1;
+    const int *bt = btab + (size_t)tok_ent[t] * pps;
+    for (int c = lane; c < R; c += 32) qs[w * R + c] = active ? eg_bf(qabs[((size_t)t * H + h) * R + c]) * scale : 0.f;
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i] = 0.f;
+    float m = -INFINITY, lsum = 0.f;
+    const int nacc = kvr / 32;
+    for (int s0 = 0; s0 < n; s0 += MLA_TK) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < MLA_TK * R; i += blockDim.x) {
+            int r = i / R, c = i % R, j = s0 + r;
+            st_bf16_t val = 0;
+            if (j < n) val = pool[((size_t)bt[j / ps] * ps + j % ps) * R + c];
+            Ks[r * LD + c] = val;
+        }
+        __syncthreads();
+        if (!active) continue;
+        float sc = -INFINITY;
+        if (s0 + lane < n) {
+            const st_bf16_t *kr = Ks + lane * LD;
+            const float *qw = qs + w * R;
+            float a = 0.f;
+            for (int c = 0; c < R; c++) a += qw[c] * eg_bf(kr[c]);
+            sc = a;
+        }
+        float mt = eg_warp_max(sc), mn = fmaxf(m, mt);
+        float alpha = expf(m - mn), p = s0 + lane < n ? expf(sc - mn) : 0.f;
+        lsum = lsum * alpha + eg_warp_sum(p);
+        m = mn;
+#pragma unroll
+        for (int i = 0; i < 16; i++) acc[i] *= alpha;
+        for (int j = 0; j < MLA_TK && s0 + j < n; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            const st_bf16_t *kr = Ks + j * LD;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                if (i < nacc) acc[i] += pj * eg_bf(kr[lane + 32 * i]);
+        }
+    }
+    if (!active) return;
+    float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (i < nacc) olat[((size_t)t * H + h) * kvr + lane + 32 * i] = eg_tobf(acc[i] * inv);
+}
+extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const st_bf16_t *qabs,
+                                   const st_bf16_t *pool, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
+                                   int page_size, int T, int H, int R, int kvr, float scale) {
+    if (R > 1024 || kvr > 512 || kvr % 32 || kvr > R)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "eg_mla_attn: R=%d kvr=%d (R ≤ 1024, kvr ≤ 512, kvr %% 32 = 0)", R, kvr);
+    if (T <= 0) return ST_OK;
+    size_t smem = (size_t)MLA_TK * (R + 2) * 2 + 16 + (size_t)8 * R * sizeof(float);
+    st_status_t rc = ST_CUDA_CHECK(cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (rc) return rc;
+    mla_attn_kernel<<<dim3(T, (H + 7) / 8), 256, smem, EG_STREAM(s)>>>(olat, qabs, pool, tok_ent, tok_pos, btab, pps,
+                                                                       page_size, H, R, kvr, scale);
+    return EG_LAUNCH("mla_attn_kernel");
+}
+
+__global__ void mul_sigmoid_kernel(st_bf16_t *x, const st_bf16_t *g, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = eg_tobf(eg_bf(x[i]) * eg_sig(eg_bf(g[i])));
+}
+extern "C" st_status_t eg_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *x, const st_bf16_t *gate, size_t n) {
+    if (!n) return ST_OK;
+    mul_sigmoid_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(x, gate, n);
+    return EG_LAUNCH("mul_sigmoid_kernel");
+}
+
+/* ------------------------------------------------------------------ MoE glue */
+__global__ void route_finish_kernel(int *ids, float *w, int *cnt, const int *src, int ks, int k, const float *scores,
+                                    int T, int n, int kc, int renorm, float scale) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    int *id = ids + (size_t)t * kc;
+    if (src) {
+        for (int i = 0; i < k; i++) id[i] = src[(size_t)t * ks + i];
+        cnt[t] = k;
+    }
+    const float *s = scores + (size_t)t * n;
+    int c = cnt[t];
+    float sum = 0.f;
+    for (int i = 0; i < c; i++) sum += s[id[i]];
+    for (int i = 0; i < kc; i++)
+        w[(size_t)t * kc + i] = i < c ? (renorm ? s[id[i]] / (sum + 1e-20f) * scale : s[id[i]] * scale) : 0.f;
+}
+extern "C" st_status_t eg_route_finish(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, const int *src, int ks,
+                                       int k, const float *scores, int T, int n, int kc, bool renorm, float scale) {
+    if (T <= 0) return ST_OK;
+    route_finish_kernel<<<(T + 127) / 128, 128, 0, EG_STREAM(s)>>>(ids, w, cnt, src, ks, k, scores, T, n, kc, renorm,
+                                                                   scale);
+    return EG_LAUNCH("route_finish_kernel");
+}
+
+/* one block: counts per expert, exclusive scan, then rows. NOTE: rows within an expert are placed
+ * by atomics (order may vary run to run); every row is computed on its own and the combine reads
+ * them back in slot order, so the results do not depend on it. */
+__global__ void moe_group_kernel(int *offsets, int *row_of, const int *ids, const int *cnt, int T, int kc, int E) {
+    extern __shared__ int cur[]; /* [E+1] */
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) cur[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < T * kc; p += blockDim.x) {
+        int t = p / kc, i = p % kc;
+        if (i < cnt[t]) atomicAdd(&cur[ids[p] + 1], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0; e < E; e++) cur[e + 1] += cur[e];
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = cur[e];
+    __syncthreads();
+    for (int p = threadIdx.x; p < T * kc; p += blockDim.x) {
+        int t = p / kc, i = p % kc;
+        row_of[p] = i < cnt[t] ? atomicAdd(&cur[ids[p]], 1) : -1;
+    }
+}
+extern "C" st_status_t eg_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt,
+                                    int T, int kc, int E) {
+    if (T <= 0) return ST_OK;
+    moe_group_kernel<<<1, 1024, (size_t)(E + 1) * sizeof(int), EG_STREAM(s)>>>(offsets, row_of, ids, cnt, T, kc, E);
+    return EG_LAUNCH("moe_group_kernel");
+}
+
+__global__ void moe_gather_kernel(st_bf16_t *xg, const st_bf16_t *z, const int *row_of, const int *cnt, int kc, int l) {
+    int t = blockIdx.x, i = blockIdx.y;
+    if (i >= cnt[t]) return;
+    int r = row_of[(size_t)t * kc + i];
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(z + (size_t)t * l);
+    uint32_t *dst = reinterpret_cast<uint32_t *>(xg + (size_t)r * l);
+    for (int c = threadIdx.x; c < l / 2; c += blockDim.x) dst[c] = src[c];
+}
+extern "C" st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
+                                     const int *cnt, int T, int kc, int l) {
+    if (T <= 0) return ST_OK;
+    if (l % 2) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_moe_gather: odd width %d", l);
+    moe_gather_kernel<<<dim3(T, kc), 128, 0, EG_STREAM(s)>>>(xg, z, row_of, cnt, kc, l);
+    return EG_LAUNCH("moe_gather_kernel");
+}
+
+/* one block per token; smem u [l] fp32 */
+__global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const st_bf16_t *yg, const float *yf, const int *row_of,
+                                   const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
+    extern __shared__ float u[];
+    __shared__ float red[32];
+    const int t = blockIdx.x, c_ = cnt[t];
+    for (int c = threadIdx.x; c < l; c += blockDim.x) {
+        float a = 0.f;
+        for (int i = 0; i < c_; i++) {
+            float pi = p[(size_t)t * kc + i];
+            float y = yg ? eg_bf(yg[(size_t)row_of[(size_t)t * kc + i] * l + c]) : yf[((size_t)t * kc + i) * l + c];
+            a = __fadd_rn(a, __fmul_rn(pi, y));
+        }
+        u[c] = a;
+    }
+    __syncthreads();
+    if (!un) {
+        for (int c = threadIdx.x; c < l; c += blockDim.x) partial[(size_t)t * l + c] += u[c];
+        return;
+    }
+    float r = 1.f;
+    if (nw) {
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < l; c += blockDim.x) ss += u[c] * u[c];
+        ss = eg_block_sum(ss, red);
+        r = 1.f / sqrtf(ss / (float)l + eps);
+    }
+    for (int c = threadIdx.x; c < l; c += blockDim.x) un[(size_t)t * l + c] = eg_tobf(nw ? u[c] * r * nw[c] : u[c]);
+}
+extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const st_bf16_t *yg,
+                                      const float *yf, const int *row_of, const float *p, const int *cnt,
+                                      const float *norm_w, int T, int kc, int l, float eps) {
+    if (T <= 0) return ST_OK;
+    moe_combine_kernel<<<T, 256, (size_t)l * sizeof(float), EG_STREAM(s)>>>(un, partial, yg, yf, row_of, p, cnt, norm_w,
+                                                                           kc, l, eps);
+    return EG_LAUNCH("moe_combine_kernel");
+}
+
+__global__ void bf16_to_f32_kernel(float *d, const st_bf16_t *s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = eg_bf(s[i]);
+}
+extern "C" st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n) {
+    if (!n) return ST_OK;
+    bf16_to_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(dst, src, n);
+    return EG_LAUNCH("bf16_to_f32_kernel");
+}

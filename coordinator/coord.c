@@ -1,0 +1,588 @@
+/* Coordinator (see coord.h). Everything runs on one libuv loop thread: gRPC (through common/rpc's
+ * completion-queue hand-off), HTTP, the heartbeat sweep and the threshold steps. Nothing here is on
+ * a step's critical path: workers never wait for the coordinator. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <uv.h>
+
+#include "coord.h"
+#include "coord_impl.h"
+
+/* ================================================================ members and placement */
+
+static member_t *member_find(coord_t *co, uint64_t id) {
+    for (int i = 0; i < co->n_members; i++)
+        if (co->members[i].id == id) return &co->members[i];
+    return NULL;
+}
+
+static int alive_count(const coord_t *co, st_proto_role_t role) {
+    int n = 0;
+    for (int i = 0; i < co->n_members; i++) n += co->members[i].alive && co->members[i].role == role;
+    return n;
+}
+
+int st_coord_ready(const coord_t *co) {
+    return st_placement_complete(&co->place) && alive_count(co, ST_PROTO_ROLE_ATTENTION) >= co->o.expect_workers &&
+           alive_count(co, ST_PROTO_ROLE_EXPERT) >= co->o.expect_experts;
+}
+
+static void replace_experts(coord_t *co) {
+    st_place_server_t live[MAX_MEMBERS];
+    int n = 0;
+    for (int i = 0; i < co->n_members; i++)
+        if (co->members[i].alive && co->members[i].role == ST_PROTO_ROLE_EXPERT)
+            live[n++] = (st_place_server_t){.id = co->members[i].id, .capacity = 0};
+    uint64_t v = co->place.version;
+    st_placement_update(&co->place, live, n);
+    if (co->place.version != v)
+        st_log_info("coordinator: placement v%llu over %d expert servers (%s)", (unsigned long long)co->place.version, n,
+                    st_placement_complete(&co->place) ? "complete" : "INCOMPLETE");
+}
+
+static void on_sweep(uv_timer_t *t) {
+    coord_t *co = t->data;
+    double now = st_time_sec(), limit = 2.0 * co->o.heartbeat_ms / 1000.0;
+    int changed = 0;
+    for (int i = 0; i < co->n_members; i++) {
+        member_t *m = &co->members[i];
+        if (!m->alive || now - m->last_seen <= limit) continue;
+        m->alive = 0;
+        changed = 1;
+        st_log_warn("coordinator: member %llu (%s, %s) missed two heartbeats: dropped", (unsigned long long)m->id, m->name,
+                    m->endpoint);
+        if (m->ch && m->active == 0) {
+            st_rpc_channel_destroy(m->ch);
+            m->ch = NULL;
+        }
+    }
+    if (changed) replace_experts(co);
+}
+
+/* ================================================================ gRPC: membership */
+
+static void reply_msg(st_rpc_call_t *call, st_status_t s, uint8_t *buf, size_t len) {
+    if (s == ST_OK) st_rpc_call_reply(call, buf, len);
+    else st_rpc_call_finish(call, s, st_err_last());
+    free(buf);
+}
+
+static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    st_proto_register_req_t r;
+    if (st_proto_register_req_decode(req, len, &r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        return;
+    }
+    st_status_t s = ST_OK;
+    member_t *m = NULL;
+    if (r.role != ST_PROTO_ROLE_ATTENTION && r.role != ST_PROTO_ROLE_EXPERT)
+        s = ST_FAIL(ST_ERR_INVALID_ARG, "register: unknown role %d", (int)r.role);
+    else if (!r.data_endpoint || !strchr(r.data_endpoint, ':'))
+        s = ST_FAIL(ST_ERR_INVALID_ARG, "register: data_endpoint must be host:port");
+    if (s == ST_OK) {
+        /* reuse a dead slot, else append */
+        for (int i = 0; i < co->n_members && !m; i++)
+            if (!co->members[i].alive && co->members[i].active == 0) m = &co->members[i];
+        if (!m && co->n_members < MAX_MEMBERS) m = &co->members[co->n_members++];
+        if (!m) s = ST_FAIL(ST_ERR_CAPACITY, "register: %d members already", MAX_MEMBERS);
+    }
+    if (s == ST_OK) {
+        if (m->ch) st_rpc_channel_destroy(m->ch);
+        uint32_t *load = m->load; /* sized at start-up, kept across registrations */
+        memset(m, 0, sizeof *m);
+        m->load = load;
+        memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
+        m->id = ++co->next_id;
+        m->role = r.role;
+        snprintf(m->name, sizeof m->name, "%s", r.name ? r.name : "");
+        snprintf(m->endpoint, sizeof m->endpoint, "%s", r.data_endpoint);
+        m->capacity = r.capacity;
+        m->alive = 1;
+        m->last_seen = st_time_sec();
+        m->registered_at = m->last_seen;
+        if (m->role == ST_PROTO_ROLE_ATTENTION && st_rpc_channel_create(m->endpoint, &m->ch) != ST_OK) m->ch = NULL;
+        st_log_info("coordinator: %s %s registered as %llu at %s", m->role == ST_PROTO_ROLE_EXPERT ? "expert server" : "attention worker",
+                    m->name, (unsigned long long)m->id, m->endpoint);
+        if (m->role == ST_PROTO_ROLE_EXPERT) replace_experts(co);
+    }
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    if (s == ST_OK) {
+        st_proto_register_reply_t rep = {.member_id = m->id, .heartbeat_interval_ms = co->o.heartbeat_ms,
+                                         .placement_version = co->place.version, .threshold_version = co->tau_version};
+        s = st_proto_register_reply_encode(&rep, &buf, &n);
+    }
+    reply_msg(call, s, buf, n);
+    st_proto_register_req_cleanup(&r);
+}
+
+static void h_heartbeat(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    st_proto_heartbeat_req_t r;
+    if (st_proto_heartbeat_req_decode(req, len, &r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        return;
+    }
+    member_t *m = member_find(co, r.member_id);
+    st_proto_heartbeat_reply_t rep = {.known = m && m->alive, .placement_version = co->place.version,
+                                      .threshold_version = co->tau_version};
+    if (m && m->alive) {
+        m->last_seen = st_time_sec();
+        m->step = r.step;
+        m->inflight = r.inflight;
+    }
+    uint8_t *buf;
+    size_t n;
+    st_status_t es_ = st_proto_heartbeat_reply_encode(&rep, &buf, &n);
+    reply_msg(call, es_, buf, n);
+    st_proto_heartbeat_req_cleanup(&r);
+}
+
+static void h_placement(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    st_proto_version_req_t r;
+    if (st_proto_version_req_decode(req, len, &r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        return;
+    }
+    const st_config_t *c = &co->cfg;
+    st_proto_placement_t p = {.version = co->place.version, .n_layers = (uint32_t)c->n_layers, .n_experts = (uint32_t)c->n_experts};
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    st_status_t s = ST_OK;
+    if (r.known_version == co->place.version) {
+        p.unchanged = 1;
+    } else {
+        size_t cells = (size_t)c->n_layers * c->n_experts;
+        p.offsets = calloc(cells + 1, sizeof(uint32_t));
+        p.member_ids = calloc(cells * co->place.replicas + 1, sizeof(uint64_t));
+        p.members = calloc((size_t)co->n_members + 1, sizeof(st_proto_member_t));
+        if (!p.offsets || !p.member_ids || !p.members) s = ST_FAIL(ST_ERR_NO_MEMORY, "placement reply");
+        for (int l = 0; s == ST_OK && l < c->n_layers; l++)
+            for (int e = 0; e < c->n_experts; e++) {
+                size_t i = (size_t)l * c->n_experts + e;
+                p.offsets[i + 1] = p.offsets[i];
+                if (!st_config_is_moe_layer(c, l)) continue;
+                const uint64_t *h = st_placement_holders(&co->place, l - c->first_k_dense, e);
+                for (int q = 0; q < co->place.replicas; q++)
+                    if (h[q]) p.member_ids[p.offsets[i + 1]++] = h[q];
+            }
+        p.n_member_ids = s == ST_OK ? p.offsets[cells] : 0;
+        for (int i = 0; s == ST_OK && i < co->n_members; i++) {
+            member_t *m = &co->members[i];
+            p.members[p.n_members++] = (st_proto_member_t){.member_id = m->id, .role = m->role, .name = m->name,
+                                                           .data_endpoint = m->endpoint, .capacity = m->capacity, .alive = m->alive};
+        }
+    }
+    if (s == ST_OK) s = st_proto_placement_encode(&p, &buf, &n);
+    free(p.offsets);
+    free(p.member_ids);
+    free(p.members);
+    reply_msg(call, s, buf, n);
+    st_proto_version_req_cleanup(&r);
+}
+
+/* ================================================================ gRPC: thresholds */
+
+static void publish_thresholds(coord_t *co) {
+    st_qtable_t t;
+    if (st_qstate_end_step(co->q, &t) != ST_OK) {
+        st_log_error("coordinator: threshold step failed: %s", st_err_last());
+    } else {
+        co->tau_version = t.version;
+        co->tau_steps++;
+    }
+    for (int i = 0; i < co->n_pending; i++) free(co->pending[i]);
+    co->n_pending = 0;
+    for (int i = 0; i < co->n_members; i++) co->members[i].reported = 0;
+}
+
+static void on_tau_timer(uv_timer_t *t) {
+    coord_t *co = t->data;
+    if (co->n_pending) publish_thresholds(co);
+}
+
+static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    st_proto_scores_t r;
+    if (st_proto_scores_decode(req, len, &r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        return;
+    }
+    st_status_t s = ST_OK;
+    member_t *m = member_find(co, r.worker_id);
+    const st_config_t *c = &co->cfg;
+    if (!m || !m->alive) s = ST_FAIL(ST_ERR_INVALID_ARG, "ReportScores: unknown worker %llu", (unsigned long long)r.worker_id);
+    /* per-expert load of the worker's step (for /status and /metrics) */
+    if (s == ST_OK && r.n_load == (size_t)c->n_layers * c->n_experts) {
+        if (r.step != m->load_step) {
+            m->load_step = r.step;
+            memcpy(m->load, r.load, sizeof(uint32_t) * r.n_load);
+        }
+        co->dispatch_bytes += r.dispatch_bytes;
+        co->steps_total++;
+        m->step = r.step;
+    }
+    for (size_t k = 0; s == ST_OK && k < r.n_summaries && co->q; k++) {
+        if (co->n_pending >= MAX_PENDING) publish_thresholds(co);
+        uint8_t *copy = malloc(r.summary_lens[k] + 1);
+        if (!copy) {
+            s = ST_FAIL(ST_ERR_NO_MEMORY, "summary copy");
+            break;
+        }
+        memcpy(copy, r.summaries[k], r.summary_lens[k]);
+        s = st_qstate_merge(co->q, copy, r.summary_lens[k]);
+        if (s == ST_OK) co->pending[co->n_pending++] = copy; /* zero-copy merge: keep until end_step */
+        else free(copy);
+    }
+    if (s == ST_OK && r.n_summaries && co->q) {
+        /* the step ends when every live worker has reported (or on the timer) */
+        m->reported = 1;
+        int all = 1;
+        for (int i = 0; i < co->n_members; i++)
+            if (co->members[i].alive && co->members[i].role == ST_PROTO_ROLE_ATTENTION && !co->members[i].reported) all = 0;
+        if (all && co->n_pending) publish_thresholds(co);
+    }
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    if (s == ST_OK) {
+        st_proto_scores_reply_t rep = {.threshold_version = co->tau_version};
+        s = st_proto_scores_reply_encode(&rep, &buf, &n);
+    }
+    reply_msg(call, s, buf, n);
+    st_proto_scores_cleanup(&r);
+}
+
+static void h_thresholds(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    st_proto_version_req_t r;
+    if (st_proto_version_req_decode(req, len, &r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        return;
+    }
+    st_proto_thresholds_t t = {.version = co->tau_version, .n_layers = (uint32_t)co->cfg.n_layers,
+                               .n_experts = (uint32_t)co->cfg.n_experts, .step = co->tau_steps};
+    st_qtable_t q = {0};
+    if (co->q) st_qstate_table(co->q, &q);
+    if (r.known_version == co->tau_version || q.version == 0) {
+        t.unchanged = 1;
+    } else {
+        /* the estimator works over MoE layers; the wire carries every layer (non-MoE rows NaN) */
+        size_t cells = (size_t)co->cfg.n_layers * co->cfg.n_experts;
+        for (size_t i = 0; i < cells; i++) co->tau_all[i] = co->rho_all[i] = NAN;
+        size_t off = (size_t)co->cfg.first_k_dense * co->cfg.n_experts, moe = (size_t)q.n_layers * q.n_experts;
+        memcpy(co->tau_all + off, q.tau, sizeof(float) * moe);
+        memcpy(co->rho_all + off, q.rho, sizeof(float) * moe);
+        t.tau = co->tau_all;
+        t.rho = co->rho_all;
+        t.n_rho = cells;
+    }
+    uint8_t *buf;
+    size_t n;
+    st_status_t es_ = st_proto_thresholds_encode(&t, &buf, &n);
+    reply_msg(call, es_, buf, n);
+    st_proto_version_req_cleanup(&r);
+}
+
+static void h_status(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    char *json = st_coord_status_json(co);
+    st_proto_member_t *mm = calloc((size_t)co->n_members + 1, sizeof *mm);
+    for (int i = 0; mm && i < co->n_members; i++) {
+        member_t *m = &co->members[i];
+        mm[i] = (st_proto_member_t){.member_id = m->id, .role = m->role, .name = m->name, .data_endpoint = m->endpoint,
+                                    .capacity = m->capacity, .alive = m->alive};
+    }
+    st_proto_status_reply_t rep = {.version = STRATA_VERSION, .uptime_s = st_time_sec() - co->t_start,
+                                   .placement_version = co->place.version, .threshold_version = co->tau_version,
+                                   .n_members = mm ? (size_t)co->n_members : 0, .members = mm, .detail_json = json};
+    uint8_t *buf;
+    size_t n;
+    st_status_t es_ = st_proto_status_reply_encode(&rep, &buf, &n);
+    reply_msg(call, es_, buf, n);
+    free(mm);
+    free(json);
+}
+
+/* ================================================================ Generate: the front door */
+
+/* The attention worker with the most free capacity. */
+static member_t *pick_worker(coord_t *co) {
+    member_t *best = NULL;
+    long best_free = -(1L << 40);
+    for (int i = 0; i < co->n_members; i++) {
+        member_t *m = &co->members[i];
+        if (!m->alive || m->role != ST_PROTO_ROLE_ATTENTION || !m->ch) continue;
+        long used = (long)ST_MAX((long)m->inflight, (long)m->active);
+        long fr = (long)m->capacity - used;
+        if (fr > best_free) {
+            best_free = fr;
+            best = m;
+        }
+    }
+    return best; /* a full worker queues the request (up to twice its slots) */
+}
+
+static void gen_release(gen_t *g) {
+    member_t *m = member_find(g->co, g->worker_id);
+    if (m) m->active--;
+    g->co->active_requests--;
+    free(g->text);
+    free(g);
+}
+
+static void gen_on_msg(const uint8_t *msg, size_t len, void *arg) {
+    gen_t *g = arg;
+    coord_t *co = g->co;
+    st_proto_generate_chunk_t ch;
+    if (st_proto_generate_chunk_decode(msg, len, &ch) != ST_OK) return;
+    double now = st_time_sec();
+    if (ch.finish != ST_PROTO_FINISH_ERROR && ch.finish != ST_PROTO_FINISH_CANCELLED && (ch.text || ch.token_id || ch.finish == ST_PROTO_FINISH_NONE || g->n_tokens < (int)ch.index + 1)) {
+        if (ch.finish == ST_PROTO_FINISH_NONE || ch.index >= (uint32_t)g->n_tokens) {
+            if (g->n_tokens == 0) st_hist_add(&co->ttft, now - g->t0);
+            else st_hist_add(&co->tpot, now - g->t_last);
+            g->t_last = now;
+            g->n_tokens++;
+            co->tokens_total++;
+            co->tokens_window++;
+        }
+    }
+    if (ch.finish != ST_PROTO_FINISH_NONE) g->finish = ch.finish;
+    if (ch.error && ch.error[0]) snprintf(g->err, sizeof g->err, "%s", ch.error);
+    if (g->call) {
+        if (st_rpc_call_write(g->call, msg, len) != ST_OK && g->up) st_rpc_stream_cancel(g->up);
+    } else if (g->res) {
+        st_coord_http_chunk(g, &ch);
+    }
+    st_proto_generate_chunk_cleanup(&ch);
+}
+
+static void gen_on_done(st_status_t st, const char *detail, void *arg) {
+    gen_t *g = arg;
+    coord_t *co = g->co;
+    g->up = NULL;
+    if (st != ST_OK && !g->err[0]) {
+        member_t *m = member_find(co, g->worker_id);
+        snprintf(g->err, sizeof g->err, "attention worker %s: %s (%s)", m ? m->name : "?", st_status_str(st), detail ? detail : "");
+        g->finish = ST_PROTO_FINISH_ERROR;
+    }
+    int ok = g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH;
+    if (ok) co->requests_ok++;
+    else co->requests_err++;
+    if (g->call) {
+        if (ok || g->finish == ST_PROTO_FINISH_ERROR || g->finish == ST_PROTO_FINISH_CANCELLED)
+            st_rpc_call_finish(g->call, st == ST_OK || g->err[0] ? ST_OK : st, g->err[0] ? g->err : NULL);
+        else st_rpc_call_finish(g->call, st == ST_OK ? ST_ERR_INTERNAL : st, g->err[0] ? g->err : "stream ended early");
+    } else if (g->res) {
+        st_coord_http_done(g);
+    }
+    gen_release(g);
+}
+
+static void gen_client_cancel(st_rpc_call_t *call, void *arg) {
+    gen_t *g = arg;
+    if (g->up) st_rpc_stream_cancel(g->up);
+}
+
+st_status_t st_coord_gen_start(coord_t *co, gen_t *g, const st_proto_generate_req_t *r) {
+    if (r->max_tokens == 0 || r->max_tokens > 1000000)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "max_tokens must be 1..1000000");
+    if (!r->n_prompt_tokens && (!r->prompt || !r->prompt[0])) return ST_FAIL(ST_ERR_INVALID_ARG, "empty prompt");
+    for (size_t i = 0; i < r->n_prompt_tokens; i++)
+        if (r->prompt_tokens[i] >= (uint32_t)co->cfg.vocab)
+            return ST_FAIL(ST_ERR_OUT_OF_RANGE, "prompt token %u outside vocabulary 0..%d", r->prompt_tokens[i], co->cfg.vocab - 1);
+    if (!(r->temperature >= 0) || r->temperature > 100 || !(r->top_p >= 0) || r->top_p > 1)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "temperature must be 0..100 and top_p 0..1");
+    member_t *w = pick_worker(co);
+    if (!w) return ST_FAIL(ST_ERR_CAPACITY, "no attention worker with free capacity");
+    uint8_t *buf;
+    size_t len;
+    st_status_t s = st_proto_generate_req_encode(r, &buf, &len);
+    if (s != ST_OK) return s;
+    g->co = co;
+    g->worker_id = w->id;
+    g->t0 = g->t_last = st_time_sec();
+    g->prompt_tokens = r->n_prompt_tokens ? (int)r->n_prompt_tokens : (int)strlen(r->prompt);
+    s = st_rpc_stream_open(w->ch, ST_PROTO_METHOD_WORKER_GENERATE, buf, len, 3600u * 1000u, gen_on_msg, gen_on_done, g, &g->up);
+    free(buf);
+    if (s != ST_OK) return s;
+    w->active++;
+    co->active_requests++;
+    co->requests_total++;
+    return ST_OK;
+}
+
+static void h_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    st_proto_generate_req_t r;
+    if (st_proto_generate_req_decode(req, len, &r) != ST_OK) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
+        return;
+    }
+    gen_t *g = calloc(1, sizeof *g);
+    st_status_t s = g ? st_coord_gen_start(co, g, &r) : ST_ERR_NO_MEMORY;
+    if (s != ST_OK) {
+        co->requests_err++;
+        st_rpc_call_finish(call, s, st_err_last());
+        free(g);
+    } else {
+        g->call = call;
+        st_rpc_call_on_cancel(call, gen_client_cancel, g);
+    }
+    st_proto_generate_req_cleanup(&r);
+}
+
+/* ================================================================ start / stop */
+
+static void write_ready_file(coord_t *co) {
+    if (!co->o.ready_file) return;
+    char tmp[1100], txt[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp", co->o.ready_file);
+    int n = snprintf(txt, sizeof txt, "grpc=%s:%d\nhttp=%s:%u\npid=%d\n", co->grpc_host, co->grpc_port, co->http_host,
+                     st_http_server_port(co->http), (int)getpid());
+    if (st_file_write_all(tmp, txt, (size_t)n) == ST_OK) rename(tmp, co->o.ready_file);
+}
+
+static void on_closed_http(void *arg) {
+    coord_t *co = arg;
+    st_rpc_cleanup();
+    uv_close((uv_handle_t *)&co->sweep, NULL);
+    uv_close((uv_handle_t *)&co->tau_timer, NULL);
+    uv_close((uv_handle_t *)&co->tick, NULL);
+    uv_close((uv_handle_t *)&co->sig_int, NULL);
+    uv_close((uv_handle_t *)&co->sig_term, NULL);
+}
+
+static void on_closed_rpc(void *arg) {
+    coord_t *co = arg;
+    for (int i = 0; i < co->n_members; i++)
+        if (co->members[i].ch) {
+            st_rpc_channel_destroy(co->members[i].ch);
+            co->members[i].ch = NULL;
+        }
+    st_http_server_close(co->http, on_closed_http, co);
+}
+
+static void on_signal(uv_signal_t *h, int sig) {
+    coord_t *co = h->data;
+    if (co->stopping) return;
+    co->stopping = 1;
+    st_log_info("coordinator: signal %d, stopping", sig);
+    uv_timer_stop(&co->sweep);
+    uv_timer_stop(&co->tau_timer);
+    uv_timer_stop(&co->tick);
+    st_rpc_server_close(co->rpc, on_closed_rpc, co);
+}
+
+static void on_tick(uv_timer_t *t) { /* throughput over the last interval */
+    coord_t *co = t->data;
+    double now = st_time_sec(), dt = now - co->tick_at;
+    if (dt > 0) co->tokens_per_s = co->tokens_window / dt;
+    co->tokens_window = 0;
+    co->tick_at = now;
+}
+
+static int split_host(const char *s, char *host, size_t hn, int *port) {
+    const char *c = strrchr(s, ':');
+    if (!c || c == s || (size_t)(c - s) >= hn) return -1;
+    memcpy(host, s, (size_t)(c - s));
+    host[c - s] = 0;
+    *port = atoi(c + 1);
+    return 0;
+}
+
+int st_coord_run(const st_coord_opts_t *opts) {
+    coord_t *co = calloc(1, sizeof *co);
+    if (!co) return 1;
+    co->o = *opts;
+    if (co->o.replicas <= 0) co->o.replicas = 1;
+    if (!co->o.heartbeat_ms) co->o.heartbeat_ms = 500;
+    if (co->o.lambda < 0 || co->o.lambda >= 1) co->o.lambda = 0.9f;
+    if (co->o.expect_workers <= 0) co->o.expect_workers = 1;
+    if (co->o.expect_experts <= 0) co->o.expect_experts = 1;
+    if (!co->o.grpc) co->o.grpc = "127.0.0.1:0";
+    if (!co->o.http) co->o.http = "127.0.0.1:0";
+    int rc = 1;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", co->o.ckpt);
+    if (st_config_load(&co->cfg, path) != ST_OK) goto out;
+    const st_config_t *c = &co->cfg;
+    if (c->n_experts <= 0) {
+        ST_FAIL(ST_ERR_CONFIG, "%s: no routed experts to place", path);
+        goto out;
+    }
+    const char *base = strrchr(co->o.ckpt, '/');
+    snprintf(co->model, sizeof co->model, "%s", co->o.model_name ? co->o.model_name : base && base[1] ? base + 1 : co->o.ckpt);
+    int n_moe = c->n_layers - c->first_k_dense;
+    if (st_placement_init(&co->place, n_moe, c->n_experts, co->o.replicas) != ST_OK) goto out;
+    if (st_qstate_create((uint32_t)n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, co->o.lambda, NULL, &co->q) != ST_OK)
+        goto out_place;
+    size_t cells = (size_t)c->n_layers * c->n_experts;
+    co->tau_all = malloc(sizeof(float) * cells);
+    co->rho_all = malloc(sizeof(float) * cells);
+    for (int i = 0; i < MAX_MEMBERS; i++) co->members[i].load = calloc(cells, sizeof(uint32_t));
+    st_hist_init(&co->ttft);
+    st_hist_init(&co->tpot);
+    co->t_start = co->tick_at = st_time_sec();
+    uv_loop_init(&co->loop);
+    if (st_rpc_init(&co->loop) != ST_OK) goto out_q;
+    int gport = 0, hport = 0;
+    if (split_host(co->o.grpc, co->grpc_host, sizeof co->grpc_host, &gport) != 0 ||
+        split_host(co->o.http, co->http_host, sizeof co->http_host, &hport) != 0) {
+        ST_FAIL(ST_ERR_INVALID_ARG, "--grpc and --http take host:port");
+        goto out_rpc;
+    }
+    if (st_rpc_server_create(co->o.grpc, &co->rpc) != ST_OK) goto out_rpc;
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_REGISTER, h_register, co);
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_HEARTBEAT, h_heartbeat, co);
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_PLACEMENT, h_placement, co);
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_REPORT_SCORES, h_report, co);
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_THRESHOLDS, h_thresholds, co);
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_GENERATE, h_generate, co);
+    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_STATUS, h_status, co);
+    if (st_rpc_server_start(co->rpc, &co->grpc_port) != ST_OK) goto out_rpc;
+    if (st_http_server_create(&co->loop, co->http_host, (uint16_t)hport, NULL, &co->http) != ST_OK) goto out_rpc;
+    st_coord_http_routes(co);
+    uv_timer_init(&co->loop, &co->sweep);
+    uv_timer_init(&co->loop, &co->tau_timer);
+    uv_timer_init(&co->loop, &co->tick);
+    co->sweep.data = co->tau_timer.data = co->tick.data = co;
+    uv_timer_start(&co->sweep, on_sweep, co->o.heartbeat_ms / 2, co->o.heartbeat_ms / 2);
+    uv_timer_start(&co->tau_timer, on_tau_timer, 50, 50);
+    uv_timer_start(&co->tick, on_tick, 1000, 1000);
+    uv_signal_init(&co->loop, &co->sig_int);
+    uv_signal_init(&co->loop, &co->sig_term);
+    co->sig_int.data = co->sig_term.data = co;
+    uv_signal_start(&co->sig_int, on_signal, SIGINT);
+    uv_signal_start(&co->sig_term, on_signal, SIGTERM);
+    write_ready_file(co);
+    st_log_info("coordinator: model %s (%d layers, %d experts top-%d), gRPC %s:%d, HTTP %s:%u, replicas %d", co->model,
+                c->n_layers, c->n_experts, c->top_k, co->grpc_host, co->grpc_port, co->http_host,
+                st_http_server_port(co->http), co->o.replicas);
+    printf("coordinator grpc=%s:%d http=%s:%u\n", co->grpc_host, co->grpc_port, co->http_host, st_http_server_port(co->http));
+    fflush(stdout);
+    uv_run(&co->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&co->loop);
+    rc = 0;
+    goto out_q;
+out_rpc:
+    st_rpc_cleanup();
+    uv_run(&co->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&co->loop);
+out_q:
+    for (int i = 0; i < co->n_pending; i++) free(co->pending[i]);
+    st_qstate_destroy(co->q);
+out_place:
+    st_placement_cleanup(&co->place);
+out:
+    if (rc) fprintf(stderr, "strata-coordinator: %s\n", st_err_last());
+    for (int i = 0; i < MAX_MEMBERS; i++) free(co->members[i].load);
+    free(co->tau_all);
+    free(co->rho_all);
+    free(co);
+    return rc;
+}

@@ -1,0 +1,94 @@
+/* Coordinator internals shared by coord.c (gRPC, membership, thresholds, Generate) and rest.c (HTTP). */
+#ifndef STRATA_COORD_IMPL_H
+#define STRATA_COORD_IMPL_H
+
+#include <unistd.h>
+#include <uv.h>
+
+#include "coord.h"
+#include "placement.h"
+#include "strata/http.h"
+#include "strata/model.h"
+#include "strata/proto.h"
+#include "strata/quantile.h"
+#include "strata/rpc.h"
+
+#define STRATA_VERSION "0.1.0"
+#define MAX_MEMBERS 256
+#define MAX_PENDING 256
+#define HIST_BUCKETS 14
+
+typedef struct {
+    double le[HIST_BUCKETS]; /* upper bounds, seconds */
+    uint64_t count[HIST_BUCKETS + 1];
+    double sum;
+    uint64_t n;
+} st_hist_t;
+void st_hist_init(st_hist_t *h);
+void st_hist_add(st_hist_t *h, double v);
+
+typedef struct {
+    uint64_t id;
+    st_proto_role_t role;
+    char name[64], endpoint[128];
+    uint32_t capacity, inflight;
+    int alive, active, reported; /* active: proxied requests now */
+    double last_seen, registered_at;
+    uint64_t step, load_step;
+    uint32_t *load; /* [n_layers][n_experts] tokens per expert in the member's last reported step */
+    st_rpc_channel_t *ch; /* attention workers: their Worker service */
+} member_t;
+
+typedef struct coord coord_t;
+
+typedef struct {
+    coord_t *co;
+    uint64_t worker_id;
+    st_rpc_call_t *call;  /* gRPC client, or */
+    st_http_res_t *res;   /* HTTP client */
+    int stream, http_gone;
+    st_rpc_stream_t *up;  /* to the worker */
+    double t0, t_last;
+    int n_tokens, prompt_tokens;
+    st_proto_finish_t finish;
+    char err[256];
+    char id[48];
+    char *text;                     /* raw bytes of the completion so far */
+    size_t text_len, text_cap, emitted; /* emitted: bytes already streamed */
+} gen_t;
+
+struct coord {
+    st_coord_opts_t o;
+    st_config_t cfg;
+    char model[128];
+    uv_loop_t loop;
+    uv_timer_t sweep, tau_timer, tick;
+    uv_signal_t sig_int, sig_term;
+    st_rpc_server_t *rpc;
+    st_http_server_t *http;
+    char grpc_host[128], http_host[128];
+    int grpc_port, stopping;
+    member_t members[MAX_MEMBERS];
+    int n_members;
+    uint64_t next_id;
+    st_placement_t place;
+    st_qstate_t *q;
+    uint64_t tau_version, tau_steps;
+    float *tau_all, *rho_all; /* [n_layers][n_experts] for the wire */
+    uint8_t *pending[MAX_PENDING];
+    int n_pending;
+    /* metrics */
+    double t_start, tick_at, tokens_per_s;
+    uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;
+    int active_requests;
+    st_hist_t ttft, tpot;
+};
+
+int st_coord_ready(const coord_t *co);
+char *st_coord_status_json(coord_t *co); /* malloc'd */
+st_status_t st_coord_gen_start(coord_t *co, gen_t *g, const st_proto_generate_req_t *r);
+void st_coord_http_routes(coord_t *co);
+void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch);
+void st_coord_http_done(gen_t *g);
+
+#endif

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Logits through the cluster equal the one-process engine's bit for bit (CPU backend, top-k): with
+# 1 and 3 expert servers and 1 and 2 attention workers, for requests of different lengths arriving
+# at different times. Also: OpenAI HTTP completions (plain and SSE), /v1/models, /status, /metrics.
+. "$(dirname "$0")/lib.sh"
+"$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1
+prompts=("5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40" "300" "99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81")
+for i in "${!prompts[@]}"; do
+  "$S" run --ckpt "$TMP/ck" --prompt-tokens "${prompts[$i]}" --max-tokens 12 --dump-logits "$TMP/ref$i.npy" >/dev/null 2>&1
+done
+cmp_rows() { # cluster rows == reference rows from the last prompt position on
+  python3 - "$1" "$2" "$3" <<'PY'
+import sys, numpy as np
+ref, got, n = np.load(sys.argv[1]), np.load(sys.argv[2]), int(sys.argv[3])
+want = ref[n - 1:]
+ok = got.shape == want.shape and got.tobytes() == want.tobytes()
+if not ok:
+    d = np.abs(got[:len(want)] - want[:len(got)]).max() if got.size and want.size else float('nan')
+    print("shape", got.shape, "want", want.shape, "max diff", d)
+sys.exit(0 if ok else 1)
+PY
+}
+for cfg in "1 1" "3 2"; do
+  set -- $cfg
+  if ! "$S" up --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 --max-batch-tokens 256 >"$TMP/up.txt" 2>&1; then
+    bad "cluster with $1 expert servers and $2 workers starts"; cat "$TMP/up.txt"; continue
+  fi
+  ok "cluster with $1 expert servers and $2 workers starts"
+  pids=()
+  for i in "${!prompts[@]}"; do
+    "$S" generate --prompt-tokens "${prompts[$i]}" --max-tokens 12 --dump-logits "$TMP/got$i.npy" --print-tokens >"$TMP/gen$i.txt" 2>&1 &
+    pids+=($!)
+    sleep 0.0$((i * 3))
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    n=$(echo "${prompts[$i]}" | tr ',' '\n' | wc -l)
+    check "[$1 experts, $2 workers] request $i (prompt $n) completes" "[ $rc -eq 0 ]"
+    check "[$1 experts, $2 workers] request $i logits == one-process engine, bit for bit" "cmp_rows $TMP/ref$i.npy $TMP/got$i.npy $n"
+  done
+  if [ "$1" = 3 ]; then
+    h=$(http)
+    r=$(curl -s -X POST "http://$h/v1/completions" -d '{"prompt":"Hello","max_tokens":5,"temperature":0}')
+    check "HTTP /v1/completions returns a text_completion with usage" \
+      "echo '$r' | python3 -c 'import sys,json; j=json.load(sys.stdin); assert j[\"object\"]==\"text_completion\" and j[\"usage\"][\"completion_tokens\"]>=1 and j[\"usage\"][\"prompt_tokens\"]==5'"
+    curl -sN -X POST "http://$h/v1/completions" -d '{"prompt":"Hi","max_tokens":4,"stream":true,"temperature":0}' >"$TMP/sse.txt"
+    check "HTTP stream: SSE data events then [DONE]" "grep -c '^data: {' $TMP/sse.txt | grep -qv '^0$' && tail -n 2 $TMP/sse.txt | grep -q '^data: \[DONE\]'"
+    code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -X POST "http://$h/v1/completions" -d '{"prompt":')
+    check "HTTP malformed JSON: 400 with an error object" "[ $code = 400 ] && grep -q invalid_request_error $TMP/e.json"
+    code=$(curl -s -o "$TMP/e.json" -w '%{http_code}' -X POST "http://$h/v1/completions" -d '{"prompt":[1,99999],"max_tokens":2}')
+    check "HTTP out-of-vocabulary token: 400 naming the vocabulary" "[ $code = 400 ] && grep -q vocabulary $TMP/e.json"
+    check "GET /v1/models lists the model" "curl -s http://$h/v1/models | grep -q '\"object\":\"list\"'"
+    check "GET /healthz" "[ \$(curl -s -o /dev/null -w '%{http_code}' http://$h/healthz) = 200 ]"
+    check "GET /status shows 3 live expert servers and 2 workers" \
+      "curl -s http://$h/status | python3 -c 'import sys,json; j=json.load(sys.stdin); m=j[\"members\"]; assert sum(1 for x in m if x[\"alive\"] and x[\"role\"]==\"expert\")==3 and sum(1 for x in m if x[\"alive\"] and x[\"role\"]==\"attention\")==2 and j[\"placement\"][\"complete\"]'"
+    check "GET /metrics has counters and TTFT histogram" "curl -s http://$h/metrics | grep -q 'strata_time_to_first_token_seconds_bucket' && curl -s http://$h/metrics | grep -q '^strata_tokens_generated_total [1-9]'"
+    check "strata status prints the summary" "\"$S\" status | grep -q READY"
+  fi
+  "$S" down >/dev/null 2>&1
+  check "strata down stops every process" "! pgrep -f \"$TMP/ck\" >/dev/null"
+done
+finish

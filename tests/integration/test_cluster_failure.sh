@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Killing an expert server during generation: with --replicas 2 every request completes; with
+# --replicas 1 the affected requests end with an error naming the lost server, nothing hangs, and the
+# cluster serves new requests once the coordinator has republished the map.
+. "$(dirname "$0")/lib.sh"
+"$S" ckpt init --preset tiny --out "$TMP/ck" --seed 13 >/dev/null 2>&1
+expert_pid() { # pid of expert-1
+  pgrep -f -- "--name expert-1( |$)" | head -n 1
+}
+for R in 2 1; do
+  "$S" up --ckpt "$TMP/ck" --experts 3 --workers 1 --replicas "$R" --max-seqs 8 --expert-timeout-ms 2000 --heartbeat-ms 200 \
+     >"$TMP/up.txt" 2>&1 || { bad "cluster (replicas $R) starts"; cat "$TMP/up.txt"; continue; }
+  pids=()
+  for i in 0 1 2 3; do
+    timeout 120 "$S" generate --prompt-tokens "$((i+1)),2,3,4,5" --max-tokens 400 --print-tokens >"$TMP/r$R-$i.out" 2>"$TMP/r$R-$i.err" &
+    pids+=($!)
+  done
+  sleep 1.0
+  kill -9 "$(expert_pid)"
+  failed=0; named=0; hung=0
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    [ $rc -eq 124 ] && hung=$((hung+1))
+    if [ $rc -ne 0 ]; then failed=$((failed+1)); grep -q "expert-1" "$TMP/r$R-$i.err" && named=$((named+1)); fi
+  done
+  check "[replicas $R] no request hangs" "[ $hung -eq 0 ]"
+  if [ "$R" = 2 ]; then
+    check "[replicas 2] every request completes after losing a server" "[ $failed -eq 0 ]"
+  else
+    check "[replicas 1] affected requests fail, each naming the lost server ($failed failed, $named named)" "[ $failed -ge 1 ] && [ $named -eq $failed ]"
+  fi
+  sleep 1.0 # two heartbeat periods: the coordinator drops the member and republishes
+  "$S" generate --prompt-tokens 7,8,9 --max-tokens 8 --print-tokens >"$TMP/after$R.out" 2>"$TMP/after$R.err"; rc=$?
+  check "[replicas $R] a new request completes after the map is republished" "[ $rc -eq 0 ]"
+  check "[replicas $R] /status shows the server dead and the placement complete" \
+    "curl -s http://$(http)/status | python3 -c 'import sys,json; j=json.load(sys.stdin); m=j[\"members\"]; assert sum(1 for x in m if x[\"role\"]==\"expert\" and not x[\"alive\"])==1 and j[\"placement\"][\"complete\"]'"
+  "$S" down >/dev/null 2>&1
+done
+finish
