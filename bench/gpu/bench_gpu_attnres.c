@@ -1,0 +1,98 @@
+/* Block AttnRes two-phase cost per layer on the GPU, as a share of the layer's time. Per layer:
+ * two phase-2 merges (attention and MLP sublayers, bf16 output for the next RMSNorm) plus phase 1
+ * amortised over the B layers of a block (m completed blocks, Q = 2B queries). The layer time is
+ * estimated from cuBLAS GEMMs of the layer's trunk projections (KDA q/k/v/f/g/β, o; router; latent
+ * down/up; shared expert), measured here — a lower bound of the layer, so the share is an upper
+ * bound (routed experts, attention core, norms left out). */
+#include <math.h>
+
+#include "bench_common.h"
+
+#define BTIME(ms_out, it, st)                                                  \
+    do {                                                                       \
+        for (int w_ = 0; w_ < 3; w_++) BK(st);                                 \
+        st_gpu_timer_t t_;                                                     \
+        BK(st_gpu_timer_init(&t_));                                            \
+        double v_[5];                                                          \
+        for (int r_ = 0; r_ < 5; r_++) {                                       \
+            BK(st_gpu_timer_start(&t_, &bs));                                  \
+            for (int i_ = 0; i_ < (it); i_++) BK(st);                          \
+            BK(st_gpu_timer_stop(&t_, &bs, &v_[r_]));                          \
+            v_[r_] /= (it);                                                    \
+        }                                                                      \
+        for (int a_ = 1; a_ < 5; a_++)                                         \
+            for (int b_ = a_; b_ > 0 && v_[b_ - 1] > v_[b_]; b_--) {           \
+                double x_ = v_[b_]; v_[b_] = v_[b_ - 1]; v_[b_ - 1] = x_;      \
+            }                                                                  \
+        st_gpu_timer_cleanup(&t_);                                             \
+        (ms_out) = v_[2];                                                      \
+    } while (0)
+
+typedef struct {
+    int d, kda_w, f_rank, H, n_exp, latent, shared_w; /* shared_w: shared expert width (gate = up) */
+} layer_t;
+
+static st_bf16_t *gx, *gw, *gy;
+
+/* trunk GEMMs of one KDA + MoE layer at T tokens: (in, out) pairs through st_cuda_linear */
+static double layer_gemm_ms(const layer_t *L, int T) {
+    int gemms[][2] = {
+        {L->d, 3 * L->kda_w + 2 * L->f_rank + L->H}, /* q, k, v, f_a, g_a, β */
+        {L->f_rank, L->kda_w},                       /* f_b */
+        {L->f_rank, L->kda_w},                       /* g_b */
+        {L->kda_w, L->d},                            /* o */
+        {L->d, L->n_exp + L->latent},                /* router + latent down */
+        {L->latent, L->d},                           /* latent up */
+        {L->d, 2 * L->shared_w},                     /* shared gate/up */
+        {L->shared_w, L->d},                         /* shared down */
+    };
+    double tot = 0;
+    for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++) {
+        double ms;
+        BTIME(ms, 10, st_cuda_linear(&bs, gy, false, gx, gw, T, gemms[i][1], gemms[i][0]));
+        tot += ms;
+    }
+    return tot;
+}
+
+static void bench(const layer_t *L, int T, int B, int m) {
+    int d = L->d, Q = 2 * B;
+    float **blk = malloc(sizeof(float *) * m);
+    for (int i = 0; i < m; i++) {
+        blk[i] = bdev(4 * (size_t)T * d);
+        BK(st_cuda_fill_uniform(&bs, blk[i], false, (size_t)T * d, -1.f, 1.f, 10 + i));
+    }
+    float *w = bdev(4 * (size_t)Q * d), *part = bdev(4 * (size_t)T * d), *st = bdev(8 * (size_t)T * Q),
+          *acc = bdev(4 * (size_t)T * Q * d);
+    st_bf16_t *ob = bdev(2 * (size_t)T * d);
+    BK(st_cuda_fill_uniform(&bs, w, false, (size_t)Q * d, -0.05f, 0.05f, 1));
+    BK(st_cuda_fill_uniform(&bs, part, false, (size_t)T * d, -1.f, 1.f, 2));
+    double p1, p2;
+    int it = T >= 4096 ? 5 : 50;
+    BTIME(p1, it, st_cuda_attnres_phase1(&bs, st, acc, (const float *const *)blk, m, w, Q, T, d, 1e-5f));
+    BTIME(p2, it, st_cuda_attnres_phase2(&bs, NULL, ob, part, st, acc, w, 0, Q, T, d, 1e-5f));
+    double per_layer = 2 * p2 + p1 / B, lay = layer_gemm_ms(L, T);
+    double b1 = (double)T * d * 4 * (m + Q), b2 = (double)T * d * (4 + 4 + 2);
+    printf("RESULT attnres d=%d T=%d m=%d Q=%d: phase1 %.1f us (%.0f GB/s), phase2 %.1f us (%.0f GB/s); per layer "
+           "%.1f us; layer trunk GEMMs %.1f us; share %.2f%%\n",
+           d, T, m, Q, p1 * 1e3, b1 / (p1 * 1e6), p2 * 1e3, b2 / (p2 * 1e6), per_layer * 1e3, lay * 1e3,
+           100.0 * per_layer / (lay + per_layer));
+    for (int i = 0; i < m; i++) st_gpu_free(blk[i]);
+    free(blk);
+    st_gpu_free(w), st_gpu_free(part), st_gpu_free(st), st_gpu_free(acc), st_gpu_free(ob);
+}
+
+int main(void) {
+    bench_init("bench_gpu_attnres", 1);
+    /* K3-like trunk (d 7168, KDA 96 heads × 128, 896 experts, latent 3584 = k3-mini, shared 2 × 3072)
+     * and the small preset (d 1024, 8 × 128, 64 experts, latent 512, shared 2 × 768) */
+    layer_t big = {7168, 12288, 128, 96, 896, 3584, 6144}, small = {1024, 1024, 128, 8, 64, 512, 1536};
+    size_t xb = (size_t)8192 * 12288 * 2, wb = (size_t)7168 * (3 * 12288 + 256 + 96) * 2;
+    gx = bdev(xb), gw = bdev(wb), gy = bdev((size_t)8192 * (3 * 12288 + 256 + 96) * 2);
+    BK(st_cuda_fill_uniform(&bs, gx, true, xb / 2, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, gw, true, wb / 2, -0.02f, 0.02f, 2));
+    static const int Ts[] = {32, 64, 128, 256, 8192};
+    for (int i = 0; i < 5; i++) bench(&big, Ts[i], 4, 12);
+    for (int i = 0; i < 5; i++) bench(&small, Ts[i], 4, 3);
+    return 0;
+}

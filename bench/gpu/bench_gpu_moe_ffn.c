@@ -1,0 +1,123 @@
+/* Latent-MoE path and MLA prefill on the GPU: grouped expert FFN TFLOP/s at the torch._grouped_mm
+ * peer shapes (bench/gpu/peers.py prints the peer in the same run), grouping / gather / combine /
+ * quantile router times, MLA causal prefill TFLOP/s; next to the copy and GEMM ceilings. */
+#include <math.h>
+#include <string.h>
+
+#include "bench_common.h"
+
+/* median over 5 repetitions of the mean of it calls; statement st runs with warm-up first */
+#define BTIME(ms_out, it, st)                                                  \
+    do {                                                                       \
+        for (int w_ = 0; w_ < 3; w_++) BK(st);                                 \
+        st_gpu_timer_t t_;                                                     \
+        BK(st_gpu_timer_init(&t_));                                            \
+        double v_[5];                                                          \
+        for (int r_ = 0; r_ < 5; r_++) {                                       \
+            BK(st_gpu_timer_start(&t_, &bs));                                  \
+            for (int i_ = 0; i_ < (it); i_++) BK(st);                          \
+            BK(st_gpu_timer_stop(&t_, &bs, &v_[r_]));                          \
+            v_[r_] /= (it);                                                    \
+        }                                                                      \
+        for (int a_ = 1; a_ < 5; a_++)                                         \
+            for (int b_ = a_; b_ > 0 && v_[b_ - 1] > v_[b_]; b_--) {           \
+                double x_ = v_[b_]; v_[b_] = v_[b_ - 1]; v_[b_ - 1] = x_;      \
+            }                                                                  \
+        st_gpu_timer_cleanup(&t_);                                             \
+        (ms_out) = v_[2];                                                      \
+    } while (0)
+
+static void bench_ffn(int E, int tpe, int l, int w) {
+    int N = E * tpe;
+    st_bf16_t *x = bdev((size_t)N * l * 2), *y = bdev((size_t)N * l * 2);
+    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
+    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)N * l, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    int *hoff = malloc(sizeof(int) * (E + 1));
+    for (int e = 0; e <= E; e++) hoff[e] = e * tpe;
+    int *off = bdev(sizeof(int) * (E + 1));
+    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
+    size_t wsb = st_cuda_moe_ffn_ws_bytes(N, w);
+    void *ws = bdev(wsb);
+    double ms;
+    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+    double fl = 6.0 * N * l * w;
+    printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM ceiling\n", E, tpe,
+           l, w, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
+    /* skewed load: half the experts empty, the other half double */
+    for (int e = 0; e <= E; e++) hoff[e] = 2 * tpe * ((e + 1) / 2);
+    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
+    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, 2 * tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+    printf("RESULT moe_ffn E=%d x %d l=%d w=%d, odd experts empty (2x on the rest): %.3f ms, %.1f TFLOP/s\n", E, tpe, l,
+           w, ms, fl / (ms * 1e9));
+    st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
+        st_gpu_free(ws);
+    free(hoff);
+}
+
+static void bench_dispatch(int T, int k, int E, int l) {
+    int *ids = bdev(sizeof(int) * T * k), *off = bdev(sizeof(int) * (E + 1)), *row = bdev(sizeof(int) * T * k),
+        *src = bdev(sizeof(int) * T * k), *cnt = bdev(sizeof(int) * T);
+    float *scores = bdev(4 * (size_t)T * E), *sc0 = bdev(4 * (size_t)T * E), *tau = bdev(4 * (size_t)E),
+          *p = bdev(4 * (size_t)T * k), *u = bdev(4 * (size_t)T * l);
+    st_bf16_t *z = bdev((size_t)T * l * 2), *xg = bdev((size_t)T * k * l * 2);
+    BK(st_cuda_fill_uniform(&bs, sc0, false, (size_t)T * E, -3.f, 3.f, 5));
+    BK(st_cuda_fill_uniform(&bs, tau, false, (size_t)E, 0.949f, 0.951f, 6));
+    BK(st_cuda_fill_uniform(&bs, z, true, (size_t)T * l, -1.f, 1.f, 7));
+    BK(st_cuda_fill_uniform(&bs, xg, true, (size_t)T * k * l, -1.f, 1.f, 8));
+    double ms;
+    /* the router applies σ in place: refill the logits before each call and subtract the fill */
+    double ms_fill;
+    BTIME(ms_fill, 10, st_cuda_fill_uniform(&bs, scores, false, (size_t)T * E, -3.f, 3.f, 5));
+    BTIME(ms, 10, (st_cuda_fill_uniform(&bs, scores, false, (size_t)T * E, -3.f, 3.f, 5),
+                   st_cuda_router_quantile(&bs, ids, p, cnt, scores, tau, T, E, k, true, 2.5f)));
+    printf("RESULT router_quantile T=%d n=%d kmax=%d: %.1f us\n", T, E, k, (ms - ms_fill) * 1e3);
+    size_t wsb = st_cuda_moe_group_ws_bytes(T, k, E);
+    void *ws = bdev(wsb + 1);
+    BTIME(ms, 10, st_cuda_moe_group(&bs, off, row, src, ids, cnt, T, k, E, ws, wsb));
+    printf("RESULT moe_group T=%d k=%d E=%d: %.1f us\n", T, k, E, ms * 1e3);
+    BTIME(ms, 10, st_cuda_moe_gather(&bs, xg, z, row, T, k, l));
+    int *hc = malloc(sizeof(int) * T);
+    BK(st_gpu_stream_sync(&bs));
+    BK(st_gpu_memcpy_d2h(hc, cnt, sizeof(int) * T));
+    long rows = 0;
+    for (int t = 0; t < T; t++) rows += hc[t];
+    double gb = (double)(rows + T) * l * 2;
+    printf("RESULT moe_gather T=%d l=%d (%ld rows): %.1f us, %.0f GB/s\n", T, l, rows, ms * 1e3, gb / (ms * 1e6));
+    BTIME(ms, 10, st_cuda_moe_combine(&bs, u, xg, p, row, cnt, T, k, l));
+    gb = (double)rows * l * 2 + (double)T * l * 4;
+    printf("RESULT moe_combine T=%d l=%d (%ld rows): %.1f us, %.0f GB/s\n", T, l, rows, ms * 1e3, gb / (ms * 1e6));
+    free(hc);
+    st_gpu_free(ids), st_gpu_free(off), st_gpu_free(row), st_gpu_free(src), st_gpu_free(cnt), st_gpu_free(scores),
+        st_gpu_free(sc0), st_gpu_free(tau), st_gpu_free(p), st_gpu_free(u), st_gpu_free(z), st_gpu_free(xg),
+        st_gpu_free(ws);
+}
+
+static void bench_mla_prefill(int T, int H) {
+    int n = T;
+    st_bf16_t *q = bdev((size_t)T * H * 192 * 2), *k = bdev((size_t)n * H * 192 * 2), *v = bdev((size_t)n * H * 128 * 2),
+              *o = bdev((size_t)T * H * 128 * 2);
+    BK(st_cuda_fill_uniform(&bs, q, true, (size_t)T * H * 192, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, k, true, (size_t)n * H * 192, -1.f, 1.f, 2));
+    BK(st_cuda_fill_uniform(&bs, v, true, (size_t)n * H * 128, -1.f, 1.f, 3));
+    double ms;
+    BTIME(ms, 5, st_cuda_mla_prefill(&bs, o, q, k, v, T, n, H, 192, 128, 1.f / sqrtf(192.f)));
+    double fl = 2.0 * H * ((double)T * (T + 1) / 2) * (192 + 128); /* causal pairs */
+    printf("RESULT mla_prefill T=n=%d H=%d dqk=192 dv=128: %.3f ms, %.1f TFLOP/s (causal) = %.1f%% of GEMM ceiling\n",
+           T, H, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
+    st_gpu_free(q), st_gpu_free(k), st_gpu_free(v), st_gpu_free(o);
+}
+
+int main(void) {
+    bench_init("bench_gpu_moe_ffn", 1);
+    bench_ffn(64, 128, 1024, 512);
+    bench_ffn(64, 512, 1024, 512);
+    bench_ffn(16, 2048, 2048, 1024);
+    bench_dispatch(256, 16, 896, 1024);
+    bench_dispatch(8192, 16, 896, 1024);
+    bench_mla_prefill(4096, 16);
+    bench_mla_prefill(8192, 16);
+    return 0;
+}

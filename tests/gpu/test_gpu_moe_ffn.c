@@ -1,0 +1,286 @@
+/* Latent-MoE path on the GPU vs the CPU: routing → grouping (offsets and rows exactly), gather
+ * (bytes exactly), grouped expert FFN vs st_ffn per expert (bf16 and MXFP4 weights, empty experts,
+ * partial tiles), MXFP4 → bf16 vs st_weight_rows_f32 (exactly), combine vs the CPU engine's
+ * moe_finish loop (bit-exact), quantile router vs st_route_quantile (ids and counts exactly). */
+#include <math.h>
+#include <string.h>
+
+#include "gpu_test.h"
+#include "strata/kernels.h"
+
+/* ---------------- grouping, gather, combine ---------------- */
+/* CPU grouping: rows by expert, (t, i) ascending within an expert (what the launcher promises). */
+static void cpu_group(int *offsets, int *row_of, int *src_of, const int *ids, const int *cnt, int T, int kmax, int E) {
+    memset(offsets, 0, sizeof(int) * (E + 1));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++) offsets[ids[t * kmax + i] + 1]++;
+    for (int e = 0; e < E; e++) offsets[e + 1] += offsets[e];
+    int *fill = gt_xmalloc(sizeof(int) * E);
+    memcpy(fill, offsets, sizeof(int) * E);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < kmax; i++) {
+            if (i >= cnt[t]) {
+                row_of[t * kmax + i] = -1;
+                continue;
+            }
+            int r = fill[ids[t * kmax + i]]++;
+            row_of[t * kmax + i] = r;
+            src_of[r] = t;
+        }
+    free(fill);
+}
+
+/* random routing: cnt[t] in 0..kmax (or kmax when full), ids distinct ascending in 0..E-1 */
+static void random_routing(int *ids, int *cnt, float *p, int T, int kmax, int E, bool full, st_rng_t *r) {
+    for (int t = 0; t < T; t++) {
+        int c = full ? kmax : (int)(st_rng_uniform(r) * (kmax + 1));
+        if (c > kmax) c = kmax;
+        if (c > E) c = E;
+        cnt[t] = c;
+        int n = 0;
+        for (int e = 0; e < E && n < c; e++) /* selection sampling: c of E, ascending */
+            if (st_rng_uniform(r) * (E - e) < (c - n)) ids[t * kmax + n++] = e;
+        for (int i = 0; i < kmax; i++) {
+            if (i >= c) ids[t * kmax + i] = -1;
+            p[t * kmax + i] = i < c ? (float)st_rng_uniform(r) : 0.f;
+        }
+    }
+}
+
+static void dispatch_combine_case(int T, int kmax, int E, int l, bool full, uint64_t seed) {
+    st_rng_t r = {seed};
+    int *ids = gt_xmalloc(sizeof(int) * T * kmax), *cnt = gt_xmalloc(sizeof(int) * T);
+    float *p = gt_xmalloc(4 * (size_t)T * kmax);
+    random_routing(ids, cnt, p, T, kmax, E, full, &r);
+    int *off = gt_xmalloc(sizeof(int) * (E + 1)), *row = gt_xmalloc(sizeof(int) * T * kmax),
+        *src = gt_xmalloc(sizeof(int) * (T * kmax + 1));
+    cpu_group(off, row, src, ids, cnt, T, kmax, E);
+    int N = off[E];
+    int *d_ids = gt_up(ids, sizeof(int) * T * kmax), *d_cnt = gt_up(cnt, sizeof(int) * T);
+    int *d_off = gt_dev(sizeof(int) * (E + 1)), *d_row = gt_dev(sizeof(int) * T * kmax),
+        *d_src = gt_dev(sizeof(int) * (T * kmax + 1));
+    size_t wsb = st_cuda_moe_group_ws_bytes(T, kmax, E);
+    void *d_ws = gt_dev(wsb + 1);
+    GT_OK(st_cuda_moe_group(&gt_stream, d_off, d_row, d_src, d_ids, full ? NULL : d_cnt, T, kmax, E, d_ws, wsb));
+    int *g_off = gt_xmalloc(sizeof(int) * (E + 1)), *g_row = gt_xmalloc(sizeof(int) * T * kmax),
+        *g_src = gt_xmalloc(sizeof(int) * (T * kmax + 1));
+    gt_down(g_off, d_off, sizeof(int) * (E + 1));
+    gt_down(g_row, d_row, sizeof(int) * T * kmax);
+    gt_down(g_src, d_src, sizeof(int) * (T * kmax + 1));
+    CHECK(memcmp(g_off, off, sizeof(int) * (E + 1)) == 0, "moe_group T=%d k=%d E=%d: offsets differ", T, kmax, E);
+    CHECK(memcmp(g_row, row, sizeof(int) * T * kmax) == 0, "moe_group T=%d k=%d E=%d: row_of differs", T, kmax, E);
+    CHECK(N == 0 || memcmp(g_src, src, sizeof(int) * N) == 0, "moe_group T=%d k=%d E=%d: src_of differs", T, kmax, E);
+
+    /* gather */
+    uint16_t *z = gt_xmalloc(2 * (size_t)T * l), *xg = gt_xmalloc(2 * ((size_t)N + 1) * l),
+             *g_xg = gt_xmalloc(2 * ((size_t)N + 1) * l);
+    float *tmp = gt_xmalloc(4 * ((size_t)T + N + 1) * l);
+    gt_randn_bf(tmp, z, (size_t)T * l, 1.f, &r);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++) memcpy(xg + (size_t)row[t * kmax + i] * l, z + (size_t)t * l, 2 * (size_t)l);
+    uint16_t *d_z = gt_up(z, 2 * (size_t)T * l), *d_xg = gt_dev(2 * ((size_t)N + 1) * l);
+    GT_OK(st_cuda_moe_gather(&gt_stream, d_xg, d_z, d_row, T, kmax, l));
+    gt_down(g_xg, d_xg, 2 * (size_t)N * l);
+    CHECK(N == 0 || memcmp(g_xg, xg, 2 * (size_t)N * l) == 0, "moe_gather T=%d k=%d l=%d: rows differ", T, kmax, l);
+
+    /* combine: y random bf16 [N, l]; reference = engine.c moe_finish's loop */
+    uint16_t *y = gt_xmalloc(2 * ((size_t)N + 1) * l);
+    float *yf = gt_xmalloc(4 * ((size_t)N + 1) * l), *u = gt_xmalloc(4 * (size_t)T * l),
+          *g_u = gt_xmalloc(4 * (size_t)T * l);
+    gt_randn_bf(yf, y, (size_t)N * l, 1.f, &r);
+    for (int t = 0; t < T; t++) {
+        float *ut = u + (size_t)t * l;
+        memset(ut, 0, 4 * (size_t)l);
+        for (int i = 0; i < cnt[t]; i++) {
+            float pp = p[t * kmax + i];
+            const float *yy = yf + (size_t)row[t * kmax + i] * l;
+            for (int q = 0; q < l; q++) ut[q] += pp * yy[q];
+        }
+    }
+    uint16_t *d_y = gt_up(y, 2 * ((size_t)N + 1) * l);
+    float *d_p = gt_up(p, 4 * (size_t)T * kmax), *d_u = gt_dev(4 * (size_t)T * l);
+    GT_OK(st_cuda_moe_combine(&gt_stream, d_u, d_y, d_p, d_row, full ? NULL : d_cnt, T, kmax, l));
+    gt_down(g_u, d_u, 4 * (size_t)T * l);
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)T * l; i++) diff += memcmp(&g_u[i], &u[i], 4) != 0;
+    CHECK(diff == 0, "moe_combine T=%d k=%d l=%d: %zu values not bit-identical", T, kmax, l, diff);
+    printf("info group/gather/combine T=%d kmax=%d E=%d l=%d rows=%d full=%d\n", T, kmax, E, l, N, full);
+    st_gpu_free(d_ids), st_gpu_free(d_cnt), st_gpu_free(d_off), st_gpu_free(d_row), st_gpu_free(d_src);
+    st_gpu_free(d_ws), st_gpu_free(d_z), st_gpu_free(d_xg), st_gpu_free(d_y), st_gpu_free(d_p), st_gpu_free(d_u);
+    free(ids), free(cnt), free(p), free(off), free(row), free(src), free(g_off), free(g_row), free(g_src);
+    free(z), free(xg), free(g_xg), free(tmp), free(y), free(yf), free(u), free(g_u);
+}
+
+/* ---------------- MXFP4 ---------------- */
+static void random_mxfp4(uint8_t *codes, uint8_t *scale, int rows, int cols, st_rng_t *r) {
+    for (size_t i = 0; i < (size_t)rows * cols / 2; i++) codes[i] = (uint8_t)(st_rng_uniform(r) * 256);
+    for (size_t i = 0; i < (size_t)rows * cols / 32; i++) scale[i] = (uint8_t)(118 + st_rng_uniform(r) * 8);
+}
+
+static void mxfp4_case(int rows, int cols, uint64_t seed) {
+    st_rng_t r = {seed};
+    uint8_t *codes = gt_xmalloc((size_t)rows * cols / 2), *scale = gt_xmalloc((size_t)rows * cols / 32);
+    random_mxfp4(codes, scale, rows, cols, &r);
+    if (rows * cols >= 64) scale[0] = 0, scale[1] = 254; /* extremes: 2^-127 (subnormal) and 2^127 */
+    st_weight_t W = {.dtype = ST_DT_MXFP4, .rows = rows, .cols = cols, .data = codes, .scale = scale};
+    float *ref = gt_xmalloc(4 * (size_t)rows * cols);
+    st_weight_rows_f32(&W, 0, rows, ref);
+    uint8_t *d_c = gt_up(codes, (size_t)rows * cols / 2), *d_s = gt_up(scale, (size_t)rows * cols / 32);
+    uint16_t *d_o = gt_dev(2 * (size_t)rows * cols), *got = gt_xmalloc(2 * (size_t)rows * cols);
+    GT_OK(st_cuda_mxfp4_to_bf16(&gt_stream, d_o, d_c, d_s, rows, cols));
+    gt_down(got, d_o, 2 * (size_t)rows * cols);
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        float g = st_bf16_to_f32(got[i]);
+        diff += memcmp(&g, &ref[i], 4) != 0 && !(g == 0.f && ref[i] == 0.f);
+    }
+    CHECK(diff == 0, "mxfp4_to_bf16 %dx%d: %zu values differ", rows, cols, diff);
+    printf("info mxfp4_to_bf16 %dx%d exact\n", rows, cols);
+    st_gpu_free(d_c), st_gpu_free(d_s), st_gpu_free(d_o);
+    free(codes), free(scale), free(ref), free(got);
+}
+
+/* ---------------- grouped expert FFN ---------------- */
+static void ffn_case(int E, const int *counts, int l, int w, bool situ, bool mxfp4, uint64_t seed) {
+    st_rng_t r = {seed};
+    int *off = gt_xmalloc(sizeof(int) * (E + 1)), maxc = 0;
+    off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        off[e + 1] = off[e] + counts[e];
+        if (counts[e] > maxc) maxc = counts[e];
+    }
+    int N = off[E];
+    size_t n13 = (size_t)E * w * l, n2 = (size_t)E * l * w;
+    float *x = gt_xmalloc(4 * ((size_t)N * l + 1)), *w1f = gt_xmalloc(4 * n13), *w3f = gt_xmalloc(4 * n13),
+          *w2f = gt_xmalloc(4 * n2);
+    uint16_t *xb = gt_xmalloc(2 * ((size_t)N * l + 1)), *w1b = gt_xmalloc(2 * n13), *w3b = gt_xmalloc(2 * n13),
+             *w2b = gt_xmalloc(2 * n2);
+    gt_randn_bf(x, xb, (size_t)N * l, 1.f, &r);
+    uint16_t *d_w1, *d_w3, *d_w2;
+    uint8_t *c1 = NULL, *c3 = NULL, *c2 = NULL, *s1 = NULL, *s3 = NULL, *s2 = NULL;
+    if (!mxfp4) {
+        gt_randn_bf(w1f, w1b, n13, 1.f / sqrtf((float)l), &r);
+        gt_randn_bf(w3f, w3b, n13, 1.f / sqrtf((float)l), &r);
+        gt_randn_bf(w2f, w2b, n2, 1.f / sqrtf((float)w), &r);
+        d_w1 = gt_up(w1b, 2 * n13), d_w3 = gt_up(w3b, 2 * n13), d_w2 = gt_up(w2b, 2 * n2);
+    } else { /* per expert MXFP4, converted on the device into the stacked bf16 weights */
+        c1 = gt_xmalloc(n13 / 2), c3 = gt_xmalloc(n13 / 2), c2 = gt_xmalloc(n2 / 2);
+        s1 = gt_xmalloc(n13 / 32), s3 = gt_xmalloc(n13 / 32), s2 = gt_xmalloc(n2 / 32);
+        random_mxfp4(c1, s1, E * w, l, &r), random_mxfp4(c3, s3, E * w, l, &r), random_mxfp4(c2, s2, E * l, w, &r);
+        d_w1 = gt_dev(2 * n13), d_w3 = gt_dev(2 * n13), d_w2 = gt_dev(2 * n2);
+        uint8_t *dc = gt_up(c1, n13 / 2), *ds = gt_up(s1, n13 / 32);
+        GT_OK(st_cuda_mxfp4_to_bf16(&gt_stream, d_w1, dc, ds, E * w, l));
+        GT_OK(st_gpu_stream_sync(&gt_stream));
+        st_gpu_free(dc), st_gpu_free(ds);
+        dc = gt_up(c3, n13 / 2), ds = gt_up(s3, n13 / 32);
+        GT_OK(st_cuda_mxfp4_to_bf16(&gt_stream, d_w3, dc, ds, E * w, l));
+        GT_OK(st_gpu_stream_sync(&gt_stream));
+        st_gpu_free(dc), st_gpu_free(ds);
+        dc = gt_up(c2, n2 / 2), ds = gt_up(s2, n2 / 32);
+        GT_OK(st_cuda_mxfp4_to_bf16(&gt_stream, d_w2, dc, ds, E * l, w));
+        GT_OK(st_gpu_stream_sync(&gt_stream));
+        st_gpu_free(dc), st_gpu_free(ds);
+    }
+    float *yref = gt_xmalloc(4 * ((size_t)N * l + 1)), *got = gt_xmalloc(4 * ((size_t)N * l + 1));
+    float *ws = gt_xmalloc(4 * st_ffn_ws_floats(maxc > 0 ? maxc : 1,
+                                                &(st_weight_t){.dtype = ST_DT_BF16, .rows = w, .cols = l},
+                                                &(st_weight_t){.dtype = ST_DT_BF16, .rows = w, .cols = l},
+                                                &(st_weight_t){.dtype = ST_DT_BF16, .rows = l, .cols = w}));
+    for (int e = 0; e < E; e++) {
+        if (!counts[e]) continue;
+        st_weight_t g, u, d;
+        if (!mxfp4) {
+            g = (st_weight_t){.dtype = ST_DT_BF16, .rows = w, .cols = l, .data = w1b + (size_t)e * w * l};
+            u = (st_weight_t){.dtype = ST_DT_BF16, .rows = w, .cols = l, .data = w3b + (size_t)e * w * l};
+            d = (st_weight_t){.dtype = ST_DT_BF16, .rows = l, .cols = w, .data = w2b + (size_t)e * l * w};
+        } else {
+            g = (st_weight_t){ST_DT_MXFP4, w, l, c1 + (size_t)e * w * l / 2, s1 + (size_t)e * w * l / 32};
+            u = (st_weight_t){ST_DT_MXFP4, w, l, c3 + (size_t)e * w * l / 2, s3 + (size_t)e * w * l / 32};
+            d = (st_weight_t){ST_DT_MXFP4, l, w, c2 + (size_t)e * l * w / 2, s2 + (size_t)e * l * w / 32};
+        }
+        st_ffn(yref + (size_t)off[e] * l, x + (size_t)off[e] * l, counts[e], &g, &u, &d,
+               situ ? ST_ACT_SITU : ST_ACT_SILU, 4.f, 25.f, ws);
+    }
+    int *d_off = gt_up(off, sizeof(int) * (E + 1));
+    uint16_t *d_x = gt_up(xb, 2 * ((size_t)N * l + 1)), *d_y = gt_dev(2 * ((size_t)N * l + 1));
+    uint16_t *yb = gt_xmalloc(2 * ((size_t)N * l + 1));
+    size_t wsb = st_cuda_moe_ffn_ws_bytes(N, w);
+    void *d_ws = gt_dev(wsb);
+    GT_OK(st_cuda_moe_ffn(&gt_stream, d_y, d_x, d_off, E, N, maxc, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f, d_ws, wsb));
+    gt_down(yb, d_y, 2 * (size_t)N * l);
+    gt_from_bf(got, yb, (size_t)N * l);
+    char what[128];
+    snprintf(what, sizeof what, "moe_ffn E=%d N=%d l=%d w=%d %s %s", E, N, l, w, situ ? "situ" : "silu",
+             mxfp4 ? "mxfp4" : "bf16");
+    if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+    st_gpu_free(d_off), st_gpu_free(d_x), st_gpu_free(d_y), st_gpu_free(d_ws);
+    st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2);
+    free(off), free(x), free(w1f), free(w3f), free(w2f), free(xb), free(w1b), free(w3b), free(w2b);
+    free(c1), free(c3), free(c2), free(s1), free(s3), free(s2), free(yref), free(got), free(ws), free(yb);
+}
+
+/* ---------------- quantile router ---------------- */
+static void quantile_case(int T, int n, int kmax, float tau_lo, float tau_hi, bool renorm, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t N = (size_t)T * n;
+    float *s = gt_xmalloc(4 * N), *tau = gt_xmalloc(4 * n), *w_ref = gt_xmalloc(4 * (size_t)T * kmax),
+          *w_got = gt_xmalloc(4 * (size_t)T * kmax), *s_host = gt_xmalloc(4 * N);
+    int *id_ref = gt_xmalloc(sizeof(int) * T * kmax), *id_got = gt_xmalloc(sizeof(int) * T * kmax),
+        *c_ref = gt_xmalloc(sizeof(int) * T), *c_got = gt_xmalloc(sizeof(int) * T);
+    for (size_t i = 0; i < N; i++) s[i] = 2.f * st_rng_normal(&r);
+    for (int j = 0; j < n; j++) tau[j] = tau_lo + (tau_hi - tau_lo) * (float)st_rng_uniform(&r);
+    float *d_s = gt_up(s, 4 * N), *d_tau = gt_up(tau, 4 * n), *d_w = gt_dev(4 * (size_t)T * kmax);
+    int *d_id = gt_dev(sizeof(int) * T * kmax), *d_c = gt_dev(sizeof(int) * T);
+    st_router_sigmoid(s, T, n);
+    st_route_quantile(id_ref, w_ref, c_ref, s, tau, T, n, kmax, renorm, 2.5f);
+    GT_OK(st_cuda_router_quantile(&gt_stream, d_id, d_w, d_c, d_s, d_tau, T, n, kmax, renorm, 2.5f));
+    GT_OK(st_cuda_router_scores_to_host(&gt_stream, s_host, d_s, T, n)); /* pageable here: still correct */
+    gt_down(id_got, d_id, sizeof(int) * T * kmax);
+    gt_down(w_got, d_w, 4 * (size_t)T * kmax);
+    gt_down(c_got, d_c, sizeof(int) * T);
+    int did = 0, dc = 0;
+    long active = 0;
+    for (int i = 0; i < T * kmax; i++) did += id_got[i] != id_ref[i];
+    for (int t = 0; t < T; t++) dc += c_got[t] != c_ref[t], active += c_ref[t];
+    CHECK(did == 0 && dc == 0, "router_quantile T=%d n=%d kmax=%d: %d ids, %d counts differ", T, n, kmax, did, dc);
+    char what[128];
+    snprintf(what, sizeof what, "router_quantile T=%d n=%d kmax=%d tau [%.2f,%.2f] (mean cnt %.2f): w", T, n, kmax,
+             tau_lo, tau_hi, (double)active / T);
+    st_t_close(what, w_got, w_ref, (size_t)T * kmax, 1e-5, 1e-6);
+    st_t_close("router_quantile scores to host", s_host, s, N, 1e-5, 1e-6);
+    st_gpu_free(d_s), st_gpu_free(d_tau), st_gpu_free(d_w), st_gpu_free(d_id), st_gpu_free(d_c);
+    free(s), free(tau), free(w_ref), free(w_got), free(s_host), free(id_ref), free(id_got), free(c_ref), free(c_got);
+}
+
+int main(void) {
+    gt_init_or_skip("test_gpu_moe_ffn");
+    dispatch_combine_case(1, 4, 16, 64, false, 1);
+    dispatch_combine_case(37, 8, 64, 520, false, 2);
+    dispatch_combine_case(300, 8, 896, 1024, false, 3);
+    dispatch_combine_case(2000, 16, 128, 72, true, 4);
+    dispatch_combine_case(5, 4, 3, 1100, false, 5);
+
+    mxfp4_case(3, 32, 1);
+    mxfp4_case(64, 1024, 2);
+
+    static const int c1[] = {0, 1, 130, 17};
+    ffn_case(4, c1, 64, 32, true, false, 1);
+    static const int c2[] = {5, 0, 0, 300, 128, 129, 1, 64};
+    ffn_case(8, c2, 256, 128, false, false, 2);
+    static const int c3[] = {300, 0, 129};
+    ffn_case(3, c3, 72, 40, true, false, 3);
+    static const int c4[] = {0, 0};
+    ffn_case(2, c4, 64, 64, true, false, 4); /* every expert empty */
+    static const int c5[] = {33, 0, 200, 7};
+    ffn_case(4, c5, 128, 96, true, true, 5); /* MXFP4 weights dequantised on the device */
+    int c6[16];
+    for (int e = 0; e < 16; e++) c6[e] = e == 3 ? 0 : 64 + 29 * e;
+    ffn_case(16, c6, 1024, 512, true, false, 6);
+
+    quantile_case(1, 8, 4, 0.4f, 0.6f, true, 1);
+    quantile_case(100, 896, 16, 0.85f, 0.95f, true, 2); /* ~8 active of 896 */
+    quantile_case(64, 384, 8, 0.0f, 0.0f, true, 3);     /* all active: capped at kmax by s − τ */
+    quantile_case(33, 64, 8, 2.0f, 2.0f, true, 4);      /* none active: cnt 0 */
+    quantile_case(257, 256, 64, 0.6f, 0.9f, false, 5);
+    return st_test_done();
+}
