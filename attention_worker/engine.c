@@ -6,6 +6,9 @@
 #include <stdlib.h>
 
 #include "engine_impl.h"
+#ifdef STRATA_WITH_CUDA
+#include "engine_gpu.h"
+#endif
 
 #define MLA_NORM_EPS 1e-6f /* q_a_layernorm / kv_a_layernorm (checkpoint-layout §5.4) */
 #define L2_EPS 1e-6f
@@ -17,6 +20,7 @@ typedef struct {
 } st_block_q_t;
 
 struct st_engine {
+    struct st_egpu *gpu; /* the GPU engine (opts.device >= 0); everything else unused then */
     st_config_t c;
     const st_ckpt_t *ck;
     st_engine_opts_t o;
@@ -145,6 +149,7 @@ void st_engine_opts_default(st_engine_opts_t *o) {
     o->max_ctx = 2048;
     o->kv_page_size = 64;
     o->routing = ST_ROUTE_TOPK;
+    o->device = -1;
 }
 
 static st_status_t build_attnres_queries(st_engine_t *e) {
@@ -188,6 +193,19 @@ st_status_t st_engine_create(st_engine_t **out, const st_ckpt_t *ck, const st_en
     st_status_t s;
     st_engine_t *e = calloc(1, sizeof *e);
     if (!e) return ST_FAIL(ST_ERR_NO_MEMORY, "engine");
+    if (opts->device >= 0) {
+#ifdef STRATA_WITH_CUDA
+        e->c = *st_ckpt_config(ck);
+        e->o = *opts;
+        s = st_egpu_create(&e->gpu, ck, opts);
+        if (s != ST_OK) { free(e); return s; }
+        *out = e;
+        return ST_OK;
+#else
+        free(e);
+        return ST_FAIL(ST_ERR_INVALID_ARG, "engine: device cuda:%d asked for, but Strata was built without CUDA", opts->device);
+#endif
+    }
     e->c = *st_ckpt_config(ck);
     e->ck = ck;
     e->o = *opts;
@@ -273,6 +291,9 @@ err_free:
 }
 
 void st_engine_destroy(st_engine_t *e) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_destroy(e->gpu); free(e); return; }
+#endif
     if (!e) return;
     st_engine_mb_destroy(e->mb);
     free(e->seq_busy);
@@ -290,6 +311,9 @@ const st_config_t *st_engine_config(const st_engine_t *e) { return &e->c; }
 /* ------------------------------------------------------------------ sequences */
 
 st_status_t st_engine_seq_open(st_engine_t *e, int *slot) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) return st_egpu_seq_open(e->gpu, slot);
+#endif
     for (int i = 0; i < e->o.max_seqs; i++) {
         if (e->seq_used[i]) continue;
         e->seq_used[i] = true;
@@ -303,6 +327,9 @@ st_status_t st_engine_seq_open(st_engine_t *e, int *slot) {
 }
 
 void st_engine_seq_close(st_engine_t *e, int slot) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_seq_close(e->gpu, slot); return; }
+#endif
     if (slot < 0 || slot >= e->o.max_seqs || !e->seq_used[slot]) return;
     if (e->seq_busy[slot]) { /* our own invariant: the scheduler closes sequences between steps */
         st_log_error("engine: slot %d closed while its micro-batch is in flight; ignored", slot);
@@ -319,10 +346,16 @@ void st_engine_seq_close(st_engine_t *e, int slot) {
 }
 
 int st_engine_seq_len(const st_engine_t *e, int slot) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) return st_egpu_seq_len(e->gpu, slot);
+#endif
     return (slot >= 0 && slot < e->o.max_seqs && e->seq_used[slot]) ? e->seq_len[slot] : -1;
 }
 
 void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_set_thresholds(e->gpu, tau, version); return; }
+#endif
     if (!tau) {
         e->tau_set = false;
         return;
@@ -333,6 +366,9 @@ void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version
 }
 
 void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_set_route_hook(e->gpu, fn, ctx); return; }
+#endif
     e->hook = fn;
     e->hook_ctx = ctx;
 }
@@ -545,6 +581,7 @@ static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int T, st_bufs_t *
 
 struct st_engine_mb {
     st_engine_t *e;
+    struct st_egpu_mb *gpu; /* the GPU engine's micro-batch (e->gpu set) */
     st_arena_t arena;
     st_bufs_t b;
     st_ent_t *ents;
@@ -556,6 +593,17 @@ struct st_engine_mb {
 };
 
 st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) {
+        st_engine_mb_t *g = calloc(1, sizeof *g);
+        if (!g) return ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
+        g->e = e;
+        st_status_t sg = st_egpu_mb_create(e->gpu, &g->gpu);
+        if (sg != ST_OK) { free(g); return sg; }
+        *out = g;
+        return ST_OK;
+    }
+#endif
     st_engine_mb_t *mb = calloc(1, sizeof *mb);
     if (!mb) return ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
     mb->e = e;
@@ -574,6 +622,9 @@ st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out) {
 }
 
 void st_engine_mb_destroy(st_engine_mb_t *mb) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) { st_egpu_mb_destroy(mb->gpu); free(mb); return; }
+#endif
     if (!mb) return;
     st_arena_cleanup(&mb->arena);
     free(mb->ents);
@@ -629,6 +680,9 @@ static void grow_pages(st_engine_t *e, const st_ent_t *en) {
 }
 
 st_status_t st_engine_mb_begin(st_engine_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) return st_egpu_mb_begin(mb->gpu, seqs, n_seqs, logits);
+#endif
     st_engine_t *e = mb->e;
     if (mb->busy) return ST_FAIL(ST_ERR_INVALID_ARG, "micro-batch is still in flight");
     int T = 0;
@@ -687,6 +741,9 @@ static void finish_step(st_engine_mb_t *mb) {
 }
 
 int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) return st_egpu_mb_advance(mb->gpu, work);
+#endif
     st_engine_t *e = mb->e;
     const st_config_t *c = &e->c;
     st_bufs_t *b = &mb->b;
@@ -753,6 +810,9 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
 }
 
 void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *w) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) { st_egpu_mb_run_local(mb->gpu, w); return; }
+#endif
     st_engine_t *e = mb->e;
     const st_config_t *c = &e->c;
     st_bufs_t *b = &mb->b;
@@ -783,6 +843,9 @@ void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *w) {
 }
 
 st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) return st_egpu_step(e->gpu, seqs, n_seqs, logits);
+#endif
     if (!e->mb) return ST_FAIL(ST_ERR_INVALID_ARG, "engine: st_engine_step needs local experts");
     st_status_t s = st_engine_mb_begin(e->mb, seqs, n_seqs, logits);
     if (s != ST_OK) return s;
@@ -791,4 +854,9 @@ st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seq
     return ST_OK;
 }
 
-void st_engine_get_stats(const st_engine_t *e, st_engine_stats_t *out) { *out = e->stats; }
+void st_engine_get_stats(const st_engine_t *e, st_engine_stats_t *out) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_get_stats(e->gpu, out); return; }
+#endif
+    *out = e->stats;
+}

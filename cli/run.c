@@ -64,6 +64,12 @@ int st_cmd_run(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--top-k"))) sp.top_k = atoi(v);
         else if ((v = st_cli_opt(argc, argv, &i, "--seed"))) seed = strtoull(v, NULL, 10);
         else if ((v = st_cli_opt(argc, argv, &i, "--dump-logits"))) dump = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--device"))) {
+            char *end = NULL;
+            if (!strcmp(v, "cpu")) eo.device = -1;
+            else if (!strncmp(v, "cuda:", 5) && (eo.device = (int)strtol(v + 5, &end, 10)) >= 0 && end != v + 5 && !*end) {}
+            else { fprintf(stderr, "strata run: --device must be cpu or cuda:N\n"); return 2; }
+        }
         else if ((v = st_cli_opt(argc, argv, &i, "--routing"))) {
             if (!strcmp(v, "topk")) eo.routing = ST_ROUTE_TOPK;
             else if (!strcmp(v, "quantile")) eo.routing = ST_ROUTE_QUANTILE;

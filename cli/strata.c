@@ -34,7 +34,7 @@ static void usage(void) {
             "  ckpt inspect DIR\n"
             "  run --ckpt DIR (--prompt TEXT | --prompt-tokens 1,2,3 | --batch-file FILE) --max-tokens N\n"
             "      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE.npy]\n"
-            "      [--routing topk|quantile] [--ignore-eos] [--print-tokens]\n"
+            "      [--routing topk|quantile] [--ignore-eos] [--print-tokens] [--device cpu|cuda:N]\n"
             "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--state DIR]\n"
             "  generate (--prompt TEXT | --prompt-tokens 1,2,3) [--max-tokens N] [--temperature T] [--top-p P]\n"

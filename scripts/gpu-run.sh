@@ -44,3 +44,9 @@ fi
     grep -h "^RESULT" "$RES"/*.log | sed -E 's/^RESULT (.*)/| \1 |/'
 } | tee "$RES/summary.md"
 echo "logs: $RES"
+# GPU engine (attention_worker/engine_gpu.c): test_gpu_engine runs in the ctest above and
+# bench_gpu_e2e with the benchmarks; ST_K3MINI=1 also loads and runs k3-mini (~7 GB) on the GPU.
+if [ -n "${ST_K3MINI:-}" ] && [ -x "$BUILD/tests/test_gpu_engine" ]; then
+    STRATA_GPU_K3MINI=1 STRATA_TEST_TMP=${STRATA_TEST_TMP:-/tmp} "$BUILD/tests/test_gpu_engine" >"$RES/test_gpu_engine_k3mini.log" 2>&1
+    echo "rc=$?" >>"$RES/test_gpu_engine_k3mini.log"
+fi

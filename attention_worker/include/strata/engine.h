@@ -28,6 +28,7 @@ typedef struct {
     st_route_mode_t routing;
     int k_max;            /* quantile mode: most experts per token (0 = 2k) */
     bool remote_experts;  /* routed experts run elsewhere (micro-batch API); none are bound here */
+    int device;           /* -1 = CPU (default); N = the GPU engine on cuda:N (built with CUDA) */
 } st_engine_opts_t;
 
 void st_engine_opts_default(st_engine_opts_t *o);

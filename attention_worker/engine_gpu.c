@@ -1,0 +1,993 @@
+/* The GPU engine: SPEC §2–9 over a batch of sequences on one CUDA device, the same layer walk and
+ * AttnRes two-phase bookkeeping as engine.c, with bf16 weights/activations (fp32 accumulation),
+ * an fp32 residual stream and AttnRes sources, fp32 KDA state and a paged bf16 MLA latent cache.
+ * Every device buffer is sized at creation; a step allocates nothing. Routed experts run on the
+ * device (grouped by expert), or are handed off through pinned host buffers (micro-batch API).
+ * Not the kernels (kernels/ and engine_gpu_kernels.cu) nor the scheduler. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_gpu.h"
+#include "engine_impl.h"
+
+#define MLA_NORM_EPS 1e-6f /* q_a_layernorm / kv_a_layernorm (checkpoint-layout §5.4) */
+#define L2_EPS 1e-6f
+#define MLA_SPLIT 512     /* split-KV length of the absorbed decode kernel */
+#define LOGIT_ROWS 256    /* lm_head rows per chunk */
+
+typedef struct {
+    float *in_norm, *post_norm; /* [d] */
+    /* KDA: one GEMM for q|k|v, one for the other projections of x (aux = f_a | b | g or g_a) */
+    st_bf16_t *w_qkv;           /* [3P, d] */
+    st_bf16_t *w_aux;           /* [naux, d] */
+    int naux, off_b, off_g;     /* column offsets inside aux rows */
+    st_bf16_t *w_fb;            /* [P, f_rank] */
+    st_bf16_t *w_gb;            /* [H*dv, g_rank] or NULL (full-rank gate inside aux) */
+    float *conv_w;              /* [3P, K] */
+    float *A_log, *dt_bias, *o_norm;
+    st_bf16_t *w_o;             /* [d, H*dv] (KDA and MLA) */
+    /* MLA */
+    st_bf16_t *w_qa, *w_q;      /* [q_lora, d], [H*dqk, q_lora or d] */
+    float *qa_norm, *kva_norm;
+    st_bf16_t *w_kva, *w_kvb;   /* [R, d], [H*(nope+dv), kv_lora] */
+    st_bf16_t *w_mg;            /* [H*dv, d] output gate or NULL */
+    /* FFN */
+    st_bf16_t *dense_gu, *dense_down; /* [2w, d], [d, w] */
+    st_bf16_t *router;          /* [n, d] */
+    float *router_bias;         /* [n] or NULL */
+    st_bf16_t *lat_down, *lat_up; /* [ℓ, d], [d, ℓ] */
+    float *lat_norm;            /* [ℓ] or NULL */
+    st_bf16_t *sh_gu, *sh_down; /* [2w, d], [d, w] */
+    st_bf16_t *ex_w1, *ex_w3, *ex_w2; /* [E, mi, ew], [E, mi, ew], [E, ew, mi]; NULL with remote experts */
+} gl_t;
+
+typedef struct {
+    int Q;
+    float *w; /* device [Q, d] */
+} gbq_t;
+
+struct st_egpu {
+    st_config_t c;
+    st_engine_opts_t o;
+    int kcap, P, n_kda, n_mla, *layer_slot, R;
+    st_gpu_stream_t s;
+    void **allocs;
+    int n_allocs, cap_allocs;
+    /* weights */
+    st_bf16_t *embed, *lm_head;
+    float *final_norm, *out_res;
+    gl_t *L;
+    int naux_max, ffn_w_max;
+    /* AttnRes */
+    int n_blocks, Qmax, *q_attn, *q_mlp, q_out;
+    gbq_t *bq;
+    /* sequences */
+    bool *seq_used, *seq_busy;
+    int *seq_len;
+    float *kda_S, *kda_conv; /* device [n_kda][M][S_per], [n_kda][M][conv_per] */
+    size_t S_per, conv_per;
+    int page_size, n_pages, pps, n_free, *free_pages, *seq_npages, *seq_pageid;
+    st_bf16_t *kv_pool; /* device [n_pages][page_size][R] */
+    void *mla_ws;
+    size_t mla_ws_bytes;
+    /* routing */
+    float *tau; /* host [L][n] */
+    bool tau_set;
+    uint64_t tau_version;
+    st_route_hook_t hook;
+    void *hook_ctx;
+    bool grouped;     /* routed experts through st_cuda_moe_ffn (else per-expert cuBLAS) */
+    st_egpu_mb_t *mb; /* st_engine_step's */
+    st_engine_stats_t stats;
+};
+
+typedef struct {
+    int slot, n, off, pos0;
+} gent_t;
+
+struct st_egpu_mb {
+    st_egpu_t *g;
+    bool internal; /* st_engine_step's: experts run inline, no hand-off buffers */
+    st_gpu_arena_t dev, pin;
+    /* device step buffers */
+    float *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
+    st_bf16_t *xn, *qkv, *cqkv, *aux, *q, *k, *v, *f, *o, *gate, *cq, *qm, *ckv, *qabs, *olat, *h2, *hh, *z, *xg,
+        *yg, *h2e, *he, *un, *xf;
+    int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d;
+    void *ffn_ws;
+    size_t ffn_ws_bytes;
+    /* pinned host */
+    int *meta_h, *ids_h, *cnt_h, *offsets_h;
+    float *z_h, *out_h, *scores_h;
+    /* step */
+    gent_t *ents;
+    const st_seq_chunk_t *seqs;
+    int n_seqs, T, n_rows;
+    int *d_tok, *d_tok_ent, *d_tok_pos, *d_rows, *d_cu, *d_slot, *d_len, *d_btab; /* into meta_d */
+    bool all_decode;
+    float *logits;
+    int l, nb;
+    bool waiting, busy, local_done;
+    st_status_t err;
+    double t0;
+};
+
+#define TRY(x)                                                                                    \
+    do {                                                                                          \
+        st_status_t s_ = (x);                                                                     \
+        if (s_ != ST_OK) return s_;                                                               \
+    } while (0)
+/* NOTE: launches inside a step record the first error and keep going (the walk cannot stop half
+ * way through its bookkeeping); the step reports it at the end. */
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        st_status_t s_ = (x);                                                                     \
+        if (s_ != ST_OK && mb->err == ST_OK) mb->err = s_;                                        \
+    } while (0)
+
+static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal);
+
+/* ------------------------------------------------------------------ uploads */
+
+static st_status_t galloc(st_egpu_t *g, void **p, size_t bytes) {
+    if (g->n_allocs == g->cap_allocs) {
+        int nc = g->cap_allocs ? 2 * g->cap_allocs : 256;
+        void **na = realloc(g->allocs, (size_t)nc * sizeof(void *));
+        if (!na) return ST_FAIL(ST_ERR_NO_MEMORY, "gpu engine: allocation table");
+        g->allocs = na;
+        g->cap_allocs = nc;
+    }
+    TRY(st_gpu_malloc(p, bytes ? bytes : 256));
+    g->allocs[g->n_allocs++] = *p;
+    return ST_OK;
+}
+
+static st_status_t up_vec(st_egpu_t *g, float **dst, const float *src, int n) {
+    if (!src) {
+        *dst = NULL;
+        return ST_OK;
+    }
+    TRY(galloc(g, (void **)dst, (size_t)n * sizeof(float)));
+    return st_gpu_memcpy_h2d(*dst, src, (size_t)n * sizeof(float));
+}
+
+/* Rows of w (any stored dtype) → bf16 at dst (device, [rows, cols]). */
+static st_status_t up_rows(st_bf16_t *dst, const st_weight_t *w) {
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    if (w->dtype == ST_DT_BF16) return st_gpu_memcpy_h2d(dst, w->data, rows * cols * 2);
+    size_t chunk = ST_MAX((size_t)1, ((size_t)8 << 20) / cols);
+    float *tf = malloc(chunk * cols * sizeof(float));
+    uint16_t *tb = malloc(chunk * cols * sizeof(uint16_t));
+    st_status_t s = (tf && tb) ? ST_OK : ST_FAIL(ST_ERR_NO_MEMORY, "weight staging");
+    for (size_t r = 0; s == ST_OK && r < rows; r += chunk) {
+        size_t n = ST_MIN(chunk, rows - r);
+        st_weight_rows_f32(w, (int)r, (int)n, tf);
+        for (size_t i = 0; i < n * cols; i++) tb[i] = st_f32_to_bf16(tf[i]);
+        s = st_gpu_memcpy_h2d(dst + r * cols, tb, n * cols * 2);
+    }
+    free(tf);
+    free(tb);
+    return s;
+}
+
+/* Several weights with the same cols stacked by rows into one device matrix. */
+static st_status_t up_stack(st_egpu_t *g, st_bf16_t **dst, const st_weight_t *const *ws, int n) {
+    size_t rows = 0, cols = (size_t)ws[0]->cols;
+    for (int i = 0; i < n; i++) rows += (size_t)ws[i]->rows;
+    TRY(galloc(g, (void **)dst, rows * cols * 2));
+    size_t r = 0;
+    for (int i = 0; i < n; i++) {
+        TRY(up_rows(*dst + r * cols, ws[i]));
+        r += (size_t)ws[i]->rows;
+    }
+    return ST_OK;
+}
+static st_status_t up_w(st_egpu_t *g, st_bf16_t **dst, const st_weight_t *w) {
+    if (w->rows <= 0) {
+        *dst = NULL;
+        return ST_OK;
+    }
+    const st_weight_t *ws[1] = {w};
+    return up_stack(g, dst, ws, 1);
+}
+
+static st_status_t upload(st_egpu_t *g, const st_engine_w_t *W) {
+    const st_config_t *c = &g->c;
+    int d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, K = c->conv_k;
+    TRY(up_w(g, &g->embed, &W->embed));
+    if (c->tie_embeddings) g->lm_head = g->embed;
+    else TRY(up_w(g, &g->lm_head, &W->lm_head));
+    TRY(up_vec(g, &g->final_norm, W->final_norm, d));
+    TRY(up_vec(g, &g->out_res, W->out_res, d));
+    float *convh = malloc((size_t)3 * P * K * sizeof(float) + 4);
+    if (!convh) return ST_FAIL(ST_ERR_NO_MEMORY, "conv staging");
+    st_status_t s = ST_OK;
+    for (int l = 0; s == ST_OK && l < c->n_layers; l++) {
+        const st_layer_w_t *L = &W->layers[l];
+        gl_t *G = &g->L[l];
+#define S_(x) do { s = (x); if (s != ST_OK) break; } while (0)
+        do {
+            S_(up_vec(g, &G->in_norm, L->in_norm, d));
+            S_(up_vec(g, &G->post_norm, L->post_norm, d));
+            S_(up_w(g, &G->w_o, &L->o));
+            if (!c->is_mla[l]) {
+                const st_weight_t *qkv[3] = {&L->q, &L->k, &L->v};
+                S_(up_stack(g, &G->w_qkv, qkv, 3));
+                const st_weight_t *aux[3] = {&L->f_a, &L->b, c->full_rank_gate ? &L->g : &L->g_a};
+                S_(up_stack(g, &G->w_aux, aux, 3));
+                G->off_b = L->f_a.rows;
+                G->off_g = L->f_a.rows + L->b.rows;
+                G->naux = G->off_g + aux[2]->rows;
+                if (!c->full_rank_gate) S_(up_w(g, &G->w_gb, &L->g));
+                S_(up_w(g, &G->w_fb, &L->f_b));
+                memcpy(convh, L->conv_q, (size_t)P * K * sizeof(float));
+                memcpy(convh + (size_t)P * K, L->conv_k, (size_t)P * K * sizeof(float));
+                memcpy(convh + (size_t)2 * P * K, L->conv_v, (size_t)P * K * sizeof(float));
+                S_(up_vec(g, &G->conv_w, convh, 3 * P * K));
+                S_(up_vec(g, &G->A_log, L->A_log, H));
+                S_(up_vec(g, &G->dt_bias, L->dt_bias, P));
+                S_(up_vec(g, &G->o_norm, L->o_norm, dk));
+                g->naux_max = ST_MAX(g->naux_max, G->naux);
+            } else {
+                if (c->q_lora_rank > 0) {
+                    S_(up_w(g, &G->w_qa, &L->q_a));
+                    S_(up_vec(g, &G->qa_norm, L->q_a_norm, c->q_lora_rank));
+                }
+                S_(up_w(g, &G->w_q, &L->q));
+                S_(up_w(g, &G->w_kva, &L->kv_a));
+                S_(up_vec(g, &G->kva_norm, L->kv_a_norm, c->kv_lora_rank));
+                S_(up_w(g, &G->w_kvb, &L->kv_b));
+                if (c->mla_output_gate) S_(up_w(g, &G->w_mg, &L->g));
+            }
+            if (st_config_is_moe_layer(c, l)) {
+                int n = c->n_experts, ew = st_config_expert_width(c), mi = c->moe_inter;
+                S_(up_w(g, &G->router, &L->router));
+                S_(up_vec(g, &G->router_bias, L->router_bias, n));
+                if (c->latent > 0) {
+                    S_(up_w(g, &G->lat_down, &L->lat_down));
+                    S_(up_w(g, &G->lat_up, &L->lat_up));
+                    S_(up_vec(g, &G->lat_norm, L->lat_norm, c->latent));
+                }
+                if (c->n_shared > 0) {
+                    const st_weight_t *gu[2] = {&L->shared.gate, &L->shared.up};
+                    S_(up_stack(g, &G->sh_gu, gu, 2));
+                    S_(up_w(g, &G->sh_down, &L->shared.down));
+                    g->ffn_w_max = ST_MAX(g->ffn_w_max, L->shared.gate.rows);
+                }
+                if (L->experts) {
+                    size_t es = (size_t)mi * ew;
+                    S_(galloc(g, (void **)&G->ex_w1, (size_t)n * es * 2));
+                    S_(galloc(g, (void **)&G->ex_w3, (size_t)n * es * 2));
+                    S_(galloc(g, (void **)&G->ex_w2, (size_t)n * es * 2));
+                    for (int j = 0; s == ST_OK && j < n; j++) {
+                        S_(up_rows(G->ex_w1 + (size_t)j * es, &L->experts[j].gate));
+                        S_(up_rows(G->ex_w3 + (size_t)j * es, &L->experts[j].up));
+                        S_(up_rows(G->ex_w2 + (size_t)j * es, &L->experts[j].down));
+                    }
+                }
+            } else {
+                const st_weight_t *gu[2] = {&L->dense.gate, &L->dense.up};
+                S_(up_stack(g, &G->dense_gu, gu, 2));
+                S_(up_w(g, &G->dense_down, &L->dense.down));
+                g->ffn_w_max = ST_MAX(g->ffn_w_max, L->dense.gate.rows);
+            }
+        } while (0);
+#undef S_
+    }
+    free(convh);
+    return s;
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+
+static st_status_t build_attnres(st_egpu_t *g, const st_engine_w_t *W) {
+    const st_config_t *c = &g->c;
+    int B = c->attn_res_block, L = c->n_layers, d = c->d;
+    g->q_attn = calloc((size_t)L, sizeof(int));
+    g->q_mlp = calloc((size_t)L, sizeof(int));
+    if (!g->q_attn || !g->q_mlp) return ST_FAIL(ST_ERR_NO_MEMORY, "attnres tables");
+    if (B <= 0) return ST_OK;
+    g->n_blocks = (L + B - 1) / B;
+    g->bq = calloc((size_t)g->n_blocks, sizeof(gbq_t));
+    float *hw = malloc((size_t)2 * (B + 1) * d * sizeof(float));
+    if (!g->bq || !hw) {
+        free(hw);
+        return ST_FAIL(ST_ERR_NO_MEMORY, "attnres tables");
+    }
+    st_status_t s = ST_OK;
+    /* NOTE: the same query order as engine.c build_attnres_queries */
+    for (int b = 0; s == ST_OK && b < g->n_blocks; b++) {
+        int l0 = b * B, l1 = ST_MIN(l0 + B, L), q = 0;
+        for (int l = l0; l < l1; l++) {
+            if (l > l0) {
+                g->q_attn[l] = q;
+                memcpy(hw + (size_t)q++ * d, W->layers[l].attn_res, (size_t)d * sizeof(float));
+            }
+            g->q_mlp[l] = q;
+            memcpy(hw + (size_t)q++ * d, W->layers[l].mlp_res, (size_t)d * sizeof(float));
+        }
+        const float *last = l1 < L ? W->layers[l1].attn_res : W->out_res;
+        if (l1 < L) g->q_attn[l1] = q;
+        else g->q_out = q;
+        memcpy(hw + (size_t)q++ * d, last, (size_t)d * sizeof(float));
+        g->bq[b].Q = q;
+        g->Qmax = ST_MAX(g->Qmax, q);
+        s = up_vec(g, &g->bq[b].w, hw, q * d);
+    }
+    free(hw);
+    return s;
+}
+
+void st_egpu_destroy(st_egpu_t *g) {
+    if (!g) return;
+    st_egpu_mb_destroy(g->mb);
+    for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
+    free(g->allocs);
+    if (g->s.stream) st_gpu_stream_destroy(&g->s);
+    free(g->L); free(g->layer_slot); free(g->q_attn); free(g->q_mlp); free(g->bq);
+    free(g->seq_used); free(g->seq_busy); free(g->seq_len); free(g->free_pages); free(g->seq_npages);
+    free(g->seq_pageid); free(g->tau);
+    free(g);
+}
+
+st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine_opts_t *opts) {
+    st_status_t s;
+    st_egpu_t *g = calloc(1, sizeof *g);
+    if (!g) return ST_FAIL(ST_ERR_NO_MEMORY, "gpu engine");
+    g->c = *st_ckpt_config(ck);
+    g->o = *opts;
+    const st_config_t *c = &g->c;
+    if (g->o.kv_page_size <= 0) g->o.kv_page_size = 64;
+    if (g->o.max_seqs <= 0 || g->o.max_batch_tokens <= 0 || g->o.max_ctx <= 0) {
+        free(g);
+        return ST_FAIL(ST_ERR_INVALID_ARG, "engine: max_seqs, max_batch_tokens and max_ctx must be positive");
+    }
+#ifdef ST_EGPU_HAVE_MOE_FFN
+    /* STRATA_EGPU_MOE=cublas picks the per-expert cuBLAS path (comparisons, benchmarks) */
+    const char *mp = getenv("STRATA_EGPU_MOE");
+    g->grouped = !(mp && !strcmp(mp, "cublas"));
+#endif
+    int kmax = g->o.k_max > 0 ? g->o.k_max : 2 * c->top_k;
+    g->o.k_max = ST_MIN(kmax, ST_MAX(c->n_experts, 1));
+    g->kcap = ST_MAX(c->top_k, g->o.routing == ST_ROUTE_QUANTILE ? g->o.k_max : 0);
+    if (g->kcap <= 0) g->kcap = 1;
+    g->P = c->kda_heads * c->kda_head_dim;
+    g->R = c->kv_lora_rank + c->qk_rope;
+    if (c->kda_head_dim > 128 || (c->kv_lora_rank % 32) || c->kv_lora_rank > 512 || g->R > 1024 ||
+        c->top_k > 32 || (c->n_experts > 0 && st_config_expert_width(c) % 2)) {
+        s = ST_FAIL(ST_ERR_CONFIG, "gpu engine: unsupported widths (KDA head_dim %d ≤ 128, kv_lora_rank %d ≤ 512 and "
+                    "a multiple of 32, top_k %d ≤ 32)", c->kda_head_dim, c->kv_lora_rank, c->top_k);
+        free(g);
+        return s;
+    }
+    if (st_gpu_device_count() <= opts->device) {
+        free(g);
+        return ST_FAIL(ST_ERR_INVALID_ARG, "gpu engine: no CUDA device %d (%d found)", opts->device, st_gpu_device_count());
+    }
+    if ((s = st_gpu_init(opts->device)) != ST_OK || (s = st_gpu_stream_create(&g->s)) != ST_OK) {
+        free(g);
+        return s;
+    }
+    st_engine_w_t W;
+    s = st_engine_bind(&W, ck, !g->o.remote_experts);
+    if (s != ST_OK) {
+        st_engine_unbind(&W);
+        st_egpu_destroy(g);
+        return s;
+    }
+    double t0 = st_time_sec();
+    g->L = calloc((size_t)c->n_layers, sizeof(gl_t));
+    g->layer_slot = calloc((size_t)c->n_layers, sizeof(int));
+    if (!g->L || !g->layer_slot) s = ST_FAIL(ST_ERR_NO_MEMORY, "gpu engine tables");
+    for (int l = 0; s == ST_OK && l < c->n_layers; l++) g->layer_slot[l] = c->is_mla[l] ? g->n_mla++ : g->n_kda++;
+    if (s == ST_OK) s = upload(g, &W);
+    if (s == ST_OK) s = build_attnres(g, &W);
+    st_engine_unbind(&W);
+    if (s != ST_OK) goto err;
+
+    /* state pools */
+    int M = g->o.max_seqs;
+    g->S_per = (size_t)c->kda_heads * c->kda_head_dim * c->kda_head_dim;
+    g->conv_per = (size_t)(c->conv_k - 1) * 3 * g->P;
+    g->page_size = g->o.kv_page_size;
+    g->pps = (g->o.max_ctx + g->page_size - 1) / g->page_size;
+    g->n_pages = g->o.kv_pages > 0 ? g->o.kv_pages : M * g->n_mla * g->pps;
+    g->seq_used = calloc((size_t)M, sizeof(bool));
+    g->seq_busy = calloc((size_t)M, sizeof(bool));
+    g->seq_len = calloc((size_t)M, sizeof(int));
+    g->free_pages = malloc((size_t)g->n_pages * sizeof(int) + 4);
+    g->seq_npages = calloc((size_t)M * g->n_mla + 1, sizeof(int));
+    g->seq_pageid = calloc((size_t)M * g->n_mla * g->pps + 1, sizeof(int));
+    g->tau = calloc((size_t)c->n_layers * ST_MAX(c->n_experts, 1), sizeof(float));
+    if (!g->seq_used || !g->seq_busy || !g->seq_len || !g->free_pages || !g->seq_npages || !g->seq_pageid || !g->tau) {
+        s = ST_FAIL(ST_ERR_NO_MEMORY, "gpu engine tables");
+        goto err;
+    }
+    for (int i = 0; i < g->n_pages; i++) g->free_pages[i] = g->n_pages - 1 - i;
+    g->n_free = g->n_pages;
+    size_t sbytes = (size_t)g->n_kda * M * g->S_per * sizeof(float);
+    size_t cbytes = (size_t)g->n_kda * M * g->conv_per * sizeof(float);
+    size_t kvbytes = (size_t)g->n_pages * g->page_size * g->R * 2;
+    if ((s = galloc(g, (void **)&g->kda_S, sbytes)) != ST_OK || (s = galloc(g, (void **)&g->kda_conv, cbytes)) != ST_OK ||
+        (s = galloc(g, (void **)&g->kv_pool, kvbytes)) != ST_OK)
+        goto err;
+    g->mla_ws_bytes = st_cuda_mla_decode_ws_bytes(M, ST_MAX(c->mla_heads, 1), g->o.max_ctx, MLA_SPLIT);
+    if ((s = galloc(g, &g->mla_ws, g->mla_ws_bytes)) != ST_OK) goto err;
+    if (!g->o.remote_experts) {
+        s = mb_create(g, &g->mb, true);
+        if (s != ST_OK) goto err;
+    }
+    char dev[256];
+    st_gpu_describe(dev, sizeof dev);
+    st_log_info("gpu engine on %s: %d layers (%d KDA, %d MLA), %d seqs × %d ctx, %d tokens/step, state %.1f MiB, "
+                "cache %.1f MiB (%d pages of %d rows), experts %s, weights uploaded in %.1f s",
+                dev, c->n_layers, g->n_kda, g->n_mla, M, g->o.max_ctx, g->o.max_batch_tokens,
+                (double)(sbytes + cbytes) / (1 << 20), (double)kvbytes / (1 << 20), g->n_pages, g->page_size,
+                g->grouped ? "grouped (st_cuda_moe_ffn)" : "per-expert cuBLAS", st_time_sec() - t0);
+    *out = g;
+    return ST_OK;
+err:
+    st_egpu_destroy(g);
+    return s;
+}
+
+/* ------------------------------------------------------------------ sequences */
+
+st_status_t st_egpu_seq_open(st_egpu_t *g, int *slot) {
+    int M = g->o.max_seqs;
+    for (int i = 0; i < M; i++) {
+        if (g->seq_used[i]) continue;
+        for (int ks = 0; ks < g->n_kda; ks++) {
+            TRY(eg_memset_async(&g->s, g->kda_S + ((size_t)ks * M + i) * g->S_per, 0, g->S_per * sizeof(float)));
+            TRY(eg_memset_async(&g->s, g->kda_conv + ((size_t)ks * M + i) * g->conv_per, 0, g->conv_per * sizeof(float)));
+        }
+        g->seq_used[i] = true;
+        g->seq_len[i] = 0;
+        *slot = i;
+        return ST_OK;
+    }
+    return ST_FAIL(ST_ERR_CAPACITY, "all %d sequence slots are in use", M);
+}
+
+void st_egpu_seq_close(st_egpu_t *g, int slot) {
+    if (slot < 0 || slot >= g->o.max_seqs || !g->seq_used[slot]) return;
+    if (g->seq_busy[slot]) {
+        st_log_error("engine: slot %d closed while its micro-batch is in flight; ignored", slot);
+        return;
+    }
+    for (int m = 0; m < g->n_mla; m++) {
+        int *np = &g->seq_npages[slot * g->n_mla + m];
+        int *ids = &g->seq_pageid[((size_t)slot * g->n_mla + m) * g->pps];
+        for (int p = 0; p < *np; p++) g->free_pages[g->n_free++] = ids[p];
+        *np = 0;
+    }
+    g->seq_used[slot] = false;
+    g->seq_len[slot] = 0;
+}
+
+int st_egpu_seq_len(const st_egpu_t *g, int slot) {
+    return (slot >= 0 && slot < g->o.max_seqs && g->seq_used[slot]) ? g->seq_len[slot] : -1;
+}
+
+void st_egpu_set_thresholds(st_egpu_t *g, const float *tau, uint64_t version) {
+    if (!tau) {
+        g->tau_set = false;
+        return;
+    }
+    memcpy(g->tau, tau, (size_t)g->c.n_layers * g->c.n_experts * sizeof(float));
+    g->tau_set = true;
+    g->tau_version = version;
+}
+
+void st_egpu_set_route_hook(st_egpu_t *g, st_route_hook_t fn, void *ctx) {
+    g->hook = fn;
+    g->hook_ctx = ctx;
+}
+
+void st_egpu_get_stats(const st_egpu_t *g, st_engine_stats_t *out) { *out = g->stats; }
+
+/* ------------------------------------------------------------------ micro-batch buffers */
+
+static void *dcarve(st_gpu_arena_t *a, size_t *need, size_t bytes) {
+    *need += (bytes + 255) & ~(size_t)255;
+    return a->base ? st_gpu_arena_alloc(a, bytes ? bytes : 1) : NULL;
+}
+
+static size_t ffn_ws_bytes(const st_egpu_t *g, int N) {
+#ifdef ST_EGPU_HAVE_MOE_FFN
+    return g->c.n_experts > 0 && g->grouped ? st_cuda_moe_ffn_ws_bytes(N, g->c.moe_inter) : 0;
+#else
+    (void)g, (void)N;
+    return 0;
+#endif
+}
+
+/* With a.base NULL only counts; returns device and pinned byte totals. */
+static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
+    const st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    size_t T = (size_t)g->o.max_batch_tokens, d = (size_t)c->d, P = (size_t)g->P, F = 4, B2 = 2;
+    size_t H = (size_t)c->kda_heads, M = (size_t)g->o.max_seqs;
+    size_t Hm = (size_t)ST_MAX(c->mla_heads, 1), dqk = (size_t)(c->qk_nope + c->qk_rope), R = (size_t)g->R;
+    size_t wide = ST_MAX(P, Hm * (size_t)c->v_head_dim);
+    size_t n = (size_t)ST_MAX(c->n_experts, 1), kc = (size_t)g->kcap, ew = (size_t)st_config_expert_width(c);
+    size_t fw = (size_t)ST_MAX(g->ffn_w_max, 1);
+    size_t nb = (size_t)ST_MAX(g->n_blocks, 1), Q = (size_t)ST_MAX(g->Qmax, 1);
+    size_t LR = ST_MIN(T, (size_t)LOGIT_ROWS), V = (size_t)c->vocab;
+    st_gpu_arena_t *a = &mb->dev;
+    *dneed = 0;
+#define DC(f, bytes) mb->f = dcarve(a, dneed, (bytes))
+    DC(partial, T * d * F); DC(blocks, nb * T * d * F); DC(stats, T * Q * 2 * F); DC(acc, T * Q * d * F);
+    DC(xn, T * d * B2); DC(qkv, T * 3 * P * B2); DC(cqkv, T * 3 * P * B2); DC(aux, T * (size_t)ST_MAX(g->naux_max, 1) * B2);
+    DC(q, T * P * B2); DC(k, T * P * B2); DC(v, T * P * B2); DC(f, T * P * B2); DC(gf, T * P * F); DC(beta, T * H * F);
+    DC(o, T * wide * B2); DC(gate, T * wide * B2);
+    DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(qm, T * Hm * dqk * B2); DC(ckv, T * R * B2);
+    DC(qabs, T * Hm * R * B2); DC(olat, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
+    DC(h2, T * 2 * fw * B2); DC(hh, T * fw * B2);
+    DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(ids_tmp, T * kc * 4); DC(cnt, T * 4);
+    DC(offsets, (n + 1) * 4); DC(row_of, T * kc * 4); DC(z, T * ew * B2); DC(un, T * ew * B2);
+    if (c->n_experts > 0 && !g->o.remote_experts) {
+        DC(xg, T * kc * ew * B2); DC(yg, T * kc * ew * B2);
+        if (!g->grouped) {
+            size_t mi = (size_t)ST_MAX(c->moe_inter, 1);
+            DC(h2e, T * kc * 2 * mi * B2); DC(he, T * kc * mi * B2);
+        }
+        mb->ffn_ws_bytes = ffn_ws_bytes(g, (int)(T * kc));
+        DC(ffn_ws, mb->ffn_ws_bytes);
+    }
+    if (!mb->internal && c->n_experts > 0) {
+        DC(zf, T * ew * F); DC(eout, T * kc * ew * F);
+    }
+    DC(xf, T * d * B2); DC(lg, LR * V * F);
+    size_t meta = 4 * T + 3 * M + 1 + (size_t)g->n_mla * M * (size_t)g->pps;
+    DC(meta_d, meta * 4);
+#undef DC
+    a = &mb->pin;
+    *pneed = 0;
+#define PC(f, bytes) mb->f = dcarve(a, pneed, (bytes))
+    PC(meta_h, meta * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(offsets_h, (n + 1) * 4); PC(scores_h, T * n * F);
+    if (!mb->internal && c->n_experts > 0) {
+        PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F);
+    }
+#undef PC
+}
+
+static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal) {
+    st_egpu_mb_t *mb = calloc(1, sizeof *mb);
+    if (!mb) return ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
+    mb->g = g;
+    mb->internal = internal;
+    mb->ents = calloc((size_t)g->o.max_seqs, sizeof(gent_t));
+    size_t dn, pn;
+    mb_carve(mb, &dn, &pn);
+    st_status_t s = mb->ents ? st_gpu_arena_init(&mb->dev, dn + 4096, 0) : ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
+    if (s == ST_OK) {
+        s = st_gpu_arena_init(&mb->pin, pn + 4096, 1);
+        if (s != ST_OK) st_gpu_arena_cleanup(&mb->dev);
+    }
+    if (s != ST_OK) {
+        free(mb->ents);
+        free(mb);
+        return s;
+    }
+    mb_carve(mb, &dn, &pn);
+    *out = mb;
+    return ST_OK;
+}
+
+st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out) { return mb_create(g, out, false); }
+
+void st_egpu_mb_destroy(st_egpu_mb_t *mb) {
+    if (!mb) return;
+    st_gpu_stream_sync(&mb->g->s);
+    st_gpu_arena_cleanup(&mb->dev);
+    st_gpu_arena_cleanup(&mb->pin);
+    free(mb->ents);
+    free(mb);
+}
+
+/* ------------------------------------------------------------------ begin */
+
+static st_status_t validate(st_egpu_t *g, const st_seq_chunk_t *seqs, int n_seqs, gent_t *ents, int *T_out) {
+    const st_config_t *c = &g->c;
+    if (n_seqs <= 0 || n_seqs > g->o.max_seqs)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "step: %d sequences (1..%d allowed)", n_seqs, g->o.max_seqs);
+    int T = 0, pages = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const st_seq_chunk_t *s = &seqs[i];
+        if (s->slot < 0 || s->slot >= g->o.max_seqs || !g->seq_used[s->slot])
+            return ST_FAIL(ST_ERR_INVALID_ARG, "step: sequence slot %d is not open", s->slot);
+        if (g->seq_busy[s->slot]) return ST_FAIL(ST_ERR_INVALID_ARG, "step: slot %d is already in a micro-batch", s->slot);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].slot == s->slot) return ST_FAIL(ST_ERR_INVALID_ARG, "step: slot %d given twice", s->slot);
+        if (s->n_tokens <= 0 || !s->tokens) return ST_FAIL(ST_ERR_INVALID_ARG, "step: slot %d has no tokens", s->slot);
+        for (int t = 0; t < s->n_tokens; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab)
+                return ST_FAIL(ST_ERR_OUT_OF_RANGE, "step: token id %d outside vocabulary 0..%d", s->tokens[t], c->vocab - 1);
+        int len = g->seq_len[s->slot];
+        if (len + s->n_tokens > g->o.max_ctx)
+            return ST_FAIL(ST_ERR_CAPACITY, "step: sequence would reach %d tokens, limit %d", len + s->n_tokens, g->o.max_ctx);
+        int have = (len + g->page_size - 1) / g->page_size;
+        int want = (len + s->n_tokens + g->page_size - 1) / g->page_size;
+        pages += (want - have) * g->n_mla;
+        ents[i] = (gent_t){.slot = s->slot, .n = s->n_tokens, .off = T, .pos0 = len};
+        T += s->n_tokens;
+    }
+    if (T > g->o.max_batch_tokens)
+        return ST_FAIL(ST_ERR_CAPACITY, "step: %d tokens exceed the %d-token step budget", T, g->o.max_batch_tokens);
+    if (pages > g->n_free)
+        return ST_FAIL(ST_ERR_CAPACITY, "step: latent cache full (%d pages needed, %d free)", pages, g->n_free);
+    *T_out = T;
+    return ST_OK;
+}
+
+static void grow_pages(st_egpu_t *g, const gent_t *en) {
+    int want = (en->pos0 + en->n + g->page_size - 1) / g->page_size;
+    for (int m = 0; m < g->n_mla; m++) {
+        int *np = &g->seq_npages[en->slot * g->n_mla + m];
+        size_t base = ((size_t)en->slot * g->n_mla + m) * g->pps;
+        while (*np < want) g->seq_pageid[base + (*np)++] = g->free_pages[--g->n_free];
+    }
+}
+
+st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
+    st_egpu_t *g = mb->g;
+    if (mb->busy) return ST_FAIL(ST_ERR_INVALID_ARG, "micro-batch is still in flight");
+    int T = 0;
+    TRY(validate(g, seqs, n_seqs, mb->ents, &T));
+    /* step metadata, packed: tok, tok_ent, tok_pos, rows [T]; cu [n+1]; slot, len [n]; btab [n_mla][n][pps] */
+    int n = n_seqs, pps = g->pps, *h = mb->meta_h;
+    int *tok = h, *tent = h + T, *tpos = h + 2 * T, *rows = h + 3 * T, *cu = h + 4 * T, *slot = cu + n + 1,
+        *len = slot + n, *bt = len + n;
+    int nr = 0;
+    mb->all_decode = true;
+    for (int i = 0; i < n; i++) {
+        gent_t *en = &mb->ents[i];
+        grow_pages(g, en);
+        g->seq_busy[en->slot] = true;
+        cu[i] = en->off;
+        slot[i] = en->slot;
+        len[i] = en->pos0 + en->n;
+        if (en->n != 1) mb->all_decode = false;
+        for (int t = 0; t < en->n; t++) {
+            tok[en->off + t] = seqs[i].tokens[t];
+            tent[en->off + t] = i;
+            tpos[en->off + t] = en->pos0 + t;
+        }
+        for (int t = seqs[i].all_logits ? 0 : en->n - 1; t < en->n; t++) rows[nr++] = en->off + t;
+        for (int m = 0; m < g->n_mla; m++)
+            memcpy(bt + ((size_t)m * n + i) * pps, g->seq_pageid + ((size_t)en->slot * g->n_mla + m) * pps,
+                   (size_t)pps * sizeof(int));
+    }
+    cu[n] = T;
+    size_t words = (size_t)(bt - h) + (size_t)g->n_mla * n * pps;
+    int *d = mb->meta_d;
+    mb->d_tok = d, mb->d_tok_ent = d + T, mb->d_tok_pos = d + 2 * T, mb->d_rows = d + 3 * T, mb->d_cu = d + 4 * T;
+    mb->d_slot = mb->d_cu + n + 1, mb->d_len = mb->d_slot + n, mb->d_btab = mb->d_len + n;
+    mb->seqs = seqs;
+    mb->n_seqs = n;
+    mb->T = T;
+    mb->n_rows = nr;
+    mb->logits = logits;
+    mb->l = 0;
+    mb->nb = 0;
+    mb->waiting = false;
+    mb->busy = true;
+    mb->err = ST_OK;
+    mb->t0 = st_time_sec();
+    CK(eg_memcpy_async(&g->s, d, h, words * sizeof(int), 1));
+    CK(eg_embed(&g->s, mb->partial, g->embed, mb->d_tok, T, g->c.d));
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------------ layers */
+
+static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
+    int ks = g->layer_slot[l];
+    CK(eg_linear(s, mb->qkv, 3 * P, false, 0.f, mb->xn, d, G->w_qkv, T, 3 * P, d));
+    CK(eg_linear(s, mb->aux, G->naux, false, 0.f, mb->xn, d, G->w_aux, T, G->naux, d));
+    CK(eg_linear(s, mb->f, P, false, 0.f, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
+    CK(st_cuda_kda_gate(s, mb->gf, mb->f, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
+    float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
+    CK(st_cuda_conv_silu(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
+    CK(eg_kda_prep(s, mb->q, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux, G->naux, G->off_b, T, H, dk, L2_EPS));
+    float *S = g->kda_S + (size_t)ks * M * g->S_per;
+    float scale = 1.0f / sqrtf((float)dk);
+    if (dk != 128)
+        CK(eg_kda_recurrent(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H, dk,
+                            scale));
+    else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
+        CK(st_cuda_kda_decode(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->n_seqs, H, scale));
+    else
+        CK(st_cuda_kda_chunked(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H,
+                               scale));
+    const st_bf16_t *gate = mb->aux + G->off_g;
+    int ldg = G->naux;
+    if (G->w_gb) {
+        CK(eg_linear(s, mb->gate, P, false, 0.f, mb->aux + G->off_g, G->naux, G->w_gb, T, P, c->g_rank));
+        gate = mb->gate;
+        ldg = P;
+    }
+    CK(eg_kda_out_gate(s, mb->o, gate, ldg, G->o_norm, T, H, dk, c->rms_eps));
+}
+
+static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int T = mb->T, d = c->d, H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope;
+    int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
+    if (c->q_lora_rank > 0) {
+        CK(eg_linear(s, mb->cq, c->q_lora_rank, false, 0.f, mb->xn, d, G->w_qa, T, c->q_lora_rank, d));
+        CK(st_cuda_rmsnorm(s, mb->cq, mb->cq, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
+        CK(eg_linear(s, mb->qm, H * dqk, false, 0.f, mb->cq, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
+    } else {
+        CK(eg_linear(s, mb->qm, H * dqk, false, 0.f, mb->xn, d, G->w_q, T, H * dqk, d));
+    }
+    CK(eg_linear(s, mb->ckv, R, false, 0.f, mb->xn, d, G->w_kva, T, R, d));
+    const int *bt = mb->d_btab + (size_t)m * mb->n_seqs * g->pps;
+    CK(eg_mla_kv_store(s, g->kv_pool, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps, g->page_size, T,
+                       kvr, R, MLA_NORM_EPS));
+    /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h */
+    CK(eg_linear_heads(s, mb->qabs, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr, false, T, kvr,
+                       nope, H));
+    CK(eg_mla_qpe(s, mb->qabs, mb->qm, T, H, nope, rope, kvr));
+    float scale = 1.0f / sqrtf((float)dqk);
+    if (mb->all_decode && R == 576 && kvr == 512)
+        CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->n_seqs, H, g->page_size, g->pps,
+                              g->o.max_ctx, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
+    else
+        CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps, g->page_size, T, H,
+                       R, kvr, scale));
+    CK(eg_linear_heads(s, mb->o, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+                       (long long)kvw * kvr, true, T, dv, kvr, H));
+    if (c->mla_output_gate) {
+        CK(eg_linear(s, mb->gate, H * dv, false, 0.f, mb->xn, d, G->w_mg, T, H * dv, d));
+        CK(eg_mul_sigmoid(s, mb->o, mb->gate, (size_t)T * H * dv));
+    }
+}
+
+/* partial += down · act(gate x, up x) */
+static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down, int w) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    int T = mb->T, d = c->d;
+    CK(eg_linear(&g->s, mb->h2, 2 * w, false, 0.f, mb->xn, d, gu, T, 2 * w, d));
+    CK(st_cuda_glu(&g->s, mb->hh, mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
+    CK(eg_linear(&g->s, mb->partial, d, true, 1.f, mb->hh, w, down, T, d, w));
+}
+
+static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int T = mb->T, n = c->n_experts, k = c->top_k, kc = g->kcap;
+    CK(eg_linear(s, mb->scores, n, true, 0.f, mb->xn, c->d, G->router, T, n, c->d));
+    /* σ in place and the top-k choice (used unless quantile thresholds are set) */
+    CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, mb->scores, G->router_bias, T, n, k, c->renormalize,
+                           c->routed_scale));
+    bool quantile = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set;
+    if (quantile || g->hook) {
+        if (!quantile) CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, false, 1.f));
+        CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
+        CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
+        CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+        CK(st_gpu_stream_sync(s));
+        if (quantile) {
+            int km = g->o.k_max;
+            /* ids [T, k_max] then restrided to [T, kc]; the weights are recomputed on the device */
+            float *wtmp = malloc((size_t)T * km * sizeof(float) + 4);
+            if (!wtmp) {
+                if (mb->err == ST_OK) mb->err = ST_FAIL(ST_ERR_NO_MEMORY, "quantile routing");
+                return;
+            }
+            st_route_quantile(mb->ids_h, wtmp, mb->cnt_h, mb->scores_h, g->tau + (size_t)l * n, T, n, km,
+                              c->renormalize, c->routed_scale);
+            free(wtmp);
+            if (km != kc)
+                for (int t = T - 1; t >= 0; t--) memmove(mb->ids_h + (size_t)t * kc, mb->ids_h + (size_t)t * km, (size_t)km * sizeof(int));
+        }
+        if (g->hook) g->hook(g->hook_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
+        CK(eg_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), 1));
+        CK(eg_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), 1));
+        CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, NULL, 0, 0, mb->scores, T, n, kc, c->renormalize,
+                           c->routed_scale));
+    } else {
+        CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, c->renormalize,
+                           c->routed_scale));
+    }
+}
+
+/* Routed experts on the device: group by expert, gather, grouped FFN → yg (grouped rows). */
+static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int T = mb->T, kc = g->kcap, E = c->n_experts, ew = st_config_expert_width(c), mi = c->moe_inter;
+    bool situ = c->act == ST_ACT_SITU;
+    CK(eg_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
+    CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
+#ifdef ST_EGPU_HAVE_MOE_FFN
+    if (g->grouped) {
+        CK(st_cuda_moe_ffn(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
+                           c->situ_beta1, c->situ_beta2, mb->ffn_ws, mb->ffn_ws_bytes));
+        mb->local_done = true;
+        return;
+    }
+#endif
+    {
+    /* NOTE: per-expert cuBLAS calls need the group sizes on the host: one sync per MoE layer */
+    CK(eg_memcpy_async(s, mb->offsets_h, mb->offsets, (size_t)(E + 1) * sizeof(int), 2));
+    CK(st_gpu_stream_sync(s));
+    size_t es = (size_t)mi * ew;
+    int N = mb->offsets_h[E];
+    for (int e = 0; e < E; e++) {
+        int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
+        if (cj <= 0) continue;
+        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, false, 0.f, mb->xg + (size_t)r0 * ew, ew,
+                     G->ex_w1 + e * es, cj, mi, ew));
+        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, false, 0.f, mb->xg + (size_t)r0 * ew, ew,
+                     G->ex_w3 + e * es, cj, mi, ew));
+    }
+    if (N > 0) CK(st_cuda_glu(s, mb->he, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
+    for (int e = 0; e < E; e++) {
+        int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
+        if (cj <= 0) continue;
+        CK(eg_linear(s, mb->yg + (size_t)r0 * ew, ew, false, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
+                     ew, mi));
+    }
+    }
+    mb->local_done = true;
+}
+
+/* Combine (latent width, slot order), norm, up-projection and shared experts into partial. */
+static void moe_finish(st_egpu_mb_t *mb, const gl_t *G) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c), d = c->d;
+    const st_bf16_t *yg = mb->local_done ? mb->yg : NULL;
+    const float *yf = mb->local_done ? NULL : mb->eout;
+    if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
+    if (c->latent > 0) {
+        CK(eg_moe_combine(s, mb->un, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew, c->rms_eps));
+        CK(eg_linear(s, mb->partial, d, true, 1.f, mb->un, ew, G->lat_up, T, d, ew));
+    } else {
+        CK(eg_moe_combine(s, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
+    }
+    if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter);
+}
+
+static void finish_step(st_egpu_mb_t *mb) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int d = c->d, V = c->vocab, nr = mb->n_rows;
+    if (c->attn_res_block > 0) {
+        const gbq_t *bq = &g->bq[mb->nb - 1];
+        CK(eg_resnorm(s, mb->xf, mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_out * d, g->q_out, bq->Q,
+                      g->final_norm, mb->d_rows, nr, d, c->rms_eps, c->rms_eps));
+    } else {
+        CK(eg_resnorm(s, mb->xf, mb->partial, NULL, NULL, NULL, 0, 1, g->final_norm, mb->d_rows, nr, d, c->rms_eps,
+                      c->rms_eps));
+    }
+    int LR = ST_MIN(mb->T, LOGIT_ROWS);
+    for (int r0 = 0; r0 < nr; r0 += LR) {
+        int rows = ST_MIN(LR, nr - r0);
+        CK(eg_linear(s, mb->lg, V, true, 0.f, mb->xf + (size_t)r0 * d, d, g->lm_head, rows, V, d));
+        CK(eg_memcpy_async(s, mb->logits + (size_t)r0 * V, mb->lg, (size_t)rows * V * sizeof(float), 2));
+        CK(st_gpu_stream_sync(s)); /* lg is reused by the next chunk; the caller's buffer is pageable */
+    }
+    CK(st_gpu_stream_sync(s));
+    for (int i = 0; i < mb->n_seqs; i++) {
+        g->seq_len[mb->ents[i].slot] += mb->ents[i].n;
+        g->seq_busy[mb->ents[i].slot] = false;
+    }
+    g->stats.steps++;
+    g->stats.tokens += (uint64_t)mb->T;
+    g->stats.attention += st_time_sec() - mb->t0; /* NOTE: device work is asynchronous: whole steps only */
+    mb->busy = false;
+}
+
+/* Hand-off of layer l's routed tokens: z as fp32, ids and counts into the pinned buffers. */
+static void handoff(st_egpu_mb_t *mb, int l, st_moe_work_t *w) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c);
+    CK(eg_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
+    CK(eg_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), 2));
+    CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
+    CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+    CK(st_gpu_stream_sync(s));
+    *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
+                         .tok_ent = mb->meta_h + T, .out = mb->out_h};
+}
+
+int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int d = c->d, B = c->attn_res_block, T = mb->T;
+    size_t Td = (size_t)T * d;
+    if (!mb->busy) return 0;
+    if (mb->waiting) { /* the experts of layer l are back */
+        moe_finish(mb, &g->L[mb->l]);
+        mb->waiting = false;
+        mb->l++;
+    }
+    for (; mb->l < c->n_layers; mb->l++) {
+        int l = mb->l;
+        const gl_t *G = &g->L[l];
+        /* attention side */
+        if (B > 0 && mb->nb > 0) {
+            const gbq_t *bq = &g->bq[mb->nb - 1];
+            CK(eg_resnorm(s, mb->xn, mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_attn[l] * d, g->q_attn[l],
+                          bq->Q, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
+        } else {
+            CK(eg_resnorm(s, mb->xn, mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
+        }
+        bool pushed = B > 0 && l % B == 0;
+        if (pushed) {
+            size_t bs = (size_t)g->o.max_batch_tokens * d;
+            CK(eg_memcpy_async(s, mb->blocks + mb->nb * bs, mb->partial, Td * sizeof(float), 0));
+            mb->nb++;
+            const gbq_t *bq = &g->bq[mb->nb - 1];
+            CK(eg_attnres_phase1(s, mb->stats, mb->acc, mb->blocks, bs, mb->nb, bq->w, bq->Q, T, d, c->rms_eps));
+        }
+        int ow = c->is_mla[l] ? c->mla_heads * c->v_head_dim : g->P;
+        if (c->is_mla[l]) mla_layer(mb, G, l);
+        else kda_layer(mb, G, l);
+        /* o-projection straight into the residual stream: partial = a (block start) or += a */
+        CK(eg_linear(s, mb->partial, d, true, pushed ? 0.f : 1.f, mb->o, ow, G->w_o, T, d, ow));
+        /* MLP side */
+        if (B > 0) {
+            const gbq_t *bq = &g->bq[mb->nb - 1];
+            CK(eg_resnorm(s, mb->xn, mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_mlp[l] * d, g->q_mlp[l],
+                          bq->Q, G->post_norm, NULL, T, d, c->rms_eps, c->rms_eps));
+        } else {
+            CK(eg_resnorm(s, mb->xn, mb->partial, NULL, NULL, NULL, 0, 1, G->post_norm, NULL, T, d, c->rms_eps,
+                          c->rms_eps));
+        }
+        if (st_config_is_moe_layer(c, l)) {
+            route(mb, G, l);
+            int ew = st_config_expert_width(c);
+            if (c->latent > 0) CK(eg_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
+            else CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
+            mb->local_done = false;
+            if (mb->internal) {
+                experts_local(mb, G);
+                moe_finish(mb, G);
+                continue;
+            }
+            handoff(mb, l, work);
+            mb->waiting = true;
+            return 1;
+        }
+        ffn_add(mb, G->dense_gu, G->dense_down, c->intermediate);
+    }
+    finish_step(mb);
+    return 0;
+}
+
+void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work) {
+    /* NOTE: the experts run on the device from the device copy of z; work->out is not written,
+     * the combine reads the device rows (see engine.h: local experts only). */
+    (void)work;
+    if (mb->g->o.remote_experts || !mb->waiting) return;
+    experts_local(mb, &mb->g->L[mb->l]);
+}
+
+st_status_t st_egpu_step(st_egpu_t *g, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
+    if (!g->mb) return ST_FAIL(ST_ERR_INVALID_ARG, "engine: st_engine_step needs local experts");
+    TRY(st_egpu_mb_begin(g->mb, seqs, n_seqs, logits));
+    st_moe_work_t w;
+    while (st_egpu_mb_advance(g->mb, &w)) st_egpu_mb_run_local(g->mb, &w);
+    return g->mb->err;
+}
