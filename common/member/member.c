@@ -23,21 +23,26 @@ struct st_member {
 
 static void tick(uv_timer_t *t);
 
-static void maybe_finish_stop(st_member_t *m) {
-    if (!m->stopping || m->calls > 0 || m->stopping == 2) return;
-    m->stopping = 2;
-    uv_close((uv_handle_t *)&m->timer, NULL);
-    st_rpc_channel_destroy(m->ch);
-    m->ch = NULL;
+static void on_timer_closed(uv_handle_t *h) {
+    st_member_t *m = h->data;
     void (*done)(void *) = m->done;
     void *arg = m->done_arg;
     free(m->name);
     free(m->endpoint);
     free(m->coord);
-    /* NOTE: the timer handle lives inside m; free m only after its close callback ran */
-    m->timer.data = m;
-    uv_close((uv_handle_t *)&m->timer, NULL);
+    free(m);
     if (done) done(arg);
+}
+
+/* Once stopping and no call is in flight: release the channel, then the timer (whose close
+ * callback frees m and reports done). */
+static void maybe_finish_stop(st_member_t *m) {
+    if (!m->stopping || m->calls > 0 || m->stopping == 2) return;
+    m->stopping = 2;
+    st_rpc_channel_destroy(m->ch);
+    m->ch = NULL;
+    m->timer.data = m;
+    uv_close((uv_handle_t *)&m->timer, on_timer_closed);
 }
 
 static void warn_once(st_member_t *m, const char *what, st_status_t st, const char *detail) {

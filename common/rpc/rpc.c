@@ -73,9 +73,15 @@ static void on_async(uv_async_t *a) {
     size_t n = g.n, cap = g.cap;
     g.q = g.q2;
     g.cap = g.cap2;
+    g.q2 = NULL; /* NOTE: a callback may call st_rpc_cleanup(); the batch is ours until the end */
+    g.cap2 = 0;
     g.n = 0;
     pthread_mutex_unlock(&g.mu);
-    for (size_t i = 0; i < n; i++) batch[i].tag->fn(batch[i].tag, batch[i].ok);
+    for (size_t i = 0; i < n && g.inited; i++) batch[i].tag->fn(batch[i].tag, batch[i].ok);
+    if (!g.inited) {
+        free(batch);
+        return;
+    }
     g.q2 = batch;
     g.cap2 = cap;
 }

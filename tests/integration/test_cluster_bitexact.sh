@@ -8,17 +8,8 @@ prompts=("5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24
 for i in "${!prompts[@]}"; do
   "$S" run --ckpt "$TMP/ck" --prompt-tokens "${prompts[$i]}" --max-tokens 12 --dump-logits "$TMP/ref$i.npy" >/dev/null 2>&1
 done
-cmp_rows() { # cluster rows == reference rows from the last prompt position on
-  python3 - "$1" "$2" "$3" <<'PY'
-import sys, numpy as np
-ref, got, n = np.load(sys.argv[1]), np.load(sys.argv[2]), int(sys.argv[3])
-want = ref[n - 1:]
-ok = got.shape == want.shape and got.tobytes() == want.tobytes()
-if not ok:
-    d = np.abs(got[:len(want)] - want[:len(got)]).max() if got.size and want.size else float('nan')
-    print("shape", got.shape, "want", want.shape, "max diff", d)
-sys.exit(0 if ok else 1)
-PY
+cmp_rows() { # cluster rows == reference rows from the last prompt position on, bit for bit
+  python3 "$(dirname "$0")/../npytool.py" same "$1" "$2" $(($3 - 1))
 }
 for cfg in "1 1" "3 2"; do
   set -- $cfg
