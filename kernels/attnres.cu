@@ -1,13 +1,18 @@
 /* Block AttnRes, two-phase form, on the GPU (SPEC §5), fp32: phase 1 scores the completed blocks
  * for all Q sublayer queries of a block set at once (online-softmax state per token and query),
- * phase 2 merges the current partial for one sublayer. Memory-bound; one block per token.
+ * phase 2 merges the current partial for one sublayer. Memory-bound; a cluster of 8 blocks per token.
  * CPU reference: st_attnres_phase1 / st_attnres_phase2 (kernels/attnres.c). */
+#include <cooperative_groups.h>
+
 #include "cuda_common.cuh"
+
+namespace cg = cooperative_groups;
 
 #define AR_MMAX 64
 #define AR_QMAX 64
 #define AR_THREADS 256
 #define AR_QC 8 /* queries per pass over a row */
+#define AR_CL 8 /* blocks per token (a thread-block cluster): each owns a slice of d */
 
 struct ArBlocks {
     const float *p[AR_MMAX];
@@ -30,21 +35,29 @@ __device__ __forceinline__ void ar_reduce(float v[AR_QC + 1], float *red, float 
     __syncthreads();
 }
 
-/* grid T, AR_THREADS threads. */
-__global__ void __launch_bounds__(AR_THREADS) attnres_phase1_kernel(float *stats, float *acc, ArBlocks blk, int m,
-                                                                     const float *w_eff, int Q, int d, float eps) {
-    __shared__ float sc[AR_MMAX * AR_QMAX]; /* scores, then exp(s − max) */
+/* Phase 1. NOTE: a cluster of AR_CL blocks per token splits d into slices; each block reduces
+ * its slice's Σ V_i² and Σ V_i·w_q for every (i, q) into shared memory, the cluster then sums the
+ * AR_CL partials through distributed shared memory in rank order (deterministic), and each block
+ * writes acc for its own slice. One block per token left too few blocks at decode (T = 32).
+ * grid (AR_CL, T), AR_THREADS threads. */
+__global__ void __cluster_dims__(AR_CL, 1, 1) __launch_bounds__(AR_THREADS)
+    attnres_phase1_kernel(float *stats, float *acc, ArBlocks blk, int m, const float *w_eff, int Q, int d,
+                          float eps) {
+    __shared__ float part[AR_MMAX * (AR_QMAX + 1)]; /* [i][q], q = Q: Σ V² ; then totals, then weights */
+    __shared__ float tot_s[AR_MMAX * (AR_QMAX + 1)];
     __shared__ float red[(AR_QC + 1) * 8];
     __shared__ float tot[AR_QC + 1];
-    const int t = blockIdx.x, tid = threadIdx.x;
+    cg::cluster_group cl = cg::this_cluster();
+    const int rank = (int)cl.block_rank(), t = blockIdx.y, tid = threadIdx.x;
+    const int slice = ((d + AR_CL - 1) / AR_CL + 3) & ~3, c0 = rank * slice, c1 = min(d, c0 + slice);
+    const int QW = Q + 1;
     for (int i = 0; i < m; i++) {
         const float *V = blk.p[i] + (size_t)t * d;
-        float rs = 0.f;
         for (int q0 = 0; q0 < Q; q0 += AR_QC) {
             float a[AR_QC + 1];
 #pragma unroll
             for (int j = 0; j <= AR_QC; j++) a[j] = 0.f;
-            for (int c = tid; c < d; c += AR_THREADS) {
+            for (int c = c0 + tid; c < c1; c += AR_THREADS) {
                 float v = V[c];
                 a[AR_QC] += v * v;
 #pragma unroll
@@ -52,25 +65,38 @@ __global__ void __launch_bounds__(AR_THREADS) attnres_phase1_kernel(float *stats
                     if (q0 + j < Q) a[j] += v * w_eff[(size_t)(q0 + j) * d + c];
             }
             ar_reduce(a, red, tot);
-            if (q0 == 0) rs = rsqrtf(tot[AR_QC] / (float)d + eps);
-            if (tid < AR_QC && q0 + tid < Q) sc[i * Q + q0 + tid] = tot[tid] * rs;
+            if (tid < AR_QC && q0 + tid < Q) part[i * QW + q0 + tid] = tot[tid];
+            if (tid == AR_QC && q0 == 0) part[i * QW + Q] = tot[AR_QC];
         }
     }
+    cl.sync();
+    for (int k = tid; k < m * QW; k += AR_THREADS) {
+        float x = 0.f;
+        for (int r = 0; r < AR_CL; r++) x += cl.map_shared_rank(part, r)[k];
+        tot_s[k] = x;
+    }
+    cl.sync(); /* every block has read every other block's partials */
     __syncthreads();
     if (tid < Q) {
         float mx = -INFINITY, sum = 0.f;
-        for (int i = 0; i < m; i++) mx = fmaxf(mx, sc[i * Q + tid]);
         for (int i = 0; i < m; i++) {
-            float e = expf(sc[i * Q + tid] - mx);
-            sc[i * Q + tid] = e;
+            float sc = tot_s[i * QW + tid] * rsqrtf(tot_s[i * QW + Q] / (float)d + eps);
+            part[i * QW + tid] = sc;
+            mx = fmaxf(mx, sc);
+        }
+        for (int i = 0; i < m; i++) {
+            float e = expf(part[i * QW + tid] - mx);
+            part[i * QW + tid] = e;
             sum += e;
         }
-        stats[((size_t)t * Q + tid) * 2] = mx;
-        stats[((size_t)t * Q + tid) * 2 + 1] = sum;
+        if (rank == 0) {
+            stats[((size_t)t * Q + tid) * 2] = mx;
+            stats[((size_t)t * Q + tid) * 2 + 1] = sum;
+        }
     }
     __syncthreads();
     for (int q0 = 0; q0 < Q; q0 += AR_QC)
-        for (int c = tid; c < d; c += AR_THREADS) {
+        for (int c = c0 + tid; c < c1; c += AR_THREADS) {
             float a[AR_QC];
 #pragma unroll
             for (int j = 0; j < AR_QC; j++) a[j] = 0.f;
@@ -78,7 +104,7 @@ __global__ void __launch_bounds__(AR_THREADS) attnres_phase1_kernel(float *stats
                 float v = blk.p[i][(size_t)t * d + c];
 #pragma unroll
                 for (int j = 0; j < AR_QC; j++)
-                    if (q0 + j < Q) a[j] += sc[i * Q + q0 + j] * v;
+                    if (q0 + j < Q) a[j] += part[i * QW + q0 + j] * v;
             }
 #pragma unroll
             for (int j = 0; j < AR_QC; j++)
@@ -89,41 +115,54 @@ __global__ void __launch_bounds__(AR_THREADS) attnres_phase1_kernel(float *stats
 extern "C" st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc,
                                               const float *const *blocks, int m, const float *w_eff, int Q, int T,
                                               int d, float eps) {
-    if (m < 0 || m > AR_MMAX || Q <= 0 || Q > AR_QMAX || T < 0 || d <= 0 || (m > 0 && !blocks))
+    if (m < 0 || m > AR_MMAX || Q <= 0 || Q > AR_QMAX || T < 0 || T > 65535 || d <= 0 || (m > 0 && !blocks))
         return ST_FAIL(ST_ERR_INVALID_ARG, "attnres_phase1: m=%d (≤ %d) Q=%d (≤ %d) T=%d d=%d", m, AR_MMAX, Q,
                        AR_QMAX, T, d);
     if (!T) return ST_OK;
     ArBlocks b;
     for (int i = 0; i < AR_MMAX; i++) b.p[i] = i < m ? blocks[i] : nullptr;
-    attnres_phase1_kernel<<<T, AR_THREADS, 0, ST_STREAM(s)>>>(stats, acc, b, m, w_eff, Q, d, eps);
+    attnres_phase1_kernel<<<dim3(AR_CL, T), AR_THREADS, 0, ST_STREAM(s)>>>(stats, acc, b, m, w_eff, Q, d, eps);
     return ST_LAUNCH_OK("attnres_phase1_kernel");
 }
 
-/* grid T, AR_THREADS threads: score the partial, rescale the block state, write out / out_bf. */
-__global__ void __launch_bounds__(AR_THREADS) attnres_phase2_kernel(float *out, st_bf16_t *out_bf,
-                                                                     const float *partial, const float *stats,
-                                                                     const float *acc, const float *wq, int q, int Q,
-                                                                     int d, float eps) {
+/* Phase 2: a cluster of AR_CL blocks per token (d in slices, as phase 1) scores the partial
+ * (Σ P·w_q and Σ P² summed over the cluster in rank order), rescales the block state and writes
+ * out / out_bf for its slice. grid (AR_CL, T), AR_THREADS threads. */
+__global__ void __cluster_dims__(AR_CL, 1, 1) __launch_bounds__(AR_THREADS)
+    attnres_phase2_kernel(float *out, st_bf16_t *out_bf, const float *partial, const float *stats, const float *acc,
+                          const float *wq, int q, int Q, int d, float eps) {
     __shared__ float red[(AR_QC + 1) * 8];
     __shared__ float tot[AR_QC + 1];
-    const int t = blockIdx.x, tid = threadIdx.x;
+    __shared__ float part[2];
+    cg::cluster_group cl = cg::this_cluster();
+    const int rank = (int)cl.block_rank(), t = blockIdx.y, tid = threadIdx.x;
+    const int slice = ((d + AR_CL - 1) / AR_CL + 3) & ~3, c0 = rank * slice, c1 = min(d, c0 + slice);
     const float *P = partial + (size_t)t * d;
     float a[AR_QC + 1];
 #pragma unroll
     for (int j = 0; j <= AR_QC; j++) a[j] = 0.f;
-    for (int c = tid; c < d; c += AR_THREADS) {
+    for (int c = c0 + tid; c < c1; c += AR_THREADS) {
         float v = P[c];
         a[0] += v * wq[c];
         a[1] += v * v;
     }
     ar_reduce(a, red, tot);
-    float sp = tot[0] * rsqrtf(tot[1] / (float)d + eps);
+    if (tid < 2) part[tid] = tot[tid];
+    cl.sync();
+    float dot = 0.f, ss = 0.f;
+    for (int r = 0; r < AR_CL; r++) {
+        const float *pr = cl.map_shared_rank(part, r);
+        dot += pr[0];
+        ss += pr[1];
+    }
+    cl.sync();
+    float sp = dot * rsqrtf(ss / (float)d + eps);
     const float *st = stats + ((size_t)t * Q + q) * 2;
     float mx = fmaxf(st[0], sp);
     float cb = expf(st[0] - mx), cp = expf(sp - mx);
     float inv = 1.f / (st[1] * cb + cp);
     const float *A = acc + ((size_t)t * Q + q) * d;
-    for (int c = tid; c < d; c += AR_THREADS) {
+    for (int c = c0 + tid; c < c1; c += AR_THREADS) {
         float o = (A[c] * cb + cp * P[c]) * inv;
         if (out) out[(size_t)t * d + c] = o;
         if (out_bf) out_bf[(size_t)t * d + c] = st_tobf(o);
@@ -133,9 +172,10 @@ __global__ void __launch_bounds__(AR_THREADS) attnres_phase2_kernel(float *out, 
 extern "C" st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *out, st_bf16_t *out_bf,
                                               const float *partial, const float *stats, const float *acc,
                                               const float *w_eff_q, int q, int Q, int T, int d, float eps) {
-    if (q < 0 || q >= Q || T < 0 || d <= 0 || (!out && !out_bf))
+    if (q < 0 || q >= Q || T < 0 || T > 65535 || d <= 0 || (!out && !out_bf))
         return ST_FAIL(ST_ERR_INVALID_ARG, "attnres_phase2: q=%d Q=%d T=%d d=%d", q, Q, T, d);
     if (!T) return ST_OK;
-    attnres_phase2_kernel<<<T, AR_THREADS, 0, ST_STREAM(s)>>>(out, out_bf, partial, stats, acc, w_eff_q, q, Q, d, eps);
+    attnres_phase2_kernel<<<dim3(AR_CL, T), AR_THREADS, 0, ST_STREAM(s)>>>(out, out_bf, partial, stats, acc, w_eff_q, q,
+                                                                          Q, d, eps);
     return ST_LAUNCH_OK("attnres_phase2_kernel");
 }

@@ -3,6 +3,8 @@
  * 4-stage cp.async pipeline, 128×128×32 block tiles) with the SiTU/SiLU-GLU fused into the first
  * GEMM's epilogue; plus MXFP4 → bf16 weight conversion at load. Not wgmma (see docs/perf.md).
  * CPU reference: st_ffn per expert (kernels/ffn.c), st_weight_rows_f32 for MXFP4. */
+#include <cublas_v2.h>
+
 #include "cuda_common.cuh"
 
 #define FB_M 128
@@ -26,7 +28,7 @@ __device__ __forceinline__ void fb_ldsm4(uint32_t r[4], const st_bf16_t *p) {
 
 /* Tile table: one entry per (expert, 128-row tile), map [bound, 2] = (expert, first row); entries
  * past the total are (−1, 0) so surplus blocks exit. One block of 1024 threads. */
-__global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bound) {
+__global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bound, int big) {
     __shared__ int wsum[32];
     __shared__ int carry;
     if (threadIdx.x == 0) carry = 0;
@@ -35,7 +37,7 @@ __global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bou
     for (int e0 = 0; e0 < E; e0 += 1024) {
         int e = e0 + threadIdx.x;
         int c = e < E ? offsets[e + 1] - offsets[e] : 0;
-        int nt = c > 0 ? (c + FB_M - 1) / FB_M : 0;
+        int nt = c > 0 && c < big ? (c + FB_M - 1) / FB_M : 0; /* experts ≥ big rows: cuBLAS */
         int x = nt; /* inclusive warp scan */
         for (int o = 1; o < 32; o <<= 1) {
             int y = __shfl_up_sync(0xffffffffu, x, o);
@@ -226,7 +228,7 @@ extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, c
     int *map = (int *)((uint8_t *)ws + (((size_t)N * w * 2 + 255) & ~(size_t)255));
     int bound = ffn_tile_bound(E, N, max_rows_per_expert);
     cudaStream_t cs = ST_STREAM(s);
-    ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, offsets, E, bound);
+    ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, offsets, E, bound, 0x7fffffff);
     st_status_t rc = ST_LAUNCH_OK("ffn_tile_map_kernel");
     if (rc) return rc;
     ffn_gemm_kernel<true><<<dim3(bound, (w + 63) / 64), FB_THREADS, FB_SMEM, cs>>>(h, x, w1, w3, offsets, map, w, l,
@@ -235,6 +237,83 @@ extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, c
     ffn_gemm_kernel<false><<<dim3(bound, (l + 127) / 128), FB_THREADS, FB_SMEM, cs>>>(y, h, w2, nullptr, offsets, map,
                                                                                       l, w, 0, 0.f, 0.f);
     return ST_LAUNCH_OK("ffn_gemm_kernel<down>");
+}
+
+/* Hosted variant: experts with ≥ big rows run as cuBLAS GEMMs (gate and up into gu [rows, 2w],
+ * st_cuda_glu, down), the rest through the grouped kernels (their tile map skips the big ones);
+ * the two write disjoint rows of h and y. */
+extern "C" size_t st_cuda_moe_ffn_hosted_ws_bytes(int N, int w) {
+    return st_cuda_moe_ffn_ws_bytes(N, w) + (((size_t)N * 2 * w * 2 + 255) & ~(size_t)255);
+}
+
+extern "C" st_status_t st_cuda_moe_ffn_hosted(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x,
+                                              const int *offsets, const int *offsets_host, int E, int min_rows_cublas,
+                                              const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l,
+                                              int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes) {
+    if (E <= 0 || E > 4096 || !offsets_host || l <= 0 || w <= 0 || l % 8 || w % 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: E=%d l=%d w=%d", E, l, w);
+    int N = offsets_host[E], big = min_rows_cublas > 0 ? min_rows_cublas : 1024, max_small = 0, n_big = 0;
+    if (ws_bytes < st_cuda_moe_ffn_hosted_ws_bytes(N, w))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: ws=%zu (need %zu)", ws_bytes,
+                       st_cuda_moe_ffn_hosted_ws_bytes(N, w));
+    for (int e = 0; e < E; e++) {
+        int c = offsets_host[e + 1] - offsets_host[e];
+        if (c < 0) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: offsets decrease at expert %d", e);
+        if (c >= big) n_big++;
+        else if (c > max_small) max_small = c;
+    }
+    if (!N) return ST_OK;
+    st_bf16_t *h = (st_bf16_t *)ws;
+    size_t hb = ((size_t)N * w * 2 + 255) & ~(size_t)255;
+    int *map = (int *)((uint8_t *)ws + hb);
+    st_bf16_t *gu = (st_bf16_t *)((uint8_t *)ws + st_cuda_moe_ffn_ws_bytes(N, w));
+    cudaStream_t cs = ST_STREAM(s);
+    st_status_t rc;
+    if (max_small > 0) {
+        static bool attr_done = false; /* NOTE: idempotent; a race only repeats the call */
+        if (!attr_done) {
+            rc = ST_CUDA_CHECK(
+                cudaFuncSetAttribute(ffn_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
+            if (!rc)
+                rc = ST_CUDA_CHECK(cudaFuncSetAttribute(ffn_gemm_kernel<false>,
+                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
+            if (rc) return rc;
+            attr_done = true;
+        }
+        int bound = ffn_tile_bound(E, N, max_small);
+        ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, offsets, E, bound, big);
+        if ((rc = ST_LAUNCH_OK("ffn_tile_map_kernel"))) return rc;
+        ffn_gemm_kernel<true><<<dim3(bound, (w + 63) / 64), FB_THREADS, FB_SMEM, cs>>>(h, x, w1, w3, offsets, map, w,
+                                                                                       l, situ, b1, b2);
+        if ((rc = ST_LAUNCH_OK("ffn_gemm_kernel<glu>"))) return rc;
+        ffn_gemm_kernel<false><<<dim3(bound, (l + 127) / 128), FB_THREADS, FB_SMEM, cs>>>(y, h, w2, nullptr, offsets,
+                                                                                          map, l, w, 0, 0.f, 0.f);
+        if ((rc = ST_LAUNCH_OK("ffn_gemm_kernel<down>"))) return rc;
+    }
+    if (!n_big) return ST_OK;
+    cublasHandle_t hd = (cublasHandle_t)s->cublas;
+    const float one = 1.f, zero = 0.f;
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets_host[e], M = offsets_host[e + 1] - r0;
+        if (M < big) continue;
+        const st_bf16_t *xe = x + (size_t)r0 * l;
+        st_bf16_t *gue = gu + (size_t)r0 * 2 * w, *he = h + (size_t)r0 * w;
+        /* row-major Y[M, n] = X[M, k] · W[n, k]ᵀ is column-major Yᵀ = W_cmᵀ · X_cm */
+        if ((rc = ST_CUBLAS_CHECK(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, w, M, l, &one, w1 + (size_t)e * w * l,
+                                               CUDA_R_16BF, l, xe, CUDA_R_16BF, l, &zero, gue, CUDA_R_16BF, 2 * w,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT))))
+            return rc;
+        if ((rc = ST_CUBLAS_CHECK(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, w, M, l, &one, w3 + (size_t)e * w * l,
+                                               CUDA_R_16BF, l, xe, CUDA_R_16BF, l, &zero, gue + w, CUDA_R_16BF, 2 * w,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT))))
+            return rc;
+        if ((rc = st_cuda_glu(s, he, gue, gue + w, M, w, 2 * w, situ, b1, b2))) return rc;
+        if ((rc = ST_CUBLAS_CHECK(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, l, M, w, &one, w2 + (size_t)e * l * w,
+                                               CUDA_R_16BF, w, he, CUDA_R_16BF, w, &zero, y + (size_t)r0 * l,
+                                               CUDA_R_16BF, l, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT))))
+            return rc;
+    }
+    return ST_OK;
 }
 
 /* ---------------- MXFP4 → bf16 ---------------- */

@@ -5,46 +5,93 @@
 #include "cuda_common.cuh"
 
 #define RQ_KMAX 64
-
-/* one warp per token; rounds of warp argmax of s − τ over the active, not yet taken experts; the
- * taken set is a bitmask in shared memory (n ≤ 32·RQ_BITS words). */
+/* one warp per token. Pass 1 writes σ and compacts the active experts (s ≥ τ) in ascending id
+ * order into a per-warp list (ballot + popc); usually ≤ kmax are active and the list is the answer.
+ * Otherwise rounds of warp argmax of s − τ pick kmax (ties → lower id): over the list when it fit
+ * (RQ_CAP), else over all n with a taken-bitmask. */
 #define RQ_WARPS 4
 #define RQ_NMAX 8192
+#define RQ_CAP 1024
 __global__ void router_quantile_kernel(int *ids, float *w, int *cnt, float *s, const float *tau, int T, int n,
                                        int kmax, int renorm, float scale) {
     __shared__ unsigned taken_all[RQ_WARPS][RQ_NMAX / 32];
     __shared__ int sel_all[RQ_WARPS][RQ_KMAX];
+    __shared__ int lid_all[RQ_WARPS][RQ_CAP];
+    __shared__ float lkey_all[RQ_WARPS][RQ_CAP];
     const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x * RQ_WARPS + wid;
     if (t >= T) return;
     unsigned *taken = taken_all[wid];
-    int *sel = sel_all[wid];
+    int *sel = sel_all[wid], *lid = lid_all[wid];
+    float *lkey = lkey_all[wid];
     float *st = s + (size_t)t * n;
-    for (int j = lane; j < n; j += 32) st[j] = 1.f / (1.f + expf(-st[j]));
-    for (int j = lane; j < (n + 31) / 32; j += 32) taken[j] = 0u;
+    int A = 0; /* active count (warp-uniform) */
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        int j = j0 + lane;
+        bool act = false;
+        float key = 0.f;
+        if (j < n) {
+            float sg = 1.f / (1.f + expf(-st[j])), tj = tau[j];
+            st[j] = sg;
+            act = sg >= tj;
+            key = sg - tj;
+        }
+        unsigned m = __ballot_sync(0xffffffffu, act);
+        int pos = A + __popc(m & ((1u << lane) - 1u));
+        if (act && pos < RQ_CAP) lid[pos] = j, lkey[pos] = key;
+        A += __popc(m);
+    }
     __syncwarp();
     int len = 0;
-    for (; len < kmax; len++) {
-        float best = -INFINITY;
-        int bid = 0x7fffffff;
-        for (int j = lane; j < n; j += 32) {
-            float sj = st[j], tj = tau[j];
-            if (!(sj >= tj) || (taken[j >> 5] >> (j & 31)) & 1u) continue;
-            float key = sj - tj;
-            if (bid == 0x7fffffff || key > best) best = key, bid = j; /* ascending j: first max kept */
+    if (A <= kmax) {
+        for (int i = lane; i < A; i += 32) sel[i] = lid[i];
+        len = A;
+    } else if (A <= RQ_CAP) {
+        for (; len < kmax; len++) {
+            float best = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int i = lane; i < A; i += 32) {
+                float kk = lkey[i];
+                if (kk > best) best = kk, bi = i; /* taken entries hold −inf; ascending i: first max kept */
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+            }
+            if (lane == 0) {
+                sel[len] = lid[bi];
+                lkey[bi] = -INFINITY;
+            }
+            __syncwarp();
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-            if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
-        }
-        if (bid == 0x7fffffff) break;
-        if (lane == 0) {
-            sel[len] = bid;
-            taken[bid >> 5] |= 1u << (bid & 31);
-        }
+    } else {
+        for (int j = lane; j < (n + 31) / 32; j += 32) taken[j] = 0u;
         __syncwarp();
+        for (; len < kmax; len++) {
+            float best = -INFINITY;
+            int bid = 0x7fffffff;
+            for (int j = lane; j < n; j += 32) {
+                float sj = st[j], tj = tau[j];
+                if (!(sj >= tj) || (taken[j >> 5] >> (j & 31)) & 1u) continue;
+                float key = sj - tj;
+                if (bid == 0x7fffffff || key > best) best = key, bid = j; /* ascending j: first max kept */
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+                if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid)))
+                    best = ob, bid = oi;
+            }
+            if (bid == 0x7fffffff) break;
+            if (lane == 0) {
+                sel[len] = bid;
+                taken[bid >> 5] |= 1u << (bid & 31);
+            }
+            __syncwarp();
+        }
     }
+    __syncwarp();
     if (lane == 0) {
         for (int a = 1; a < len; a++) /* insertion sort, ascending id */
             for (int b = a; b > 0 && sel[b - 1] > sel[b]; b--) {

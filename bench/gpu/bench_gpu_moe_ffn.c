@@ -46,6 +46,14 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     double fl = 6.0 * N * l * w;
     printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM ceiling\n", E, tpe,
            l, w, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
+    size_t wsh = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
+    void *wsh_p = bdev(wsh);
+    for (int mr = 512; mr <= 2048; mr *= 2) {
+        BTIME(ms, 20, st_cuda_moe_ffn_hosted(&bs, y, x, off, hoff, E, mr, w1, w3, w2, l, w, true, 4.f, 25.f, wsh_p, wsh));
+        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (cuBLAS for experts >= %d rows%s): %.3f ms, %.1f TFLOP/s\n",
+               E, tpe, l, w, mr, tpe >= mr ? ": all" : ": none", ms, fl / (ms * 1e9));
+    }
+    st_gpu_free(wsh_p);
     /* skewed load: half the experts empty, the other half double */
     for (int e = 0; e <= E; e++) hoff[e] = 2 * tpe * ((e + 1) / 2);
     BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));

@@ -209,10 +209,21 @@ static void ffn_case(int E, const int *counts, int l, int w, bool situ, bool mxf
     GT_OK(st_cuda_moe_ffn(&gt_stream, d_y, d_x, d_off, E, N, maxc, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f, d_ws, wsb));
     gt_down(yb, d_y, 2 * (size_t)N * l);
     gt_from_bf(got, yb, (size_t)N * l);
-    char what[128];
+    char what[160];
     snprintf(what, sizeof what, "moe_ffn E=%d N=%d l=%d w=%d %s %s", E, N, l, w, situ ? "situ" : "silu",
              mxfp4 ? "mxfp4" : "bf16");
     if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+    /* hosted variant: experts with ≥ 100 rows through cuBLAS, the rest grouped */
+    size_t wsh = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
+    void *d_wsh = gt_dev(wsh);
+    gt_poison(d_y, 2 * ((size_t)N * l + 1));
+    GT_OK(st_cuda_moe_ffn_hosted(&gt_stream, d_y, d_x, d_off, off, E, 100, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f,
+                                 d_wsh, wsh));
+    gt_down(yb, d_y, 2 * (size_t)N * l);
+    gt_from_bf(got, yb, (size_t)N * l);
+    strncat(what, " hosted(cuBLAS >= 100 rows)", sizeof what - strlen(what) - 1);
+    if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+    st_gpu_free(d_wsh);
     st_gpu_free(d_off), st_gpu_free(d_x), st_gpu_free(d_y), st_gpu_free(d_ws);
     st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2);
     free(off), free(x), free(w1f), free(w3f), free(w2f), free(xb), free(w1b), free(w3b), free(w2b);
@@ -282,5 +293,6 @@ int main(void) {
     quantile_case(64, 384, 8, 0.0f, 0.0f, true, 3);     /* all active: capped at kmax by s − τ */
     quantile_case(33, 64, 8, 2.0f, 2.0f, true, 4);      /* none active: cnt 0 */
     quantile_case(257, 256, 64, 0.6f, 0.9f, false, 5);
+    quantile_case(500, 896, 16, 0.99f, 0.999f, true, 6); /* a few active, some tokens none */
     return st_test_done();
 }

@@ -134,11 +134,23 @@ st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf1
                             const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
                             size_t ws_bytes);
 
+/* Same FFN when the row counts are also known on the host (an expert server gets them with the
+ * batch): offsets_host [E+1] host memory, equal to offsets (device). Experts with ≥ min_rows_cublas
+ * rows (0: 1024) run as cuBLAS GEMMs each (gate and up into a [rows, 2w] buffer, st_cuda_glu, down;
+ * wgmma-class speed at large counts), the others through the grouped kernels above. Same result
+ * to rounding. ws: st_cuda_moe_ffn_hosted_ws_bytes(N, w), N = offsets_host[E]. */
+size_t st_cuda_moe_ffn_hosted_ws_bytes(int N, int w);
+st_status_t st_cuda_moe_ffn_hosted(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
+                                   const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *w1,
+                                   const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
+                                   float b2, void *ws, size_t ws_bytes);
+
 /* ---------------- router, quantile mode (SPEC §7; kernels/router_q.cu) ---------------- */
 /* scores [T, n] fp32: router logits in, σ(logits) out (in place). Expert j active iff s_j ≥ tau[j]
  * (tau [n] fp32); keep at most kmax with the largest s_j − tau_j (ties → lower id); ids [T, kmax]
  * int32 ascending within a token, −1 past cnt; w [T, kmax] fp32 from the unbiased s (renormalised
- * over the active set if renorm, times scale), 0 past cnt; cnt [T] int32 (may be 0). kmax ≤ 64. */
+ * over the active set if renorm, times scale), 0 past cnt; cnt [T] int32 (may be 0). kmax ≤ 64,
+ * n ≤ 8192. */
 st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
                                     const float *tau, int T, int n, int kmax, bool renorm, float scale);
 /* Per-step score summary input: copy scores [T, n] fp32 (device) to host_pinned [T, n] (pinned host
@@ -150,7 +162,7 @@ st_status_t st_cuda_router_scores_to_host(const st_gpu_stream_t *s, float *host_
 /* Phase 1 (once per completed-block set): blocks = host array of m device pointers, each [T, d]
  * fp32; w_eff [Q, d] fp32 (γ ⊙ w of each of the Q sublayer queries) → stats [T, Q, 2] fp32
  * (max score, Σ exp(s_i − max)) and acc [T, Q, d] fp32 (Σ exp(s_i − max) V_i). m may be 0
- * (stats = (−inf, 0), acc = 0). m ≤ 64. Same as st_attnres_phase1. */
+ * (stats = (−inf, 0), acc = 0). m ≤ 64, Q ≤ 64, T ≤ 65535. Same as st_attnres_phase1. */
 st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *const *blocks,
                                    int m, const float *w_eff, int Q, int T, int d, float eps);
 /* Phase 2 (per sublayer q < Q): merge partial [T, d] fp32 (score with w_eff_q [d] fp32) into the
