@@ -124,6 +124,7 @@ struct aw {
     /* compute thread only */
     seq_t *seqs;    /* [max_seqs] */
     in_msg_t *wait_head, *wait_tail; /* admitted to the worker, waiting for a sequence slot */
+    double map_wait_since;
     int *hl;        /* private copy of holders */
     int *server_of, *server_of2; /* [n_experts] */
     st_dispatch_plan_t plan[MAX_MB], plan2;
@@ -415,6 +416,16 @@ static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why
     int failed[MAX_SERVERS] = {0}, nf = 0;
     choose_servers(aw, w->layer, aw->server_of, NULL);
     st_dispatch_plan_build(&aw->plan[mb], w, aw->server_of, aw->tok_failed[mb]);
+    for (int e = 0; e < aw->c->n_experts && !why[0]; e++) /* name the lost holder of a stranded expert */
+        if (aw->server_of[e] == ST_DISPATCH_NONE) {
+            int used = 0;
+            for (int t = 0; t < w->T && !used; t++)
+                for (int i = 0; i < w->cnt[t]; i++) used |= w->ids[(size_t)t * w->kc + i] == e;
+            int h = aw->hl[((size_t)w->layer * aw->c->n_experts + e) * aw->R];
+            if (used)
+                snprintf(why, why_len, "expert %d of layer %d has no live server (lost: %s at %s)", e, w->layer,
+                         h >= 0 ? aw->srv[h].name : "none placed", h >= 0 ? aw->srv[h].endpoint : "-");
+        }
     send_plan(aw, mb, &aw->plan[mb], w);
     wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
     if (nf == 0) return;
@@ -595,6 +606,33 @@ static void step(aw_t *aw) {
     st_member_set_step(aw->mem, aw->step);
 }
 
+/* No expert map yet (the worker just registered): hold the requests a bounded time for it.
+ * Returns 1 when a map arrived; on the deadline fails the admitted sequences and returns 0. */
+static int placement_wait(aw_t *aw) {
+    if (aw->map_wait_since == 0) aw->map_wait_since = st_time_sec();
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 20 * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&aw->mu);
+    if (aw->place_version == 0) pthread_cond_timedwait(&aw->cv, &aw->mu, &dl);
+    int have = aw->place_version != 0;
+    pthread_mutex_unlock(&aw->mu);
+    if (have) {
+        sync_placement(aw);
+        return 1;
+    }
+    if (st_time_sec() - aw->map_wait_since > aw->o.expert_timeout_ms / 1000.0) {
+        for (int i = 0; i < aw->o.max_seqs; i++)
+            if (aw->seqs[i].used) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_ERROR, "no expert placement from the coordinator yet");
+        aw->map_wait_since = 0;
+    }
+    return 0;
+}
+
 static void *compute_main(void *arg) {
     aw_t *aw = arg;
     for (;;) {
@@ -606,6 +644,7 @@ static void *compute_main(void *arg) {
         drain_inbox(aw);
         sync_placement(aw);
         sync_thresholds(aw);
+        if (!aw->place_applied && !placement_wait(aw)) continue;
         step(aw);
     }
     for (int i = 0; i < aw->o.max_seqs; i++)

@@ -15,7 +15,7 @@ cleanup() {
   if [ "$fail" -gt 0 ] && [ -d "$STRATA_STATE" ]; then
     for f in "$STRATA_STATE"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 25 "$f"; }; done
   fi
-  rm -rf "$TMP"
+  [ -n "${KEEP_TMP:-}" ] || rm -rf "$TMP"
 }
 trap cleanup EXIT
 finish() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]; exit $?; }
