@@ -1,0 +1,44 @@
+/* Internal to common/quantile: little-endian field access and record flags shared by the builder
+ * and the coordinator. Byte map: docs/quantile.md. */
+#ifndef STRATA_QUANTILE_INTERNAL_H
+#define STRATA_QUANTILE_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "strata/quantile.h"
+
+#define ST_Q_REC_EXPLICIT 0x8000u /* record carries its own cut and tie count */
+
+/* Header field offsets (ST_QSUM_HEADER_BYTES = 48). */
+enum {
+    ST_QH_MAGIC = 0, ST_QH_FORMAT = 4, ST_QH_HDR_BYTES = 6, ST_QH_TOTAL = 8, ST_QH_LAYERS = 12,
+    ST_QH_EXPERTS = 16, ST_QH_K = 20, ST_QH_TAU_VERSION = 24, ST_QH_WORKER = 32, ST_QH_SECTIONS = 36,
+    ST_QH_STEP = 40,
+};
+
+static inline void st_q_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void st_q_put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void st_q_put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void st_q_putf(uint8_t *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    st_q_put32(p, u);
+}
+static inline uint16_t st_q_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t st_q_get32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t st_q_get64(const uint8_t *p) { return (uint64_t)st_q_get32(p) | ((uint64_t)st_q_get32(p + 4) << 32); }
+static inline float st_q_getf(const uint8_t *p) {
+    uint32_t u = st_q_get32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#endif
