@@ -54,6 +54,15 @@ static void bench_ffn(int E, int tpe, int l, int w) {
                E, tpe, l, w, mr, tpe >= mr ? ": all" : ": none", ms, fl / (ms * 1e9));
     }
     st_gpu_free(wsh_p);
+    if (tpe >= 1024) { /* the hosted path's pieces, one expert: where its time goes */
+        double mg, ma;
+        st_bf16_t *gu = bdev((size_t)tpe * 2 * w * 2), *hh = bdev((size_t)tpe * w * 2);
+        BTIME(mg, 20, st_cuda_linear(&bs, gu, false, x, w1, tpe, 2 * w, l));
+        BTIME(ma, 20, st_cuda_glu(&bs, hh, gu, gu + w, tpe, w, 2 * w, true, 4.f, 25.f));
+        printf("RESULT moe_ffn pieces: cuBLAS %dx%dx%d (gate+up of one expert) %.1f us = %.1f TFLOP/s; GLU %dx%d %.1f us\n",
+               tpe, 2 * w, l, mg * 1e3, 2.0 * tpe * 2 * w * l / (mg * 1e9), tpe, w, ma * 1e3);
+        st_gpu_free(gu), st_gpu_free(hh);
+    }
     /* skewed load: half the experts empty, the other half double */
     for (int e = 0; e <= E; e++) hoff[e] = 2 * tpe * ((e + 1) / 2);
     BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));

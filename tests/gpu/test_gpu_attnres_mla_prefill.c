@@ -93,6 +93,10 @@ int main(void) {
     attnres_case(5, 1024, 12, 17, 4);
     attnres_case(3, 130, 0, 4, 5);
     attnres_case(64, 1024, 24, 8, 6);
+    attnres_case(600, 1024, 5, 8, 7);  /* many tokens: cuBLAS score GEMMs + per-token kernels */
+    attnres_case(100, 7168, 3, 9, 8);  /* cluster phase 1, per-token phase 2 */
+    attnres_case(700, 4096, 2, 3, 9);
+    attnres_case(300, 512, 0, 6, 10);
 
     mla_prefill_case(1, 1, 1, 192, 128, 1);
     mla_prefill_case(5, 70, 3, 192, 128, 2);
