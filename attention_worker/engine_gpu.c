@@ -19,11 +19,14 @@
 
 typedef struct {
     float *in_norm, *post_norm; /* [d] */
-    /* KDA: one GEMM for q|k|v, one for the other projections of x (aux = f_a | b | g or g_a) */
+    /* KDA: one GEMM for q|k|v, one with fp32 output for f_a | b (aux), one for the output gate.
+     * NOTE: the decay gate is exponentiated and compounds over the sequence, so f stays fp32
+     * (f_a fp32, W_fb fp32, fp32 GEMM): a bf16 f moved the logits by several 1e-2. */
     st_bf16_t *w_qkv;           /* [3P, d] */
-    st_bf16_t *w_aux;           /* [naux, d] */
-    int naux, off_b, off_g;     /* column offsets inside aux rows */
-    st_bf16_t *w_fb;            /* [P, f_rank] */
+    st_bf16_t *w_aux;           /* [f_rank + H, d] */
+    st_bf16_t *w_g;             /* [H*dv, d] full-rank gate, or g_a [g_rank, d] */
+    int naux, off_b, ng;        /* aux width, b's column in aux; rows of w_g */
+    float *w_fb;                /* [P, f_rank] fp32 */
     st_bf16_t *w_gb;            /* [H*dv, g_rank] or NULL (full-rank gate inside aux) */
     float *conv_w;              /* [3P, K] */
     float *A_log, *dt_bias, *o_norm;
@@ -92,8 +95,8 @@ struct st_egpu_mb {
     bool internal; /* st_engine_step's: experts run inline, no hand-off buffers */
     st_gpu_arena_t dev, pin;
     /* device step buffers */
-    float *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
-    st_bf16_t *xn, *qkv, *cqkv, *aux, *q, *k, *v, *f, *o, *gate, *cq, *qm, *ckv, *qabs, *olat, *h2, *hh, *z, *xg,
+    float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
+    st_bf16_t *xn, *qkv, *cqkv, *q, *k, *v, *f, *o, *gate, *cq, *qm, *ckv, *qabs, *olat, *h2, *hh, *z, *xg,
         *yg, *h2e, *he, *un, *xf;
     int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d;
     void *ffn_ws;
@@ -215,13 +218,21 @@ static st_status_t upload(st_egpu_t *g, const st_engine_w_t *W) {
             if (!c->is_mla[l]) {
                 const st_weight_t *qkv[3] = {&L->q, &L->k, &L->v};
                 S_(up_stack(g, &G->w_qkv, qkv, 3));
-                const st_weight_t *aux[3] = {&L->f_a, &L->b, c->full_rank_gate ? &L->g : &L->g_a};
-                S_(up_stack(g, &G->w_aux, aux, 3));
+                const st_weight_t *aux[2] = {&L->f_a, &L->b};
+                S_(up_stack(g, &G->w_aux, aux, 2));
                 G->off_b = L->f_a.rows;
-                G->off_g = L->f_a.rows + L->b.rows;
-                G->naux = G->off_g + aux[2]->rows;
+                G->naux = L->f_a.rows + L->b.rows;
+                S_(up_w(g, &G->w_g, c->full_rank_gate ? &L->g : &L->g_a));
+                G->ng = c->full_rank_gate ? L->g.rows : L->g_a.rows;
                 if (!c->full_rank_gate) S_(up_w(g, &G->w_gb, &L->g));
-                S_(up_w(g, &G->w_fb, &L->f_b));
+                {
+                    float *fb = malloc((size_t)L->f_b.rows * L->f_b.cols * sizeof(float));
+                    if (!fb) { s = ST_FAIL(ST_ERR_NO_MEMORY, "f_b staging"); break; }
+                    st_weight_rows_f32(&L->f_b, 0, L->f_b.rows, fb);
+                    s = up_vec(g, &G->w_fb, fb, L->f_b.rows * L->f_b.cols);
+                    free(fb);
+                    if (s != ST_OK) break;
+                }
                 memcpy(convh, L->conv_q, (size_t)P * K * sizeof(float));
                 memcpy(convh + (size_t)P * K, L->conv_k, (size_t)P * K * sizeof(float));
                 memcpy(convh + (size_t)2 * P * K, L->conv_v, (size_t)P * K * sizeof(float));
@@ -520,7 +531,7 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     *dneed = 0;
 #define DC(f, bytes) mb->f = dcarve(a, dneed, (bytes))
     DC(partial, T * d * F); DC(blocks, nb * T * d * F); DC(stats, T * Q * 2 * F); DC(acc, T * Q * d * F);
-    DC(xn, T * d * B2); DC(qkv, T * 3 * P * B2); DC(cqkv, T * 3 * P * B2); DC(aux, T * (size_t)ST_MAX(g->naux_max, 1) * B2);
+    DC(xn, T * d * B2); DC(qkv, T * 3 * P * B2); DC(cqkv, T * 3 * P * B2); DC(aux, T * (size_t)ST_MAX(g->naux_max, 1) * F);
     DC(q, T * P * B2); DC(k, T * P * B2); DC(v, T * P * B2); DC(f, T * P * B2); DC(gf, T * P * F); DC(beta, T * H * F);
     DC(o, T * wide * B2); DC(gate, T * wide * B2);
     DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(qm, T * Hm * dqk * B2); DC(ckv, T * R * B2);
@@ -691,9 +702,9 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
     int ks = g->layer_slot[l];
     CK(eg_linear(s, mb->qkv, 3 * P, false, 0.f, mb->xn, d, G->w_qkv, T, 3 * P, d));
-    CK(eg_linear(s, mb->aux, G->naux, false, 0.f, mb->xn, d, G->w_aux, T, G->naux, d));
-    CK(eg_linear(s, mb->f, P, false, 0.f, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
-    CK(st_cuda_kda_gate(s, mb->gf, mb->f, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
+    CK(eg_linear(s, mb->aux, G->naux, true, 0.f, mb->xn, d, G->w_aux, T, G->naux, d));
+    CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
+    CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
     CK(st_cuda_conv_silu(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
     CK(eg_kda_prep(s, mb->q, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux, G->naux, G->off_b, T, H, dk, L2_EPS));
@@ -707,14 +718,13 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     else
         CK(st_cuda_kda_chunked(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H,
                                scale));
-    const st_bf16_t *gate = mb->aux + G->off_g;
-    int ldg = G->naux;
-    if (G->w_gb) {
-        CK(eg_linear(s, mb->gate, P, false, 0.f, mb->aux + G->off_g, G->naux, G->w_gb, T, P, c->g_rank));
-        gate = mb->gate;
-        ldg = P;
+    if (G->w_gb) { /* low rank: g_b (g_a x) */
+        CK(eg_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
+        CK(eg_linear(s, mb->gate, P, false, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
+    } else {
+        CK(eg_linear(s, mb->gate, P, false, 0.f, mb->xn, d, G->w_g, T, P, d));
     }
-    CK(eg_kda_out_gate(s, mb->o, gate, ldg, G->o_norm, T, H, dk, c->rms_eps));
+    CK(eg_kda_out_gate(s, mb->o, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
 }
 
 static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {

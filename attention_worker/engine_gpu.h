@@ -40,6 +40,12 @@ void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work);
  * W [N, K] bf16 row-major; fp32 accumulation. beta ∈ {0, 1} (1 only with fp32 y: residual adds). */
 st_status_t eg_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
                       int ldx, const st_bf16_t *W, int T, int N, int K);
+/* y [T, N] (ldy) = x [T, K] (ldx) · Wᵀ, all fp32 (W [N, K] row-major); plain fp32 math. */
+st_status_t eg_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x, int ldx, const float *W, int T, int N,
+                     int K);
+/* KDA decay gate in place on fp32 f [T, H*dk] (st_kda_gate). */
+st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T, int H,
+                          int dk, bool bounded, float lb);
 /* Per head h < H: y_h [T, N] (at y + h·sy, row stride ldy) = x_h [T, K] (x + h·sx, ldx) · op(W_h),
  * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16. */
 st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, int ldy, long long sy, const st_bf16_t *x,
@@ -59,9 +65,9 @@ st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, const float *par
                        const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
                        int n_rows, int d, float ar_eps, float norm_eps);
 /* KDA after the fused q|k|v conv: qkv [T, 3P] bf16 → q, k (L2-normed per head), v [T, P] bf16;
- * beta [T, H] fp32 = σ(aux[t, boff + h]) (aux row stride ldaux, bf16). */
+ * beta [T, H] fp32 = σ(aux[t, boff + h]) (aux row stride ldaux, fp32). */
 st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta,
-                        const st_bf16_t *qkv, const st_bf16_t *aux, int ldaux, int boff, int T, int H, int dk,
+                        const st_bf16_t *qkv, const float *aux, int ldaux, int boff, int T, int H, int dk,
                         float l2eps);
 /* o [T, H, dv] bf16 ← RMSNorm(o_h; w [dv], eps) ⊙ σ(gate[t, h·dv + j]) (gate row stride ldg) */
 st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *gate, int ldg, const float *w,

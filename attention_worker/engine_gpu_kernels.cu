@@ -53,6 +53,30 @@ extern "C" st_status_t eg_linear(const st_gpu_stream_t *s, void *y, int ldy, boo
                                         CUBLAS_GEMM_DEFAULT));
 }
 
+extern "C" st_status_t eg_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x, int ldx, const float *W,
+                                int T, int N, int K) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f, zero = 0.f;
+    return ST_CUBLAS_CHECK(cublasSgemm((cublasHandle_t)s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W, K, x, ldx,
+                                       &zero, y, ldy));
+}
+
+__global__ void kda_gate32_kernel(float *g, const float *A_log, const float *dt_bias, size_t n, int H, int dk,
+                                  int bounded, float lb) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int hc = (int)(i % ((size_t)H * dk));
+    float a = expf(A_log[hc / dk]), u = g[i] + dt_bias[hc];
+    g[i] = bounded ? lb / (1.f + expf(-a * u)) : -a * (u > 20.f ? u : log1pf(expf(u)));
+}
+extern "C" st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T,
+                                     int H, int dk, bool bounded, float lb) {
+    size_t n = (size_t)T * H * dk;
+    if (!n) return ST_OK;
+    kda_gate32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(g, A_log, dt_bias, n, H, dk, bounded, lb);
+    return EG_LAUNCH("kda_gate32_kernel");
+}
+
 extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, int ldy, long long sy,
                                        const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw,
                                        long long sw, bool trans_w, int T, int N, int K, int H) {
@@ -176,7 +200,7 @@ extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, const
 /* ------------------------------------------------------------------ KDA glue */
 /* one warp per (token, head) */
 __global__ void kda_prep_kernel(st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta, const st_bf16_t *qkv,
-                                const st_bf16_t *aux, int ldaux, int boff, int T, int H, int dk, float l2eps) {
+                                const float *aux, int ldaux, int boff, int T, int H, int dk, float l2eps) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
     if (row >= T * H) return;
     int t = row / H, h = row % H, P = H * dk;
@@ -194,10 +218,10 @@ __global__ void kda_prep_kernel(st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float 
         k[o + c] = eg_tobf(eg_bf(src[P + c]) * rk);
         v[o + c] = src[2 * P + c];
     }
-    if (l == 0) beta[(size_t)t * H + h] = eg_sig(eg_bf(aux[(size_t)t * ldaux + boff + h]));
+    if (l == 0) beta[(size_t)t * H + h] = eg_sig(aux[(size_t)t * ldaux + boff + h]);
 }
 extern "C" st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta,
-                                   const st_bf16_t *qkv, const st_bf16_t *aux, int ldaux, int boff, int T, int H, int dk,
+                                   const st_bf16_t *qkv, const float *aux, int ldaux, int boff, int T, int H, int dk,
                                    float l2eps) {
     int rows = T * H;
     if (rows <= 0) return ST_OK;

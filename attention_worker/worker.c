@@ -39,8 +39,9 @@ typedef struct aw aw_t;
 typedef struct {
     uint64_t id;
     char name[64], endpoint[128];
-    st_tp_ep_t *ep; /* loop thread only */
-    int alive;      /* under mu */
+    uint32_t capacity; /* rows per dispatch it accepts */
+    st_tp_ep_t *ep;    /* loop thread only */
+    int alive;         /* under mu */
 } srv_t;
 
 typedef struct {
@@ -53,6 +54,7 @@ typedef struct {
     size_t rlen;
     st_tp_send_req_t send;
     int send_busy; /* loop thread: UCX still holds `send` */
+    int soft;      /* failed by an answer (error reply, capacity), not by the server going away */
     st_tp_recv_t recv;
     char err[256];
 } pend_t;
@@ -330,6 +332,15 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     for (int s = 0; s < aw->n_srv && s < p->n_servers; s++) {
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
+        if (aw->srv[s].capacity && (uint32_t)p->n_rows[s] > aw->srv[s].capacity) {
+            pthread_mutex_lock(&aw->mu);
+            pd->state = P_FAILED;
+            pd->soft = 1;
+            snprintf(pd->err, sizeof pd->err, "expert server %s takes %u rows per dispatch, this step needs %d (lower --max-batch-tokens)",
+                     aw->srv[s].name, aw->srv[s].capacity, p->n_rows[s]);
+            pthread_mutex_unlock(&aw->mu);
+            continue;
+        }
         float *rows;
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
@@ -345,6 +356,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pd->seq = info.seq;
         pd->slen = info.payload_bytes;
         pd->state = P_QUEUED;
+        pd->soft = 0;
         pd->err[0] = 0;
         pthread_mutex_unlock(&aw->mu);
         ev_t *ev = calloc(1, sizeof *ev);
@@ -403,6 +415,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             }
             snprintf(pd->err, sizeof pd->err, "expert server %s sent a reply that does not match the dispatch", aw->srv[s].name);
             pd->state = P_FAILED;
+            pd->soft = 1;
         }
         failed_mask[s] = 1;
         (*n_failed)++;
@@ -433,7 +446,7 @@ static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why
         if (failed[s]) {
             snprintf(why, why_len, "%s", aw->pend[mb][s].err);
             pthread_mutex_lock(&aw->mu);
-            aw->srv[s].alive = 0; /* until the coordinator's next map says otherwise */
+            if (!aw->pend[mb][s].soft) aw->srv[s].alive = 0; /* gone: until the coordinator's next map */
             aw->pend[mb][s].state = P_IDLE;
             pthread_mutex_unlock(&aw->mu);
         }
@@ -449,8 +462,9 @@ static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why
     wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
     for (int s = 0; s < aw->n_srv; s++) {
         if (!failed2[s]) continue;
+        snprintf(why, why_len, "%s", aw->pend[mb][s].err);
         pthread_mutex_lock(&aw->mu);
-        aw->srv[s].alive = 0;
+        if (!aw->pend[mb][s].soft) aw->srv[s].alive = 0;
         aw->pend[mb][s].state = P_IDLE;
         pthread_mutex_unlock(&aw->mu);
         for (int r = 0; r < aw->plan2.n_rows[s]; r++) aw->tok_failed[mb][aw->plan2.pair[(size_t)s * aw->plan2.max_rows + r] / w->kc] = true;
@@ -735,6 +749,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
             snprintf(pd->err, sizeof pd->err, "expert server %s: bad reply (%s)", aw->srv[pd->s].name, st_status_str(r->status));
         } else if (info.kind == ST_WIRE_KIND_ERROR) {
             pd->state = P_FAILED;
+            pd->soft = 1;
             int n = (int)ST_MIN(r->len, sizeof pd->err - 40);
             snprintf(pd->err, sizeof pd->err, "expert server %s: %.*s", aw->srv[pd->s].name, n, (const char *)pd->rbuf);
         } else {
@@ -798,6 +813,7 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
             sv->id = mm->member_id;
             snprintf(sv->name, sizeof sv->name, "%s", mm->name ? mm->name : "?");
             snprintf(sv->endpoint, sizeof sv->endpoint, "%s", mm->data_endpoint ? mm->data_endpoint : "");
+            sv->capacity = mm->capacity;
             char host[128];
             uint16_t port;
             if (split_hostport(sv->endpoint, host, sizeof host, &port) == 0 && st_tp_connect(aw->tp, host, port, &sv->ep) == ST_OK) {

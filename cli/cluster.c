@@ -265,12 +265,25 @@ int st_cmd_up(int argc, char **argv) {
         stop_pids(pids, np, 0);
         return 1;
     }
+    /* an expert server takes a whole micro-batch's rows for one worker: max_batch × k_max (2k) */
+    st_config_t cfgm;
+    char cfgp[700];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", ck);
+    if (st_config_load(&cfgm, cfgp) != ST_OK) {
+        fprintf(stderr, "strata up: %s\n", st_err_last());
+        stop_pids(pids, np, 0);
+        return 1;
+    }
+    char s_rows[32], s_slots[16];
+    snprintf(s_rows, sizeof s_rows, "%d", max_batch * 2 * ST_MAX(cfgm.top_k, 1));
+    snprintf(s_slots, sizeof s_slots, "%d", ST_MIN(4 * workers, 32));
     snprintf(exe, sizeof exe, "%s/strata-expert", bin);
     for (int i = 0; i < experts; i++) {
         char name[32];
         snprintf(name, sizeof name, "expert-%d", i);
         snprintf(log, sizeof log, "%s/%s.log", state, name);
-        char *eargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name, NULL};
+        char *eargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
+                         "--max-rows", s_rows, "--slots", s_slots, NULL};
         pids[np++] = spawn(eargv, log);
     }
     snprintf(exe, sizeof exe, "%s/strata-attn", bin);

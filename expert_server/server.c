@@ -170,6 +170,22 @@ static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t
 static void am_done(void *arg, st_tp_recv_t *r) {
     es_t *es = arg;
     slot_t *s = r->user;
+    if (r->status == ST_ERR_PROTOCOL && r->ep && r->hdr_len == sizeof(st_wire_header_t)) {
+        /* larger than a slot: answer with a clear error instead of letting the worker time out */
+        st_wire_header_t h;
+        memcpy(&h, r->hdr, sizeof h);
+        st_wire_info_t info;
+        if (st_wire_header_decode(r->hdr, r->hdr_len, (size_t)h.payload_bytes, &info) == ST_OK) {
+            s->info = info;
+            s->ep = r->ep;
+            s->result = ST_ERR_CAPACITY;
+            snprintf(s->err, sizeof s->err, "dispatch of %u rows (%llu bytes) exceeds this server's %d rows (--max-rows)",
+                     info.token_count, (unsigned long long)info.payload_bytes, es->o.max_rows);
+            st_log_warn("expert %s: %s", es->o.name, s->err);
+            send_reply(es, s);
+            return;
+        }
+    }
     if (r->status != ST_OK || !r->ep) {
         st_log_warn("expert: dispatch lost in transfer: %s", st_status_str(r->status));
         slot_free(s);

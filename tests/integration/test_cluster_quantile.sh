@@ -19,7 +19,7 @@ random.seed(1)
 sums, steps = None, 25
 for i in range(steps):
     toks = ",".join(str(random.randrange(512)) for _ in range(2000))
-    r = subprocess.run([strata, "generate", "--prompt-tokens", toks, "--max-tokens", "1"], capture_output=True, text=True)
+    r = subprocess.run([strata, "generate", "--prompt-tokens", toks, "--max-tokens", "1", "--print-tokens"], capture_output=True, text=True, errors="replace")
     if r.returncode != 0:
         print("generate failed:", r.stderr); sys.exit(1)
     t0 = time.time()
