@@ -270,6 +270,7 @@ int main(void) {
     dispatch_combine_case(300, 8, 896, 1024, false, 3);
     dispatch_combine_case(2000, 16, 128, 72, true, 4);
     dispatch_combine_case(5, 4, 3, 1100, false, 5);
+    dispatch_combine_case(9, 6, 20, 1102, false, 6); /* l % 4 != 0: scalar combine */
 
     mxfp4_case(3, 32, 1);
     mxfp4_case(64, 1024, 2);

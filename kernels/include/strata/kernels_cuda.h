@@ -110,7 +110,7 @@ st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st
 /* Combine: u [T, l] fp32, u[t] = Σ_{i<cnt[t]} p[t,i] · y[row_of[t,i]], summed in slot order i
  * (= ascending expert id, the CPU engine's moe_finish order; no FMA contraction, fp32).
  * y [rows, l] bf16 (the grouped expert outputs); p [T, kmax] fp32; row_of [T, kmax]; cnt [T] int32
- * (NULL: kmax each). A token with cnt 0 gets u = 0. */
+ * (NULL: kmax each); kmax ≤ 64. A token with cnt 0 gets u = 0. */
 st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, float *u, const st_bf16_t *y, const float *p,
                                 const int *row_of, const int *cnt, int T, int kmax, int l);
 
