@@ -145,7 +145,9 @@ struct aw {
     size_t qcap, qlen[MAX_MB];
     int hook_mb;
     uint32_t *load;              /* [n_layers][n_experts] tokens per expert this step */
-    uint64_t dispatch_bytes;
+    uint64_t dispatch_bytes, reply_bytes, messages;
+    double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
+    st_engine_stats_t est;         /* engine stats at the step's start */
     int reports_inflight;        /* loop thread */
 };
 
@@ -329,6 +331,7 @@ static void choose_servers(aw_t *aw, int layer, int *server_of, const int *avoid
 
 /* Pack and post the dispatches of plan p for micro-batch mb. */
 static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w) {
+    double t0 = st_time_sec();
     for (int s = 0; s < aw->n_srv && s < p->n_servers; s++) {
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
@@ -352,6 +355,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         st_dispatch_pack(p, s, w, rows);
         st_wire_header_encode(&info, &pd->hdr);
         aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
+        aw->messages++;
         pthread_mutex_lock(&aw->mu);
         pd->seq = info.seq;
         pd->slen = info.payload_bytes;
@@ -365,11 +369,14 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         ev->s = s;
         post_event(aw, ev);
     }
+    aw->stage[ST_PROTO_STAGE_DISPATCH] += st_time_sec() - t0;
 }
 
 /* Wait (bounded) for every dispatch of plan p; unpack the good ones, return a mask of failed
  * servers (count in *n_failed) and their errors in pend[].err. */
 static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
+    double t_wait = st_time_sec();
+    uint32_t slowest_us = 0;
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)aw->o.expert_timeout_ms * 1000000ull;
@@ -411,6 +418,8 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             if (ok) {
                 st_dispatch_unpack(p, s, w, rows);
                 pd->state = P_IDLE;
+                aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
+                slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
                 continue;
             }
             snprintf(pd->err, sizeof pd->err, "expert server %s sent a reply that does not match the dispatch", aw->srv[s].name);
@@ -421,6 +430,8 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         (*n_failed)++;
         st_log_warn("worker %s: %s", aw->o.name, pd->err);
     }
+    aw->stage[ST_PROTO_STAGE_EXPERT] += slowest_us * 1e-6;
+    aw->stage[ST_PROTO_STAGE_WAIT] += st_time_sec() - t_wait;
 }
 
 /* Run one work item on the expert servers: dispatch, wait, and one retry round on replicas for
@@ -477,9 +488,11 @@ static void route_hook(void *ctx, int layer, int T, int n, const float *scores, 
     uint32_t *ld = aw->load + (size_t)layer * n;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < cnt[t]; i++) ld[ids[(size_t)t * kmax + i]]++;
-    if (aw->o.routing == ST_ROUTE_QUANTILE &&
-        st_qsum_add_layer(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), scores, (uint32_t)T) != ST_OK)
+    if (aw->o.routing != ST_ROUTE_QUANTILE) return;
+    double t0 = st_time_sec();
+    if (st_qsum_add_layer(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), scores, (uint32_t)T) != ST_OK)
         st_log_warn("worker %s: score summary of layer %d dropped: %s", aw->o.name, layer, st_err_last());
+    aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
 }
 
 /* Newest thresholds → the engine and the summary builder, at a step boundary. */
@@ -510,14 +523,24 @@ static void post_report(aw_t *aw, int nmb) {
                            .dispatch_bytes = aw->dispatch_bytes};
     const uint8_t *sums[MAX_MB];
     size_t lens[MAX_MB];
+    double t0 = st_time_sec();
     if (aw->o.routing == ST_ROUTE_QUANTILE)
         for (int m = 0; m < nmb; m++) {
             if (st_qsum_finish(aw->qsum[m], &lens[r.n_summaries]) != ST_OK) continue;
             sums[r.n_summaries++] = aw->qbuf[m];
         }
+    aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
+    st_engine_stats_t now;
+    st_engine_get_stats(aw->e, &now);
+    aw->stage[ST_PROTO_STAGE_ATTENTION] = (now.attention - aw->est.attention) + (now.route - aw->est.route) +
+                                          (now.head - aw->est.head) - aw->stage[ST_PROTO_STAGE_THRESHOLDS];
+    aw->stage[ST_PROTO_STAGE_COMBINE] = now.combine - aw->est.combine;
     r.summaries = sums;
     r.summary_lens = lens;
-    aw->dispatch_bytes = 0;
+    r.reply_bytes = aw->reply_bytes;
+    r.messages = aw->messages;
+    memcpy(r.stage_s, aw->stage, sizeof r.stage_s);
+    aw->dispatch_bytes = aw->reply_bytes = aw->messages = 0;
     ev_t *ev = calloc(1, sizeof *ev);
     if (!ev) return;
     ev->kind = EV_REPORT;
@@ -567,6 +590,8 @@ static void step(aw_t *aw) {
     char why[MAX_MB][256] = {{0}};
     aw->step++;
     memset(aw->load, 0, sizeof(uint32_t) * (size_t)aw->c->n_layers * aw->c->n_experts);
+    memset(aw->stage, 0, sizeof aw->stage);
+    st_engine_get_stats(aw->e, &aw->est);
     for (int m = 0; m < nmb; m++) {
         if (aw->o.routing == ST_ROUTE_QUANTILE)
             st_qsum_begin(aw->qsum[m], aw->qbuf[m], aw->qcap, (uint32_t)st_member_id(aw->mem), aw->step,

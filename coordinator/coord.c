@@ -190,7 +190,11 @@ static void h_placement(st_rpc_call_t *call, const uint8_t *req, size_t len, voi
 
 static void publish_thresholds(coord_t *co) {
     st_qtable_t t;
-    if (st_qstate_end_step(co->q, &t) != ST_OK) {
+    double t0 = st_time_sec();
+    st_status_t es = st_qstate_end_step(co->q, &t);
+    co->merge_s += st_time_sec() - t0;
+    co->merges++;
+    if (es != ST_OK) {
         st_log_error("coordinator: threshold step failed: %s", st_err_last());
     } else {
         co->tau_version = t.version;
@@ -224,9 +228,14 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
             memcpy(m->load, r.load, sizeof(uint32_t) * r.n_load);
         }
         co->dispatch_bytes += r.dispatch_bytes;
+        co->reply_bytes += r.reply_bytes;
+        co->messages += r.messages;
+        for (int k = 0; k < ST_PROTO_STAGES; k++) co->stage_s[k] += r.stage_s[k];
+        co->stage_steps++;
         co->steps_total++;
         m->step = r.step;
     }
+    double t_merge = st_time_sec();
     for (size_t k = 0; s == ST_OK && k < r.n_summaries && co->q; k++) {
         if (co->n_pending >= MAX_PENDING) publish_thresholds(co);
         uint8_t *copy = malloc(r.summary_lens[k] + 1);
@@ -239,6 +248,7 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         if (s == ST_OK) co->pending[co->n_pending++] = copy; /* zero-copy merge: keep until end_step */
         else free(copy);
     }
+    co->merge_s += st_time_sec() - t_merge;
     if (s == ST_OK && r.n_summaries && co->q) {
         /* the step ends when every live worker has reported (or on the timer) */
         m->reported = 1;

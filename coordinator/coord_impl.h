@@ -82,6 +82,10 @@ struct coord {
     uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;
     int active_requests;
     st_hist_t ttft, tpot;
+    double stage_s[ST_PROTO_STAGES];        /* summed over reported steps */
+    uint64_t stage_steps, reply_bytes, messages;
+    double merge_s;                         /* coordinator: threshold merges + publishes */
+    uint64_t merges;
 };
 
 int st_coord_ready(const coord_t *co);

@@ -157,6 +157,18 @@ char *st_coord_status_json(coord_t *co) {
         "throughput", "requests_total", (json_int_t)co->requests_total, "requests_ok", (json_int_t)co->requests_ok,
         "requests_error", (json_int_t)co->requests_err, "tokens_total", (json_int_t)co->tokens_total, "active_requests",
         co->active_requests, "tokens_per_s", co->tokens_per_s, "dispatch_bytes_total", (json_int_t)co->dispatch_bytes);
+    /* where a worker step's time goes (means over the reported steps, all workers) */
+    double n = co->stage_steps ? (double)co->stage_steps : 1.0;
+    static const char *names[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds"};
+    json_t *split = json_object();
+    for (int k = 0; k < ST_PROTO_STAGES; k++) json_object_set_new(split, names[k], json_real(1e3 * co->stage_s[k] / n));
+    json_object_set_new(split, "network", json_real(1e3 * (co->stage_s[ST_PROTO_STAGE_WAIT] - co->stage_s[ST_PROTO_STAGE_EXPERT]) / n));
+    json_object_set_new(split, "coordinator_merge", json_real(co->merges ? 1e3 * co->merge_s / (double)co->merges : 0));
+    json_object_set_new(split, "steps", json_integer((json_int_t)co->stage_steps));
+    json_object_set_new(split, "dispatch_bytes", json_integer((json_int_t)co->dispatch_bytes));
+    json_object_set_new(split, "reply_bytes", json_integer((json_int_t)co->reply_bytes));
+    json_object_set_new(split, "messages", json_integer((json_int_t)co->messages));
+    json_object_set_new(root, "step_ms", split);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     return s;
@@ -201,6 +213,12 @@ static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
             for (int i = 0; i < co->n_members; i++) n += (int)co->members[i].role == r && co->members[i].alive == a;
             bprintf(&b, "strata_members{role=\"%s\",alive=\"%d\"} %d\n", role_name((st_proto_role_t)r), a, n);
         }
+    static const char *stages[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds"};
+    bprintf(&b, "# HELP strata_step_stage_seconds_total Worker step time by stage.\n# TYPE strata_step_stage_seconds_total counter\n");
+    for (int k = 0; k < ST_PROTO_STAGES; k++)
+        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %.6f\n", stages[k], co->stage_s[k]);
+    bprintf(&b, "# HELP strata_reply_bytes_total Bytes expert servers sent back.\n# TYPE strata_reply_bytes_total counter\n"
+                "strata_reply_bytes_total %llu\n", (unsigned long long)co->reply_bytes);
     hist_metric(&b, "strata_time_to_first_token_seconds", "Time from request to first token.", &co->ttft);
     hist_metric(&b, "strata_time_per_output_token_seconds", "Time between tokens of a request.", &co->tpot);
     size_t cells = (size_t)c->n_layers * c->n_experts;

@@ -422,6 +422,10 @@ st_status_t st_proto_scores_encode(const st_proto_scores_t *m, uint8_t **out, si
     pb.n_load = m->n_load;
     pb.load = m->load;
     pb.dispatch_bytes = m->dispatch_bytes;
+    pb.reply_bytes = m->reply_bytes;
+    pb.messages = m->messages;
+    pb.n_stage_s = ST_PROTO_STAGES;
+    pb.stage_s = (double *)m->stage_s;
     return pack_msg(&pb.base, "ScoreSummary", out, len);
 }
 
@@ -451,6 +455,9 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
     r.n_layers = pb->n_layers;
     r.n_experts = pb->n_experts;
     r.dispatch_bytes = pb->dispatch_bytes;
+    r.reply_bytes = pb->reply_bytes;
+    r.messages = pb->messages;
+    for (size_t i = 0; i < pb->n_stage_s && i < ST_PROTO_STAGES; i++) r.stage_s[i] = pb->stage_s[i];
     r.summaries = calloc(pb->n_summaries + 1, sizeof(uint8_t *));
     r.summary_lens = calloc(pb->n_summaries + 1, sizeof(size_t));
     int okm = r.summaries && r.summary_lens && dup_arr((void **)&r.load, pb->load, pb->n_load, sizeof(uint32_t));

@@ -20,7 +20,7 @@ _Static_assert(offsetof(st_wire_header_t, row_width) == 36, "byte map: row_width
 _Static_assert(offsetof(st_wire_header_t, seq) == 40, "byte map: seq");
 _Static_assert(offsetof(st_wire_header_t, payload_bytes) == 48, "byte map: payload_bytes");
 _Static_assert(offsetof(st_wire_header_t, status) == 56, "byte map: status");
-_Static_assert(offsetof(st_wire_header_t, reserved) == 60, "byte map: reserved");
+_Static_assert(offsetof(st_wire_header_t, compute_us) == 60, "byte map: compute_us");
 
 size_t st_wire_table_bytes(uint32_t expert_count) {
     size_t b = ((size_t)expert_count * 2 + 1) * sizeof(uint32_t);
@@ -86,7 +86,7 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .seq = info->seq,
         .payload_bytes = info->payload_bytes,
         .status = (int32_t)info->status,
-        .reserved = 0,
+        .compute_us = info->kind == ST_WIRE_KIND_COMBINE ? info->compute_us : 0,
     };
     *out = h;
     return ST_OK;
@@ -100,9 +100,9 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
     if (h.magic != ST_WIRE_MAGIC) return ST_FAIL(ST_ERR_PROTOCOL, "wire: bad magic 0x%08x", h.magic);
     if (h.version != ST_WIRE_VERSION)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
-    if (h.flags != 0 || h.reserved != 0)
-        return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, reserved 0x%x)", h.flags,
-                       h.reserved);
+    if (h.flags != 0 || (h.compute_us != 0 && h.kind != ST_WIRE_KIND_COMBINE))
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, compute_us %u on kind %u)", h.flags,
+                       h.compute_us, h.kind);
     if (h.payload_bytes != payload_len)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu says %llu payload bytes, %zu arrived",
                        (unsigned long long)h.seq, (unsigned long long)h.payload_bytes, payload_len);
@@ -118,6 +118,7 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         .seq = h.seq,
         .payload_bytes = h.payload_bytes,
         .status = (st_status_t)h.status,
+        .compute_us = h.compute_us,
     };
     const char *why = info_problem(&in);
     if (why)

@@ -62,7 +62,7 @@ int main(void) {
     expect_reject(&h, pl, 36, 4, ST_WIRE_MAX_ROW_WIDTH + 1, "row_width over limit");
     expect_reject(&h, pl, 48, 8, pl + 4, "payload_bytes field");
     expect_reject(&h, pl, 56, 4, (uint32_t)-40, "status on data message");
-    expect_reject(&h, pl, 60, 4, 1, "reserved");
+    expect_reject(&h, pl, 60, 4, 1, "compute_us on a dispatch");
     CHECK(st_wire_header_decode(&h, 64, pl - 1, &out) == ST_ERR_PROTOCOL, "short payload");
     CHECK(st_wire_header_decode(&h, 64, pl + 1, &out) == ST_ERR_PROTOCOL, "long payload");
     CHECK(st_wire_header_decode(&h, 63, pl, &out) == ST_ERR_PROTOCOL, "short header");

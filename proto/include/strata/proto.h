@@ -110,6 +110,9 @@ typedef struct {
     st_proto_member_t *members;
 } st_proto_placement_t;
 
+enum { ST_PROTO_STAGE_ATTENTION = 0, ST_PROTO_STAGE_DISPATCH, ST_PROTO_STAGE_WAIT, ST_PROTO_STAGE_EXPERT,
+       ST_PROTO_STAGE_COMBINE, ST_PROTO_STAGE_THRESHOLDS, ST_PROTO_STAGES };
+
 /* One worker's step (see strata.proto ScoreSummary): score summaries in common/quantile's byte
  * format (one per micro-batch), and per-expert loads load[l*n_experts + e] (n_load 0 or cells). */
 typedef struct {
@@ -120,7 +123,8 @@ typedef struct {
     size_t *summary_lens;      /* [n_summaries] */
     size_t n_load;
     uint32_t *load;
-    uint64_t dispatch_bytes;
+    uint64_t dispatch_bytes, reply_bytes, messages;
+    double stage_s[ST_PROTO_STAGES]; /* see ST_PROTO_STAGE_* */
 } st_proto_scores_t;
 
 typedef struct {

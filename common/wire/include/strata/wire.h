@@ -18,7 +18,7 @@
  *    40   8  seq            sender's sequence number; a reply echoes the dispatch's
  *    48   8  payload_bytes  exact length of the AM payload
  *    56   4  status         error reply: st_status_t (negative); otherwise 0
- *    60   4  reserved       must be 0
+ *    60   4  compute_us     COMBINE: the expert server's compute time for it, µs; otherwise 0
  *
  * Payload of DISPATCH and COMBINE (offsets table, then rows):
  *   [expert_count]     uint32 expert ids, strictly ascending
@@ -78,7 +78,7 @@ typedef struct {
     uint64_t seq;
     uint64_t payload_bytes;
     int32_t status;
-    uint32_t reserved;
+    uint32_t compute_us;
 } st_wire_header_t;
 
 /* Decoded header fields. */
@@ -93,7 +93,8 @@ typedef struct {
     uint32_t row_width;
     uint64_t seq;
     uint64_t payload_bytes;
-    st_status_t status; /* ERROR only */
+    st_status_t status;  /* ERROR only */
+    uint32_t compute_us; /* COMBINE only: expert compute time of this reply */
 } st_wire_info_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */

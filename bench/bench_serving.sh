@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Serving benchmark on the CPU backend: a local cluster (coordinator, 2 expert servers, 1 attention
+# worker over UCX on loopback) per preset under a decode load. Prints the per-step time split
+# (attention, dispatch, network, expert compute, combine, thresholds, coordinator merge) and the
+# dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
+# mean message size (goal: >= 80%).
+# usage: bench/bench_serving.sh [presets (default "tiny small")] ; env: STRATA_BIN (default build/bin),
+#        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile)
+set -euo pipefail
+BIN=${STRATA_BIN:-$(cd "$(dirname "$0")/.." && pwd)/build/bin}
+presets=${1:-tiny small}
+conc=${CONC:-8}
+routing=${ROUTING:-quantile}
+export UCX_TLS=${UCX_TLS:-tcp}
+work=$(mktemp -d /tmp/strata-bench.XXXXXX)
+export STRATA_STATE=$work/state
+trap '"$BIN/strata" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+perftest_bw() { # $1 = message bytes → MB/s (overall), UCX AM bandwidth on loopback
+  local port=$((20000 + RANDOM % 20000)) n=$(( 400000000 / ($1 + 1) ))
+  [ "$n" -gt 5000 ] && n=5000
+  [ "$n" -lt 50 ] && n=50
+  ucx_perftest -t ucp_am_bw -s "$1" -n "$n" -p "$port" >/dev/null 2>&1 &
+  local srv=$!
+  sleep 0.5
+  ucx_perftest 127.0.0.1 -p "$port" -t ucp_am_bw -s "$1" -n "$n" -f 2>/dev/null | awk 'NF >= 8 && $1 ~ /^[0-9]+$/ {v=$6} END {print v+0}'
+  wait "$srv" 2>/dev/null || true
+}
+snap() { curl -s "http://$1/status" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["step_ms"]; n = s["steps"]
+print(n, *(s[k] * n for k in ("attention", "dispatch", "network", "expert", "combine", "thresholds")),
+      s["coordinator_merge"], s["dispatch_bytes"], s["reply_bytes"], s["messages"])'; }
+run_load() { # $1 http, $2 prompt tokens, $3 max tokens → prints one table row (after minus before)
+  local before after t0 t1 i
+  before=$(snap "$1")
+  for i in $(seq 1 "$conc"); do
+    python3 -c "import random; random.seed($i * 7 + $2); print(','.join(str(random.randrange(256)) for _ in range($2)))" >"$work/p$i"
+  done
+  t0=$(date +%s.%N)
+  local pids=()
+  for i in $(seq 1 "$conc"); do
+    "$BIN/strata" generate --prompt-tokens "$(cat "$work/p$i")" --max-tokens "$3" --print-tokens >/dev/null 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  t1=$(date +%s.%N)
+  sleep 0.3 # the last step's report
+  after=$(snap "$1")
+  python3 - "$before" "$after" "$t0" "$t1" "$conc" "$2" "$3" <<'PY' >"$work/row"
+import sys
+b = list(map(float, sys.argv[1].split())); a = list(map(float, sys.argv[2].split()))
+t0, t1, conc, prompt, gen = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+d = [x - y for x, y in zip(a, b)]
+steps = max(d[0], 1)
+ms = [v / steps for v in d[1:7]]
+coord = a[7]
+dbytes, rbytes, msgs = d[8], d[9], d[10]
+msg = int((dbytes + rbytes) / max(1, 2 * msgs))
+good = (dbytes + rbytes) / max(d[3] / 1e3, 1e-9) / 1e6
+toks = conc * (prompt + gen) / (t1 - t0)
+print(int(d[0]), *[f"{v:.3f}" for v in ms], f"{coord:.3f}", f"{toks:.1f}", msg, f"{good:.1f}")
+PY
+}
+printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' preset load steps "attn ms" "disp ms" "net ms" \
+  "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
+for p in $presets; do
+  case $p in tiny) long=1024; short=16; gen=64 ;; small) long=512; short=32; gen=8 ;; *) long=256; short=16; gen=8 ;; esac
+  "$BIN/strata" up --preset "$p" --experts 2 --workers 1 --routing "$routing" --max-seqs "$conc" \
+      --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
+  http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
+  for load in prefill decode; do
+    if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
+    read -r steps attn disp net exp comb thr coord toks msg good <"$work/row"
+    bw=$(perftest_bw "$msg")
+    ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s' if $bw > 0 else 'n/a')")
+    printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$net" \
+      "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
+  done
+  "$BIN/strata" down >/dev/null 2>&1
+done
+echo "per step: net = waiting for replies minus the servers' compute (both directions, queueing included);"
+echo "goodput = dispatch + reply bytes / net time; ucx_perftest: ucp_am_bw, same UCX_TLS ($UCX_TLS), mean message size"
