@@ -9,6 +9,8 @@ struct st_qsum {
     uint32_t n_layers, n_experts, k, max_tokens;
     float *col;        /* [max_tokens] one expert's column */
     uint32_t *want;    /* [n_experts] entries each expert wants */
+    uint32_t *off;     /* [n_experts] end of its segment in pool; UINT32_MAX: explicit record */
+    float *pool;       /* [qsum_budget(max_tokens)] implicit experts' listed scores */
     uint8_t *seen;     /* [n_layers] layer already added */
     /* current summary */
     uint8_t *buf;
@@ -56,7 +58,9 @@ st_status_t st_qsum_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, ui
     b->col = malloc(sizeof(float) * max_tokens);
     b->want = malloc(sizeof(uint32_t) * n_experts);
     b->seen = malloc(n_layers);
-    if (!b->col || !b->want || !b->seen) goto err_free;
+    b->off = malloc(sizeof(uint32_t) * n_experts);
+    b->pool = malloc(sizeof(float) * qsum_budget(n_experts, k, max_tokens));
+    if (!b->col || !b->want || !b->seen || !b->off || !b->pool) goto err_free;
     *out = b;
     return ST_OK;
 err_free:
@@ -70,6 +74,8 @@ void st_qsum_destroy(st_qsum_t *b) {
     free(b->col);
     free(b->want);
     free(b->seen);
+    free(b->off);
+    free(b->pool);
     free(b);
 }
 
@@ -139,21 +145,21 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
                            layer, i / n, i % n);
     const float *rho = b->th ? b->th->rho + (size_t)layer * n : NULL;
 
-    /* Pass 1: what each expert wants to list. */
+    /* Pass 1: what each expert wants to list: with a report cut, how many scores reach it (one
+     * row-major sweep; a NaN cut compares false); without, the rank quota. 65536 = too many for
+     * one record (the list length is 16 bits): that expert is truncated, explicitly. */
     uint64_t total = 0;
     uint32_t quota = qsum_rank_quota(n, b->k, T), maxw = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t w;
-        if (rho && rho[j] == rho[j]) {
-            w = 0;
-            for (uint32_t t = 0; t < T; t++) w += scores[(size_t)t * n + j] >= rho[j];
-        } else {
-            w = quota;
+    for (uint32_t j = 0; j < n; j++) b->want[j] = (rho && rho[j] == rho[j]) ? 0 : quota;
+    if (rho)
+        for (uint32_t t = 0; t < T; t++) {
+            const float *row = scores + (size_t)t * n;
+            for (uint32_t j = 0; j < n; j++) b->want[j] += row[j] >= rho[j];
         }
-        if (w > 65535u) w = 65535u;
-        b->want[j] = w;
-        total += w;
-        if (w > maxw) maxw = w;
+    for (uint32_t j = 0; j < n; j++) {
+        if (b->want[j] > 65536u) b->want[j] = 65536u;
+        total += b->want[j];
+        if (b->want[j] > maxw) maxw = b->want[j];
     }
     /* Over budget (a stale report cut): water-fill, the largest q with sum min(want, q) <= budget. */
     uint64_t budget = qsum_budget(n, b->k, T);
@@ -169,24 +175,37 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
         q = lo;
     }
 
+    /* Gather the implicit experts' scores (all >= their cut) into pool segments, row-major. */
+    uint32_t used = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        int implicit = rho && rho[j] == rho[j] && b->want[j] <= q && b->want[j] <= 65535u;
+        b->off[j] = implicit ? used : UINT32_MAX;
+        if (implicit) used += b->want[j];
+    }
+    if (rho && used)
+        for (uint32_t t = 0; t < T; t++) {
+            const float *row = scores + (size_t)t * n;
+            for (uint32_t j = 0; j < n; j++)
+                if (b->off[j] != UINT32_MAX && row[j] >= rho[j]) b->pool[b->off[j]++] = row[j] + 0.0f; /* -0 -> +0 */
+        }
+
     /* Pass 2: write the section. Worst case is within st_qsum_max_bytes; check anyway. */
     size_t sec = b->len;
     if (sec + ST_QSUM_SECTION_BYTES > b->cap) goto err_cap;
     size_t p = sec + ST_QSUM_SECTION_BYTES;
     uint32_t n_rec = 0;
     for (uint32_t j = 0; j < n; j++) {
-        int implicit = rho && rho[j] == rho[j] && b->want[j] <= q;
+        int implicit = b->off[j] != UINT32_MAX;
         if (implicit && b->want[j] == 0) continue; /* omitted: nothing >= rho */
         uint32_t m = 0;
-        float cut = 0;
+        float cut = 0, *list = b->col;
         uint32_t n_at = 0;
         if (implicit) {
-            for (uint32_t t = 0; t < T; t++) {
-                float s = scores[(size_t)t * n + j] + 0.0f; /* NOTE: + 0.0f turns -0 into +0 */
-                if (s >= rho[j]) b->col[m++] = s;
-            }
+            m = b->want[j];
+            list = b->pool + b->off[j] - m;
         } else {
             uint32_t r = b->want[j] < q ? b->want[j] : q;
+            if (r > 65535u) r = 65535u;
             for (uint32_t t = 0; t < T; t++) b->col[t] = scores[(size_t)t * n + j] + 0.0f;
             cut = qsum_select_desc(b->col, T, r ? r : 1);
             if (r == 0) { /* budget exhausted: report only the top value's group */
@@ -199,7 +218,7 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
                 else n_at += s == cut;
             }
         }
-        qsort(b->col, m, sizeof(float), qsum_cmp_desc);
+        qsort(list, m, sizeof(float), qsum_cmp_desc);
         size_t need = 4 + (implicit ? 0 : 8) + 4ull * m;
         if (p + need > b->cap) goto err_cap;
         st_q_put16(b->buf + p, (uint16_t)(j | (implicit ? 0 : ST_Q_REC_EXPLICIT)));
@@ -210,7 +229,7 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
             st_q_put32(b->buf + p + 4, n_at);
             p += 8;
         }
-        for (uint32_t i = 0; i < m; i++, p += 4) st_q_putf(b->buf + p, b->col[i]);
+        for (uint32_t i = 0; i < m; i++, p += 4) st_q_putf(b->buf + p, list[i]);
         n_rec++;
     }
     st_q_put32(b->buf + sec, layer);
