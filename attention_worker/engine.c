@@ -291,10 +291,10 @@ err_free:
 }
 
 void st_engine_destroy(st_engine_t *e) {
+    if (!e) return;
 #ifdef STRATA_WITH_CUDA
     if (e->gpu) { st_egpu_destroy(e->gpu); free(e); return; }
 #endif
-    if (!e) return;
     st_engine_mb_destroy(e->mb);
     free(e->seq_busy);
     free(e->seq_used); free(e->seq_len); free(e->kda_S); free(e->kda_conv); free(e->kv_pool);
@@ -622,10 +622,10 @@ st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out) {
 }
 
 void st_engine_mb_destroy(st_engine_mb_t *mb) {
+    if (!mb) return;
 #ifdef STRATA_WITH_CUDA
     if (mb->gpu) { st_egpu_mb_destroy(mb->gpu); free(mb); return; }
 #endif
-    if (!mb) return;
     st_arena_cleanup(&mb->arena);
     free(mb->ents);
     free(mb);
