@@ -4,8 +4,8 @@
 # cluster serves new requests once the coordinator has republished the map.
 . "$(dirname "$0")/lib.sh"
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 13 >/dev/null 2>&1
-expert_pid() { # pid of expert-1
-  pgrep -f -- "--name expert-1( |$)" | head -n 1
+expert_pid() { # pid of this cluster's expert-1 (the checkpoint path makes it unique on the machine)
+  pgrep -f -- "--ckpt $TMP/ck .*--name expert-1( |$)" | head -n 1
 }
 for R in 2 1; do
   "$S" up --ckpt "$TMP/ck" --experts 3 --workers 1 --replicas "$R" --max-seqs 8 --expert-timeout-ms 2000 --heartbeat-ms 200 \
