@@ -50,6 +50,8 @@ struct st_engine {
     uint64_t tau_version;
     st_route_hook_t hook;
     void *hook_ctx;
+    st_trace_hook_t trace; /* test-only (engine.h) */
+    void *trace_ctx;
     /* step */
     struct st_engine_mb *mb; /* the micro-batch st_engine_step uses (local experts only) */
     bool *seq_busy;          /* slot is in a micro-batch in flight */
@@ -365,6 +367,17 @@ void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version
     e->tau_version = version;
 }
 
+void st_engine_set_trace_hook(st_engine_t *e, st_trace_hook_t fn, void *ctx) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_set_trace_hook(e->gpu, fn, ctx); return; }
+#endif
+    e->trace = fn;
+    e->trace_ctx = ctx;
+}
+
+#define TRACE(l, pt, x, T, w) \
+    do { if (e->trace) e->trace(e->trace_ctx, (l), (pt), (T), (w), (x)); } while (0)
+
 void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx) {
 #ifdef STRATA_WITH_CUDA
     if (e->gpu) { st_egpu_set_route_hook(e->gpu, fn, ctx); return; }
@@ -416,6 +429,11 @@ static void kda_layer(st_engine_t *e, const st_layer_w_t *L, int l, const st_ent
             st_kda_chunked(b->o + r * P, b->qc + r * P, b->kc + r * P, b->vc + r * P, b->g + r * P,
                            b->beta + r * H, S, en->n, H, dk, dv, scale, dense_diag, b->kda_ws);
     }
+    TRACE(l, ST_TRACE_KDA_Q, b->qc, T, P);
+    TRACE(l, ST_TRACE_KDA_K, b->kc, T, P);
+    TRACE(l, ST_TRACE_KDA_V, b->vc, T, H * dv);
+    TRACE(l, ST_TRACE_KDA_G, b->g, T, P);
+    TRACE(l, ST_TRACE_KDA_O, b->o, T, H * dv);
     if (c->full_rank_gate) {
         st_linear(b->gate, b->xn, &L->g, T, b->lin);
     } else {
@@ -423,6 +441,7 @@ static void kda_layer(st_engine_t *e, const st_layer_w_t *L, int l, const st_ent
         st_linear(b->gate, b->ga, &L->g, T, b->lin);
     }
     st_kda_out_gate(b->o, b->gate, L->o_norm, T, H, dv, c->rms_eps);
+    TRACE(l, ST_TRACE_ATTN_O, b->o, T, H * dv);
     st_linear(b->a, b->o, &L->o, T, b->lin);
 }
 
@@ -448,6 +467,7 @@ static void mla_layer(st_engine_t *e, const st_layer_w_t *L, int l, const st_ent
     } else {
         st_linear(b->q, b->xn, &L->q, T, b->lin);
     }
+    TRACE(l, ST_TRACE_MLA_Q, b->q, T, H * dqk);
     st_linear(b->ckv, b->xn, &L->kv_a, T, b->lin);
     for (int t = 0; t < T; t++) st_rmsnorm(b->ckv + (size_t)t * R, b->ckv + (size_t)t * R, L->kv_a_norm, 1, kvr, MLA_NORM_EPS);
     int m = e->layer_slot[l];
@@ -503,6 +523,7 @@ static void mla_layer(st_engine_t *e, const st_layer_w_t *L, int l, const st_ent
         st_linear(b->gate, b->xn, &L->g, T, b->lin);
         for (size_t i = 0; i < (size_t)T * H * dv; i++) b->o[i] *= st_sigmoid(b->gate[i]);
     }
+    TRACE(l, ST_TRACE_ATTN_O, b->o, T, H * dv);
     st_linear(b->a, b->o, &L->o, T, b->lin);
 }
 
@@ -547,12 +568,13 @@ static void moe_begin(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bu
         st_linear(b->z, b->xn, &L->lat_down, T, b->lin);
         z = b->z;
     }
+    TRACE(l, ST_TRACE_MOE_Z, (float *)z, T, st_config_expert_width(c));
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = e->kcap, .ew = st_config_expert_width(c), .z = z,
                          .ids = b->ids, .cnt = b->cnt, .tok_ent = b->tok_ent, .out = b->eout};
 }
 
 /* Combine in latent width (ascending expert id), norm, up-projection, shared experts → b->a. */
-static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int T, st_bufs_t *b) {
+static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t *b) {
     const st_config_t *c = &e->c;
     int kc = e->kcap, ew = st_config_expert_width(c), d = c->d;
     for (int t = 0; t < T; t++) {
@@ -566,6 +588,7 @@ static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int T, st_bufs_t *
     }
     if (c->latent > 0) {
         if (L->lat_norm) st_rmsnorm(b->u, b->u, L->lat_norm, T, ew, c->rms_eps);
+        TRACE(l, ST_TRACE_MOE_U, b->u, T, ew);
         st_linear(b->a, b->u, &L->lat_up, T, b->lin);
     } else {
         memcpy(b->a, b->u, (size_t)T * d * sizeof(float));
@@ -751,7 +774,7 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
     size_t Td = (size_t)T * d;
     double t0 = st_time_sec();
     if (mb->waiting) { /* the experts of layer l are back */
-        moe_finish(e, &e->W.layers[mb->l], T, b);
+        moe_finish(e, &e->W.layers[mb->l], mb->l, T, b);
         for (size_t i = 0; i < Td; i++) b->partial[i] += b->a[i];
         mb->waiting = false;
         mb->l++;
@@ -762,6 +785,7 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
     for (; mb->l < c->n_layers; mb->l++) {
         int l = mb->l;
         const st_layer_w_t *L = &e->W.layers[l];
+        TRACE(l, ST_TRACE_PARTIAL_IN, b->partial, T, d);
         /* attention side */
         const float *h = b->partial;
         if (B > 0 && mb->nb > 0) {
@@ -770,6 +794,7 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
             h = b->h;
         }
         st_rmsnorm(b->xn, h, L->in_norm, T, d, c->rms_eps);
+        TRACE(l, ST_TRACE_XN_ATTN, b->xn, T, d);
         bool pushed = B > 0 && l % B == 0;
         if (pushed) {
             memcpy(b->blocks[mb->nb++], b->partial, Td * sizeof(float));
@@ -780,6 +805,7 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
         else kda_layer(e, L, l, mb->ents, mb->n_seqs, T, b);
         if (pushed) memcpy(b->partial, b->a, Td * sizeof(float));
         else for (size_t i = 0; i < Td; i++) b->partial[i] += b->a[i];
+        TRACE(l, ST_TRACE_PARTIAL_MID, b->partial, T, d);
         /* MLP side */
         h = b->partial;
         if (B > 0) {
@@ -788,6 +814,7 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
             h = b->h;
         }
         st_rmsnorm(b->xn, h, L->post_norm, T, d, c->rms_eps);
+        TRACE(l, ST_TRACE_XN_MLP, b->xn, T, d);
         double t1 = st_time_sec();
         e->stats.attention += t1 - t0;
         t0 = t1;
@@ -804,6 +831,7 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
         e->stats.attention += t1 - t0;
         t0 = t1;
     }
+    TRACE(c->n_layers, ST_TRACE_PARTIAL_IN, b->partial, T, d);
     finish_step(mb);
     e->stats.head += st_time_sec() - t0;
     return 0;

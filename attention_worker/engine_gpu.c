@@ -35,6 +35,7 @@ typedef struct {
     st_bf16_t *w_qa, *w_q;      /* [q_lora, d], [H*dqk, q_lora or d] */
     float *qa_norm, *kva_norm;
     st_bf16_t *w_kva, *w_kvb;   /* [R, d], [H*(nope+dv), kv_lora] */
+    float *w_kvb32;             /* the same, fp32 (query absorption in fp32; mla32 only) */
     st_bf16_t *w_mg;            /* [H*dv, d] output gate or NULL */
     /* FFN */
     st_bf16_t *dense_gu, *dense_down; /* [2w, d], [d, w] */
@@ -72,7 +73,14 @@ struct st_egpu {
     float *kda_S, *kda_conv; /* device [n_kda][M][S_per], [n_kda][M][conv_per] */
     size_t S_per, conv_per;
     int page_size, n_pages, pps, n_free, *free_pages, *seq_npages, *seq_pageid;
-    st_bf16_t *kv_pool; /* device [n_pages][page_size][R] */
+    void *kv_pool; /* device [n_pages][page_size][R], fp32 when mla32, else bf16 */
+    bool mla32;    /* STRATA_EGPU_MLA32=1: fp32 query absorption and latent cache (see NOTE in mla_layer) */
+    bool kda_rec;  /* STRATA_EGPU_KDA_REC=1: prompts through the recurrent glue kernel (comparisons) */
+    st_trace_hook_t trace; /* test-only (engine.h) */
+    void *trace_ctx;
+    float *tr_f;    /* host [max_batch_tokens, tr_w] */
+    void *tr_raw;   /* host, same bytes */
+    size_t tr_w;
     void *mla_ws;
     size_t mla_ws_bytes;
     /* routing */
@@ -96,8 +104,10 @@ struct st_egpu_mb {
     st_gpu_arena_t dev, pin;
     /* device step buffers */
     float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
-    st_bf16_t *xn, *qkv, *cqkv, *q, *k, *v, *f, *o, *gate, *cq, *qm, *ckv, *qabs, *olat, *h2, *hh, *z, *xg,
-        *yg, *h2e, *he, *un, *xf;
+    st_bf16_t *xn, *qkv, *cqkv, *q, *k, *v, *f, *o, *gate, *cq, *qm, *olat, *h2, *hh, *z, *xg, *yg, *h2e, *he,
+        *un, *xf;
+    float *qm32, *ckv; /* MLA query [T, H*dqk] and latent row [T, R], fp32 GEMM outputs */
+    void *qabs;        /* [T, H, R] fp32 when mla32, else bf16 */
     int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d;
     void *ffn_ws;
     size_t ffn_ws_bytes;
@@ -250,6 +260,7 @@ static st_status_t upload(st_egpu_t *g, const st_engine_w_t *W) {
                 S_(up_w(g, &G->w_kva, &L->kv_a));
                 S_(up_vec(g, &G->kva_norm, L->kv_a_norm, c->kv_lora_rank));
                 S_(up_w(g, &G->w_kvb, &L->kv_b));
+                if (g->mla32) S_(up_vec(g, &G->w_kvb32, L->kv_b_f32, L->kv_b.rows * L->kv_b.cols));
                 if (c->mla_output_gate) S_(up_w(g, &G->w_mg, &L->g));
             }
             if (st_config_is_moe_layer(c, l)) {
@@ -339,7 +350,7 @@ void st_egpu_destroy(st_egpu_t *g) {
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
     free(g->L); free(g->layer_slot); free(g->q_attn); free(g->q_mlp); free(g->bq);
     free(g->seq_used); free(g->seq_busy); free(g->seq_len); free(g->free_pages); free(g->seq_npages);
-    free(g->seq_pageid); free(g->tau);
+    free(g->seq_pageid); free(g->tau); free(g->tr_f); free(g->tr_raw);
     free(g);
 }
 
@@ -360,6 +371,11 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
     const char *mp = getenv("STRATA_EGPU_MOE");
     g->grouped = !(mp && !strcmp(mp, "cublas"));
 #endif
+    /* STRATA_EGPU_MLA32=1: fp32 MLA scores (comparisons; no accuracy gain measured, docs/perf.md) */
+    const char *ev = getenv("STRATA_EGPU_MLA32");
+    g->mla32 = ev && atoi(ev) != 0;
+    ev = getenv("STRATA_EGPU_KDA_REC");
+    g->kda_rec = ev && atoi(ev) != 0;
     int kmax = g->o.k_max > 0 ? g->o.k_max : 2 * c->top_k;
     g->o.k_max = ST_MIN(kmax, ST_MAX(c->n_experts, 1));
     g->kcap = ST_MAX(c->top_k, g->o.routing == ST_ROUTE_QUANTILE ? g->o.k_max : 0);
@@ -420,7 +436,7 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
     g->n_free = g->n_pages;
     size_t sbytes = (size_t)g->n_kda * M * g->S_per * sizeof(float);
     size_t cbytes = (size_t)g->n_kda * M * g->conv_per * sizeof(float);
-    size_t kvbytes = (size_t)g->n_pages * g->page_size * g->R * 2;
+    size_t kvbytes = (size_t)g->n_pages * g->page_size * g->R * (g->mla32 ? 4 : 2);
     if ((s = galloc(g, (void **)&g->kda_S, sbytes)) != ST_OK || (s = galloc(g, (void **)&g->kda_conv, cbytes)) != ST_OK ||
         (s = galloc(g, (void **)&g->kv_pool, kvbytes)) != ST_OK)
         goto err;
@@ -499,6 +515,46 @@ void st_egpu_set_route_hook(st_egpu_t *g, st_route_hook_t fn, void *ctx) {
 
 void st_egpu_get_stats(const st_egpu_t *g, st_engine_stats_t *out) { *out = g->stats; }
 
+void st_egpu_set_trace_hook(st_egpu_t *g, st_trace_hook_t fn, void *ctx) {
+    const st_config_t *c = &g->c;
+    if (fn && !g->tr_f) { /* test-only: host staging sized for the widest traced row */
+        size_t w = (size_t)ST_MAX(c->d, 3 * g->P);
+        w = ST_MAX(w, (size_t)ST_MAX(c->mla_heads, 1) * (c->qk_nope + c->qk_rope + c->v_head_dim));
+        w = ST_MAX(w, (size_t)st_config_expert_width(c));
+        g->tr_w = w;
+        g->tr_f = malloc((size_t)g->o.max_batch_tokens * w * sizeof(float));
+        g->tr_raw = malloc((size_t)g->o.max_batch_tokens * w * sizeof(float));
+        if (!g->tr_f || !g->tr_raw) {
+            free(g->tr_f), free(g->tr_raw);
+            g->tr_f = NULL, g->tr_raw = NULL;
+            st_log_error("gpu engine: no memory for the trace buffers; trace off");
+            fn = NULL;
+        }
+    }
+    g->trace = fn;
+    g->trace_ctx = ctx;
+}
+
+/* Test-only trace point (engine.h): copy rows [T, w] (row stride ld; bf16 or fp32) to the host,
+ * call the hook, and with writable (fp32, ld == w) copy the hook's values back. Synchronises. */
+static void gtrace(st_egpu_mb_t *mb, int l, int pt, void *src, bool bf16, int w, int ld, bool writable) {
+    st_egpu_t *g = mb->g;
+    if (!g->trace) return;
+    int T = mb->T;
+    size_t es = bf16 ? 2 : 4, bytes = ((size_t)(T - 1) * ld + w) * es;
+    CK(eg_memcpy_async(&g->s, g->tr_raw, src, bytes, 2));
+    CK(st_gpu_stream_sync(&g->s));
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < w; c++)
+            g->tr_f[(size_t)t * w + c] = bf16 ? st_bf16_to_f32(((const st_bf16_t *)g->tr_raw)[(size_t)t * ld + c])
+                                              : ((const float *)g->tr_raw)[(size_t)t * ld + c];
+    g->trace(g->trace_ctx, l, pt, T, w, g->tr_f);
+    if (writable && !bf16 && ld == w) {
+        CK(eg_memcpy_async(&g->s, src, g->tr_f, (size_t)T * w * sizeof(float), 1));
+        CK(st_gpu_stream_sync(&g->s));
+    }
+}
+
 /* ------------------------------------------------------------------ micro-batch buffers */
 
 static void *dcarve(st_gpu_arena_t *a, size_t *need, size_t bytes) {
@@ -534,8 +590,8 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     DC(xn, T * d * B2); DC(qkv, T * 3 * P * B2); DC(cqkv, T * 3 * P * B2); DC(aux, T * (size_t)ST_MAX(g->naux_max, 1) * F);
     DC(q, T * P * B2); DC(k, T * P * B2); DC(v, T * P * B2); DC(f, T * P * B2); DC(gf, T * P * F); DC(beta, T * H * F);
     DC(o, T * wide * B2); DC(gate, T * wide * B2);
-    DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(qm, T * Hm * dqk * B2); DC(ckv, T * R * B2);
-    DC(qabs, T * Hm * R * B2); DC(olat, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
+    DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(qm, T * Hm * dqk * B2); DC(qm32, T * Hm * dqk * F);
+    DC(ckv, T * R * F); DC(qabs, T * Hm * R * F); DC(olat, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
     DC(h2, T * 2 * fw * B2); DC(hh, T * fw * B2);
     DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(ids_tmp, T * kc * 4); DC(cnt, T * 4);
     DC(offsets, (n + 1) * 4); DC(row_of, T * kc * 4); DC(z, T * ew * B2); DC(un, T * ew * B2);
@@ -710,7 +766,11 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     CK(eg_kda_prep(s, mb->q, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux, G->naux, G->off_b, T, H, dk, L2_EPS));
     float *S = g->kda_S + (size_t)ks * M * g->S_per;
     float scale = 1.0f / sqrtf((float)dk);
-    if (dk != 128)
+    gtrace(mb, l, ST_TRACE_KDA_Q, mb->q, true, P, P, false);
+    gtrace(mb, l, ST_TRACE_KDA_K, mb->k, true, P, P, false);
+    gtrace(mb, l, ST_TRACE_KDA_V, mb->v, true, P, P, false);
+    gtrace(mb, l, ST_TRACE_KDA_G, mb->gf, false, P, P, false);
+    if (dk != 128 || g->kda_rec)
         CK(eg_kda_recurrent(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H, dk,
                             scale));
     else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
@@ -718,6 +778,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     else
         CK(st_cuda_kda_chunked(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H,
                                scale));
+    gtrace(mb, l, ST_TRACE_KDA_O, mb->o, true, P, P, false);
     if (G->w_gb) { /* low rank: g_b (g_a x) */
         CK(eg_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
         CK(eg_linear(s, mb->gate, P, false, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
@@ -725,6 +786,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_linear(s, mb->gate, P, false, 0.f, mb->xn, d, G->w_g, T, P, d));
     }
     CK(eg_kda_out_gate(s, mb->o, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
+    gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
 
 static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
@@ -736,31 +798,45 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     if (c->q_lora_rank > 0) {
         CK(eg_linear(s, mb->cq, c->q_lora_rank, false, 0.f, mb->xn, d, G->w_qa, T, c->q_lora_rank, d));
         CK(st_cuda_rmsnorm(s, mb->cq, mb->cq, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
-        CK(eg_linear(s, mb->qm, H * dqk, false, 0.f, mb->cq, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
+        CK(eg_linear(s, mb->qm32, H * dqk, true, 0.f, mb->cq, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
     } else {
-        CK(eg_linear(s, mb->qm, H * dqk, false, 0.f, mb->xn, d, G->w_q, T, H * dqk, d));
+        CK(eg_linear(s, mb->qm32, H * dqk, true, 0.f, mb->xn, d, G->w_q, T, H * dqk, d));
     }
-    CK(eg_linear(s, mb->ckv, R, false, 0.f, mb->xn, d, G->w_kva, T, R, d));
+    gtrace(mb, l, ST_TRACE_MLA_Q, mb->qm32, false, H * dqk, H * dqk, false);
+    CK(eg_linear(s, mb->ckv, R, true, 0.f, mb->xn, d, G->w_kva, T, R, d));
     const int *bt = mb->d_btab + (size_t)m * mb->n_seqs * g->pps;
-    CK(eg_mla_kv_store(s, g->kv_pool, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps, g->page_size, T,
-                       kvr, R, MLA_NORM_EPS));
-    /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h */
-    CK(eg_linear_heads(s, mb->qabs, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr, false, T, kvr,
-                       nope, H));
-    CK(eg_mla_qpe(s, mb->qabs, mb->qm, T, H, nope, rope, kvr));
+    CK(eg_mla_kv_store(s, g->kv_pool, g->mla32, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+                       g->page_size, T, kvr, R, MLA_NORM_EPS));
+    /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h.
+     * With mla32 the absorption (fp32 W_UK), q' and the cache stay fp32 and only ō is rounded to
+     * bf16; measured on `small` it changes neither the sublayer error (4e-3) nor the end-to-end one,
+     * so the bf16 cache and the tuned decode kernel stay the default (docs/perf.md). */
     float scale = 1.0f / sqrtf((float)dqk);
-    if (mb->all_decode && R == 576 && kvr == 512)
-        CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->n_seqs, H, g->page_size, g->pps,
-                              g->o.max_ctx, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
-    else
-        CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps, g->page_size, T, H,
-                       R, kvr, scale));
-    CK(eg_linear_heads(s, mb->o, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+    if (g->mla32) {
+        CK(eg_sgemm_heads(s, mb->qabs, H * R, R, mb->qm32, H * dqk, dqk, G->w_kvb32, kvr, (long long)kvw * kvr, false,
+                          T, kvr, nope, H));
+        CK(eg_mla_qpe(s, mb->qabs, true, mb->qm32, T, H, nope, rope, kvr));
+        CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+                       g->page_size, T, H, R, kvr, scale));
+    } else {
+        CK(eg_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
+        CK(eg_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr,
+                           false, T, kvr, nope, H));
+        CK(eg_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
+        if (mb->all_decode && R == 576 && kvr == 512)
+            CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->n_seqs, H, g->page_size,
+                                  g->pps, g->o.max_ctx, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
+        else
+            CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+                           g->page_size, T, H, R, kvr, scale));
+    }
+    CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                        (long long)kvw * kvr, true, T, dv, kvr, H));
     if (c->mla_output_gate) {
         CK(eg_linear(s, mb->gate, H * dv, false, 0.f, mb->xn, d, G->w_mg, T, H * dv, d));
         CK(eg_mul_sigmoid(s, mb->o, mb->gate, (size_t)T * H * dv));
     }
+    gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
 }
 
 /* partial += down · act(gate x, up x) */
@@ -857,7 +933,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
 }
 
 /* Combine (latent width, slot order), norm, up-projection and shared experts into partial. */
-static void moe_finish(st_egpu_mb_t *mb, const gl_t *G) {
+static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
@@ -867,6 +943,7 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G) {
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
     if (c->latent > 0) {
         CK(eg_moe_combine(s, mb->un, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew, c->rms_eps));
+        gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
         CK(eg_linear(s, mb->partial, d, true, 1.f, mb->un, ew, G->lat_up, T, d, ew));
     } else {
         CK(eg_moe_combine(s, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
@@ -928,13 +1005,14 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
     size_t Td = (size_t)T * d;
     if (!mb->busy) return 0;
     if (mb->waiting) { /* the experts of layer l are back */
-        moe_finish(mb, &g->L[mb->l]);
+        moe_finish(mb, &g->L[mb->l], mb->l);
         mb->waiting = false;
         mb->l++;
     }
     for (; mb->l < c->n_layers; mb->l++) {
         int l = mb->l;
         const gl_t *G = &g->L[l];
+        gtrace(mb, l, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
         /* attention side */
         if (B > 0 && mb->nb > 0) {
             const gbq_t *bq = &g->bq[mb->nb - 1];
@@ -943,6 +1021,7 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
         } else {
             CK(eg_resnorm(s, mb->xn, mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
         }
+        gtrace(mb, l, ST_TRACE_XN_ATTN, mb->xn, true, d, d, false);
         bool pushed = B > 0 && l % B == 0;
         if (pushed) {
             size_t bs = (size_t)g->o.max_batch_tokens * d;
@@ -956,6 +1035,7 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
         else kda_layer(mb, G, l);
         /* o-projection straight into the residual stream: partial = a (block start) or += a */
         CK(eg_linear(s, mb->partial, d, true, pushed ? 0.f : 1.f, mb->o, ow, G->w_o, T, d, ow));
+        gtrace(mb, l, ST_TRACE_PARTIAL_MID, mb->partial, false, d, d, true);
         /* MLP side */
         if (B > 0) {
             const gbq_t *bq = &g->bq[mb->nb - 1];
@@ -965,15 +1045,17 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
             CK(eg_resnorm(s, mb->xn, mb->partial, NULL, NULL, NULL, 0, 1, G->post_norm, NULL, T, d, c->rms_eps,
                           c->rms_eps));
         }
+        gtrace(mb, l, ST_TRACE_XN_MLP, mb->xn, true, d, d, false);
         if (st_config_is_moe_layer(c, l)) {
             route(mb, G, l);
             int ew = st_config_expert_width(c);
             if (c->latent > 0) CK(eg_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
             else CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
+            gtrace(mb, l, ST_TRACE_MOE_Z, mb->z, true, ew, ew, false);
             mb->local_done = false;
             if (mb->internal) {
                 experts_local(mb, G);
-                moe_finish(mb, G);
+                moe_finish(mb, G, l);
                 continue;
             }
             handoff(mb, l, work);
@@ -982,6 +1064,7 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
         }
         ffn_add(mb, G->dense_gu, G->dense_down, c->intermediate);
     }
+    gtrace(mb, c->n_layers, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
     finish_step(mb);
     return 0;
 }

@@ -28,6 +28,7 @@ int st_egpu_seq_len(const st_egpu_t *g, int slot);
 st_status_t st_egpu_step(st_egpu_t *g, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
 void st_egpu_set_thresholds(st_egpu_t *g, const float *tau, uint64_t version);
 void st_egpu_set_route_hook(st_egpu_t *g, st_route_hook_t fn, void *ctx);
+void st_egpu_set_trace_hook(st_egpu_t *g, st_trace_hook_t fn, void *ctx);
 void st_egpu_get_stats(const st_egpu_t *g, st_engine_stats_t *out);
 st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out);
 void st_egpu_mb_destroy(st_egpu_mb_t *mb);
@@ -47,10 +48,15 @@ st_status_t eg_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x
 st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T, int H,
                           int dk, bool bounded, float lb);
 /* Per head h < H: y_h [T, N] (at y + h·sy, row stride ldy) = x_h [T, K] (x + h·sx, ldx) · op(W_h),
- * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16. */
-st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, int ldy, long long sy, const st_bf16_t *x,
+ * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16 in,
+ * y bf16 or fp32 (y_f32). */
+st_status_t eg_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy, const st_bf16_t *x,
                             int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw, bool trans_w, int T,
                             int N, int K, int H);
+/* The same with everything fp32 (plain fp32 math): the MLA query absorption. */
+st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x, int ldx,
+                           long long sx, const float *W, int ldw, long long sw, bool trans_w, int T, int N, int K, int H);
+st_status_t eg_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n);
 st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind /* 0 d2d, 1 h2d, 2 d2h */);
 st_status_t eg_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes);
 /* partial [T, d] fp32 = E[tok[t]] (E [V, d] bf16) */
@@ -77,17 +83,19 @@ st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf1
 st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
                              const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
                              const int *cu_seqlens, int B, int H, int dk, float scale);
-/* MLA cache write: row of token t = [RMSNorm(ckv[t, :kvr]; w, eps) ; ckv[t, kvr:R]] into pool
- * [pages, page_size, R] bf16 at position tok_pos[t] of entry tok_ent[t] (btab [n_ent, pps]). */
-st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, st_bf16_t *pool, const st_bf16_t *ckv, const float *w,
+/* MLA cache write: row of token t = [RMSNorm(ckv[t, :kvr]; w, eps) ; ckv[t, kvr:R]] (ckv [T, R] fp32) into
+ * pool [pages, page_size, R] (fp32 if f32, else bf16) at position tok_pos[t] of entry tok_ent[t] (btab [n_ent, pps]). */
+st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, void *pool, bool f32, const float *ckv, const float *w,
                             const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size, int T,
                             int kvr, int R, float eps);
-/* qabs[t, h, kvr:R] = q[t, h, nope:nope+rope] (the W_UK part is written by eg_linear_heads) */
-st_status_t eg_mla_qpe(const st_gpu_stream_t *s, st_bf16_t *qabs, const st_bf16_t *q, int T, int H, int nope,
+/* qabs[t, h, kvr:R] = q[t, h, nope:nope+rope] (q fp32; qabs fp32 if f32, else bf16; the W_UK part is
+ * written by eg_linear_heads / eg_sgemm_heads) */
+st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const float *q, int T, int H, int nope,
                        int rope, int kvr);
 /* Absorbed MLA attention, causal: query t (qabs [T, H, R]) sees cache rows 0..tok_pos[t] of its
- * entry; olat [T, H, kvr] bf16 = Σ_s softmax(q·k_s·scale) c̃_s. Any R ≤ 1024, kvr ≤ 512, kvr % 32 == 0. */
-st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const st_bf16_t *qabs, const st_bf16_t *pool,
+ * entry; olat [T, H, kvr] bf16 = Σ_s softmax(q·k_s·scale) c̃_s. qabs and pool fp32 if f32, else bf16.
+ * Any R ≤ 1024, kvr ≤ 512, kvr % 32 == 0. */
+st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const void *qabs, const void *pool, bool f32,
                         const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size, int T, int H,
                         int R, int kvr, float scale);
 /* x [T, n] bf16 ← x ⊙ σ(gate [T, n]) */

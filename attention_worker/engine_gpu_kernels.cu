@@ -18,6 +18,10 @@ __device__ __forceinline__ st_bf16_t eg_tobf(float f) {
     __nv_bfloat16 b = __float2bfloat16_rn(f);
     return *reinterpret_cast<st_bf16_t *>(&b);
 }
+__device__ __forceinline__ float eg_ld(st_bf16_t h) { return eg_bf(h); }
+__device__ __forceinline__ float eg_ld(float f) { return f; }
+__device__ __forceinline__ void eg_st(st_bf16_t *p, float f) { *p = eg_tobf(f); }
+__device__ __forceinline__ void eg_st(float *p, float f) { *p = f; }
 __device__ __forceinline__ float eg_sig(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float eg_warp_sum(float v) {
 #pragma unroll
@@ -77,7 +81,7 @@ extern "C" st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const f
     return EG_LAUNCH("kda_gate32_kernel");
 }
 
-extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, int ldy, long long sy,
+extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,
                                        const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw,
                                        long long sw, bool trans_w, int T, int N, int K, int H) {
     if (T <= 0) return ST_OK;
@@ -86,7 +90,27 @@ extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, st_bf16_t *y, i
     // (op N, ld N); W_h [N,K] row-major is col-major K×N (op T, ld K).
     return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
-        ldw, sw, x, CUDA_R_16BF, ldx, sx, &zero, y, CUDA_R_16BF, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        ldw, sw, x, CUDA_R_16BF, ldx, sx, &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x,
+                                      int ldx, long long sx, const float *W, int ldw, long long sw, bool trans_w, int T,
+                                      int N, int K, int H) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f, zero = 0.f;
+    return ST_CUBLAS_CHECK(cublasSgemmStridedBatched((cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                     CUBLAS_OP_N, N, T, K, &one, W, ldw, sw, x, ldx, sx, &zero, y, ldy,
+                                                     sy, H));
+}
+
+__global__ void f32_to_bf16_kernel(st_bf16_t *d, const float *s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = eg_tobf(s[i]);
+}
+extern "C" st_status_t eg_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n) {
+    if (!n) return ST_OK;
+    f32_to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(dst, src, n);
+    return EG_LAUNCH("f32_to_bf16_kernel");
 }
 
 extern "C" st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind) {
@@ -292,39 +316,44 @@ extern "C" st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, st_bf16_t *o, 
 }
 
 /* ------------------------------------------------------------------ MLA glue */
-__global__ void mla_kv_store_kernel(st_bf16_t *pool, const st_bf16_t *ckv, const float *w, const int *tok_ent,
+template <typename TC>
+__global__ void mla_kv_store_kernel(TC *pool, const float *ckv, const float *w, const int *tok_ent,
                                     const int *tok_pos, const int *btab, int pps, int ps, int kvr, int R, float eps) {
     __shared__ float red[32];
     const int t = blockIdx.x;
-    const st_bf16_t *x = ckv + (size_t)t * R;
+    const float *x = ckv + (size_t)t * R;
     float ss = 0.f;
-    for (int c = threadIdx.x; c < kvr; c += blockDim.x) {
-        float a = eg_bf(x[c]);
-        ss += a * a;
-    }
+    for (int c = threadIdx.x; c < kvr; c += blockDim.x) ss += x[c] * x[c];
     ss = eg_block_sum(ss, red);
     float r = 1.f / sqrtf(ss / (float)kvr + eps);
     int pos = tok_pos[t], page = btab[(size_t)tok_ent[t] * pps + pos / ps];
-    st_bf16_t *dst = pool + ((size_t)page * ps + pos % ps) * R;
-    for (int c = threadIdx.x; c < R; c += blockDim.x) dst[c] = c < kvr ? eg_tobf(eg_bf(x[c]) * r * w[c]) : x[c];
+    TC *dst = pool + ((size_t)page * ps + pos % ps) * R;
+    for (int c = threadIdx.x; c < R; c += blockDim.x) eg_st(dst + c, c < kvr ? x[c] * r * w[c] : x[c]);
 }
-extern "C" st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, st_bf16_t *pool, const st_bf16_t *ckv, const float *w,
+extern "C" st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, void *pool, bool f32, const float *ckv, const float *w,
                                        const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
                                        int T, int kvr, int R, float eps) {
     if (T <= 0) return ST_OK;
-    mla_kv_store_kernel<<<T, 128, 0, EG_STREAM(s)>>>(pool, ckv, w, tok_ent, tok_pos, btab, pps, page_size, kvr, R, eps);
+    if (f32)
+        mla_kv_store_kernel<float><<<T, 128, 0, EG_STREAM(s)>>>((float *)pool, ckv, w, tok_ent, tok_pos, btab, pps,
+                                                                page_size, kvr, R, eps);
+    else
+        mla_kv_store_kernel<st_bf16_t><<<T, 128, 0, EG_STREAM(s)>>>((st_bf16_t *)pool, ckv, w, tok_ent, tok_pos, btab,
+                                                                    pps, page_size, kvr, R, eps);
     return EG_LAUNCH("mla_kv_store_kernel");
 }
 
-__global__ void mla_qpe_kernel(st_bf16_t *qabs, const st_bf16_t *q, int H, int nope, int rope, int kvr) {
+template <typename TQ>
+__global__ void mla_qpe_kernel(TQ *qabs, const float *q, int H, int nope, int rope, int kvr) {
     int th = blockIdx.x, R = kvr + rope; /* (t, h) */
     for (int c = threadIdx.x; c < rope; c += blockDim.x)
-        qabs[(size_t)th * R + kvr + c] = q[(size_t)th * (nope + rope) + nope + c];
+        eg_st(qabs + (size_t)th * R + kvr + c, q[(size_t)th * (nope + rope) + nope + c]);
 }
-extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, st_bf16_t *qabs, const st_bf16_t *q, int T, int H, int nope,
+extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const float *q, int T, int H, int nope,
                                   int rope, int kvr) {
     if (T <= 0 || rope <= 0) return ST_OK;
-    mla_qpe_kernel<<<T * H, 64, 0, EG_STREAM(s)>>>(qabs, q, H, nope, rope, kvr);
+    if (f32) mla_qpe_kernel<float><<<T * H, 64, 0, EG_STREAM(s)>>>((float *)qabs, q, H, nope, rope, kvr);
+    else mla_qpe_kernel<st_bf16_t><<<T * H, 64, 0, EG_STREAM(s)>>>((st_bf16_t *)qabs, q, H, nope, rope, kvr);
     return EG_LAUNCH("mla_qpe_kernel");
 }
 
@@ -333,18 +362,19 @@ extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, st_bf16_t *qabs, con
  * conflict-free); lane j scores key j, then the warp updates its online softmax and the lane-strided
  * accumulator (kvr/32 ≤ 16 values per lane). */
 #define MLA_TK 32
-__global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const st_bf16_t *qabs, const st_bf16_t *pool,
+template <typename TC>
+__global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const TC *qabs, const TC *pool,
                                                        const int *tok_ent, const int *tok_pos, const int *btab, int pps,
                                                        int ps, int H, int R, int kvr, float scale) {
     extern __shared__ __align__(16) unsigned char smraw[];
-    const int LD = R + 2;
-    st_bf16_t *Ks = reinterpret_cast<st_bf16_t *>(smraw);           /* [TK][LD] */
-    float *qs = reinterpret_cast<float *>(smraw + (size_t)MLA_TK * LD * 2 + 16); /* [8][R] */
+    const int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
+    TC *Ks = reinterpret_cast<TC *>(smraw);           /* [TK][LD] */
+    float *qs = reinterpret_cast<float *>(smraw + (size_t)MLA_TK * LD * sizeof(TC) + 16); /* [8][R] */
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y * 8 + w;
     const bool active = h < H;
     const int n = tok_pos[t] + 1;
     const int *bt = btab + (size_t)tok_ent[t] * pps;
-    for (int c = lane; c < R; c += 32) qs[w * R + c] = active ? eg_bf(qabs[((size_t)t * H + h) * R + c]) * scale : 0.f;
+    for (int c = lane; c < R; c += 32) qs[w * R + c] = active ? eg_ld(qabs[((size_t)t * H + h) * R + c]) * scale : 0.f;
     float acc[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) acc[i] = 0.f;
@@ -354,7 +384,7 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const st
         __syncthreads();
         for (int i = threadIdx.x; i < MLA_TK * R; i += blockDim.x) {
             int r = i / R, c = i % R, j = s0 + r;
-            st_bf16_t val = 0;
+            TC val = 0;
             if (j < n) val = pool[((size_t)bt[j / ps] * ps + j % ps) * R + c];
             Ks[r * LD + c] = val;
         }
@@ -362,10 +392,10 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const st
         if (!active) continue;
         float sc = -INFINITY;
         if (s0 + lane < n) {
-            const st_bf16_t *kr = Ks + lane * LD;
+            const TC *kr = Ks + lane * LD;
             const float *qw = qs + w * R;
             float a = 0.f;
-            for (int c = 0; c < R; c++) a += qw[c] * eg_bf(kr[c]);
+            for (int c = 0; c < R; c++) a += qw[c] * eg_ld(kr[c]);
             sc = a;
         }
         float mt = eg_warp_max(sc), mn = fmaxf(m, mt);
@@ -376,10 +406,10 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const st
         for (int i = 0; i < 16; i++) acc[i] *= alpha;
         for (int j = 0; j < MLA_TK && s0 + j < n; j++) {
             float pj = __shfl_sync(0xffffffffu, p, j);
-            const st_bf16_t *kr = Ks + j * LD;
+            const TC *kr = Ks + j * LD;
 #pragma unroll
             for (int i = 0; i < 16; i++)
-                if (i < nacc) acc[i] += pj * eg_bf(kr[lane + 32 * i]);
+                if (i < nacc) acc[i] += pj * eg_ld(kr[lane + 32 * i]);
         }
     }
     if (!active) return;
@@ -388,18 +418,28 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const st
     for (int i = 0; i < 16; i++)
         if (i < nacc) olat[((size_t)t * H + h) * kvr + lane + 32 * i] = eg_tobf(acc[i] * inv);
 }
-extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const st_bf16_t *qabs,
-                                   const st_bf16_t *pool, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
+template <typename TC>
+static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, const void *qabs, const void *pool,
+                                   const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
+                                   int T, int H, int R, int kvr, float scale) {
+    int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
+    size_t smem = (size_t)MLA_TK * LD * sizeof(TC) + 16 + (size_t)8 * R * sizeof(float);
+    st_status_t rc = ST_CUDA_CHECK(
+        cudaFuncSetAttribute(mla_attn_kernel<TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (rc) return rc;
+    mla_attn_kernel<TC><<<dim3(T, (H + 7) / 8), 256, smem, EG_STREAM(s)>>>(
+        olat, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale);
+    return EG_LAUNCH("mla_attn_kernel");
+}
+extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const void *qabs, const void *pool,
+                                   bool f32, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
                                    int page_size, int T, int H, int R, int kvr, float scale) {
     if (R > 1024 || kvr > 512 || kvr % 32 || kvr > R)
         return ST_FAIL(ST_ERR_INVALID_ARG, "eg_mla_attn: R=%d kvr=%d (R ≤ 1024, kvr ≤ 512, kvr %% 32 = 0)", R, kvr);
     if (T <= 0) return ST_OK;
-    size_t smem = (size_t)MLA_TK * (R + 2) * 2 + 16 + (size_t)8 * R * sizeof(float);
-    st_status_t rc = ST_CUDA_CHECK(cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (rc) return rc;
-    mla_attn_kernel<<<dim3(T, (H + 7) / 8), 256, smem, EG_STREAM(s)>>>(olat, qabs, pool, tok_ent, tok_pos, btab, pps,
-                                                                       page_size, H, R, kvr, scale);
-    return EG_LAUNCH("mla_attn_kernel");
+    return f32 ? mla_attn_launch<float>(s, olat, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr, scale)
+               : mla_attn_launch<st_bf16_t>(s, olat, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr,
+                                            scale);
 }
 
 __global__ void mul_sigmoid_kernel(st_bf16_t *x, const st_bf16_t *g, size_t n) {

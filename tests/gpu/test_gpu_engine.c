@@ -60,6 +60,107 @@ static void force_hook(void *ctx, int layer, int T, int n, const float *scores, 
     }
 }
 
+/* ---- per-sublayer trace (engine.h ST_TRACE_*): the CPU run records every point in call order; a
+ * GPU run compares point by point (relative L2 per layer and point, prompt and decode apart) and,
+ * in teacher mode, overwrites its partial sums with the CPU's so each sublayer's error is its own. */
+typedef struct {
+    int l, pt, T, w;
+    float *x;
+} tent_t;
+typedef struct {
+    tent_t *e;
+    int n, cap, pos;
+    bool record, teacher;
+    int L, B;
+    double num[33][ST_TRACE_N][2], den[33][ST_TRACE_N][2];
+    double cnum[33][2][2], cden[33][2][2]; /* sublayer contribution: [l][0 attn, 1 ffn][prompt, decode] */
+    int mismatch;
+} trec_t;
+
+static const char *tp_name[ST_TRACE_N] = {"in", "xn_a", "kda_q", "kda_k", "kda_v", "kda_g", "kda_o", "mla_q",
+                                          "attn_o", "mid", "xn_f", "moe_z", "moe_u"};
+
+static void trace_hook(void *ctx, int l, int pt, int T, int w, float *x) {
+    trec_t *r = ctx;
+    if (r->record) {
+        if (r->n == r->cap) {
+            r->cap = r->cap ? 2 * r->cap : 1024;
+            r->e = realloc(r->e, (size_t)r->cap * sizeof(tent_t));
+        }
+        tent_t *e = &r->e[r->n++];
+        *e = (tent_t){.l = l, .pt = pt, .T = T, .w = w, .x = malloc((size_t)T * w * sizeof(float))};
+        memcpy(e->x, x, (size_t)T * w * sizeof(float));
+        return;
+    }
+    if (r->pos >= r->n) { r->mismatch++; return; }
+    int i = r->pos++;
+    const tent_t *e = &r->e[i];
+    if (e->l != l || e->pt != pt || e->T != T || e->w != w) { r->mismatch++; return; }
+    int ph = T > 1 ? 0 : 1, li = l < 32 ? l : 32;
+    size_t n = (size_t)T * w;
+    double num = 0, den = 0;
+    for (size_t j = 0; j < n; j++) {
+        double dd = (double)x[j] - e->x[j];
+        num += dd * dd, den += (double)e->x[j] * e->x[j];
+    }
+    r->num[li][pt][ph] += num, r->den[li][pt][ph] += den;
+    /* the sublayer's own contribution: attention at "mid" (layer l), FFN at "in" of layer l+1 */
+    int want = pt == ST_TRACE_PARTIAL_MID ? ST_TRACE_PARTIAL_IN : pt == ST_TRACE_PARTIAL_IN && l > 0 ? ST_TRACE_PARTIAL_MID : -1;
+    if (want >= 0) {
+        int pl = pt == ST_TRACE_PARTIAL_MID ? l : l - 1;
+        bool reset = pt == ST_TRACE_PARTIAL_MID && r->B > 0 && l % r->B == 0; /* block start: partial = a */
+        const tent_t *p = NULL;
+        for (int k = i - 1; k >= 0 && !p; k--)
+            if (r->e[k].pt == want && r->e[k].l == pl) p = &r->e[k];
+        if (p) {
+            double cd = 0;
+            for (size_t j = 0; j < n; j++) {
+                double c = reset ? e->x[j] : (double)e->x[j] - p->x[j];
+                cd += c * c;
+            }
+            int sl = pt == ST_TRACE_PARTIAL_MID ? 0 : 1, ci = pl < 32 ? pl : 32;
+            r->cnum[ci][sl][ph] += num, r->cden[ci][sl][ph] += cd;
+        }
+    }
+    if (r->teacher && (pt == ST_TRACE_PARTIAL_IN || pt == ST_TRACE_PARTIAL_MID)) memcpy(x, e->x, n * sizeof(float));
+}
+
+static void trace_reset(trec_t *r, bool teacher) {
+    r->record = false, r->teacher = teacher, r->pos = 0, r->mismatch = 0;
+    memset(r->num, 0, sizeof r->num), memset(r->den, 0, sizeof r->den);
+    memset(r->cnum, 0, sizeof r->cnum), memset(r->cden, 0, sizeof r->cden);
+}
+
+static double rr(double n, double d) { return d > 0 ? sqrt(n / d) : -1; }
+
+static void trace_report(const trec_t *r, const st_config_t *c, const char *what) {
+    printf("-- %s: relative L2 per layer and point (prompt / decode; sub_a, sub_f = the attention / FFN "
+           "sublayer's output error relative to that sublayer's own output)%s\n", what,
+           r->mismatch ? " TRACE MISMATCH" : "");
+    for (int l = 0; l <= r->L && l < 33; l++) {
+        printf("  L%-2d %s", l, l == r->L ? "out" : c->is_mla[l] ? "MLA" : "KDA");
+        for (int pt = 0; pt < ST_TRACE_N; pt++) {
+            if (r->den[l][pt][0] <= 0 && r->den[l][pt][1] <= 0) continue;
+            printf(" %s %.1e/%.1e", tp_name[pt], rr(r->num[l][pt][0], r->den[l][pt][0]), rr(r->num[l][pt][1], r->den[l][pt][1]));
+        }
+        if (l < r->L)
+            printf(" | sub_a %.1e/%.1e sub_f %.1e/%.1e", rr(r->cnum[l][0][0], r->cden[l][0][0]),
+                   rr(r->cnum[l][0][1], r->cden[l][0][1]), rr(r->cnum[l][1][0], r->cden[l][1][0]),
+                   rr(r->cnum[l][1][1], r->cden[l][1][1]));
+        printf("\n");
+    }
+    printf("RESULT %s: worst sublayer error (prompt/decode):", what);
+    double wa = 0, wf = 0;
+    int la = -1, lf = -1;
+    for (int l = 0; l < r->L && l < 32; l++) {
+        double a = fmax(rr(r->cnum[l][0][0], r->cden[l][0][0]), rr(r->cnum[l][0][1], r->cden[l][0][1]));
+        double f = fmax(rr(r->cnum[l][1][0], r->cden[l][1][0]), rr(r->cnum[l][1][1], r->cden[l][1][1]));
+        if (a > wa) wa = a, la = l;
+        if (f > wf) wf = f, lf = l;
+    }
+    printf(" attention %.2e (L%d), ffn %.2e (L%d)\n", wa, la, wf, lf);
+}
+
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -176,6 +277,26 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     free(ref);
 }
 
+/* One GPU pass with the CPU's routing forced and the trace compared (teacher: partial sums forced
+ * too). Prints the logits comparison and the per-layer table; returns whether the logits pass. */
+static bool traced_pass(st_engine_t *eg, rrec_t *rec, trec_t *tr, bool teacher, int *toks, int np, int steps,
+                        float *lg, const float *lc, int V, const st_config_t *c, const char *what, bool check) {
+    double gp, gd;
+    rec->pos = 0, rec->flips = 0, rec->tokens = 0, rec->force = true;
+    st_engine_set_route_hook(eg, force_hook, rec);
+    trace_reset(tr, teacher);
+    st_engine_set_trace_hook(eg, trace_hook, tr);
+    CHECK(run_seq(eg, toks, np, steps, true, lg, V, &gp, &gd) == ST_OK, "%s: %s", what, st_err_last());
+    st_engine_set_trace_hook(eg, NULL, NULL);
+    st_engine_set_route_hook(eg, NULL, NULL);
+    CHECK(rec->pos == rec->n, "%s: hook calls %d of %d", what, rec->pos, rec->n);
+    CHECK(tr->mismatch == 0 && tr->pos == tr->n, "%s: trace points %d of %d, %d mismatched", what, tr->pos, tr->n,
+          tr->mismatch);
+    bool ok = compare(what, lg, lc, steps, V, 2e-2, check);
+    trace_report(tr, c, what);
+    return ok;
+}
+
 static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     const char *tmp = getenv("STRATA_TEST_TMP");
     char dir[512];
@@ -205,11 +326,15 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     o.max_ctx = np + steps + 8;
     static rrec_t rec;
     memset(&rec, 0, sizeof rec);
+    static trec_t tr;
+    memset(&tr, 0, sizeof tr);
+    tr.record = true, tr.L = c->n_layers, tr.B = c->attn_res_block;
     double cp = 0, cd = 0, gp, gd;
     if (cpu_ref) {
         st_engine_t *ec;
         CHECK(st_engine_create(&ec, ck, &o) == ST_OK, "cpu engine: %s", st_err_last());
         st_engine_set_route_hook(ec, rec_hook, &rec);
+        st_engine_set_trace_hook(ec, trace_hook, &tr);
         CHECK(run_seq(ec, toks, np, steps, false, lc, V, &cp, &cd) == ST_OK, "cpu run: %s", st_err_last());
         st_engine_destroy(ec);
     }
@@ -230,18 +355,34 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     printf("RESULT %s_gpu_decode_tok_s %.1f (batch 1)\n", preset, steps / gd);
     if (cpu_ref) {
         bool own = compare("own routing", lg, lc, steps, V, 2e-2, false);
-        /* the checked pass: CPU's expert choices forced, flips counted */
-        rec.force = true;
-        st_engine_set_route_hook(eg, force_hook, &rec);
-        CHECK(run_seq(eg, toks, np, steps, true, lg, V, &gp, &gd) == ST_OK, "gpu forced run: %s", st_err_last());
-        CHECK(rec.pos == rec.n, "hook calls %d of %d", rec.pos, rec.n);
+        /* the checked pass: CPU's expert choices forced, flips counted; the trace shows how the error
+         * grows layer by layer */
+        char what[96];
+        snprintf(what, sizeof what, "%s forced routing", preset);
+        traced_pass(eg, &rec, &tr, false, toks, np, steps, lg, lc, V, c, what, true);
         printf("%s: routing flips (GPU's own choice ≠ CPU's) %ld of %ld token-layer positions\n", preset, rec.flips,
                rec.tokens);
         printf("RESULT %s_route_flips %ld of %ld (own routing %s)\n", preset, rec.flips, rec.tokens,
                own ? "passes too" : "fails: flips");
-        compare("forced routing", lg, lc, steps, V, 2e-2, true);
-        st_engine_set_route_hook(eg, NULL, NULL);
+        /* teacher forcing: every sublayer starts from the CPU's partial sums, so each row of the
+         * table is that sublayer's own error (reported, not checked) */
+        snprintf(what, sizeof what, "%s teacher-forced", preset);
+        traced_pass(eg, &rec, &tr, true, toks, np, steps, lg, lc, V, c, what, false);
         test_handoff(eg, ck, toks, np, V);
+        /* STRATA_GPU_DIAG=1: the same two passes for the precision variants of the engine */
+        static const char *variants[][2] = {{"STRATA_EGPU_MLA32", "1"}, {"STRATA_EGPU_KDA_REC", "1"}};
+        for (int vi = 0; getenv("STRATA_GPU_DIAG") && vi < 2; vi++) {
+            setenv(variants[vi][0], variants[vi][1], 1);
+            st_engine_t *ev;
+            if (st_engine_create(&ev, ck, &o) == ST_OK) {
+                snprintf(what, sizeof what, "%s %s=%s forced routing", preset, variants[vi][0], variants[vi][1]);
+                traced_pass(ev, &rec, &tr, false, toks, np, steps, lg, lc, V, c, what, false);
+                snprintf(what, sizeof what, "%s %s=%s teacher-forced", preset, variants[vi][0], variants[vi][1]);
+                traced_pass(ev, &rec, &tr, true, toks, np, steps, lg, lc, V, c, what, false);
+                st_engine_destroy(ev);
+            }
+            unsetenv(variants[vi][0]);
+        }
     } else {
         int nf = 0;
         for (size_t i = 0; i < (size_t)(steps + 1) * V; i++) nf += !isfinite(lg[i]);
@@ -250,6 +391,8 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     st_engine_destroy(eg);
 out:
     for (int i = 0; i < rec.n; i++) free(rec.calls[i].ids), free(rec.calls[i].cnt);
+    for (int i = 0; i < tr.n; i++) free(tr.e[i].x);
+    free(tr.e);
     free(lc), free(lg), free(toks);
     st_ckpt_close(ck);
     char cmd[600];

@@ -65,6 +65,30 @@ typedef void (*st_route_hook_t)(void *ctx, int layer, int T, int n_experts, cons
                                 int *ids, int *cnt, int kmax);
 void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx);
 
+/* ---- test-only trace: per-sublayer comparison of backends (SPEC §8) ----
+ * Called at fixed points of the layer walk, in the same order on every backend, with an fp32 host
+ * copy x [T, w] (the GPU engine copies device data back and synchronises: slow, tests only). At the
+ * two partial-sum points the hook may overwrite x and the walk continues from the new values
+ * (teacher forcing: each sublayer then starts from the reference's input); elsewhere x is read-only. */
+typedef enum {
+    ST_TRACE_PARTIAL_IN = 0, /* [T, d] partial sum at the start of layer l (l = n_layers: before the output AttnRes); writable */
+    ST_TRACE_XN_ATTN,        /* [T, d] normed attention input */
+    ST_TRACE_KDA_Q,          /* [T, H*dk] after conv, SiLU, L2 norm */
+    ST_TRACE_KDA_K,          /* [T, H*dk] */
+    ST_TRACE_KDA_V,          /* [T, H*dv] after conv, SiLU */
+    ST_TRACE_KDA_G,          /* [T, H*dk] decay gate */
+    ST_TRACE_KDA_O,          /* [T, H*dv] recurrence output, before the output gate */
+    ST_TRACE_MLA_Q,          /* [T, H*(nope+rope)] */
+    ST_TRACE_ATTN_O,         /* [T, H*dv] attention output before o_proj (gated) */
+    ST_TRACE_PARTIAL_MID,    /* [T, d] after the attention add; writable */
+    ST_TRACE_XN_MLP,         /* [T, d] normed FFN input */
+    ST_TRACE_MOE_Z,          /* [T, ew] latent expert input */
+    ST_TRACE_MOE_U,          /* [T, ew] combined latent (normed when the layer has the norm) */
+    ST_TRACE_N
+} st_trace_point_t;
+typedef void (*st_trace_hook_t)(void *ctx, int layer, int point, int T, int w, float *x);
+void st_engine_set_trace_hook(st_engine_t *e, st_trace_hook_t fn, void *ctx);
+
 /* ---- micro-batches: the distributed worker drives the layer walk itself ----
  * A micro-batch steps a set of sequences through the layers and stops at every MoE layer to hand
  * its routed tokens to an executor (local experts, or expert servers over the network). Several
