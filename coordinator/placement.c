@@ -49,7 +49,7 @@ st_status_t st_placement_update(st_placement_t *p, const st_place_server_t *live
         free(load);
         return ST_FAIL(ST_ERR_NO_MEMORY, "placement update");
     }
-    memcpy(live, live_in, sizeof *live * (size_t)n_live);
+    if (n_live > 0) memcpy(live, live_in, sizeof *live * (size_t)n_live);
     qsort(live, (size_t)n_live, sizeof *live, cmp_server); /* order-independent result */
     bool changed = false;
     /* 1. drop holders that are gone; compact each expert's list */
