@@ -462,7 +462,12 @@ err:
 
 /* ------------------------------------------------------------------ sequences */
 
+/* NOTE: the CUDA runtime's current device is per thread; the worker drives the engine from its
+ * compute thread, so every entry point that touches the device selects it first (cheap). */
+#define USE_DEVICE(g) TRY(st_gpu_init((g)->o.device))
+
 st_status_t st_egpu_seq_open(st_egpu_t *g, int *slot) {
+    USE_DEVICE(g);
     int M = g->o.max_seqs;
     for (int i = 0; i < M; i++) {
         if (g->seq_used[i]) continue;
@@ -644,7 +649,10 @@ static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal) {
     return ST_OK;
 }
 
-st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out) { return mb_create(g, out, false); }
+st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out) {
+    USE_DEVICE(g);
+    return mb_create(g, out, false);
+}
 
 void st_egpu_mb_destroy(st_egpu_mb_t *mb) {
     if (!mb) return;
@@ -702,6 +710,7 @@ static void grow_pages(st_egpu_t *g, const gent_t *en) {
 st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
     st_egpu_t *g = mb->g;
     if (mb->busy) return ST_FAIL(ST_ERR_INVALID_ARG, "micro-batch is still in flight");
+    USE_DEVICE(g);
     int T = 0;
     TRY(validate(g, seqs, n_seqs, mb->ents, &T));
     /* step metadata, packed: tok, tok_ent, tok_pos, rows [T]; cu [n+1]; slot, len [n]; btab [n_mla][n][pps] */
@@ -1004,6 +1013,7 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
     int d = c->d, B = c->attn_res_block, T = mb->T;
     size_t Td = (size_t)T * d;
     if (!mb->busy) return 0;
+    if (st_gpu_init(g->o.device) != ST_OK && mb->err == ST_OK) mb->err = ST_ERR_INTERNAL;
     if (mb->waiting) { /* the experts of layer l are back */
         moe_finish(mb, &g->L[mb->l], mb->l);
         mb->waiting = false;

@@ -8,11 +8,12 @@
 static void usage(void) {
     fprintf(stderr, "usage: strata-attn --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
                     "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
-                    "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n");
+                    "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
+                    "                   [--device cpu|cuda:N]\n");
 }
 
 int main(int argc, char **argv) {
-    st_aw_opts_t o = {.routing = ST_ROUTE_TOPK};
+    st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
@@ -27,7 +28,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--micro-batches")) o.micro_batches = atoi(v);
         else if (!strcmp(a, "--min-mb-tokens")) o.min_mb_tokens = atoi(v);
         else if (!strcmp(a, "--expert-timeout-ms")) o.expert_timeout_ms = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--routing")) {
+        else if (!strcmp(a, "--device")) {
+            if (!strcmp(v, "cpu")) o.device = -1;
+            else if (!strncmp(v, "cuda:", 5) && v[5] >= '0' && v[5] <= '9') o.device = atoi(v + 5);
+            else { usage(); return 2; }
+        } else if (!strcmp(a, "--routing")) {
             if (!strcmp(v, "topk")) o.routing = ST_ROUTE_TOPK;
             else if (!strcmp(v, "quantile")) o.routing = ST_ROUTE_QUANTILE;
             else { usage(); return 2; }

@@ -1118,6 +1118,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
     eo.routing = aw->o.routing;
     eo.k_max = aw->o.k_max;
     eo.remote_experts = true;
+    eo.device = aw->o.device;
     if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
     if (alloc_buffers(aw) != ST_OK) goto out_engine;
     uv_loop_init(&aw->loop);

@@ -19,6 +19,7 @@ typedef struct {
     int micro_batches;         /* 1 or 2 (default 2: ping-pong when the batch is large enough) */
     int min_mb_tokens;         /* split only when each micro-batch gets at least this many tokens */
     uint32_t expert_timeout_ms;/* bound on every wait for an expert server (default 5000) */
+    int device;                /* -1 = CPU engine; N = the GPU engine on cuda:N */
 } st_aw_opts_t;
 
 /* Runs until SIGINT/SIGTERM; returns the process exit code. */
