@@ -64,7 +64,7 @@ PY
 printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' preset load steps "attn ms" "disp ms" "net ms" \
   "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
 for p in $presets; do
-  case $p in tiny) long=1024; short=16; gen=64 ;; small) long=512; short=32; gen=8 ;; *) long=256; short=16; gen=8 ;; esac
+  case $p in tiny) long=1024; short=16; gen=64 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
   "$BIN/strata" up --preset "$p" --experts 2 --workers 1 --routing "$routing" --max-seqs "$conc" \
       --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
