@@ -59,15 +59,17 @@ typedef struct {
     char err[256];
 } pend_t;
 
+#define EV_INLINE 1024 /* a token chunk without logits fits */
+
+/* compute → loop events, from a pool sized at start-up (no allocation per token) */
 typedef struct ev {
     struct ev *next;
     int kind, req, mb, s;
     uint64_t gen;
-    uint8_t *bytes;
+    uint8_t *bytes; /* inl, a report buffer, or malloc'd (a --dump-logits chunk) */
     size_t len;
-    int finish;
-    st_status_t status;
-    char err[256];
+    int finish, heap, rep;
+    uint8_t inl[EV_INLINE];
 } ev_t;
 
 typedef struct in_msg {
@@ -112,6 +114,11 @@ struct aw {
     pthread_cond_t cv;
     int stop, compute_done;
     /* shared under mu */
+    ev_t *ev_pool, *ev_free;
+    pthread_cond_t cv_ev;          /* an event went back to the pool */
+    uint8_t *rep_buf[2];           /* ReportScores encodings, double-buffered */
+    size_t rep_cap;
+    int rep_busy[2];
     in_msg_t *in_head, *in_tail;
     ev_t *ev_head, *ev_tail;
     srv_t srv[MAX_SERVERS];
@@ -153,6 +160,31 @@ struct aw {
 
 /* ================================================================ compute thread */
 
+/* Take an event record; waits (bounded by the loop's progress) when all are in flight. */
+static ev_t *ev_get(aw_t *aw) {
+    pthread_mutex_lock(&aw->mu);
+    while (!aw->ev_free) pthread_cond_wait(&aw->cv_ev, &aw->mu);
+    ev_t *ev = aw->ev_free;
+    aw->ev_free = ev->next;
+    pthread_mutex_unlock(&aw->mu);
+    ev->next = NULL;
+    ev->heap = ev->rep = 0;
+    ev->bytes = NULL;
+    ev->len = 0;
+    ev->finish = 0;
+    return ev;
+}
+
+static void ev_put(aw_t *aw, ev_t *ev) {
+    if (ev->heap) free(ev->bytes);
+    pthread_mutex_lock(&aw->mu);
+    if (ev->kind == EV_REPORT) aw->rep_busy[ev->rep] = 0;
+    ev->next = aw->ev_free;
+    aw->ev_free = ev;
+    pthread_cond_signal(&aw->cv_ev);
+    pthread_mutex_unlock(&aw->mu);
+}
+
 static void post_event(aw_t *aw, ev_t *ev) {
     pthread_mutex_lock(&aw->mu);
     if (aw->ev_tail) aw->ev_tail->next = ev;
@@ -165,8 +197,7 @@ static void post_event(aw_t *aw, ev_t *ev) {
 /* One chunk to the client: a token (finish NONE) or the end (finish set, token may ride along). */
 static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logits, st_proto_finish_t fin,
                  const char *err) {
-    ev_t *ev = calloc(1, sizeof *ev);
-    if (!ev) return;
+    ev_t *ev = ev_get(aw);
     char text[8] = {0};
     if (has_token) st_tok_decode(&token, 1, text, sizeof text - 1);
     st_proto_generate_chunk_t ch = {.index = (uint32_t)(q->n_gen - (has_token ? 1 : 0)), .token_id = has_token ? (uint32_t)token : 0,
@@ -179,9 +210,15 @@ static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logi
     ev->req = q->req;
     ev->gen = q->gen;
     ev->finish = fin != ST_PROTO_FINISH_NONE;
-    if (st_proto_generate_chunk_encode(&ch, &ev->bytes, &ev->len) != ST_OK) {
-        free(ev);
-        return;
+    ev->bytes = ev->inl;
+    if (st_proto_generate_chunk_encode_into(&ch, ev->inl, sizeof ev->inl, &ev->len) != ST_OK) {
+        /* only a --dump-logits chunk (vocab × 4 bytes) takes this debugging path */
+        ev->heap = 1;
+        if (st_proto_generate_chunk_encode(&ch, &ev->bytes, &ev->len) != ST_OK) {
+            ev->heap = 0;
+            ev_put(aw, ev);
+            return;
+        }
     }
     post_event(aw, ev);
 }
@@ -363,7 +400,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pd->soft = 0;
         pd->err[0] = 0;
         pthread_mutex_unlock(&aw->mu);
-        ev_t *ev = calloc(1, sizeof *ev);
+        ev_t *ev = ev_get(aw);
         ev->kind = EV_SEND;
         ev->mb = mb;
         ev->s = s;
@@ -541,11 +578,21 @@ static void post_report(aw_t *aw, int nmb) {
     r.messages = aw->messages;
     memcpy(r.stage_s, aw->stage, sizeof r.stage_s);
     aw->dispatch_bytes = aw->reply_bytes = aw->messages = 0;
-    ev_t *ev = calloc(1, sizeof *ev);
-    if (!ev) return;
+    /* never wait on the coordinator: with both report buffers still in flight, skip this one */
+    pthread_mutex_lock(&aw->mu);
+    int b = !aw->rep_busy[0] ? 0 : !aw->rep_busy[1] ? 1 : -1;
+    if (b >= 0) aw->rep_busy[b] = 1;
+    pthread_mutex_unlock(&aw->mu);
+    if (b < 0 || r.worker_id == 0) {
+        if (b >= 0) aw->rep_busy[b] = 0;
+        return;
+    }
+    ev_t *ev = ev_get(aw);
     ev->kind = EV_REPORT;
-    if (r.worker_id == 0 || st_proto_scores_encode(&r, &ev->bytes, &ev->len) != ST_OK) {
-        free(ev);
+    ev->rep = b;
+    ev->bytes = aw->rep_buf[b];
+    if (st_proto_scores_encode_into(&r, aw->rep_buf[b], aw->rep_cap, &ev->len) != ST_OK) {
+        ev_put(aw, ev);
         return;
     }
     post_event(aw, ev);
@@ -980,9 +1027,8 @@ static void on_async(uv_async_t *a) {
             /* never wait on the coordinator: with two reports still in flight, drop this one */
             if (aw->reports_inflight < 2 &&
                 st_rpc_unary(st_member_channel(aw->mem), ST_PROTO_METHOD_REPORT_SCORES, ev->bytes, ev->len, 2000, on_reported,
-                             aw) == ST_OK)
+                             aw) == ST_OK) /* NOTE: the request bytes are copied: the buffer is free again */
                 aw->reports_inflight++;
-            free(ev->bytes);
         } else {
             req_t *rq = &aw->reqs[ev->req];
             if (rq->used && rq->gen == ev->gen) {
@@ -1000,9 +1046,8 @@ static void on_async(uv_async_t *a) {
                     rq->call = NULL;
                 }
             }
-            free(ev->bytes);
         }
-        free(ev);
+        ev_put(aw, ev);
         ev = next;
     }
     if (done && aw->compute_done != 2) {
@@ -1055,6 +1100,13 @@ static st_status_t alloc_buffers(aw_t *aw) {
     aw->rho_cur = malloc(sizeof(float) * tc);
     aw->load = calloc(tc, sizeof(uint32_t));
     if (!aw->tau_in || !aw->rho_in || !aw->tau_cur || !aw->rho_cur || !aw->load) return ST_FAIL(ST_ERR_NO_MEMORY, "worker tables");
+    int n_ev = aw->o.max_seqs * 4 + MAX_MB * MAX_SERVERS * 2 + 16;
+    aw->ev_pool = calloc((size_t)n_ev, sizeof(ev_t));
+    if (!aw->ev_pool) return ST_FAIL(ST_ERR_NO_MEMORY, "worker event pool");
+    for (int i = 0; i < n_ev; i++) {
+        aw->ev_pool[i].next = aw->ev_free;
+        aw->ev_free = &aw->ev_pool[i];
+    }
     uint32_t n_moe = (uint32_t)(c->n_layers - c->first_k_dense);
     aw->qcap = st_qsum_max_bytes(n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, (uint32_t)aw->o.max_batch_tokens);
     for (int m = 0; m < MAX_MB && aw->o.routing == ST_ROUTE_QUANTILE; m++) {
@@ -1063,6 +1115,10 @@ static st_status_t alloc_buffers(aw_t *aw) {
                                            (uint32_t)aw->o.max_batch_tokens, &aw->qsum[m]) != ST_OK)
             return ST_FAIL(ST_ERR_NO_MEMORY, "score summaries");
     }
+    /* a report: the summaries plus loads (5 bytes a cell at most) and small fields */
+    aw->rep_cap = (aw->o.routing == ST_ROUTE_QUANTILE ? 2 * aw->qcap : 0) + tc * 6 + 1024;
+    for (int i = 0; i < 2; i++)
+        if (!(aw->rep_buf[i] = malloc(aw->rep_cap))) return ST_FAIL(ST_ERR_NO_MEMORY, "report buffers");
     if (st_dispatch_plan_init(&aw->plan2, MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
     for (int m = 0; m < MAX_MB; m++) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
@@ -1124,6 +1180,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
     uv_loop_init(&aw->loop);
     pthread_mutex_init(&aw->mu, NULL);
     pthread_cond_init(&aw->cv, NULL);
+    pthread_cond_init(&aw->cv_ev, NULL);
     uv_async_init(&aw->loop, &aw->async, on_async);
     aw->async.data = aw;
     if (st_rpc_init(&aw->loop) != ST_OK) goto out_loop;
@@ -1190,6 +1247,9 @@ out_ck:
     st_ckpt_close(aw->ck);
 out:
     if (rc) fprintf(stderr, "strata-attn: %s\n", st_err_last());
+    free(aw->ev_pool);
+    free(aw->rep_buf[0]);
+    free(aw->rep_buf[1]);
     free(aw->holders);
     free(aw->hl);
     free(aw->server_of);

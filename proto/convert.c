@@ -24,6 +24,16 @@ static st_status_t pack_msg(const ProtobufCMessage *m, const char *what, uint8_t
     return ST_OK;
 }
 
+/* Pack into a caller's buffer (the per-token and per-step messages: no allocation). */
+static st_status_t pack_into(const ProtobufCMessage *m, const char *what, uint8_t *buf, size_t cap, size_t *len) {
+    size_t n = protobuf_c_message_get_packed_size(m);
+    if (n > cap) return ST_FAIL(ST_ERR_CAPACITY, "proto: %s of %zu bytes exceeds the %zu-byte buffer", what, n, cap);
+    size_t w = protobuf_c_message_pack(m, buf);
+    if (w != n) return ST_FAIL(ST_ERR_INTERNAL, "proto: %s: packed %zu of %zu bytes", what, w, n);
+    *len = n;
+    return ST_OK;
+}
+
 static ProtobufCMessage *unpack_msg(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len) {
     ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, buf);
     if (!m) ST_FAIL(ST_ERR_PROTOCOL, "proto: malformed %s (%zu bytes)", d->name, len);
@@ -402,31 +412,44 @@ err_unpacked:
 
 /* ---- ScoreSummary ---- */
 
-st_status_t st_proto_scores_encode(const st_proto_scores_t *m, uint8_t **out, size_t *len) {
+/* bins: n_summaries entries of the caller's. */
+static st_status_t scores_fill(Strata__V1__ScoreSummary *pb, ProtobufCBinaryData *bins, const st_proto_scores_t *m) {
     size_t cells;
     if (!cells_ok(m->n_layers, m->n_experts, &cells) || (m->n_load && (m->n_load != cells || !m->load)) ||
         (m->n_summaries && (!m->summaries || !m->summary_lens)))
         return ST_FAIL(ST_ERR_INVALID_ARG, "proto: scores %u x %u: bad shape", m->n_layers, m->n_experts);
-    Strata__V1__ScoreSummary pb;
-    strata__v1__score_summary__init(&pb);
-    ProtobufCBinaryData bins[8];
     if (m->n_summaries > 8) return ST_FAIL(ST_ERR_INVALID_ARG, "proto: at most 8 score summaries per step");
+    strata__v1__score_summary__init(pb);
     for (size_t i = 0; i < m->n_summaries; i++) bins[i] = (ProtobufCBinaryData){.len = m->summary_lens[i], .data = (uint8_t *)m->summaries[i]};
-    pb.worker_id = m->worker_id;
-    pb.step = m->step;
-    pb.threshold_version = m->threshold_version;
-    pb.n_layers = m->n_layers;
-    pb.n_experts = m->n_experts;
-    pb.n_summaries = m->n_summaries;
-    pb.summaries = bins;
-    pb.n_load = m->n_load;
-    pb.load = m->load;
-    pb.dispatch_bytes = m->dispatch_bytes;
-    pb.reply_bytes = m->reply_bytes;
-    pb.messages = m->messages;
-    pb.n_stage_s = ST_PROTO_STAGES;
-    pb.stage_s = (double *)m->stage_s;
-    return pack_msg(&pb.base, "ScoreSummary", out, len);
+    pb->worker_id = m->worker_id;
+    pb->step = m->step;
+    pb->threshold_version = m->threshold_version;
+    pb->n_layers = m->n_layers;
+    pb->n_experts = m->n_experts;
+    pb->n_summaries = m->n_summaries;
+    pb->summaries = bins;
+    pb->n_load = m->n_load;
+    pb->load = m->load;
+    pb->dispatch_bytes = m->dispatch_bytes;
+    pb->reply_bytes = m->reply_bytes;
+    pb->messages = m->messages;
+    pb->n_stage_s = ST_PROTO_STAGES;
+    pb->stage_s = (double *)m->stage_s;
+    return ST_OK;
+}
+
+st_status_t st_proto_scores_encode(const st_proto_scores_t *m, uint8_t **out, size_t *len) {
+    Strata__V1__ScoreSummary pb;
+    ProtobufCBinaryData bins[8];
+    st_status_t s = scores_fill(&pb, bins, m);
+    return s == ST_OK ? pack_msg(&pb.base, "ScoreSummary", out, len) : s;
+}
+
+st_status_t st_proto_scores_encode_into(const st_proto_scores_t *m, uint8_t *buf, size_t cap, size_t *len) {
+    Strata__V1__ScoreSummary pb;
+    ProtobufCBinaryData bins[8];
+    st_status_t s = scores_fill(&pb, bins, m);
+    return s == ST_OK ? pack_into(&pb.base, "ScoreSummary", buf, cap, len) : s;
 }
 
 void st_proto_scores_cleanup(st_proto_scores_t *m) {
@@ -600,16 +623,26 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     return ST_OK;
 }
 
+static void chunk_fill(Strata__V1__GenerateChunk *pb, const st_proto_generate_chunk_t *m) {
+    strata__v1__generate_chunk__init(pb);
+    pb->index = m->index;
+    pb->token_id = m->token_id;
+    pb->text = str_in(m->text);
+    pb->logits.data = m->logits;
+    pb->logits.len = m->logits_len;
+    pb->finish_reason = (Strata__V1__FinishReason)m->finish;
+    pb->error = str_in(m->error);
+}
+
+st_status_t st_proto_generate_chunk_encode_into(const st_proto_generate_chunk_t *m, uint8_t *buf, size_t cap, size_t *len) {
+    Strata__V1__GenerateChunk pb;
+    chunk_fill(&pb, m);
+    return pack_into(&pb.base, "GenerateChunk", buf, cap, len);
+}
+
 st_status_t st_proto_generate_chunk_encode(const st_proto_generate_chunk_t *m, uint8_t **out, size_t *len) {
     Strata__V1__GenerateChunk pb;
-    strata__v1__generate_chunk__init(&pb);
-    pb.index = m->index;
-    pb.token_id = m->token_id;
-    pb.text = str_in(m->text);
-    pb.logits.data = m->logits;
-    pb.logits.len = m->logits_len;
-    pb.finish_reason = (Strata__V1__FinishReason)m->finish;
-    pb.error = str_in(m->error);
+    chunk_fill(&pb, m);
     return pack_msg(&pb.base, "GenerateChunk", out, len);
 }
 

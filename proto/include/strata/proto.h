@@ -196,6 +196,11 @@ ST_PROTO_DECLARE(generate_chunk)
 ST_PROTO_DECLARE(status_reply)
 #undef ST_PROTO_DECLARE
 
+/* Encode into a caller's buffer (no allocation: the per-token and per-step messages).
+ * ST_ERR_CAPACITY when it does not fit. */
+st_status_t st_proto_generate_chunk_encode_into(const st_proto_generate_chunk_t *m, uint8_t *buf, size_t cap, size_t *len);
+st_status_t st_proto_scores_encode_into(const st_proto_scores_t *m, uint8_t *buf, size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif
