@@ -27,7 +27,7 @@
 #include "worker.h"
 
 #define MAX_SERVERS 64
-#define MAX_MB 2
+#define MAX_MB 4 /* micro-batches in flight per step (--micro-batches) */
 #define MAX_STOP 16
 
 enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
@@ -135,7 +135,7 @@ struct aw {
     in_msg_t *wait_head, *wait_tail; /* admitted to the worker, waiting for a sequence slot */
     double map_wait_since;
     int *hl;        /* private copy of holders */
-    int *server_of, *server_of2; /* [n_experts] */
+    int *server_of[MAX_MB], *server_of2; /* [n_experts] */
     st_dispatch_plan_t plan[MAX_MB], plan2;
     bool *tok_failed[MAX_MB];
     float *logits[MAX_MB];
@@ -473,12 +473,14 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 
 /* Run one work item on the expert servers: dispatch, wait, and one retry round on replicas for
  * the experts of failed servers. Tokens left without an answer are flagged. */
-static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
-    int failed[MAX_SERVERS] = {0}, nf = 0;
-    choose_servers(aw, w->layer, aw->server_of, NULL);
-    st_dispatch_plan_build(&aw->plan[mb], w, aw->server_of, aw->tok_failed[mb]);
+/* Send one work item to the expert servers (the wait comes later, after the other micro-batches'
+ * attention has run: ping-pong). Tokens whose experts have no live holder are flagged now. */
+static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
+    int *so = aw->server_of[mb];
+    choose_servers(aw, w->layer, so, NULL);
+    st_dispatch_plan_build(&aw->plan[mb], w, so, aw->tok_failed[mb]);
     for (int e = 0; e < aw->c->n_experts && !why[0]; e++) /* name the lost holder of a stranded expert */
-        if (aw->server_of[e] == ST_DISPATCH_NONE) {
+        if (so[e] == ST_DISPATCH_NONE) {
             int used = 0;
             for (int t = 0; t < w->T && !used; t++)
                 for (int i = 0; i < w->cnt[t]; i++) used |= w->ids[(size_t)t * w->kc + i] == e;
@@ -488,6 +490,12 @@ static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why
                          h >= 0 ? aw->srv[h].name : "none placed", h >= 0 ? aw->srv[h].endpoint : "-");
         }
     send_plan(aw, mb, &aw->plan[mb], w);
+}
+
+/* Wait (bounded) for a work item's replies; one retry round on replicas for the experts of
+ * failed servers. Tokens left without an answer are flagged. */
+static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
+    int failed[MAX_SERVERS] = {0}, nf = 0;
     wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
     if (nf == 0) return;
     for (int s = 0; s < aw->n_srv; s++)
@@ -501,7 +509,7 @@ static void run_remote(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why
     /* retry: only experts that were on failed servers, on another live holder */
     choose_servers(aw, w->layer, aw->server_of2, failed);
     for (int e = 0; e < aw->c->n_experts; e++) {
-        int s0 = aw->server_of[e];
+        int s0 = aw->server_of[mb][e];
         if (s0 < 0 || !failed[s0]) aw->server_of2[e] = ST_DISPATCH_SKIP;
     }
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
@@ -624,18 +632,29 @@ static void step(aw_t *aw) {
                                     .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks};
     }
     if (ns == 0) return;
-    /* micro-batches: split the entries in two halves by tokens when both halves are big enough */
-    int total = aw->o.max_batch_tokens - budget, nmb = 1, cut = ns;
-    if (aw->o.micro_batches >= 2 && ns >= 2 && total >= 2 * aw->o.min_mb_tokens) {
-        int acc = 0;
-        for (cut = 0; cut < ns - 1 && acc + ch[cut].n_tokens <= total / 2; cut++) acc += ch[cut].n_tokens;
-        if (cut == 0) cut = 1;
-        nmb = 2;
+    /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
+     * while each keeps at least --min-mb-tokens (small batches gain nothing from splitting) */
+    int total = aw->o.max_batch_tokens - budget, nmb = 1;
+    if (aw->o.micro_batches > 1 && ns >= 2) {
+        nmb = ST_MIN(ST_MIN(aw->o.micro_batches, ns), ST_MAX(1, total / aw->o.min_mb_tokens));
+        nmb = ST_MIN(nmb, MAX_MB);
     }
-    int first[MAX_MB] = {0, cut}, count[MAX_MB] = {cut, ns - cut}, live[MAX_MB] = {0};
+    int first[MAX_MB] = {0}, count[MAX_MB] = {0}, live[MAX_MB] = {0};
+    for (int m = 0, j = 0, acc = 0; m < nmb; m++) {
+        first[m] = j;
+        int goal = (int)((long)total * (m + 1) / nmb);
+        /* at least one entry each, and leave one for every later group */
+        do {
+            acc += ch[j].n_tokens;
+            j++;
+        } while (j < ns - (nmb - 1 - m) && (m == nmb - 1 || acc + ch[j].n_tokens <= goal));
+        count[m] = j - first[m];
+    }
     st_moe_work_t w[MAX_MB];
     char why[MAX_MB][256] = {{0}};
     aw->step++;
+    st_log_debug("worker %s: step %llu: %d sequences, %d tokens, %d micro-batches", aw->o.name, (unsigned long long)aw->step,
+                 ns, total, nmb);
     memset(aw->load, 0, sizeof(uint32_t) * (size_t)aw->c->n_layers * aw->c->n_experts);
     memset(aw->stage, 0, sizeof aw->stage);
     st_engine_get_stats(aw->e, &aw->est);
@@ -652,16 +671,20 @@ static void step(aw_t *aw) {
             continue;
         }
         live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
+        if (live[m]) remote_dispatch(aw, m, &w[m], why[m], sizeof why[m]);
     }
-    /* ping-pong: while one micro-batch waits on its experts, the other's attention runs */
-    while (live[0] || live[1]) {
+    /* ping-pong: a micro-batch's tokens are at the experts while the others' attention runs */
+    for (int any = 1; any;) {
+        any = 0;
         for (int m = 0; m < nmb; m++) {
             if (!live[m]) continue;
-            run_remote(aw, m, &w[m], why[m], sizeof why[m]);
+            remote_finish(aw, m, &w[m], why[m], sizeof why[m]);
             for (int t = 0; t < w[m].T; t++)
                 if (aw->tok_failed[m][t]) memset(w[m].out + (size_t)t * w[m].kc * w[m].ew, 0, sizeof(float) * (size_t)w[m].kc * w[m].ew);
             aw->hook_mb = m;
             live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
+            if (live[m]) remote_dispatch(aw, m, &w[m], why[m], sizeof why[m]);
+            any |= live[m];
         }
     }
     post_report(aw, nmb);
@@ -793,7 +816,7 @@ static void do_send(aw_t *aw, int mb, int s) {
 static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t hdr_len, size_t len) {
     aw_t *aw = arg;
     st_wire_info_t info;
-    if (st_wire_header_decode(hdr, hdr_len, len, &info) != ST_OK || info.micro_batch >= MAX_MB) return NULL;
+    if (st_wire_header_decode(hdr, hdr_len, len, &info) != ST_OK || info.micro_batch >= aw->o.micro_batches) return NULL;
     srv_t *sv = ep ? st_tp_ep_user(ep) : NULL;
     if (!sv) return NULL;
     int s = (int)(sv - aw->srv);
@@ -1085,12 +1108,13 @@ static st_status_t alloc_buffers(aw_t *aw) {
     size_t cells = (size_t)c->n_layers * c->n_experts * aw->R;
     aw->holders = malloc(sizeof(int) * cells);
     aw->hl = malloc(sizeof(int) * cells);
-    aw->server_of = malloc(sizeof(int) * (size_t)c->n_experts);
+    for (int m = 0; m < MAX_MB; m++)
+        if (!(aw->server_of[m] = malloc(sizeof(int) * (size_t)c->n_experts))) return ST_FAIL(ST_ERR_NO_MEMORY, "worker tables");
     aw->server_of2 = malloc(sizeof(int) * (size_t)c->n_experts);
     aw->seqs = calloc((size_t)aw->o.max_seqs, sizeof(seq_t));
     aw->n_reqs = aw->o.max_seqs * 2;
     aw->reqs = calloc((size_t)aw->n_reqs, sizeof(req_t));
-    if (!aw->holders || !aw->hl || !aw->server_of || !aw->server_of2 || !aw->seqs || !aw->reqs)
+    if (!aw->holders || !aw->hl || !aw->server_of2 || !aw->seqs || !aw->reqs)
         return ST_FAIL(ST_ERR_NO_MEMORY, "worker tables");
     for (size_t i = 0; i < cells; i++) aw->holders[i] = aw->hl[i] = -1;
     size_t tc = (size_t)c->n_layers * c->n_experts;
@@ -1109,7 +1133,7 @@ static st_status_t alloc_buffers(aw_t *aw) {
     }
     uint32_t n_moe = (uint32_t)(c->n_layers - c->first_k_dense);
     aw->qcap = st_qsum_max_bytes(n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, (uint32_t)aw->o.max_batch_tokens);
-    for (int m = 0; m < MAX_MB && aw->o.routing == ST_ROUTE_QUANTILE; m++) {
+    for (int m = 0; m < aw->o.micro_batches && aw->o.routing == ST_ROUTE_QUANTILE; m++) {
         aw->qbuf[m] = malloc(aw->qcap);
         if (!aw->qbuf[m] || st_qsum_create(n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k,
                                            (uint32_t)aw->o.max_batch_tokens, &aw->qsum[m]) != ST_OK)
@@ -1120,7 +1144,7 @@ static st_status_t alloc_buffers(aw_t *aw) {
     for (int i = 0; i < 2; i++)
         if (!(aw->rep_buf[i] = malloc(aw->rep_cap))) return ST_FAIL(ST_ERR_NO_MEMORY, "report buffers");
     if (st_dispatch_plan_init(&aw->plan2, MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
-    for (int m = 0; m < MAX_MB; m++) {
+    for (int m = 0; m < aw->o.micro_batches; m++) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
         if (st_dispatch_plan_init(&aw->plan[m], MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
         aw->tok_failed[m] = calloc((size_t)aw->o.max_batch_tokens, sizeof(bool));
@@ -1132,7 +1156,7 @@ static st_status_t alloc_buffers(aw_t *aw) {
 }
 
 static st_status_t alloc_pend(aw_t *aw, int s) {
-    for (int m = 0; m < MAX_MB; m++) {
+    for (int m = 0; m < aw->o.micro_batches; m++) {
         pend_t *pd = &aw->pend[m][s];
         if (pd->sbuf) continue;
         pd->aw = aw;
@@ -1157,6 +1181,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (aw->o.max_batch_tokens <= 0) aw->o.max_batch_tokens = 2048;
     if (aw->o.max_ctx <= 0) aw->o.max_ctx = 4096;
     if (aw->o.micro_batches <= 0) aw->o.micro_batches = 2;
+    if (aw->o.micro_batches > MAX_MB) aw->o.micro_batches = MAX_MB;
     if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 64;
     if (!aw->o.expert_timeout_ms) aw->o.expert_timeout_ms = 5000;
     int rc = 1;
@@ -1252,7 +1277,7 @@ out:
     free(aw->rep_buf[1]);
     free(aw->holders);
     free(aw->hl);
-    free(aw->server_of);
+    for (int m = 0; m < MAX_MB; m++) free(aw->server_of[m]);
     free(aw->server_of2);
     free(aw->seqs);
     free(aw->reqs);

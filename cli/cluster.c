@@ -176,7 +176,7 @@ int st_cmd_up(int argc, char **argv) {
     int experts = 2, workers = 1, replicas = 1, max_seqs = 16, max_batch = 2048, max_ctx = 4096, mbs = 2;
     uint64_t seed = 1;
     float skew = 0;
-    const char *heartbeat = "300", *timeout_ms = "5000";
+    const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "64";
     for (int i = 0; i < argc; i++) {
         const char *v;
         if ((v = st_cli_opt(argc, argv, &i, "--preset"))) preset = v;
@@ -192,6 +192,7 @@ int st_cmd_up(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--max-batch-tokens"))) max_batch = atoi(v);
         else if ((v = st_cli_opt(argc, argv, &i, "--max-ctx"))) max_ctx = atoi(v);
         else if ((v = st_cli_opt(argc, argv, &i, "--micro-batches"))) mbs = atoi(v);
+        else if ((v = st_cli_opt(argc, argv, &i, "--min-mb-tokens"))) min_mb = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--heartbeat-ms"))) heartbeat = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--expert-timeout-ms"))) timeout_ms = v;
         else { fprintf(stderr, "strata up: unknown option %s\n", argv[i]); return 2; }
@@ -298,7 +299,8 @@ int st_cmd_up(int argc, char **argv) {
         snprintf(log, sizeof log, "%s/%s.log", state, name);
         char *wargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
                          "--max-seqs", s_seqs, "--max-batch-tokens", s_batch, "--max-ctx", s_ctx, "--routing", (char *)routing,
-                         "--micro-batches", s_mb, "--expert-timeout-ms", (char *)timeout_ms, NULL};
+                         "--micro-batches", s_mb, "--min-mb-tokens", (char *)min_mb, "--expert-timeout-ms", (char *)timeout_ms,
+                         NULL};
         pids[np++] = spawn(wargv, log);
     }
     /* state file first, so `strata down` can clean up even if readiness never comes */

@@ -6,20 +6,22 @@
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1
 prompts=("5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40" "300" "99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81")
 for i in "${!prompts[@]}"; do
-  "$S" run --ckpt "$TMP/ck" --prompt-tokens "${prompts[$i]}" --max-tokens 12 --dump-logits "$TMP/ref$i.npy" >/dev/null 2>&1
+  "$S" run --ckpt "$TMP/ck" --prompt-tokens "${prompts[$i]}" --max-tokens 40 --dump-logits "$TMP/ref$i.npy" >/dev/null 2>&1
 done
 cmp_rows() { # cluster rows == reference rows from the last prompt position on, bit for bit
   python3 "$(dirname "$0")/../npytool.py" same "$1" "$2" $(($3 - 1))
 }
-for cfg in "1 1" "3 2"; do
+# the second configuration also splits every step into up to 3 ping-pong micro-batches
+for cfg in "1 1 1" "3 2 3"; do
   set -- $cfg
-  if ! "$S" up --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 --max-batch-tokens 256 >"$TMP/up.txt" 2>&1; then
+  if ! STRATA_LOG=debug "$S" up --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 --max-batch-tokens 256 \
+       --micro-batches "$3" --min-mb-tokens 1 >"$TMP/up.txt" 2>&1; then
     bad "cluster with $1 expert servers and $2 workers starts"; cat "$TMP/up.txt"; continue
   fi
   ok "cluster with $1 expert servers and $2 workers starts"
   pids=()
   for i in "${!prompts[@]}"; do
-    "$S" generate --prompt-tokens "${prompts[$i]}" --max-tokens 12 --dump-logits "$TMP/got$i.npy" --print-tokens >"$TMP/gen$i.txt" 2>&1 &
+    "$S" generate --prompt-tokens "${prompts[$i]}" --max-tokens 40 --dump-logits "$TMP/got$i.npy" --print-tokens >"$TMP/gen$i.txt" 2>&1 &
     pids+=($!)
     sleep 0.0$((i * 3))
   done
@@ -30,6 +32,7 @@ for cfg in "1 1" "3 2"; do
     check "[$1 experts, $2 workers] request $i logits == one-process engine, bit for bit" "cmp_rows $TMP/ref$i.npy $TMP/got$i.npy $n"
   done
   if [ "$1" = 3 ]; then
+    check "[3 experts, 2 workers] steps ran as ping-pong micro-batches" "grep -q ' [23] micro-batches' $STRATA_STATE/attn-*.log"
     h=$(http)
     r=$(curl -s -X POST "http://$h/v1/completions" -d '{"prompt":"Hello","max_tokens":5,"temperature":0}')
     check "HTTP /v1/completions returns a text_completion with usage" \
