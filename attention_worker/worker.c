@@ -940,6 +940,16 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
     st_log_info("worker %s: placement v%llu applied (%d expert servers)", aw->o.name, (unsigned long long)p->version, aw->n_srv);
 }
 
+/* loop → compute: append to the inbox and wake the compute thread */
+static void inbox_push(aw_t *aw, in_msg_t *m) {
+    pthread_mutex_lock(&aw->mu);
+    if (aw->in_tail) aw->in_tail->next = m;
+    else aw->in_head = m;
+    aw->in_tail = m;
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+}
+
 static void on_call_cancel(st_rpc_call_t *call, void *arg) {
     req_t *rq = arg;
     if (rq->call != call) return;
@@ -979,12 +989,7 @@ static void handle_generate(st_rpc_call_t *call, const uint8_t *req, size_t len,
     m->kind = IN_NEW;
     m->req = slot;
     m->gen = rq->gen;
-    pthread_mutex_lock(&aw->mu);
-    if (aw->in_tail) aw->in_tail->next = m;
-    else aw->in_head = m;
-    aw->in_tail = m;
-    pthread_cond_broadcast(&aw->cv);
-    pthread_mutex_unlock(&aw->mu);
+    inbox_push(aw, m);
 }
 
 static void cancel_to_compute(aw_t *aw, int req, uint64_t gen) {
@@ -993,12 +998,7 @@ static void cancel_to_compute(aw_t *aw, int req, uint64_t gen) {
     m->kind = IN_CANCEL;
     m->req = req;
     m->gen = gen;
-    pthread_mutex_lock(&aw->mu);
-    if (aw->in_tail) aw->in_tail->next = m;
-    else aw->in_head = m;
-    aw->in_tail = m;
-    pthread_cond_broadcast(&aw->cv);
-    pthread_mutex_unlock(&aw->mu);
+    inbox_push(aw, m);
 }
 
 static void on_rpc_closed(void *arg) {
