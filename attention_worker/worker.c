@@ -55,6 +55,7 @@ typedef struct {
     st_tp_send_req_t send;
     int send_busy; /* loop thread: UCX still holds `send` */
     int soft;      /* failed by an answer (error reply, capacity), not by the server going away */
+    double t_sent, t_recv; /* loop thread: when UCX took the dispatch, when the reply landed */
     st_tp_recv_t recv;
     char err[256];
 } pend_t;
@@ -412,7 +413,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 /* Wait (bounded) for every dispatch of plan p; unpack the good ones, return a mask of failed
  * servers (count in *n_failed) and their errors in pend[].err. */
 static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
-    double t_wait = st_time_sec();
+    double t_wait = st_time_sec(), slowest_net = 0;
     uint32_t slowest_us = 0;
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
@@ -457,6 +458,8 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
+                double net = pd->t_recv - pd->t_sent - info.compute_us * 1e-6;
+                slowest_net = net > slowest_net ? net : slowest_net;
                 continue;
             }
             snprintf(pd->err, sizeof pd->err, "expert server %s sent a reply that does not match the dispatch", aw->srv[s].name);
@@ -468,6 +471,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         st_log_warn("worker %s: %s", aw->o.name, pd->err);
     }
     aw->stage[ST_PROTO_STAGE_EXPERT] += slowest_us * 1e-6;
+    aw->stage[ST_PROTO_STAGE_NETWORK] += slowest_net;
     aw->stage[ST_PROTO_STAGE_WAIT] += st_time_sec() - t_wait;
 }
 
@@ -796,6 +800,7 @@ static void do_send(aw_t *aw, int mb, int s) {
         pd->send.cb = on_sent;
         pd->send.user = pd;
         pd->send_busy = 1;
+        pd->t_sent = st_time_sec();
         st = st_tp_send(aw->srv[s].ep, ST_WIRE_AM_DISPATCH, &pd->hdr, sizeof pd->hdr, pd->sbuf, pd->slen, &pd->send);
         if (st != ST_OK) pd->send_busy = 0;
     }
@@ -849,6 +854,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
             snprintf(pd->err, sizeof pd->err, "expert server %s: %.*s", aw->srv[pd->s].name, n, (const char *)pd->rbuf);
         } else {
             pd->rlen = r->len;
+            pd->t_recv = st_time_sec();
             pd->state = P_DONE;
         }
         pthread_cond_broadcast(&aw->cv);

@@ -28,7 +28,7 @@ perftest_bw() { # $1 = message bytes → MB/s (overall), UCX AM bandwidth on loo
 snap() { curl -s "http://$1/status" | python3 -c '
 import json, sys
 s = json.load(sys.stdin)["step_ms"]; n = s["steps"]
-print(n, *(s[k] * n for k in ("attention", "dispatch", "network", "expert", "combine", "thresholds")),
+print(n, *(s[k] * n for k in ("attention", "dispatch", "wait", "network", "expert", "combine", "thresholds")),
       s["coordinator_merge"], s["dispatch_bytes"], s["reply_bytes"], s["messages"])'; }
 run_load() { # $1 http, $2 prompt tokens, $3 max tokens → prints one table row (after minus before)
   local before after t0 t1 i
@@ -52,17 +52,17 @@ b = list(map(float, sys.argv[1].split())); a = list(map(float, sys.argv[2].split
 t0, t1, conc, prompt, gen = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 d = [x - y for x, y in zip(a, b)]
 steps = max(d[0], 1)
-ms = [v / steps for v in d[1:7]]
-coord = a[7]
-dbytes, rbytes, msgs = d[8], d[9], d[10]
+ms = [v / steps for v in d[1:8]]
+coord = a[8]
+dbytes, rbytes, msgs = d[9], d[10], d[11]
 msg = int((dbytes + rbytes) / max(1, 2 * msgs))
-good = (dbytes + rbytes) / max(d[3] / 1e3, 1e-9) / 1e6
+good = (dbytes + rbytes) / max(d[4] / 1e3, 1e-9) / 1e6
 toks = conc * (prompt + gen) / (t1 - t0)
 print(int(d[0]), *[f"{v:.3f}" for v in ms], f"{coord:.3f}", f"{toks:.1f}", msg, f"{good:.1f}")
 PY
 }
-printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' preset load steps "attn ms" "disp ms" "net ms" \
-  "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
+printf '%-6s %-7s %6s %8s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' preset load steps "attn ms" "disp ms" "wait ms" \
+  "net ms" "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
 for p in $presets; do
   case $p in tiny) long=1024; short=16; gen=64 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
   "$BIN/strata" up --preset "$p" --experts 2 --workers 1 --routing "$routing" --max-seqs "$conc" \
@@ -70,13 +70,15 @@ for p in $presets; do
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
   for load in prefill decode; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
-    read -r steps attn disp net exp comb thr coord toks msg good <"$work/row"
+    read -r steps attn disp wait net exp comb thr coord toks msg good <"$work/row"
     bw=$(perftest_bw "$msg")
     ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s' if $bw > 0 else 'n/a')")
-    printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$net" \
-      "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
+    printf '%-6s %-7s %6d %8s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
+      "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
   "$BIN/strata" down >/dev/null 2>&1
 done
-echo "per step: net = waiting for replies minus the servers' compute (both directions, queueing included);"
-echo "goodput = dispatch + reply bytes / net time; ucx_perftest: ucp_am_bw, same UCX_TLS ($UCX_TLS), mean message size"
+echo "per step: wait = blocked on replies after the other micro-batches' attention; expert = time at the servers"
+echo "(queue + compute); net = per layer, the slowest server's round trip minus its time at the server (the transport,"
+echo "both ways, loop wake-ups included); goodput = dispatch + reply bytes / net time;"
+echo "ucx_perftest: ucp_am_bw, same UCX_TLS ($UCX_TLS), at the mean message size"

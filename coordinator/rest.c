@@ -159,10 +159,9 @@ char *st_coord_status_json(coord_t *co) {
         co->active_requests, "tokens_per_s", co->tokens_per_s, "dispatch_bytes_total", (json_int_t)co->dispatch_bytes);
     /* where a worker step's time goes (means over the reported steps, all workers) */
     double n = co->stage_steps ? (double)co->stage_steps : 1.0;
-    static const char *names[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds"};
+    static const char *names[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds", "network"};
     json_t *split = json_object();
     for (int k = 0; k < ST_PROTO_STAGES; k++) json_object_set_new(split, names[k], json_real(1e3 * co->stage_s[k] / n));
-    json_object_set_new(split, "network", json_real(1e3 * (co->stage_s[ST_PROTO_STAGE_WAIT] - co->stage_s[ST_PROTO_STAGE_EXPERT]) / n));
     json_object_set_new(split, "coordinator_merge", json_real(co->merges ? 1e3 * co->merge_s / (double)co->merges : 0));
     json_object_set_new(split, "steps", json_integer((json_int_t)co->stage_steps));
     json_object_set_new(split, "dispatch_bytes", json_integer((json_int_t)co->dispatch_bytes));
@@ -213,7 +212,7 @@ static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
             for (int i = 0; i < co->n_members; i++) n += (int)co->members[i].role == r && co->members[i].alive == a;
             bprintf(&b, "strata_members{role=\"%s\",alive=\"%d\"} %d\n", role_name((st_proto_role_t)r), a, n);
         }
-    static const char *stages[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds"};
+    static const char *stages[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds", "network"};
     bprintf(&b, "# HELP strata_step_stage_seconds_total Worker step time by stage.\n# TYPE strata_step_stage_seconds_total counter\n");
     for (int k = 0; k < ST_PROTO_STAGES; k++)
         bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %.6f\n", stages[k], co->stage_s[k]);

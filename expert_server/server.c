@@ -27,7 +27,7 @@ typedef struct {
     st_tp_ep_t *ep;    /* reply endpoint; NULL once the peer is lost (loop thread only) */
     st_wire_info_t info;
     st_status_t result;
-    uint32_t compute_us;
+    uint64_t t_arrive; /* ns, when the dispatch landed: the reply reports the time it spent here */
     char err[256];
 } slot_t;
 
@@ -55,7 +55,6 @@ struct es {
 /* ---------------------------------------------------------------- compute thread */
 
 static void compute_one(es_t *es, slot_t *s) {
-    uint64_t t0 = st_time_ns();
     const uint32_t *ids, *off;
     const float *rows;
     s->result = st_wire_table_decode(s->in, &s->info, &ids, &off, &rows);
@@ -72,8 +71,6 @@ static void compute_one(es_t *es, slot_t *s) {
             s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, ids, off, rows, out_rows);
     }
     if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
-    uint64_t us = (st_time_ns() - t0) / 1000;
-    s->compute_us = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
 }
 
 static void *compute_main(void *arg) {
@@ -116,7 +113,8 @@ static void send_reply(es_t *es, slot_t *s) {
     if (s->result == ST_OK) {
         r.kind = ST_WIRE_KIND_COMBINE;
         r.status = ST_OK;
-        r.compute_us = s->compute_us;
+        uint64_t us = (st_time_ns() - s->t_arrive) / 1000; /* queued + computed */
+        r.compute_us = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
         len = st_wire_payload_bytes(r.token_count, r.expert_count, r.row_width);
     } else {
         r.kind = ST_WIRE_KIND_ERROR;
@@ -204,6 +202,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     }
     s->info = info;
     s->ep = r->ep;
+    s->t_arrive = st_time_ns();
     if (info.row_width != (uint32_t)st_config_expert_width(es->cx.c)) {
         s->result = ST_ERR_PROTOCOL;
         snprintf(s->err, sizeof s->err, "row width %u, this model's experts work at %d", info.row_width,

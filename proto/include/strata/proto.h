@@ -110,8 +110,12 @@ typedef struct {
     st_proto_member_t *members;
 } st_proto_placement_t;
 
+/* Worker step stages (seconds): attention; dispatch (pack + post); wait (blocked on replies, after
+ * the other micro-batches' attention overlapped them); expert (time at the servers, queue + compute,
+ * slowest server per layer); combine; thresholds (summaries); network (per layer, the slowest
+ * server's round trip minus its time at the server: the transport both ways). */
 enum { ST_PROTO_STAGE_ATTENTION = 0, ST_PROTO_STAGE_DISPATCH, ST_PROTO_STAGE_WAIT, ST_PROTO_STAGE_EXPERT,
-       ST_PROTO_STAGE_COMBINE, ST_PROTO_STAGE_THRESHOLDS, ST_PROTO_STAGES };
+       ST_PROTO_STAGE_COMBINE, ST_PROTO_STAGE_THRESHOLDS, ST_PROTO_STAGE_NETWORK, ST_PROTO_STAGES };
 
 /* One worker's step (see strata.proto ScoreSummary): score summaries in common/quantile's byte
  * format (one per micro-batch), and per-expert loads load[l*n_experts + e] (n_load 0 or cells). */

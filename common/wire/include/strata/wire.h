@@ -18,7 +18,8 @@
  *    40   8  seq            sender's sequence number; a reply echoes the dispatch's
  *    48   8  payload_bytes  exact length of the AM payload
  *    56   4  status         error reply: st_status_t (negative); otherwise 0
- *    60   4  compute_us     COMBINE: the expert server's compute time for it, µs; otherwise 0
+ *    60   4  compute_us     COMBINE: time the dispatch spent at the expert server (queued +
+ *                            computed), µs; otherwise 0
  *
  * Payload of DISPATCH and COMBINE (offsets table, then rows):
  *   [expert_count]     uint32 expert ids, strictly ascending
@@ -94,7 +95,7 @@ typedef struct {
     uint64_t seq;
     uint64_t payload_bytes;
     st_status_t status;  /* ERROR only */
-    uint32_t compute_us; /* COMBINE only: expert compute time of this reply */
+    uint32_t compute_us; /* COMBINE only: µs the dispatch spent at the server (queue + compute) */
 } st_wire_info_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */
