@@ -72,7 +72,8 @@ for p in $presets; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
     read -r steps attn disp wait net exp comb thr coord toks msg good <"$work/row"
     bw=$(perftest_bw "$msg")
-    ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s' if $bw > 0 else 'n/a')")
+    tp=$("$BIN/bench_transport" "$msg" 2>/dev/null | awk 'NR == 2 {print $4}')
+    ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s (st_tp alone streams {${tp:-0}:.0f} MB/s = {100 * ${tp:-0} / $bw:.0f}%)' if $bw > 0 else 'n/a')")
     printf '%-6s %-7s %6d %8s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
       "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
