@@ -104,8 +104,11 @@ struct st_egpu_mb {
     st_gpu_arena_t dev, pin;
     /* device step buffers */
     float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
-    st_bf16_t *xn, *qkv, *cqkv, *q, *k, *v, *f, *o, *gate, *cq, *qm, *olat, *h2, *hh, *z, *xg, *yg, *h2e, *he,
-        *un, *xf;
+    st_bf16_t *xn, *q, *k, *v, *f, *o, *cq, *qm, *olat, *hh, *z, *xg, *he, *un, *xf;
+    /* fp32 activations between kernels (rounded to bf16 only where a GEMM reads them): GEMM
+     * outputs qkv / gate / cq32 / h2 / h2e / o32 (MLA, gated), conv output cqkv, KDA q32 / k32 / v32
+     * and output o32, expert outputs yg */
+    float *qkv, *cqkv, *q32, *k32, *v32, *o32, *gate, *cq32, *h2, *h2e, *yg;
     float *qm32, *ckv; /* MLA query [T, H*dqk] and latent row [T, R], fp32 GEMM outputs */
     void *qabs;        /* [T, H, R] fp32 when mla32, else bf16 */
     int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d;
@@ -592,19 +595,20 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     *dneed = 0;
 #define DC(f, bytes) mb->f = dcarve(a, dneed, (bytes))
     DC(partial, T * d * F); DC(blocks, nb * T * d * F); DC(stats, T * Q * 2 * F); DC(acc, T * Q * d * F);
-    DC(xn, T * d * B2); DC(qkv, T * 3 * P * B2); DC(cqkv, T * 3 * P * B2); DC(aux, T * (size_t)ST_MAX(g->naux_max, 1) * F);
-    DC(q, T * P * B2); DC(k, T * P * B2); DC(v, T * P * B2); DC(f, T * P * B2); DC(gf, T * P * F); DC(beta, T * H * F);
-    DC(o, T * wide * B2); DC(gate, T * wide * B2);
-    DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(qm, T * Hm * dqk * B2); DC(qm32, T * Hm * dqk * F);
+    DC(xn, T * d * B2); DC(qkv, T * 3 * P * F); DC(cqkv, T * 3 * P * F); DC(aux, T * (size_t)ST_MAX(g->naux_max, 1) * F);
+    DC(q, T * P * B2); DC(k, T * P * B2); DC(v, T * P * B2); DC(f, T * P * B2);
+    DC(q32, T * P * F); DC(k32, T * P * F); DC(v32, T * P * F); DC(o32, T * wide * F); DC(gf, T * P * F); DC(beta, T * H * F);
+    DC(o, T * wide * B2); DC(gate, T * wide * F);
+    DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(cq32, T * (size_t)ST_MAX(c->q_lora_rank, 1) * F); DC(qm, T * Hm * dqk * B2); DC(qm32, T * Hm * dqk * F);
     DC(ckv, T * R * F); DC(qabs, T * Hm * R * F); DC(olat, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
-    DC(h2, T * 2 * fw * B2); DC(hh, T * fw * B2);
+    DC(h2, T * 2 * fw * F); DC(hh, T * fw * B2);
     DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(ids_tmp, T * kc * 4); DC(cnt, T * 4);
     DC(offsets, (n + 1) * 4); DC(row_of, T * kc * 4); DC(z, T * ew * B2); DC(un, T * ew * B2);
     if (c->n_experts > 0 && !g->o.remote_experts) {
-        DC(xg, T * kc * ew * B2); DC(yg, T * kc * ew * B2);
+        DC(xg, T * kc * ew * B2); DC(yg, T * kc * ew * F);
         if (!g->grouped) {
             size_t mi = (size_t)ST_MAX(c->moe_inter, 1);
-            DC(h2e, T * kc * 2 * mi * B2); DC(he, T * kc * mi * B2);
+            DC(h2e, T * kc * 2 * mi * F); DC(he, T * kc * mi * B2);
         }
         mb->ffn_ws_bytes = ffn_ws_bytes(g, (int)(T * kc));
         DC(ffn_ws, mb->ffn_ws_bytes);
@@ -766,35 +770,40 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
     int ks = g->layer_slot[l];
-    CK(eg_linear(s, mb->qkv, 3 * P, false, 0.f, mb->xn, d, G->w_qkv, T, 3 * P, d));
+    CK(eg_linear(s, mb->qkv, 3 * P, true, 0.f, mb->xn, d, G->w_qkv, T, 3 * P, d));
     CK(eg_linear(s, mb->aux, G->naux, true, 0.f, mb->xn, d, G->w_aux, T, G->naux, d));
     CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
     CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
-    CK(st_cuda_conv_silu(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
-    CK(eg_kda_prep(s, mb->q, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux, G->naux, G->off_b, T, H, dk, L2_EPS));
+    CK(eg_conv_silu32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
+    /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
+     * tensor-core tiles take them rounded to bf16 once, here */
+    bool rec = dk != 128 || g->kda_rec, chunked = !rec && !mb->all_decode;
+    CK(eg_kda_prep32(s, mb->q32, mb->k32, mb->v32, chunked ? mb->q : NULL, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux,
+                     G->naux, G->off_b, T, H, dk, L2_EPS));
     float *S = g->kda_S + (size_t)ks * M * g->S_per;
     float scale = 1.0f / sqrtf((float)dk);
-    gtrace(mb, l, ST_TRACE_KDA_Q, mb->q, true, P, P, false);
-    gtrace(mb, l, ST_TRACE_KDA_K, mb->k, true, P, P, false);
-    gtrace(mb, l, ST_TRACE_KDA_V, mb->v, true, P, P, false);
+    gtrace(mb, l, ST_TRACE_KDA_Q, mb->q32, false, P, P, false);
+    gtrace(mb, l, ST_TRACE_KDA_K, mb->k32, false, P, P, false);
+    gtrace(mb, l, ST_TRACE_KDA_V, mb->v32, false, P, P, false);
     gtrace(mb, l, ST_TRACE_KDA_G, mb->gf, false, P, P, false);
-    if (dk != 128 || g->kda_rec)
-        CK(eg_kda_recurrent(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H, dk,
-                            scale));
+    if (rec)
+        CK(eg_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
+                            mb->n_seqs, H, dk, scale));
     else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
-        CK(st_cuda_kda_decode(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->n_seqs, H, scale));
+        CK(st_cuda_kda_decode_f32(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->n_seqs,
+                                  H, scale));
     else
-        CK(st_cuda_kda_chunked(s, mb->o, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu, mb->n_seqs, H,
-                               scale));
-    gtrace(mb, l, ST_TRACE_KDA_O, mb->o, true, P, P, false);
-    if (G->w_gb) { /* low rank: g_b (g_a x) */
+        CK(st_cuda_kda_chunked_f32o(s, mb->o32, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
+                                    mb->n_seqs, H, scale));
+    gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
+    if (G->w_gb) { /* low rank: g_b (g_a x); g_a x is a GEMM input, so bf16 */
         CK(eg_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
-        CK(eg_linear(s, mb->gate, P, false, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
+        CK(eg_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
     } else {
-        CK(eg_linear(s, mb->gate, P, false, 0.f, mb->xn, d, G->w_g, T, P, d));
+        CK(eg_linear(s, mb->gate, P, true, 0.f, mb->xn, d, G->w_g, T, P, d));
     }
-    CK(eg_kda_out_gate(s, mb->o, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
+    CK(eg_kda_out_gate32(s, mb->o, mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
 
@@ -805,8 +814,8 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     int T = mb->T, d = c->d, H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope;
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
     if (c->q_lora_rank > 0) {
-        CK(eg_linear(s, mb->cq, c->q_lora_rank, false, 0.f, mb->xn, d, G->w_qa, T, c->q_lora_rank, d));
-        CK(st_cuda_rmsnorm(s, mb->cq, mb->cq, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
+        CK(eg_linear(s, mb->cq32, c->q_lora_rank, true, 0.f, mb->xn, d, G->w_qa, T, c->q_lora_rank, d));
+        CK(eg_rmsnorm32(s, mb->cq, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
         CK(eg_linear(s, mb->qm32, H * dqk, true, 0.f, mb->cq, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
     } else {
         CK(eg_linear(s, mb->qm32, H * dqk, true, 0.f, mb->xn, d, G->w_q, T, H * dqk, d));
@@ -839,11 +848,14 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
             CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                            g->page_size, T, H, R, kvr, scale));
     }
-    CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
-                       (long long)kvw * kvr, true, T, dv, kvr, H));
-    if (c->mla_output_gate) {
-        CK(eg_linear(s, mb->gate, H * dv, false, 0.f, mb->xn, d, G->w_mg, T, H * dv, d));
-        CK(eg_mul_sigmoid(s, mb->o, mb->gate, (size_t)T * H * dv));
+    if (c->mla_output_gate) { /* o = W_UV ō ⊙ σ(gate), both fp32, rounded once for o_proj */
+        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+                           (long long)kvw * kvr, true, T, dv, kvr, H));
+        CK(eg_linear(s, mb->gate, H * dv, true, 0.f, mb->xn, d, G->w_mg, T, H * dv, d));
+        CK(eg_mul_sigmoid32(s, mb->o, mb->o32, mb->gate, (size_t)T * H * dv));
+    } else {
+        CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+                           (long long)kvw * kvr, true, T, dv, kvr, H));
     }
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
 }
@@ -853,8 +865,8 @@ static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     int T = mb->T, d = c->d;
-    CK(eg_linear(&g->s, mb->h2, 2 * w, false, 0.f, mb->xn, d, gu, T, 2 * w, d));
-    CK(st_cuda_glu(&g->s, mb->hh, mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
+    CK(eg_linear(&g->s, mb->h2, 2 * w, true, 0.f, mb->xn, d, gu, T, 2 * w, d));
+    CK(eg_glu32(&g->s, mb->hh, mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
     CK(eg_linear(&g->s, mb->partial, d, true, 1.f, mb->hh, w, down, T, d, w));
 }
 
@@ -910,7 +922,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
 #ifdef ST_EGPU_HAVE_MOE_FFN
     if (g->grouped) {
-        CK(st_cuda_moe_ffn(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
+        CK(st_cuda_moe_ffn_f32out(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
                            c->situ_beta1, c->situ_beta2, mb->ffn_ws, mb->ffn_ws_bytes));
         mb->local_done = true;
         return;
@@ -925,16 +937,16 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
-        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, false, 0.f, mb->xg + (size_t)r0 * ew, ew,
+        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w1 + e * es, cj, mi, ew));
-        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, false, 0.f, mb->xg + (size_t)r0 * ew, ew,
+        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w3 + e * es, cj, mi, ew));
     }
-    if (N > 0) CK(st_cuda_glu(s, mb->he, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
+    if (N > 0) CK(eg_glu32(s, mb->he, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
-        CK(eg_linear(s, mb->yg + (size_t)r0 * ew, ew, false, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
+        CK(eg_linear(s, mb->yg + (size_t)r0 * ew, ew, true, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
                      ew, mi));
     }
     }
@@ -947,7 +959,7 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c), d = c->d;
-    const st_bf16_t *yg = mb->local_done ? mb->yg : NULL;
+    const float *yg = mb->local_done ? mb->yg : NULL;
     const float *yf = mb->local_done ? NULL : mb->eout;
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
     if (c->latent > 0) {

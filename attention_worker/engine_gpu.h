@@ -79,9 +79,8 @@ st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf16_t *k, st
 st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *gate, int ldg, const float *w,
                             int T, int H, int dv, float eps);
 /* Recurrent KDA (SPEC §3.2) for any dk = dv ≤ 128 over a variable-length batch (token by token):
- * arguments as st_cuda_kda_chunked. For head widths the tensor-core kernels do not take. */
-st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
-                             const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
+ * arguments as st_cuda_kda_chunked, but q, k, v and o fp32. For head widths the tensor-core kernels do not take. */
+st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, float *o, const float *q, const float *k, const float *v, const float *g, const float *beta, float *S, const int *slots,
                              const int *cu_seqlens, int B, int H, int dk, float scale);
 /* MLA cache write: row of token t = [RMSNorm(ckv[t, :kvr]; w, eps) ; ckv[t, kvr:R]] (ckv [T, R] fp32) into
  * pool [pages, page_size, R] (fp32 if f32, else bf16) at position tok_pos[t] of entry tok_ent[t] (btab [n_ent, pps]). */
@@ -111,13 +110,33 @@ st_status_t eg_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, co
 st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
                           const int *cnt, int T, int kc, int l);
 /* Combine in latent width, slot order (= ascending expert id): u = Σ_i p[t, i] y_i with y_i =
- * yg[row_of[t, i]] (bf16, grouped) when yg != NULL, else yf[t·kc + i] (fp32, the hand-off rows).
+ * yg[row_of[t, i]] (fp32, grouped) when yg != NULL, else yf[t·kc + i] (fp32, the hand-off rows).
  * Then: norm_w != NULL → un [T, l] bf16 = RMSNorm(u; norm_w, eps); un == NULL → partial [T, l] += u
  * (experts at full width); otherwise un = u as bf16. */
-st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const st_bf16_t *yg,
+st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const float *yg,
                            const float *yf, const int *row_of, const float *p, const int *cnt, const float *norm_w,
                            int T, int kc, int l, float eps);
 st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
+/* ---- fp32-activation glue: fp32 in, bf16 out only where a GEMM (or the chunked KDA tiles) reads it ---- */
+/* st_cuda_conv_silu with x, y fp32 */
+st_status_t eg_conv_silu32(const st_gpu_stream_t *s, float *y, const float *x, float *state, const int *slots,
+                           const float *w, const int *cu_seqlens, int B, int T_tot, int C, int K);
+/* eg_kda_prep from fp32 qkv [T, 3P]: q, k (L2-normed), v [T, P] fp32, and the same rounded to bf16
+ * into qb, kb, vb unless qb == NULL; beta as eg_kda_prep. */
+st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb,
+                          st_bf16_t *vb, float *beta, const float *qkv, const float *aux, int ldaux, int boff, int T,
+                          int H, int dk, float l2eps);
+/* out [T, H, dv] bf16 = RMSNorm(o_h; w, eps) ⊙ σ(gate) with o fp32 [T, H, dv], gate fp32 (row stride ldg) */
+st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *out, const float *o, const float *gate, int ldg,
+                              const float *w, int T, int H, int dv, float eps);
+/* st_cuda_glu with fp32 gate / up (row stride ld_in); h bf16 (the down GEMM's input) */
+st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, const float *gate, const float *up, int T, int n,
+                     int ld_in, bool situ, float b1, float b2);
+/* st_cuda_rmsnorm with x fp32 [T, n], y bf16 (must not alias) */
+st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *w, int T, int n,
+                         float eps);
+/* y [n] bf16 = x ⊙ σ(gate), x and gate fp32 */
+st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *gate, size_t n);
 
 #ifdef __cplusplus
 }

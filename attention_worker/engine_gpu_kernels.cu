@@ -278,7 +278,7 @@ extern "C" st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, c
 }
 
 /* grid (H, B), dk threads; thread j owns value column j of S_h (in global memory, [c][j]). */
-__global__ void kda_rec_kernel(st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k, const st_bf16_t *v, const float *g,
+__global__ void kda_rec_kernel(float *o, const float *q, const float *k, const float *v, const float *g,
                                const float *beta, float *S, const int *slots, const int *cu, int H, int dk, float scale) {
     __shared__ float qs[128], ks[128], es[128];
     const int h = blockIdx.x, b = blockIdx.y, j = threadIdx.x;
@@ -286,8 +286,8 @@ __global__ void kda_rec_kernel(st_bf16_t *o, const st_bf16_t *q, const st_bf16_t
     for (int t = cu[b]; t < cu[b + 1]; t++) {
         size_t base = ((size_t)t * H + h) * dk;
         __syncthreads();
-        qs[j] = eg_bf(q[base + j]) * scale;
-        ks[j] = eg_bf(k[base + j]);
+        qs[j] = q[base + j] * scale;
+        ks[j] = k[base + j];
         es[j] = expf(g[base + j]);
         __syncthreads();
         float kv = 0.f;
@@ -296,18 +296,18 @@ __global__ void kda_rec_kernel(st_bf16_t *o, const st_bf16_t *q, const st_bf16_t
             Sh[(size_t)c * dk + j] = sv;
             kv += sv * ks[c];
         }
-        float e = beta[(size_t)t * H + h] * (eg_bf(v[base + j]) - kv);
+        float e = beta[(size_t)t * H + h] * (v[base + j] - kv);
         float out = 0.f;
         for (int c = 0; c < dk; c++) {
             float sv = Sh[(size_t)c * dk + j] + ks[c] * e;
             Sh[(size_t)c * dk + j] = sv;
             out += sv * qs[c];
         }
-        o[base + j] = eg_tobf(out);
+        o[base + j] = out;
     }
 }
-extern "C" st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
-                                        const st_bf16_t *v, const float *g, const float *beta, float *S,
+extern "C" st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
+                                        const float *v, const float *g, const float *beta, float *S,
                                         const int *slots, const int *cu_seqlens, int B, int H, int dk, float scale) {
     if (dk <= 0 || dk > 128) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_kda_recurrent: dk=%d (≤ 128)", dk);
     if (B <= 0) return ST_OK;
@@ -523,7 +523,7 @@ extern "C" st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, co
 }
 
 /* one block per token; smem u [l] fp32 */
-__global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const st_bf16_t *yg, const float *yf, const int *row_of,
+__global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const float *yg, const float *yf, const int *row_of,
                                    const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
     extern __shared__ float u[];
     __shared__ float red[32];
@@ -532,7 +532,7 @@ __global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const st_bf16_
         float a = 0.f;
         for (int i = 0; i < c_; i++) {
             float pi = p[(size_t)t * kc + i];
-            float y = yg ? eg_bf(yg[(size_t)row_of[(size_t)t * kc + i] * l + c]) : yf[((size_t)t * kc + i) * l + c];
+            float y = yg ? yg[(size_t)row_of[(size_t)t * kc + i] * l + c] : yf[((size_t)t * kc + i) * l + c];
             a = __fadd_rn(a, __fmul_rn(pi, y));
         }
         u[c] = a;
@@ -551,7 +551,7 @@ __global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const st_bf16_
     }
     for (int c = threadIdx.x; c < l; c += blockDim.x) un[(size_t)t * l + c] = eg_tobf(nw ? u[c] * r * nw[c] : u[c]);
 }
-extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const st_bf16_t *yg,
+extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const float *yg,
                                       const float *yf, const int *row_of, const float *p, const int *cnt,
                                       const float *norm_w, int T, int kc, int l, float eps) {
     if (T <= 0) return ST_OK;
@@ -568,4 +568,163 @@ extern "C" st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, cons
     if (!n) return ST_OK;
     bf16_to_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(dst, src, n);
     return EG_LAUNCH("bf16_to_f32_kernel");
+}
+
+/* ------------------------------------------------------------------ fp32-activation glue
+ * The engine keeps activations fp32 between kernels and rounds to bf16 only where a tensor-core
+ * GEMM (or the chunked KDA kernel's tiles) consumes them; these are the fp32-input glue kernels. */
+__device__ __forceinline__ int eg_seq_of(const int *cu, int B, int t) { /* largest b with cu[b] <= t */
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+/* one thread per (token, channel); reads the old conv state, never writes it (st_cuda_conv_silu) */
+__global__ void conv_silu32_kernel(float *y, const float *x, const float *state, const int *slots, const float *w,
+                                   const int *cu, int B, int T_tot, int C, int K) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T_tot * C) return;
+    int t = (int)(i / C), c = (int)(i % C);
+    int b = eg_seq_of(cu, B, t);
+    int pos = t - cu[b];
+    const float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
+    float acc = 0.f;
+    for (int j = 0; j < K; j++) {
+        int p = pos - (K - 1) + j;
+        float xv = p >= 0 ? x[(size_t)(t - (K - 1) + j) * C + c] : st[(size_t)(K - 1 + p) * C + c];
+        acc += w[c * K + j] * xv;
+    }
+    y[i] = acc / (1.f + expf(-acc));
+}
+/* one thread per (sequence, channel): state ← last K-1 inputs (ascending: see kernels/kda.cu) */
+__global__ void conv_state32_kernel(float *state, const int *slots, const float *x, const int *cu, int B, int C, int K) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * C) return;
+    int b = i / C, c = i % C;
+    int bos = cu[b], L = cu[b + 1] - bos;
+    float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
+    for (int j = 0; j < K - 1; j++) {
+        int p = L - (K - 1) + j;
+        float v = p >= 0 ? x[(size_t)(bos + p) * C + c] : st[(size_t)(K - 1 + p) * C + c];
+        st[(size_t)j * C + c] = v;
+    }
+}
+extern "C" st_status_t eg_conv_silu32(const st_gpu_stream_t *s, float *y, const float *x, float *state,
+                                      const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot, int C,
+                                      int K) {
+    if (B < 0 || T_tot < 0 || C <= 0 || K < 1 || K > 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "eg_conv_silu32: B=%d T=%d C=%d K=%d", B, T_tot, C, K);
+    if (B == 0) return ST_OK;
+    size_t n = (size_t)T_tot * C;
+    if (n)
+        conv_silu32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(y, x, state, slots, w, cu_seqlens, B,
+                                                                                  T_tot, C, K);
+    if (K > 1) conv_state32_kernel<<<(B * C + 255) / 256, 256, 0, EG_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
+    return EG_LAUNCH("conv_silu32_kernel");
+}
+
+/* one warp per (token, head) */
+__global__ void kda_prep32_kernel(float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb, st_bf16_t *vb,
+                                  float *beta, const float *qkv, const float *aux, int ldaux, int boff, int T, int H,
+                                  int dk, float l2eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
+    if (row >= T * H) return;
+    int t = row / H, h = row % H, P = H * dk;
+    const float *src = qkv + (size_t)t * 3 * P + (size_t)h * dk;
+    float sq = 0.f, sk = 0.f;
+    for (int c = l; c < dk; c += 32) {
+        float a = src[c], b = src[P + c];
+        sq += a * a, sk += b * b;
+    }
+    sq = eg_warp_sum(sq), sk = eg_warp_sum(sk);
+    float rq = 1.f / sqrtf(sq + l2eps), rk = 1.f / sqrtf(sk + l2eps);
+    size_t o = (size_t)t * P + (size_t)h * dk;
+    for (int c = l; c < dk; c += 32) {
+        float a = src[c] * rq, b = src[P + c] * rk, e = src[2 * P + c];
+        q[o + c] = a, k[o + c] = b, v[o + c] = e;
+        if (qb) qb[o + c] = eg_tobf(a), kb[o + c] = eg_tobf(b), vb[o + c] = eg_tobf(e);
+    }
+    if (l == 0) beta[(size_t)t * H + h] = eg_sig(aux[(size_t)t * ldaux + boff + h]);
+}
+extern "C" st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *k, float *v, st_bf16_t *qb,
+                                     st_bf16_t *kb, st_bf16_t *vb, float *beta, const float *qkv, const float *aux,
+                                     int ldaux, int boff, int T, int H, int dk, float l2eps) {
+    int rows = T * H;
+    if (rows <= 0) return ST_OK;
+    kda_prep32_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(q, k, v, qb, kb, vb, beta, qkv, aux, ldaux, boff, T, H,
+                                                                dk, l2eps);
+    return EG_LAUNCH("kda_prep32_kernel");
+}
+
+__global__ void kda_out_gate32_kernel(st_bf16_t *out, const float *o, const float *gate, int ldg, const float *w, int T,
+                                      int H, int dv, float eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
+    if (row >= T * H) return;
+    int t = row / H, h = row % H;
+    const float *p = o + (size_t)row * dv;
+    const float *g = gate + (size_t)t * ldg + (size_t)h * dv;
+    float ss = 0.f;
+    for (int c = l; c < dv; c += 32) ss += p[c] * p[c];
+    ss = eg_warp_sum(ss);
+    float r = 1.f / sqrtf(ss / (float)dv + eps);
+    for (int c = l; c < dv; c += 32) out[(size_t)row * dv + c] = eg_tobf(p[c] * r * w[c] * eg_sig(g[c]));
+}
+extern "C" st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *out, const float *o, const float *gate,
+                                         int ldg, const float *w, int T, int H, int dv, float eps) {
+    int rows = T * H;
+    if (rows <= 0) return ST_OK;
+    kda_out_gate32_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(out, o, gate, ldg, w, T, H, dv, eps);
+    return EG_LAUNCH("kda_out_gate32_kernel");
+}
+
+__global__ void glu32_kernel(st_bf16_t *h, const float *gate, const float *up, int T, int n, int ld, int situ, float b1,
+                             float b2) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * n) return;
+    size_t t = i / n, c = i % n;
+    float a = gate[t * ld + c], u = up[t * ld + c];
+    float sg = 1.f / (1.f + expf(-a));
+    h[i] = eg_tobf(situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u);
+}
+extern "C" st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, const float *gate, const float *up, int T, int n,
+                                int ld_in, bool situ, float b1, float b2) {
+    if (T < 0 || n <= 0 || ld_in < n) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_glu32: T=%d n=%d ld=%d", T, n, ld_in);
+    size_t N = (size_t)T * n;
+    if (!N) return ST_OK;
+    glu32_kernel<<<(unsigned)((N + 255) / 256), 256, 0, EG_STREAM(s)>>>(h, gate, up, T, n, ld_in, situ, b1, b2);
+    return EG_LAUNCH("glu32_kernel");
+}
+
+__global__ void rmsnorm32_kernel(st_bf16_t *y, const float *x, const float *w, int n, float eps) {
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = eg_block_sum(ss, red);
+    float r = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] * r;
+        y[(size_t)blockIdx.x * n + i] = eg_tobf(w ? v * w[i] : v);
+    }
+}
+extern "C" st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *w, int T, int n,
+                                    float eps) {
+    if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_rmsnorm32: T=%d n=%d", T, n);
+    if (T == 0) return ST_OK;
+    rmsnorm32_kernel<<<T, 256, 0, EG_STREAM(s)>>>(y, x, w, n, eps);
+    return EG_LAUNCH("rmsnorm32_kernel");
+}
+
+__global__ void mul_sigmoid32_kernel(st_bf16_t *y, const float *x, const float *g, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = eg_tobf(x[i] * eg_sig(g[i]));
+}
+extern "C" st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *gate,
+                                        size_t n) {
+    if (!n) return ST_OK;
+    mul_sigmoid32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(y, x, gate, n);
+    return EG_LAUNCH("mul_sigmoid32_kernel");
 }

@@ -92,9 +92,19 @@ extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, cons
 /* grid (KD/32, H, N), 128 threads: a block owns 32 value columns of one (sequence, head) state;
  * thread = (row group rg = tid/8 : rows rg + 16·i, i < 8) × (column quad tid%8). The state slice
  * (16 KiB) is read once into registers and written once. */
-__global__ void __launch_bounds__(128) kda_decode_kernel(st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
-                                                         const st_bf16_t *v, const float *g, const float *beta,
-                                                         float *S, const int *slots, int H, float scale) {
+__device__ __forceinline__ float kd_ld(st_bf16_t h) { return st_bf(h); }
+__device__ __forceinline__ float kd_ld(float f) { return f; }
+__device__ __forceinline__ void kd_st(st_bf16_t *p, float f) { *p = st_tobf(f); }
+__device__ __forceinline__ void kd_st(float *p, float f) { *p = f; }
+__device__ __forceinline__ void kd_st2(st_bf16_t *p, float a, float b) {
+    *reinterpret_cast<uint32_t *>(p) = st_pack_bf2(a, b);
+}
+__device__ __forceinline__ void kd_st2(float *p, float a, float b) { *reinterpret_cast<float2 *>(p) = make_float2(a, b); }
+
+template <typename TI, typename TO>
+__global__ void __launch_bounds__(128) kda_decode_kernel(TO *o, const TI *q, const TI *k, const TI *v, const float *g,
+                                                         const float *beta, float *S, const int *slots, int H,
+                                                         float scale) {
     __shared__ float qs[KD], ks[KD], ds[KD];
     __shared__ float red[16][33];
     __shared__ float es[32];
@@ -105,8 +115,8 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(st_bf16_t *o, const st_
     float4 sr[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) sr[i] = *reinterpret_cast<const float4 *>(Sp + (size_t)(rg + 16 * i) * KD);
-    qs[tid] = st_bf(q[tok * KD + tid]) * scale;
-    ks[tid] = st_bf(k[tok * KD + tid]);
+    qs[tid] = kd_ld(q[tok * KD + tid]) * scale;
+    ks[tid] = kd_ld(k[tok * KD + tid]);
     ds[tid] = __expf(g[tok * KD + tid]);
     __syncthreads();
     float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
@@ -123,7 +133,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(st_bf16_t *o, const st_
         float a = 0;
 #pragma unroll
         for (int r = 0; r < 16; r++) a += red[r][tid];
-        es[tid] = beta[tok] * (st_bf(v[tok * KD + v0 + tid]) - a);
+        es[tid] = beta[tok] * (kd_ld(v[tok * KD + v0 + tid]) - a);
     }
     __syncthreads();
     float e0 = es[cq], e1 = es[cq + 1], e2 = es[cq + 2], e3 = es[cq + 3];
@@ -143,7 +153,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(st_bf16_t *o, const st_
         float a = 0;
 #pragma unroll
         for (int r = 0; r < 16; r++) a += red[r][tid];
-        o[tok * KD + v0 + tid] = st_tobf(a);
+        kd_st(o + tok * KD + v0 + tid, a);
     }
 }
 
@@ -153,8 +163,19 @@ extern "C" st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o
                                           float scale) {
     if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
     if (N == 0) return ST_OK;
-    kda_decode_kernel<<<dim3(KD / 32, H, N), 128, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H, scale);
+    kda_decode_kernel<st_bf16_t, st_bf16_t>
+        <<<dim3(KD / 32, H, N), 128, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H, scale);
     return ST_LAUNCH_OK("kda_decode_kernel");
+}
+
+extern "C" st_status_t st_cuda_kda_decode_f32(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
+                                              const float *v, const float *g, const float *beta, float *S,
+                                              const int *slots, int N, int H, float scale) {
+    if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
+    if (N == 0) return ST_OK;
+    kda_decode_kernel<float, float><<<dim3(KD / 32, H, N), 128, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H,
+                                                                                   scale);
+    return ST_LAUNCH_OK("kda_decode_kernel<f32>");
 }
 
 /* ------------------------------------------------------------------ chunked prefill */
@@ -198,8 +219,8 @@ __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-template <int NW>
-__global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restrict__ o, const st_bf16_t *__restrict__ q,
+template <int NW, typename TO>
+__global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(TO *__restrict__ o, const st_bf16_t *__restrict__ q,
                                                               const st_bf16_t *__restrict__ k,
                                                               const st_bf16_t *__restrict__ v, const float *__restrict__ g,
                                                               const float *__restrict__ beta, float *S, const int *slots,
@@ -399,8 +420,7 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restr
             for (int hf = 0; hf < 2; hf++) {
                 int t = gq + hf * 8, vv = v0 + wv + j * 8 + tq * 2;
                 if (t < n)
-                    *reinterpret_cast<uint32_t *>(o + (tok0 + t) * HK + (size_t)h * KD + vv) =
-                        st_pack_bf2(O[j][hf * 2], O[j][hf * 2 + 1]);
+                    kd_st2(o + (tok0 + t) * HK + (size_t)h * KD + vv, O[j][hf * 2], O[j][hf * 2 + 1]);
             }
         }
 #pragma unroll
@@ -428,23 +448,23 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(st_bf16_t *__restr
             }
 }
 
-template <int NW>
-static st_status_t launch_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
+template <int NW, typename TO>
+static st_status_t launch_chunked(const st_gpu_stream_t *s, TO *o, const st_bf16_t *q, const st_bf16_t *k,
                                   const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
                                   const int *cu, int B, int H, float scale) {
     size_t smem = sizeof(KdaSmem<NW>);
     st_status_t rc = ST_CUDA_CHECK(
-        cudaFuncSetAttribute(kda_chunked_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaFuncSetAttribute(kda_chunked_kernel<NW, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
-    kda_chunked_kernel<NW><<<dim3(KD / (16 * NW), H, B), NW * 32, smem, ST_STREAM(s)>>>(o, q, k, v, g, beta, S,
+    kda_chunked_kernel<NW, TO><<<dim3(KD / (16 * NW), H, B), NW * 32, smem, ST_STREAM(s)>>>(o, q, k, v, g, beta, S,
                                                                                         slots, cu, H, scale);
     return ST_LAUNCH_OK("kda_chunked_kernel");
 }
 
-extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
-                                           const st_bf16_t *k, const st_bf16_t *v, const float *g,
-                                           const float *beta, float *S, const int *slots, const int *cu_seqlens,
-                                           int B, int H, float scale) {
+template <typename TO>
+static st_status_t kda_chunked_any(const st_gpu_stream_t *s, TO *o, const st_bf16_t *q, const st_bf16_t *k,
+                                   const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
+                                   const int *cu_seqlens, int B, int H, float scale) {
     if (B < 0 || B > 65535 || H <= 0 || H > 65535)
         return ST_FAIL(ST_ERR_INVALID_ARG, "kda_chunked: B=%d H=%d", B, H);
     if (B == 0) return ST_OK;
@@ -455,8 +475,22 @@ extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *
     /* measured on the H200 (docs/perf.md): 8 warps win once B·H fills the 132 SMs once over */
     if (nw != 2 && nw != 4 && nw != 8) nw = (long)B * H >= 128 ? 8 : ((long)B * H >= 64 ? 4 : 2);
     switch (nw) {
-    case 2: return launch_chunked<2>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
-    case 4: return launch_chunked<4>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
-    default: return launch_chunked<8>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+    case 2: return launch_chunked<2, TO>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+    case 4: return launch_chunked<4, TO>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+    default: return launch_chunked<8, TO>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
     }
+}
+
+extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
+                                           const st_bf16_t *k, const st_bf16_t *v, const float *g,
+                                           const float *beta, float *S, const int *slots, const int *cu_seqlens,
+                                           int B, int H, float scale) {
+    return kda_chunked_any<st_bf16_t>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
+}
+
+extern "C" st_status_t st_cuda_kda_chunked_f32o(const st_gpu_stream_t *s, float *o, const st_bf16_t *q,
+                                                const st_bf16_t *k, const st_bf16_t *v, const float *g,
+                                                const float *beta, float *S, const int *slots, const int *cu_seqlens,
+                                                int B, int H, float scale) {
+    return kda_chunked_any<float>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
 }

@@ -72,9 +72,15 @@ __global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bou
  * writes h = act(gate, up) [N, Nout] bf16. Plain: 128 output columns of w2_e, writes C bf16.
  * grid (tiles bound, ceil(Nout / (GLU ? 64 : 128))), 256 threads = 8 warps as 2 (M) × 4 (N),
  * warp tile 64 × 32. */
-template <bool GLU>
+__device__ __forceinline__ void fb_st2(st_bf16_t *p, float a, float b) {
+    *reinterpret_cast<uint32_t *>(p) = st_pack_bf2(a, b);
+}
+__device__ __forceinline__ void fb_st2(float *p, float a, float b) { *reinterpret_cast<float2 *>(p) = make_float2(a, b); }
+
+/* TC: the output element (bf16; fp32 for the plain down GEMM of st_cuda_moe_ffn_f32out) */
+template <bool GLU, typename TC = st_bf16_t>
 __global__ void __launch_bounds__(FB_THREADS, 2)
-    ffn_gemm_kernel(st_bf16_t *__restrict__ C, const st_bf16_t *__restrict__ A, const st_bf16_t *__restrict__ B1,
+    ffn_gemm_kernel(TC *__restrict__ C, const st_bf16_t *__restrict__ A, const st_bf16_t *__restrict__ B1,
                     const st_bf16_t *__restrict__ B3, const int *__restrict__ offsets, const int *__restrict__ map,
                     int Nout, int K, int situ, float b1, float b2) {
     extern __shared__ __align__(16) unsigned char fb_smem[];
@@ -178,15 +184,14 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
                         o[q] = situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u;
                     }
                     /* Nout % 8 == 0 (checked), so col + 1 < Nout */
-                    *reinterpret_cast<uint32_t *>(C + (size_t)row * Nout + col) = st_pack_bf2(o[0], o[1]);
+                    fb_st2(C + (size_t)row * Nout + col, o[0], o[1]);
                 }
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     int col = n0 + wn * 32 + j * 8 + 2 * t;
                     if (col >= Nout) continue;
-                    *reinterpret_cast<uint32_t *>(C + (size_t)row * Nout + col) =
-                        st_pack_bf2(acc[mi][j][hh * 2], acc[mi][j][hh * 2 + 1]);
+                    fb_st2(C + (size_t)row * Nout + col, acc[mi][j][hh * 2], acc[mi][j][hh * 2 + 1]);
                 }
             }
         }
@@ -205,10 +210,10 @@ extern "C" size_t st_cuda_moe_ffn_ws_bytes(int N, int w) {
     return h + (size_t)2 * sizeof(int) * ((size_t)(N + FB_M - 1) / FB_M + 1 + 4096);
 }
 
-extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
-                                       int E, int N, int max_rows_per_expert, const st_bf16_t *w1,
-                                       const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
-                                       float b2, void *ws, size_t ws_bytes) {
+template <typename TY>
+static st_status_t moe_ffn_any(const st_gpu_stream_t *s, TY *y, const st_bf16_t *x, const int *offsets, int E, int N,
+                               int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2,
+                               int l, int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes) {
     if (E <= 0 || E > 4096 || N < 0 || max_rows_per_expert < 0 || l <= 0 || w <= 0 || l % 8 || w % 8 ||
         ws_bytes < st_cuda_moe_ffn_ws_bytes(N, w))
         return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn: E=%d N=%d max_rows=%d l=%d w=%d ws=%zu (need %zu)", E, N,
@@ -221,6 +226,9 @@ extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, c
         if (!rc)
             rc = ST_CUDA_CHECK(
                 cudaFuncSetAttribute(ffn_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
+        if (!rc)
+            rc = ST_CUDA_CHECK(cudaFuncSetAttribute(ffn_gemm_kernel<false, float>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
         if (rc) return rc;
         attr_done = true;
     }
@@ -234,9 +242,25 @@ extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, c
     ffn_gemm_kernel<true><<<dim3(bound, (w + 63) / 64), FB_THREADS, FB_SMEM, cs>>>(h, x, w1, w3, offsets, map, w, l,
                                                                                    situ, b1, b2);
     if ((rc = ST_LAUNCH_OK("ffn_gemm_kernel<glu>"))) return rc;
-    ffn_gemm_kernel<false><<<dim3(bound, (l + 127) / 128), FB_THREADS, FB_SMEM, cs>>>(y, h, w2, nullptr, offsets, map,
-                                                                                      l, w, 0, 0.f, 0.f);
+    ffn_gemm_kernel<false, TY><<<dim3(bound, (l + 127) / 128), FB_THREADS, FB_SMEM, cs>>>(y, h, w2, nullptr, offsets,
+                                                                                          map, l, w, 0, 0.f, 0.f);
     return ST_LAUNCH_OK("ffn_gemm_kernel<down>");
+}
+
+extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
+                                       int E, int N, int max_rows_per_expert, const st_bf16_t *w1,
+                                       const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
+                                       float b2, void *ws, size_t ws_bytes) {
+    return moe_ffn_any<st_bf16_t>(s, y, x, offsets, E, N, max_rows_per_expert, w1, w3, w2, l, w, situ, b1, b2, ws,
+                                  ws_bytes);
+}
+
+extern "C" st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x,
+                                              const int *offsets, int E, int N, int max_rows_per_expert,
+                                              const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l,
+                                              int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes) {
+    return moe_ffn_any<float>(s, y, x, offsets, E, N, max_rows_per_expert, w1, w3, w2, l, w, situ, b1, b2, ws,
+                              ws_bytes);
 }
 
 /* Hosted variant: experts with ≥ big rows run as cuBLAS GEMMs (gate and up into gu [rows, 2w],

@@ -68,6 +68,8 @@ static void chunked_case(const char *name, const int *lens, int B, int H, gate_k
     uint16_t *d_o = gt_dev(2 * nq);
     int *d_slots = gt_up(slots, sizeof(int) * B);
     int *pcu = gt_xmalloc(sizeof(int) * (B + 1));
+    /* st_cuda_kda_chunked_f32o on its own copy of the state pool: fp32 o, the same accumulators */
+    float *d_S32 = gt_up(S0, 4 * ss * n_slots), *o32 = gt_xmalloc(4 * nq + 4), *S32 = gt_xmalloc(4 * ss * n_slots);
     for (int p = 0; p < splits; p++) {
         /* each piece is its own varlen batch: gather it into contiguous buffers */
         int Tp = 0;
@@ -92,6 +94,14 @@ static void chunked_case(const char *name, const int *lens, int B, int H, gate_k
         uint16_t *dout = gt_dev(2 * np + 2);
         int *dcu = gt_up(pcu, sizeof(int) * (B + 1));
         GT_OK(st_cuda_kda_chunked(&gt_stream, dout, dq, dk, dv, dg, db, d_S, d_slots, dcu, B, H, scale));
+        float *dout32 = gt_dev(4 * np + 4), *po32 = gt_xmalloc(4 * np + 4);
+        GT_OK(st_cuda_kda_chunked_f32o(&gt_stream, dout32, dq, dk, dv, dg, db, d_S32, d_slots, dcu, B, H, scale));
+        gt_down(po32, dout32, 4 * np);
+        for (int b = 0; b < B; b++) {
+            int a = (int)((long)lens[b] * p / splits), n = pcu[b + 1] - pcu[b];
+            memcpy(o32 + (size_t)(cu[b] + a) * H * D, po32 + (size_t)pcu[b] * H * D, 4 * (size_t)n * H * D);
+        }
+        free(po32), st_gpu_free(dout32);
         uint16_t *po = gt_xmalloc(2 * np + 2);
         gt_down(po, dout, 2 * np);
         for (int b = 0; b < B; b++) {
@@ -109,6 +119,12 @@ static void chunked_case(const char *name, const int *lens, int B, int H, gate_k
     st_t_close(what, o_gpu, o_ref, nq, 2e-2, 1e-3);
     snprintf(what, sizeof what, "kda_chunked %s H=%d B=%d T=%d splits=%d: S", name, H, B, T, splits);
     st_t_close(what, S_gpu, S_ref, ss * n_slots, 2e-2, 1e-3);
+    gt_down(S32, d_S32, 4 * ss * n_slots);
+    snprintf(what, sizeof what, "kda_chunked_f32o %s H=%d B=%d T=%d splits=%d: o", name, H, B, T, splits);
+    st_t_close(what, o32, o_ref, nq, 2e-2, 1e-3);
+    snprintf(what, sizeof what, "kda_chunked_f32o %s H=%d B=%d T=%d splits=%d: S", name, H, B, T, splits);
+    st_t_close(what, S32, S_ref, ss * n_slots, 2e-2, 1e-3);
+    st_gpu_free(d_S32), free(o32), free(S32);
     st_gpu_free(d_q), st_gpu_free(d_k), st_gpu_free(d_v), st_gpu_free(d_g), st_gpu_free(d_beta), st_gpu_free(d_S),
         st_gpu_free(d_o), st_gpu_free(d_slots);
     free(q), free(k), free(v), free(g), free(qb), free(kb), free(vb), free(ob), free(beta), free(o_ref), free(o_gpu);
@@ -124,8 +140,9 @@ static void decode_case(int N, int H, int steps, uint64_t seed) {
     memcpy(S_ref, S0, 4 * ss * n_slots);
     int *slots = gt_xmalloc(sizeof(int) * N);
     for (int n = 0; n < N; n++) slots[n] = (n * 7 + 2) % n_slots; /* distinct when gcd(7, n_slots) = 1 */
-    float *d_S = gt_up(S0, 4 * ss * n_slots);
+    float *d_S = gt_up(S0, 4 * ss * n_slots), *d_S32 = gt_up(S0, 4 * ss * n_slots);
     int *d_slots = gt_up(slots, sizeof(int) * N);
+    float *d_q32 = gt_dev(4 * nq), *d_k32 = gt_dev(4 * nq), *d_v32 = gt_dev(4 * nq), *d_o32 = gt_dev(4 * nq);
     float *q = gt_xmalloc(4 * nq), *k = gt_xmalloc(4 * nq), *v = gt_xmalloc(4 * nq), *g = gt_xmalloc(4 * nq);
     uint16_t *qb = gt_xmalloc(2 * nq), *kb = gt_xmalloc(2 * nq), *vb = gt_xmalloc(2 * nq), *ob = gt_xmalloc(2 * nq);
     float *beta = gt_xmalloc(4 * (size_t)N * H), *o_ref = gt_xmalloc(4 * nq), *o_gpu = gt_xmalloc(4 * nq);
@@ -154,11 +171,24 @@ static void decode_case(int N, int H, int steps, uint64_t seed) {
         char what[128];
         snprintf(what, sizeof what, "kda_decode N=%d H=%d step %d: o", N, H, step);
         st_t_close(what, o_gpu, o_ref, nq, 2e-2, 1e-3);
+        /* fp32 variant (q, k, v, o fp32): only the state's own rounding differs from the reference */
+        GT_OK(st_gpu_memcpy_h2d(d_q32, q, 4 * nq));
+        GT_OK(st_gpu_memcpy_h2d(d_k32, k, 4 * nq));
+        GT_OK(st_gpu_memcpy_h2d(d_v32, v, 4 * nq));
+        gt_poison(d_o32, 4 * nq);
+        GT_OK(st_cuda_kda_decode_f32(&gt_stream, d_o32, d_q32, d_k32, d_v32, d_g, d_b, d_S32, d_slots, N, H, scale));
+        gt_down(o_gpu, d_o32, 4 * nq);
+        snprintf(what, sizeof what, "kda_decode_f32 N=%d H=%d step %d: o", N, H, step);
+        st_t_close(what, o_gpu, o_ref, nq, 1e-3, 1e-4);
     }
     gt_down(S_gpu, d_S, 4 * ss * n_slots);
     char what[128];
     snprintf(what, sizeof what, "kda_decode N=%d H=%d after %d steps: state pool", N, H, steps);
     st_t_close(what, S_gpu, S_ref, ss * n_slots, 1e-4, 1e-5);
+    gt_down(S_gpu, d_S32, 4 * ss * n_slots);
+    snprintf(what, sizeof what, "kda_decode_f32 N=%d H=%d after %d steps: state pool", N, H, steps);
+    st_t_close(what, S_gpu, S_ref, ss * n_slots, 1e-4, 1e-5);
+    st_gpu_free(d_S32), st_gpu_free(d_q32), st_gpu_free(d_k32), st_gpu_free(d_v32), st_gpu_free(d_o32);
     st_gpu_free(d_S), st_gpu_free(d_slots), st_gpu_free(d_q), st_gpu_free(d_k), st_gpu_free(d_v), st_gpu_free(d_o),
         st_gpu_free(d_g), st_gpu_free(d_b);
     free(S0), free(S_ref), free(S_gpu), free(slots), free(q), free(k), free(v), free(g), free(qb), free(kb), free(vb),

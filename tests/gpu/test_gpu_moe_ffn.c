@@ -224,6 +224,15 @@ static void ffn_case(int E, const int *counts, int l, int w, bool situ, bool mxf
     strncat(what, " hosted(cuBLAS >= 100 rows)", sizeof what - strlen(what) - 1);
     if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
     st_gpu_free(d_wsh);
+    /* fp32-output variant: y not rounded */
+    float *d_y32 = gt_dev(4 * ((size_t)N * l + 1));
+    GT_OK(st_cuda_moe_ffn_f32out(&gt_stream, d_y32, d_x, d_off, E, N, maxc, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f,
+                                 d_ws, wsb));
+    gt_down(got, d_y32, 4 * (size_t)N * l);
+    snprintf(what, sizeof what, "moe_ffn_f32out E=%d N=%d l=%d w=%d %s %s", E, N, l, w, situ ? "situ" : "silu",
+             mxfp4 ? "mxfp4" : "bf16");
+    if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+    st_gpu_free(d_y32);
     st_gpu_free(d_off), st_gpu_free(d_x), st_gpu_free(d_y), st_gpu_free(d_ws);
     st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2);
     free(off), free(x), free(w1f), free(w3f), free(w2f), free(xb), free(w1b), free(w3b), free(w2b);

@@ -63,6 +63,16 @@ st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o, const st_
                                const st_bf16_t *k, const st_bf16_t *v, const float *g, const float *beta,
                                float *S, const int *slots, int N, int H, float scale);
 
+/* fp32-activation variants (the GPU engine keeps activations fp32 between kernels):
+ * st_cuda_kda_chunked_f32o: the same as st_cuda_kda_chunked (bf16 q, k, v: the tensor-core tile
+ * inputs) with o [T_tot, H, 128] fp32, not rounded. st_cuda_kda_decode_f32: the same as
+ * st_cuda_kda_decode with q, k, v and o fp32. */
+st_status_t st_cuda_kda_chunked_f32o(const st_gpu_stream_t *s, float *o, const st_bf16_t *q, const st_bf16_t *k,
+                                     const st_bf16_t *v, const float *g, const float *beta, float *S,
+                                     const int *slots, const int *cu_seqlens, int B, int H, float scale);
+st_status_t st_cuda_kda_decode_f32(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
+                                   const float *v, const float *g, const float *beta, float *S, const int *slots,
+                                   int N, int H, float scale);
 /* ---------------- MLA (SPEC §4) ---------------- */
 /* Absorbed decode: one query per sequence, MQA over its paged latent cache.
  * q_abs [B, H, 576] bf16 (= [W_UKᵀ q_nope ; q_pe]); pool [n_pages, page_size, 576] bf16 rows
@@ -134,6 +144,12 @@ st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf1
                             const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
                             size_t ws_bytes);
 
+/* The same with y [N, l] fp32 (the down GEMM's accumulators, not rounded); h stays bf16 (the down
+ * GEMM's input). Same ws. */
+st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
+                                   int E, int N, int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3,
+                                   const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
+                                   size_t ws_bytes);
 /* Same FFN when the row counts are also known on the host (an expert server gets them with the
  * batch): offsets_host [E+1] host memory, equal to offsets (device). Experts with ≥ min_rows_cublas
  * rows (0: 1024) run as cuBLAS GEMMs each (gate and up into a [rows, 2w] buffer, st_cuda_glu, down;
