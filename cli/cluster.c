@@ -31,7 +31,7 @@ const char *st_cli_state_dir(const char *given) {
 int st_cli_state_get(const char *state, const char *key, char *out, size_t n) {
     char path[600], *txt;
     snprintf(path, sizeof path, "%s/cluster.env", state);
-    if (st_file_read_all(path, &txt, NULL) != ST_OK) return -1;
+    if (access(path, R_OK) != 0 || st_file_read_all(path, &txt, NULL) != ST_OK) return -1; /* no cluster recorded */
     size_t kl = strlen(key);
     int rc = -1;
     for (char *line = txt; line && *line;) {
