@@ -93,7 +93,7 @@ typedef struct {
     st_sampling_t sp;
     st_rng_t rng;
     uint32_t stop[MAX_STOP];
-    int n_stop, dump, prefilled, cancelled, failed;
+    int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
     char err[256];
 } seq_t;
 
@@ -284,7 +284,7 @@ static int admit(aw_t *aw, in_msg_t *m) {
     }
     seq_t *q = &aw->seqs[free_i];
     *q = (seq_t){.used = 1, .req = m->req, .gen = m->gen, .slot = slot, .toks = toks, .n_prompt = n,
-                 .max_tokens = max_tokens, .dump = r->dump_logits};
+                 .max_tokens = max_tokens, .dump = r->dump_logits, .ignore_eos = r->ignore_eos};
     q->sp.temperature = r->temperature;
     q->sp.top_k = (int)r->top_k;
     q->sp.top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f;
@@ -611,7 +611,7 @@ static void post_report(aw_t *aw, int nmb) {
 }
 
 static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
-    if (tok == aw->c->eos_id) return 1;
+    if (tok == aw->c->eos_id && !q->ignore_eos) return 1;
     for (int i = 0; i < q->n_stop; i++)
         if ((uint32_t)tok == q->stop[i]) return 1;
     return 0;

@@ -77,6 +77,7 @@ int st_cmd_generate(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--dump-logits"))) dump = v;
         else if (!strcmp(argv[i], "--stream")) g.stream = 1;
         else if (!strcmp(argv[i], "--print-tokens")) g.print_tokens = 1;
+        else if (!strcmp(argv[i], "--ignore-eos")) r.ignore_eos = 1;
         else { fprintf(stderr, "strata generate: unknown option %s\n", argv[i]); return 2; }
     }
     if ((!prompt) == (!ptoks)) {

@@ -38,7 +38,8 @@ static void usage(void) {
             "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--min-mb-tokens N] [--state DIR]\n"
             "  generate (--prompt TEXT | --prompt-tokens 1,2,3) [--max-tokens N] [--temperature T] [--top-p P]\n"
-            "     [--top-k K] [--seed S] [--stream] [--print-tokens] [--dump-logits FILE.npy] [--coordinator HOST:PORT]\n"
+            "     [--top-k K] [--seed S] [--stream] [--print-tokens] [--ignore-eos] [--dump-logits FILE.npy]\n"
+            "     [--coordinator HOST:PORT]\n"
             "  status [--json] [--http HOST:PORT]\n"
             "  down [--state DIR]\n");
 }

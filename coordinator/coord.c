@@ -384,9 +384,12 @@ static void gen_on_done(st_status_t st, const char *detail, void *arg) {
     if (ok) co->requests_ok++;
     else co->requests_err++;
     if (g->call) {
-        if (ok || g->finish == ST_PROTO_FINISH_ERROR || g->finish == ST_PROTO_FINISH_CANCELLED)
-            st_rpc_call_finish(g->call, st == ST_OK || g->err[0] ? ST_OK : st, g->err[0] ? g->err : NULL);
-        else st_rpc_call_finish(g->call, st == ST_OK ? ST_ERR_INTERNAL : st, g->err[0] ? g->err : "stream ended early");
+        if (st != ST_OK) /* the worker went away mid-stream: the client sees the error, naming it */
+            st_rpc_call_finish(g->call, st, g->err);
+        else if (g->finish == ST_PROTO_FINISH_NONE)
+            st_rpc_call_finish(g->call, ST_ERR_INTERNAL, "the attention worker ended the stream without finishing");
+        else /* finished by the worker; an error travelled in the last chunk */
+            st_rpc_call_finish(g->call, ST_OK, NULL);
     } else if (g->res) {
         st_coord_http_done(g);
     }

@@ -429,6 +429,10 @@ static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *ar
     if (!err && (v = json_object_get(body, "logprobs")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
         err = "logprobs are not supported";
     if (!err && (v = json_object_get(body, "echo")) && json_is_true(v)) err = "echo is not supported";
+    if (!err && (v = json_object_get(body, "ignore_eos")) && !json_is_null(v)) { /* vLLM's extension */
+        if (!json_is_boolean(v)) err = "'ignore_eos' must be a boolean";
+        else r.ignore_eos = json_is_true(v);
+    }
     uint32_t stops[16];
     if (!err && (v = json_object_get(body, "stop")) && !json_is_null(v)) {
         /* byte-level tokenizer: a one-byte stop string is a stop token */

@@ -587,6 +587,7 @@ st_status_t st_proto_generate_req_encode(const st_proto_generate_req_t *m, uint8
     pb.n_stop_ids = m->n_stop_ids;
     pb.stop_ids = m->stop_ids;
     pb.dump_logits = m->dump_logits != 0;
+    pb.ignore_eos = m->ignore_eos != 0;
     return pack_msg(&pb.base, "GenerateRequest", out, len);
 }
 
@@ -609,6 +610,7 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     r.seed = pb->seed;
     r.has_seed = pb->has_seed != 0;
     r.dump_logits = pb->dump_logits != 0;
+    r.ignore_eos = pb->ignore_eos != 0;
     if (!dup_str(&r.request_id, pb->request_id) || !dup_str(&r.prompt, pb->prompt) ||
         !dup_arr((void **)&r.prompt_tokens, pb->prompt_tokens, pb->n_prompt_tokens, sizeof(uint32_t)) ||
         !dup_arr((void **)&r.stop_ids, pb->stop_ids, pb->n_stop_ids, sizeof(uint32_t))) {

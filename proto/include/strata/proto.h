@@ -161,6 +161,7 @@ typedef struct {
     size_t n_stop_ids;
     uint32_t *stop_ids;
     int dump_logits;
+    int ignore_eos;
 } st_proto_generate_req_t;
 
 typedef struct {
