@@ -76,6 +76,8 @@ struct st_egpu {
     void *kv_pool; /* device [n_pages][page_size][R], fp32 when mla32, else bf16 */
     bool mla32;    /* STRATA_EGPU_MLA32=1: fp32 query absorption and latent cache (see NOTE in mla_layer) */
     bool kda_rec;  /* STRATA_EGPU_KDA_REC=1: prompts through the recurrent glue kernel (comparisons) */
+    int xsplit;    /* STRATA_EGPU_XSPLIT=1: GEMM inputs as bf16 hi + lo, two passes (see lin2); 2: also the
+                    * MLA q_a / ō inputs, fp32 MLA (mla32) and the fp32 recurrence for prompts (kda_rec) */
     st_trace_hook_t trace; /* test-only (engine.h) */
     void *trace_ctx;
     float *tr_f;    /* host [max_batch_tokens, tr_w] */
@@ -109,6 +111,9 @@ struct st_egpu_mb {
      * outputs qkv / gate / cq32 / h2 / h2e / o32 (MLA, gated), conv output cqkv, KDA q32 / k32 / v32
      * and output o32, expert outputs yg */
     float *qkv, *cqkv, *q32, *k32, *v32, *o32, *gate, *cq32, *h2, *h2e, *yg;
+    /* xsplit only: the bf16 remainders of xn, xf, o, un, hh; z before rounding */
+    st_bf16_t *xn_lo, *xf_lo, *o_lo, *un_lo, *hh_lo, *cq_lo, *olat_lo;
+    float *z32;
     float *qm32, *ckv; /* MLA query [T, H*dqk] and latent row [T, R], fp32 GEMM outputs */
     void *qabs;        /* [T, H, R] fp32 when mla32, else bf16 */
     int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d;
@@ -379,6 +384,9 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
     g->mla32 = ev && atoi(ev) != 0;
     ev = getenv("STRATA_EGPU_KDA_REC");
     g->kda_rec = ev && atoi(ev) != 0;
+    ev = getenv("STRATA_EGPU_XSPLIT");
+    g->xsplit = ev ? atoi(ev) : 0;
+    if (g->xsplit >= 2) g->mla32 = g->kda_rec = true;
     int kmax = g->o.k_max > 0 ? g->o.k_max : 2 * c->top_k;
     g->o.k_max = ST_MIN(kmax, ST_MAX(c->n_experts, 1));
     g->kcap = ST_MAX(c->top_k, g->o.routing == ST_ROUTE_QUANTILE ? g->o.k_max : 0);
@@ -617,6 +625,11 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
         DC(zf, T * ew * F); DC(eout, T * kc * ew * F);
     }
     DC(xf, T * d * B2); DC(lg, LR * V * F);
+    if (g->xsplit) {
+        DC(xn_lo, T * d * B2); DC(xf_lo, T * d * B2); DC(o_lo, T * wide * B2); DC(un_lo, T * ew * B2);
+        DC(hh_lo, T * fw * B2); DC(z32, T * ew * F);
+        DC(cq_lo, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(olat_lo, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
+    }
     size_t meta = 4 * T + 3 * M + 1 + (size_t)g->n_mla * M * (size_t)g->pps;
     DC(meta_d, meta * 4);
 #undef DC
@@ -764,14 +777,25 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
 
 /* ------------------------------------------------------------------ layers */
 
+/* y [T, N] fp32 (ldy) = beta·y + x·Wᵀ; with a remainder xlo (xsplit) a second pass adds xlo·Wᵀ, so
+ * the GEMM reads x to ~16 bits instead of bf16's 8 (2× the GEMM work; comparisons only). */
+static st_status_t lin2(st_egpu_mb_t *mb, float *y, int ldy, float beta, const st_bf16_t *x, const st_bf16_t *xlo,
+                        int ldx, const st_bf16_t *W, int T, int N, int K) {
+    st_status_t r = eg_linear(&mb->g->s, y, ldy, true, beta, x, ldx, W, T, N, K);
+    if (r == ST_OK && xlo) r = eg_linear(&mb->g->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
+    return r;
+}
+#define XLO(mb) ((mb)->g->xsplit ? (mb)->xn_lo : NULL)
+#define LO(mb, f) ((mb)->g->xsplit ? (mb)->f : NULL)
+
 static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
     int ks = g->layer_slot[l];
-    CK(eg_linear(s, mb->qkv, 3 * P, true, 0.f, mb->xn, d, G->w_qkv, T, 3 * P, d));
-    CK(eg_linear(s, mb->aux, G->naux, true, 0.f, mb->xn, d, G->w_aux, T, G->naux, d));
+    CK(lin2(mb, mb->qkv, 3 * P, 0.f, mb->xn, XLO(mb), d, G->w_qkv, T, 3 * P, d));
+    CK(lin2(mb, mb->aux, G->naux, 0.f, mb->xn, XLO(mb), d, G->w_aux, T, G->naux, d));
     CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
     CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
@@ -801,9 +825,9 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
         CK(eg_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
     } else {
-        CK(eg_linear(s, mb->gate, P, true, 0.f, mb->xn, d, G->w_g, T, P, d));
+        CK(lin2(mb, mb->gate, P, 0.f, mb->xn, XLO(mb), d, G->w_g, T, P, d));
     }
-    CK(eg_kda_out_gate32(s, mb->o, mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
+    CK(eg_kda_out_gate32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
 
@@ -814,14 +838,15 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     int T = mb->T, d = c->d, H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope;
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
     if (c->q_lora_rank > 0) {
-        CK(eg_linear(s, mb->cq32, c->q_lora_rank, true, 0.f, mb->xn, d, G->w_qa, T, c->q_lora_rank, d));
-        CK(eg_rmsnorm32(s, mb->cq, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
-        CK(eg_linear(s, mb->qm32, H * dqk, true, 0.f, mb->cq, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
+        CK(lin2(mb, mb->cq32, c->q_lora_rank, 0.f, mb->xn, XLO(mb), d, G->w_qa, T, c->q_lora_rank, d));
+        st_bf16_t *cqlo = g->xsplit >= 2 ? mb->cq_lo : NULL;
+        CK(eg_rmsnorm32(s, mb->cq, cqlo, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
+        CK(lin2(mb, mb->qm32, H * dqk, 0.f, mb->cq, cqlo, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
     } else {
-        CK(eg_linear(s, mb->qm32, H * dqk, true, 0.f, mb->xn, d, G->w_q, T, H * dqk, d));
+        CK(lin2(mb, mb->qm32, H * dqk, 0.f, mb->xn, XLO(mb), d, G->w_q, T, H * dqk, d));
     }
     gtrace(mb, l, ST_TRACE_MLA_Q, mb->qm32, false, H * dqk, H * dqk, false);
-    CK(eg_linear(s, mb->ckv, R, true, 0.f, mb->xn, d, G->w_kva, T, R, d));
+    CK(lin2(mb, mb->ckv, R, 0.f, mb->xn, XLO(mb), d, G->w_kva, T, R, d));
     const int *bt = mb->d_btab + (size_t)m * mb->n_seqs * g->pps;
     CK(eg_mla_kv_store(s, g->kv_pool, g->mla32, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                        g->page_size, T, kvr, R, MLA_NORM_EPS));
@@ -834,7 +859,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_sgemm_heads(s, mb->qabs, H * R, R, mb->qm32, H * dqk, dqk, G->w_kvb32, kvr, (long long)kvw * kvr, false,
                           T, kvr, nope, H));
         CK(eg_mla_qpe(s, mb->qabs, true, mb->qm32, T, H, nope, rope, kvr));
-        CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+        CK(eg_mla_attn(s, mb->olat, g->xsplit >= 2 ? mb->olat_lo : NULL, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                        g->page_size, T, H, R, kvr, scale));
     } else {
         CK(eg_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
@@ -845,14 +870,24 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
             CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->n_seqs, H, g->page_size,
                                   g->pps, g->o.max_ctx, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
         else
-            CK(eg_mla_attn(s, mb->olat, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+            CK(eg_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                            g->page_size, T, H, R, kvr, scale));
     }
     if (c->mla_output_gate) { /* o = W_UV ō ⊙ σ(gate), both fp32, rounded once for o_proj */
         CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                            (long long)kvw * kvr, true, T, dv, kvr, H));
-        CK(eg_linear(s, mb->gate, H * dv, true, 0.f, mb->xn, d, G->w_mg, T, H * dv, d));
-        CK(eg_mul_sigmoid32(s, mb->o, mb->o32, mb->gate, (size_t)T * H * dv));
+        if (g->xsplit >= 2)
+            CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+                                   (long long)kvw * kvr, true, T, dv, kvr, H));
+        CK(lin2(mb, mb->gate, H * dv, 0.f, mb->xn, XLO(mb), d, G->w_mg, T, H * dv, d));
+        CK(eg_mul_sigmoid32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, (size_t)T * H * dv));
+    } else if (g->xsplit) {
+        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+                           (long long)kvw * kvr, true, T, dv, kvr, H));
+        if (g->xsplit >= 2)
+            CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
+                                   (long long)kvw * kvr, true, T, dv, kvr, H));
+        CK(eg_split_bf16(s, mb->o, mb->o_lo, mb->o32, (size_t)T * H * dv));
     } else {
         CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                            (long long)kvw * kvr, true, T, dv, kvr, H));
@@ -865,9 +900,10 @@ static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     int T = mb->T, d = c->d;
-    CK(eg_linear(&g->s, mb->h2, 2 * w, true, 0.f, mb->xn, d, gu, T, 2 * w, d));
-    CK(eg_glu32(&g->s, mb->hh, mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
-    CK(eg_linear(&g->s, mb->partial, d, true, 1.f, mb->hh, w, down, T, d, w));
+    CK(lin2(mb, mb->h2, 2 * w, 0.f, mb->xn, XLO(mb), d, gu, T, 2 * w, d));
+    CK(eg_glu32(&g->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
+                c->situ_beta2));
+    CK(lin2(mb, mb->partial, d, 1.f, mb->hh, LO(mb, hh_lo), w, down, T, d, w));
 }
 
 static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
@@ -875,7 +911,7 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, n = c->n_experts, k = c->top_k, kc = g->kcap;
-    CK(eg_linear(s, mb->scores, n, true, 0.f, mb->xn, c->d, G->router, T, n, c->d));
+    CK(lin2(mb, mb->scores, n, 0.f, mb->xn, XLO(mb), c->d, G->router, T, n, c->d));
     /* σ in place and the top-k choice (used unless quantile thresholds are set) */
     CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, mb->scores, G->router_bias, T, n, k, c->renormalize,
                            c->routed_scale));
@@ -942,7 +978,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
         CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w3 + e * es, cj, mi, ew));
     }
-    if (N > 0) CK(eg_glu32(s, mb->he, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
+    if (N > 0) CK(eg_glu32(s, mb->he, NULL, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
@@ -963,11 +999,12 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const float *yf = mb->local_done ? NULL : mb->eout;
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
     if (c->latent > 0) {
-        CK(eg_moe_combine(s, mb->un, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew, c->rms_eps));
+        CK(eg_moe_combine(s, mb->un, LO(mb, un_lo), NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
+                          c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
-        CK(eg_linear(s, mb->partial, d, true, 1.f, mb->un, ew, G->lat_up, T, d, ew));
+        CK(lin2(mb, mb->partial, d, 1.f, mb->un, LO(mb, un_lo), ew, G->lat_up, T, d, ew));
     } else {
-        CK(eg_moe_combine(s, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
+        CK(eg_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
     }
     if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter);
 }
@@ -979,16 +1016,17 @@ static void finish_step(st_egpu_mb_t *mb) {
     int d = c->d, V = c->vocab, nr = mb->n_rows;
     if (c->attn_res_block > 0) {
         const gbq_t *bq = &g->bq[mb->nb - 1];
-        CK(eg_resnorm(s, mb->xf, mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_out * d, g->q_out, bq->Q,
+        CK(eg_resnorm(s, mb->xf, LO(mb, xf_lo), mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_out * d, g->q_out, bq->Q,
                       g->final_norm, mb->d_rows, nr, d, c->rms_eps, c->rms_eps));
     } else {
-        CK(eg_resnorm(s, mb->xf, mb->partial, NULL, NULL, NULL, 0, 1, g->final_norm, mb->d_rows, nr, d, c->rms_eps,
+        CK(eg_resnorm(s, mb->xf, LO(mb, xf_lo), mb->partial, NULL, NULL, NULL, 0, 1, g->final_norm, mb->d_rows, nr, d, c->rms_eps,
                       c->rms_eps));
     }
     int LR = ST_MIN(mb->T, LOGIT_ROWS);
     for (int r0 = 0; r0 < nr; r0 += LR) {
         int rows = ST_MIN(LR, nr - r0);
-        CK(eg_linear(s, mb->lg, V, true, 0.f, mb->xf + (size_t)r0 * d, d, g->lm_head, rows, V, d));
+        CK(lin2(mb, mb->lg, V, 0.f, mb->xf + (size_t)r0 * d, g->xsplit ? mb->xf_lo + (size_t)r0 * d : NULL, d,
+                g->lm_head, rows, V, d));
         CK(eg_memcpy_async(s, mb->logits + (size_t)r0 * V, mb->lg, (size_t)rows * V * sizeof(float), 2));
         CK(st_gpu_stream_sync(s)); /* lg is reused by the next chunk; the caller's buffer is pageable */
     }
@@ -1038,10 +1076,10 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
         /* attention side */
         if (B > 0 && mb->nb > 0) {
             const gbq_t *bq = &g->bq[mb->nb - 1];
-            CK(eg_resnorm(s, mb->xn, mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_attn[l] * d, g->q_attn[l],
+            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_attn[l] * d, g->q_attn[l],
                           bq->Q, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
         } else {
-            CK(eg_resnorm(s, mb->xn, mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
+            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
         }
         gtrace(mb, l, ST_TRACE_XN_ATTN, mb->xn, true, d, d, false);
         bool pushed = B > 0 && l % B == 0;
@@ -1056,22 +1094,25 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
         if (c->is_mla[l]) mla_layer(mb, G, l);
         else kda_layer(mb, G, l);
         /* o-projection straight into the residual stream: partial = a (block start) or += a */
-        CK(eg_linear(s, mb->partial, d, true, pushed ? 0.f : 1.f, mb->o, ow, G->w_o, T, d, ow));
+        CK(lin2(mb, mb->partial, d, pushed ? 0.f : 1.f, mb->o, LO(mb, o_lo), ow, G->w_o, T, d, ow));
         gtrace(mb, l, ST_TRACE_PARTIAL_MID, mb->partial, false, d, d, true);
         /* MLP side */
         if (B > 0) {
             const gbq_t *bq = &g->bq[mb->nb - 1];
-            CK(eg_resnorm(s, mb->xn, mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_mlp[l] * d, g->q_mlp[l],
+            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_mlp[l] * d, g->q_mlp[l],
                           bq->Q, G->post_norm, NULL, T, d, c->rms_eps, c->rms_eps));
         } else {
-            CK(eg_resnorm(s, mb->xn, mb->partial, NULL, NULL, NULL, 0, 1, G->post_norm, NULL, T, d, c->rms_eps,
+            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, NULL, NULL, NULL, 0, 1, G->post_norm, NULL, T, d, c->rms_eps,
                           c->rms_eps));
         }
         gtrace(mb, l, ST_TRACE_XN_MLP, mb->xn, true, d, d, false);
         if (st_config_is_moe_layer(c, l)) {
             route(mb, G, l);
             int ew = st_config_expert_width(c);
-            if (c->latent > 0) CK(eg_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
+            if (c->latent > 0 && g->xsplit) { /* z is the experts' GEMM input: bf16, from the split x */
+                CK(lin2(mb, mb->z32, ew, 0.f, mb->xn, mb->xn_lo, d, G->lat_down, T, ew, d));
+                CK(eg_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));
+            } else if (c->latent > 0) CK(eg_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
             else CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
             gtrace(mb, l, ST_TRACE_MOE_Z, mb->z, true, ew, ew, false);
             mb->local_done = false;

@@ -53,6 +53,10 @@ st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const float *A_log
 st_status_t eg_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy, const st_bf16_t *x,
                             int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw, bool trans_w, int T,
                             int N, int K, int H);
+/* y (fp32) += the same product (beta 1): the second pass of a split bf16 input */
+st_status_t eg_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const st_bf16_t *x, int ldx,
+                                long long sx, const st_bf16_t *W, int ldw, long long sw, bool trans_w, int T, int N,
+                                int K, int H);
 /* The same with everything fp32 (plain fp32 math): the MLA query absorption. */
 st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x, int ldx,
                            long long sx, const float *W, int ldw, long long sw, bool trans_w, int T, int N, int K, int H);
@@ -66,8 +70,10 @@ st_status_t eg_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *
 st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks, size_t bstride,
                               int m, const float *w, int Q, int T, int d, float eps);
 /* xn [n_rows, d] bf16 = RMSNorm(h; norm_w, norm_eps), h = partial row r (rows[i], or i when rows is
- * NULL), merged with the phase-1 state of query q first when stats != NULL (st_attnres_phase2). */
-st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, const float *partial, const float *stats,
+ * NULL), merged with the phase-1 state of query q first when stats != NULL (st_attnres_phase2).
+ * Split bf16 (xlo != NULL): xlo = bf16(v − xn), so xn + xlo carries v to ~16 bits; the same optional
+ * `lo` outputs below. A GEMM then reads both (two passes, fp32 output accumulated). */
+st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats,
                        const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
                        int n_rows, int d, float ar_eps, float norm_eps);
 /* KDA after the fused q|k|v conv: qkv [T, 3P] bf16 → q, k (L2-normed per head), v [T, P] bf16;
@@ -94,7 +100,7 @@ st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const flo
 /* Absorbed MLA attention, causal: query t (qabs [T, H, R]) sees cache rows 0..tok_pos[t] of its
  * entry; olat [T, H, kvr] bf16 = Σ_s softmax(q·k_s·scale) c̃_s. qabs and pool fp32 if f32, else bf16.
  * Any R ≤ 1024, kvr ≤ 512, kvr % 32 == 0. */
-st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const void *qabs, const void *pool, bool f32,
+st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool, bool f32,
                         const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size, int T, int H,
                         int R, int kvr, float scale);
 /* x [T, n] bf16 ← x ⊙ σ(gate [T, n]) */
@@ -113,7 +119,7 @@ st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16
  * yg[row_of[t, i]] (fp32, grouped) when yg != NULL, else yf[t·kc + i] (fp32, the hand-off rows).
  * Then: norm_w != NULL → un [T, l] bf16 = RMSNorm(u; norm_w, eps); un == NULL → partial [T, l] += u
  * (experts at full width); otherwise un = u as bf16. */
-st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const float *yg,
+st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg,
                            const float *yf, const int *row_of, const float *p, const int *cnt, const float *norm_w,
                            int T, int kc, int l, float eps);
 st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
@@ -127,16 +133,18 @@ st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *k, float *v
                           st_bf16_t *vb, float *beta, const float *qkv, const float *aux, int ldaux, int boff, int T,
                           int H, int dk, float l2eps);
 /* out [T, H, dv] bf16 = RMSNorm(o_h; w, eps) ⊙ σ(gate) with o fp32 [T, H, dv], gate fp32 (row stride ldg) */
-st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *out, const float *o, const float *gate, int ldg,
+st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate, int ldg,
                               const float *w, int T, int H, int dv, float eps);
 /* st_cuda_glu with fp32 gate / up (row stride ld_in); h bf16 (the down GEMM's input) */
-st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, const float *gate, const float *up, int T, int n,
+st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up, int T, int n,
                      int ld_in, bool situ, float b1, float b2);
 /* st_cuda_rmsnorm with x fp32 [T, n], y bf16 (must not alias) */
-st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *w, int T, int n,
+st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int T, int n,
                          float eps);
+/* hi, lo [n] bf16: the split of x [n] fp32 (hi = bf16(x), lo = bf16(x − hi)) */
+st_status_t eg_split_bf16(const st_gpu_stream_t *s, st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n);
 /* y [n] bf16 = x ⊙ σ(gate), x and gate fp32 */
-st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *gate, size_t n);
+st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *gate, size_t n);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,12 @@ __device__ __forceinline__ float eg_ld(float f) { return f; }
 __device__ __forceinline__ void eg_st(st_bf16_t *p, float f) { *p = eg_tobf(f); }
 __device__ __forceinline__ void eg_st(float *p, float f) { *p = f; }
 __device__ __forceinline__ float eg_sig(float x) { return 1.f / (1.f + expf(-x)); }
+/* v as bf16 hi (returned) and, when lo != NULL, the bf16 of the remainder v − hi into *lo */
+__device__ __forceinline__ st_bf16_t eg_split(float v, st_bf16_t *lo) {
+    st_bf16_t h = eg_tobf(v);
+    if (lo) *lo = eg_tobf(v - eg_bf(h));
+    return h;
+}
 __device__ __forceinline__ float eg_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -91,6 +97,16 @@ extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, void *y, bool y
     return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
         ldw, sw, x, CUDA_R_16BF, ldx, sx, &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" st_status_t eg_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const st_bf16_t *x,
+                                           int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw,
+                                           bool trans_w, int T, int N, int K, int H) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f;
+    return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
+        ldw, sw, x, CUDA_R_16BF, ldx, sx, &one, y, CUDA_R_32F, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 extern "C" st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x,
@@ -183,7 +199,7 @@ extern "C" st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats,
 }
 
 /* one block per output row; smem h [d] fp32 */
-__global__ void resnorm_kernel(st_bf16_t *xn, const float *partial, const float *stats, const float *acc,
+__global__ void resnorm_kernel(st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats, const float *acc,
                                const float *wq, int q, int Q, const float *nw, const int *rows, int d, float ar_eps,
                                float eps) {
     extern __shared__ float h[];
@@ -210,13 +226,13 @@ __global__ void resnorm_kernel(st_bf16_t *xn, const float *partial, const float 
     ss = eg_block_sum(ss, red);
     float rs = 1.f / sqrtf(ss / (float)d + eps);
     st_bf16_t *o = xn + (size_t)i * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_tobf(h[c] * rs * nw[c]);
+    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_split(h[c] * rs * nw[c], xlo ? xlo + (size_t)i * d + c : NULL);
 }
-extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, const float *partial, const float *stats,
+extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats,
                                   const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
                                   int n_rows, int d, float ar_eps, float norm_eps) {
     if (n_rows <= 0) return ST_OK;
-    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), EG_STREAM(s)>>>(xn, partial, stats, acc, w_q, q, Q, norm_w,
+    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), EG_STREAM(s)>>>(xn, xlo, partial, stats, acc, w_q, q, Q, norm_w,
                                                                             rows, d, ar_eps, norm_eps);
     return EG_LAUNCH("resnorm_kernel");
 }
@@ -363,7 +379,7 @@ extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32
  * accumulator (kvr/32 ≤ 16 values per lane). */
 #define MLA_TK 32
 template <typename TC>
-__global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const TC *qabs, const TC *pool,
+__global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, st_bf16_t *olo, const TC *qabs, const TC *pool,
                                                        const int *tok_ent, const int *tok_pos, const int *btab, int pps,
                                                        int ps, int H, int R, int kvr, float scale) {
     extern __shared__ __align__(16) unsigned char smraw[];
@@ -416,10 +432,13 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, const TC
     float inv = lsum > 0.f ? 1.f / lsum : 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++)
-        if (i < nacc) olat[((size_t)t * H + h) * kvr + lane + 32 * i] = eg_tobf(acc[i] * inv);
+        if (i < nacc) {
+            size_t j = ((size_t)t * H + h) * kvr + lane + 32 * i;
+            olat[j] = eg_split(acc[i] * inv, olo ? olo + j : NULL);
+        }
 }
 template <typename TC>
-static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, const void *qabs, const void *pool,
+static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
                                    const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
                                    int T, int H, int R, int kvr, float scale) {
     int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
@@ -428,17 +447,17 @@ static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, co
         cudaFuncSetAttribute(mla_attn_kernel<TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
     mla_attn_kernel<TC><<<dim3(T, (H + 7) / 8), 256, smem, EG_STREAM(s)>>>(
-        olat, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale);
+        olat, olo, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale);
     return EG_LAUNCH("mla_attn_kernel");
 }
-extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, const void *qabs, const void *pool,
+extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
                                    bool f32, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
                                    int page_size, int T, int H, int R, int kvr, float scale) {
     if (R > 1024 || kvr > 512 || kvr % 32 || kvr > R)
         return ST_FAIL(ST_ERR_INVALID_ARG, "eg_mla_attn: R=%d kvr=%d (R ≤ 1024, kvr ≤ 512, kvr %% 32 = 0)", R, kvr);
     if (T <= 0) return ST_OK;
-    return f32 ? mla_attn_launch<float>(s, olat, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr, scale)
-               : mla_attn_launch<st_bf16_t>(s, olat, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr,
+    return f32 ? mla_attn_launch<float>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr, scale)
+               : mla_attn_launch<st_bf16_t>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr,
                                             scale);
 }
 
@@ -523,7 +542,7 @@ extern "C" st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, co
 }
 
 /* one block per token; smem u [l] fp32 */
-__global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const float *yg, const float *yf, const int *row_of,
+__global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf, const int *row_of,
                                    const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
     extern __shared__ float u[];
     __shared__ float red[32];
@@ -549,13 +568,14 @@ __global__ void moe_combine_kernel(st_bf16_t *un, float *partial, const float *y
         ss = eg_block_sum(ss, red);
         r = 1.f / sqrtf(ss / (float)l + eps);
     }
-    for (int c = threadIdx.x; c < l; c += blockDim.x) un[(size_t)t * l + c] = eg_tobf(nw ? u[c] * r * nw[c] : u[c]);
+    for (int c = threadIdx.x; c < l; c += blockDim.x)
+        un[(size_t)t * l + c] = eg_split(nw ? u[c] * r * nw[c] : u[c], ulo ? ulo + (size_t)t * l + c : NULL);
 }
-extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, float *partial, const float *yg,
+extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg,
                                       const float *yf, const int *row_of, const float *p, const int *cnt,
                                       const float *norm_w, int T, int kc, int l, float eps) {
     if (T <= 0) return ST_OK;
-    moe_combine_kernel<<<T, 256, (size_t)l * sizeof(float), EG_STREAM(s)>>>(un, partial, yg, yf, row_of, p, cnt, norm_w,
+    moe_combine_kernel<<<T, 256, (size_t)l * sizeof(float), EG_STREAM(s)>>>(un, ulo, partial, yg, yf, row_of, p, cnt, norm_w,
                                                                            kc, l, eps);
     return EG_LAUNCH("moe_combine_kernel");
 }
@@ -659,7 +679,7 @@ extern "C" st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *
     return EG_LAUNCH("kda_prep32_kernel");
 }
 
-__global__ void kda_out_gate32_kernel(st_bf16_t *out, const float *o, const float *gate, int ldg, const float *w, int T,
+__global__ void kda_out_gate32_kernel(st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate, int ldg, const float *w, int T,
                                       int H, int dv, float eps) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
     if (row >= T * H) return;
@@ -670,35 +690,36 @@ __global__ void kda_out_gate32_kernel(st_bf16_t *out, const float *o, const floa
     for (int c = l; c < dv; c += 32) ss += p[c] * p[c];
     ss = eg_warp_sum(ss);
     float r = 1.f / sqrtf(ss / (float)dv + eps);
-    for (int c = l; c < dv; c += 32) out[(size_t)row * dv + c] = eg_tobf(p[c] * r * w[c] * eg_sig(g[c]));
+    for (int c = l; c < dv; c += 32)
+        out[(size_t)row * dv + c] = eg_split(p[c] * r * w[c] * eg_sig(g[c]), lo ? lo + (size_t)row * dv + c : NULL);
 }
-extern "C" st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *out, const float *o, const float *gate,
+extern "C" st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate,
                                          int ldg, const float *w, int T, int H, int dv, float eps) {
     int rows = T * H;
     if (rows <= 0) return ST_OK;
-    kda_out_gate32_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(out, o, gate, ldg, w, T, H, dv, eps);
+    kda_out_gate32_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(out, lo, o, gate, ldg, w, T, H, dv, eps);
     return EG_LAUNCH("kda_out_gate32_kernel");
 }
 
-__global__ void glu32_kernel(st_bf16_t *h, const float *gate, const float *up, int T, int n, int ld, int situ, float b1,
+__global__ void glu32_kernel(st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up, int T, int n, int ld, int situ, float b1,
                              float b2) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * n) return;
     size_t t = i / n, c = i % n;
     float a = gate[t * ld + c], u = up[t * ld + c];
     float sg = 1.f / (1.f + expf(-a));
-    h[i] = eg_tobf(situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u);
+    h[i] = eg_split(situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u, lo ? lo + i : NULL);
 }
-extern "C" st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, const float *gate, const float *up, int T, int n,
+extern "C" st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up, int T, int n,
                                 int ld_in, bool situ, float b1, float b2) {
     if (T < 0 || n <= 0 || ld_in < n) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_glu32: T=%d n=%d ld=%d", T, n, ld_in);
     size_t N = (size_t)T * n;
     if (!N) return ST_OK;
-    glu32_kernel<<<(unsigned)((N + 255) / 256), 256, 0, EG_STREAM(s)>>>(h, gate, up, T, n, ld_in, situ, b1, b2);
+    glu32_kernel<<<(unsigned)((N + 255) / 256), 256, 0, EG_STREAM(s)>>>(h, lo, gate, up, T, n, ld_in, situ, b1, b2);
     return EG_LAUNCH("glu32_kernel");
 }
 
-__global__ void rmsnorm32_kernel(st_bf16_t *y, const float *x, const float *w, int n, float eps) {
+__global__ void rmsnorm32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int n, float eps) {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float ss = 0.f;
@@ -707,24 +728,34 @@ __global__ void rmsnorm32_kernel(st_bf16_t *y, const float *x, const float *w, i
     float r = rsqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = xr[i] * r;
-        y[(size_t)blockIdx.x * n + i] = eg_tobf(w ? v * w[i] : v);
+        y[(size_t)blockIdx.x * n + i] = eg_split(w ? v * w[i] : v, lo ? lo + (size_t)blockIdx.x * n + i : NULL);
     }
 }
-extern "C" st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *w, int T, int n,
+extern "C" st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int T, int n,
                                     float eps) {
     if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_rmsnorm32: T=%d n=%d", T, n);
     if (T == 0) return ST_OK;
-    rmsnorm32_kernel<<<T, 256, 0, EG_STREAM(s)>>>(y, x, w, n, eps);
+    rmsnorm32_kernel<<<T, 256, 0, EG_STREAM(s)>>>(y, lo, x, w, n, eps);
     return EG_LAUNCH("rmsnorm32_kernel");
 }
 
-__global__ void mul_sigmoid32_kernel(st_bf16_t *y, const float *x, const float *g, size_t n) {
+__global__ void mul_sigmoid32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *g, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = eg_tobf(x[i] * eg_sig(g[i]));
+    if (i < n) y[i] = eg_split(x[i] * eg_sig(g[i]), lo ? lo + i : NULL);
 }
-extern "C" st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, const float *gate,
+extern "C" st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *gate,
                                         size_t n) {
     if (!n) return ST_OK;
-    mul_sigmoid32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(y, x, gate, n);
+    mul_sigmoid32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(y, lo, x, gate, n);
     return EG_LAUNCH("mul_sigmoid32_kernel");
+}
+
+__global__ void split_bf16_kernel(st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) hi[i] = eg_split(x[i], lo + i);
+}
+extern "C" st_status_t eg_split_bf16(const st_gpu_stream_t *s, st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
+    if (!n) return ST_OK;
+    split_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(hi, lo, x, n);
+    return EG_LAUNCH("split_bf16_kernel");
 }

@@ -210,7 +210,13 @@ static bool compare(const char *what, const float *gpu, const float *cpu, int st
         double r = rel_l2(gpu + (size_t)i * V, cpu + (size_t)i * V, V, &nonfin);
         printf(" %.2e", r);
         if (r > worst) worst = r;
-        mism += argmax(gpu + (size_t)i * V, V) != argmax(cpu + (size_t)i * V, V);
+        int ag = argmax(gpu + (size_t)i * V, V), ac = argmax(cpu + (size_t)i * V, V);
+        if (ag != ac) { /* how close the CPU's top two were (a near-tie flips on any rounding) */
+            const float *cr = cpu + (size_t)i * V, *gr = gpu + (size_t)i * V;
+            printf(" [step %d: cpu top %d %.5f, gpu top %d %.5f; cpu logit of gpu's top %.5f, gpu logit of cpu's top %.5f]",
+                   i, ac, cr[ac], ag, gr[ag], cr[ag], gr[ac]);
+        }
+        mism += ag != ac;
     }
     printf("\n%s: worst rel L2 %.3e (tolerance %.0e), greedy tokens differing %d of %d, non-finite %d\n", what, worst,
            tol, mism, steps + 1, nonfin);
@@ -369,9 +375,13 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
         snprintf(what, sizeof what, "%s teacher-forced", preset);
         traced_pass(eg, &rec, &tr, true, toks, np, steps, lg, lc, V, c, what, false);
         test_handoff(eg, ck, toks, np, V);
-        /* STRATA_GPU_DIAG=1: the same two passes for the precision variants of the engine */
-        static const char *variants[][2] = {{"STRATA_EGPU_MLA32", "1"}, {"STRATA_EGPU_KDA_REC", "1"}};
-        for (int vi = 0; getenv("STRATA_GPU_DIAG") && vi < 2; vi++) {
+        /* STRATA_GPU_DIAG=1: the same two passes for the precision variants of the engine (split bf16
+         * GEMM inputs included: STRATA_EGPU_XSPLIT, engine_gpu.c) */
+        static const char *variants[][2] = {{"STRATA_EGPU_MLA32", "1"},
+                                            {"STRATA_EGPU_KDA_REC", "1"},
+                                            {"STRATA_EGPU_XSPLIT", "1"},
+                                            {"STRATA_EGPU_XSPLIT", "2"}};
+        for (int vi = 0; getenv("STRATA_GPU_DIAG") && vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
             setenv(variants[vi][0], variants[vi][1], 1);
             st_engine_t *ev;
             if (st_engine_create(&ev, ck, &o) == ST_OK) {
