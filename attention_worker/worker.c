@@ -602,6 +602,7 @@ static void post_report(aw_t *aw, int nmb) {
     ev_t *ev = ev_get(aw);
     ev->kind = EV_REPORT;
     ev->rep = b;
+    ev->gen = aw->step; /* the loop also reports it in heartbeats */
     ev->bytes = aw->rep_buf[b];
     if (st_proto_scores_encode_into(&r, aw->rep_buf[b], aw->rep_cap, &ev->len) != ST_OK) {
         ev_put(aw, ev);
@@ -716,7 +717,6 @@ static void step(aw_t *aw) {
             if (fin != ST_PROTO_FINISH_NONE) seq_end(aw, q);
         }
     }
-    st_member_set_step(aw->mem, aw->step);
 }
 
 /* No expert map yet (the worker just registered): hold the requests a bounded time for it.
@@ -1053,6 +1053,7 @@ static void on_async(uv_async_t *a) {
         if (ev->kind == EV_SEND) {
             do_send(aw, ev->mb, ev->s);
         } else if (ev->kind == EV_REPORT) {
+            st_member_set_step(aw->mem, ev->gen); /* the member is the loop's */
             /* never wait on the coordinator: with two reports still in flight, drop this one */
             if (aw->reports_inflight < 2 &&
                 st_rpc_unary(st_member_channel(aw->mem), ST_PROTO_METHOD_REPORT_SCORES, ev->bytes, ev->len, 2000, on_reported,
