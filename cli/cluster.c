@@ -173,6 +173,7 @@ static void tail_logs(const char *state) {
 
 int st_cmd_up(int argc, char **argv) {
     const char *preset = NULL, *ckpt = NULL, *state_arg = NULL, *routing = "topk";
+    const char *attn_dev = NULL, *expert_dev = NULL; /* passed through as --device (cpu|cuda:N) */
     int experts = 2, workers = 1, replicas = 1, max_seqs = 16, max_batch = 2048, max_ctx = 4096, mbs = 2;
     uint64_t seed = 1;
     float skew = 0;
@@ -195,6 +196,8 @@ int st_cmd_up(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--min-mb-tokens"))) min_mb = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--heartbeat-ms"))) heartbeat = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--expert-timeout-ms"))) timeout_ms = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--attn-device"))) attn_dev = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--expert-device"))) expert_dev = v;
         else { fprintf(stderr, "strata up: unknown option %s\n", argv[i]); return 2; }
     }
     if (!preset && !ckpt) preset = "tiny";
@@ -284,7 +287,8 @@ int st_cmd_up(int argc, char **argv) {
         snprintf(name, sizeof name, "expert-%d", i);
         snprintf(log, sizeof log, "%s/%s.log", state, name);
         char *eargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
-                         "--max-rows", s_rows, "--slots", s_slots, NULL};
+                         "--max-rows", s_rows, "--slots", s_slots, NULL, NULL, NULL};
+        if (expert_dev) eargv[13] = "--device", eargv[14] = (char *)expert_dev;
         pids[np++] = spawn(eargv, log);
     }
     snprintf(exe, sizeof exe, "%s/strata-attn", bin);
@@ -300,7 +304,8 @@ int st_cmd_up(int argc, char **argv) {
         char *wargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
                          "--max-seqs", s_seqs, "--max-batch-tokens", s_batch, "--max-ctx", s_ctx, "--routing", (char *)routing,
                          "--micro-batches", s_mb, "--min-mb-tokens", (char *)min_mb, "--expert-timeout-ms", (char *)timeout_ms,
-                         NULL};
+                         NULL, NULL, NULL};
+        if (attn_dev) wargv[23] = "--device", wargv[24] = (char *)attn_dev;
         pids[np++] = spawn(wargv, log);
     }
     /* state file first, so `strata down` can clean up even if readiness never comes */

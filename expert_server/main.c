@@ -6,7 +6,7 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
-                    "                     [--max-rows N] [--slots N]\n");
+                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n");
 }
 
 int main(int argc, char **argv) {
@@ -20,6 +20,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--name")) o.name = v;
         else if (!strcmp(a, "--max-rows")) o.max_rows = atoi(v);
         else if (!strcmp(a, "--slots")) o.slots = atoi(v);
+        else if (!strcmp(a, "--device")) {
+            if (!strcmp(v, "cpu")) o.use_cuda = false;
+            else if (!strncmp(v, "cuda:", 5) && v[5] >= '0' && v[5] <= '9') o.use_cuda = true, o.cuda_device = atoi(v + 5);
+            else { usage(); return 2; }
+        }
         else if (!strcmp(a, "--listen")) {
             const char *c = strrchr(v, ':');
             if (!c || c == v || (size_t)(c - v) >= sizeof host) { usage(); return 2; }
@@ -30,6 +35,13 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!o.coordinator || !o.ckpt) { usage(); return 2; }
+#ifndef STRATA_WITH_CUDA
+    if (o.use_cuda) {
+        fprintf(stderr, "strata-expert: --device cuda:%d: this build has no CUDA (configure with -DSTRATA_WITH_CUDA=ON "
+                        "on a machine with the CUDA toolkit), or use --device cpu\n", o.cuda_device);
+        return 2;
+    }
+#endif
     st_log_set_tag(o.name ? o.name : "expert");
     return st_es_run(&o);
 }

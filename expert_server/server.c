@@ -11,6 +11,10 @@
 
 #include "compute.h"
 #include "server.h"
+#ifdef STRATA_WITH_CUDA
+#include "compute_gpu.h"
+#include "strata/gpu.h"
+#endif
 #include "strata/member.h"
 #include "strata/transport.h"
 #include "strata/wire.h"
@@ -37,7 +41,10 @@ struct es {
     st_tp_t *tp;
     st_member_t *mem;
     st_ckpt_t *ck;
-    st_es_compute_t cx;
+    st_es_compute_t cx;  /* CPU compute (use_cuda false) */
+#ifdef STRATA_WITH_CUDA
+    st_es_gpu_t *gpu;    /* GPU compute (use_cuda true) */
+#endif
     slot_t *slots;
     size_t cap;
     /* loop → compute */
@@ -62,6 +69,22 @@ static void compute_one(es_t *es, slot_t *s) {
         snprintf(s->err, sizeof s->err, "malformed dispatch table: %s", st_err_last());
         return;
     }
+#ifdef STRATA_WITH_CUDA
+    if (es->gpu) {
+        /* NOTE: binding uploads an expert the first time a dispatch needs it (the placement path:
+         * it allocates and synchronises); afterwards it is a table lookup */
+        for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
+            s->result = st_es_gpu_bind(es->gpu, (int)s->info.layer, (int)ids[k]);
+        if (s->result == ST_OK) {
+            float *out_rows;
+            s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
+            if (s->result == ST_OK)
+                s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows, out_rows);
+        }
+        if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
+        return;
+    }
+#endif
     for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
         s->result = st_es_compute_bind(&es->cx, (int)s->info.layer, (int)ids[k]);
     if (s->result == ST_OK) {
@@ -276,7 +299,19 @@ int st_es_run(const st_es_opts_t *opts) {
         ST_FAIL(ST_ERR_CONFIG, "%s has no routed experts", es->o.ckpt);
         goto out_ck;
     }
-    if (st_es_compute_init(&es->cx, es->ck, es->o.max_rows) != ST_OK) goto out_ck;
+    if (es->o.use_cuda) {
+#ifdef STRATA_WITH_CUDA
+        if (st_es_gpu_create(&es->gpu, es->ck, es->o.cuda_device, es->o.max_rows) != ST_OK) goto out_ck;
+        char dev[256];
+        st_gpu_describe(dev, sizeof dev);
+        st_log_info("expert %s: compute on cuda:%d (%s), experts uploaded as bf16 when first needed", es->o.name,
+                    es->o.cuda_device, dev);
+#else
+        ST_FAIL(ST_ERR_CONFIG, "--device cuda:%d: built without CUDA", es->o.cuda_device);
+        goto out_ck;
+#endif
+    } else if (st_es_compute_init(&es->cx, es->ck, es->o.max_rows) != ST_OK)
+        goto out_ck;
     es->cap = st_wire_payload_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts, (uint32_t)st_config_expert_width(c));
     es->slots = calloc((size_t)es->o.slots, sizeof(slot_t));
     es->q_in = calloc((size_t)es->o.slots, sizeof(int));
@@ -341,6 +376,9 @@ out_slots:
     free(es->q_out);
 out_cx:
     st_es_compute_cleanup(&es->cx);
+#ifdef STRATA_WITH_CUDA
+    st_es_gpu_destroy(es->gpu);
+#endif
 out_ck:
     st_ckpt_close(es->ck);
 out:

@@ -3,6 +3,7 @@
 #ifndef STRATA_ES_SERVER_H
 #define STRATA_ES_SERVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "strata/base.h"
@@ -15,6 +16,8 @@ typedef struct {
     const char *name;
     int max_rows;            /* rows per dispatch (default 4096) */
     int slots;               /* dispatches in flight (default 16) */
+    bool use_cuda;           /* false: CPU compute; true: CUDA device cuda_device (STRATA_WITH_CUDA builds) */
+    int cuda_device;
 } st_es_opts_t;
 
 /* Runs until SIGINT/SIGTERM; returns the process exit code. */

@@ -1,0 +1,206 @@
+/* Expert server GPU compute (see compute_gpu.h): expert weights resident on the device as bf16,
+ * one dispatch = rows H2D → bf16 → st_cuda_moe_ffn_f32out per expert → fp32 rows D2H. No I/O. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute_gpu.h"
+#include "compute_gpu_glue.h"
+#include "strata/gpu.h"
+#include "strata/kernels_cuda.h"
+
+struct st_es_gpu {
+    const st_ckpt_t *ck;
+    const st_config_t *c;
+    int dev, n_layers, n_experts, ew, mi, max_rows;
+    st_gpu_stream_t s;
+    /* per (layer, expert): one device block [gate (mi×ew) ; up (mi×ew) ; down (ew×mi)] bf16, NULL
+     * until bound. Allocated at bind time (start-up / placement), never per dispatch. */
+    st_bf16_t **w;
+    size_t w_bytes;
+    /* dispatch buffers, sized for max_rows at create */
+    float *d_in;       // [max_rows, ew] fp32, device
+    st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input)
+    float *d_out;      // [max_rows, ew] fp32, device
+    int *d_off;        // [max_experts, 2] int32, device: {0, n_k} per dispatched expert (E = 1 launches)
+    void *d_ws;        // FFN workspace, st_cuda_moe_ffn_ws_bytes(max_rows, mi)
+    size_t ws_bytes;
+    st_gpu_arena_t pinned; /* host staging: rows in, rows out, offsets */
+    float *h_in, *h_out;
+    int *h_off;
+    /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
+    uint8_t *d_mx;
+    size_t mx_bytes;
+};
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, int max_rows) {
+    int n_dev = st_gpu_device_count();
+    if (dev < 0 || dev >= n_dev)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "expert gpu: no CUDA device %d (%d found)", dev, n_dev);
+    st_es_gpu_t *g = calloc(1, sizeof *g);
+    if (!g) return ST_FAIL(ST_ERR_NO_MEMORY, "expert gpu");
+    g->ck = ck;
+    g->c = st_ckpt_config(ck);
+    g->dev = dev;
+    g->n_layers = g->c->n_layers;
+    g->n_experts = g->c->n_experts;
+    g->ew = st_config_expert_width(g->c);
+    g->mi = g->c->moe_inter;
+    g->max_rows = max_rows;
+    st_status_t s;
+    if (g->ew % 32 || g->mi % 32 || g->n_experts <= 0) {
+        s = ST_FAIL(ST_ERR_CONFIG, "expert gpu: expert width %d and moe_inter %d must be multiples of 32", g->ew, g->mi);
+        free(g);
+        return s;
+    }
+    if ((s = st_gpu_init(dev)) != ST_OK || (s = st_gpu_stream_create(&g->s)) != ST_OK) {
+        free(g);
+        return s;
+    }
+    size_t nw = (size_t)g->n_layers * (size_t)g->n_experts;
+    g->w = calloc(nw + 1, sizeof *g->w);
+    if (!g->w) {
+        s = ST_FAIL(ST_ERR_NO_MEMORY, "expert gpu weight table");
+        goto err;
+    }
+    size_t rows_f32 = (size_t)max_rows * g->ew * sizeof(float);
+    g->ws_bytes = st_cuda_moe_ffn_ws_bytes(max_rows, g->mi);
+    size_t me = (size_t)g->mi * g->ew;
+    g->mx_bytes = me / 2 + me / 32;
+    if ((s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_in_bf, rows_f32 / 2)) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_out, rows_f32)) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_off, (size_t)g->n_experts * 2 * sizeof(int))) != ST_OK ||
+        (s = st_gpu_malloc(&g->d_ws, g->ws_bytes ? g->ws_bytes : 256)) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_mx, g->mx_bytes)) != ST_OK)
+        goto err;
+    size_t off_bytes = (size_t)g->n_experts * 2 * sizeof(int);
+    if ((s = st_gpu_arena_init(&g->pinned, 2 * align256(rows_f32) + align256(off_bytes), 1)) != ST_OK) goto err;
+    g->h_in = st_gpu_arena_alloc(&g->pinned, rows_f32);
+    g->h_out = st_gpu_arena_alloc(&g->pinned, rows_f32);
+    g->h_off = st_gpu_arena_alloc(&g->pinned, off_bytes);
+    *out = g;
+    return ST_OK;
+err:
+    st_es_gpu_destroy(g);
+    return s;
+}
+
+void st_es_gpu_destroy(st_es_gpu_t *g) {
+    if (!g) return;
+    st_gpu_init(g->dev);
+    size_t nw = (size_t)g->n_layers * (size_t)g->n_experts;
+    for (size_t i = 0; g->w && i < nw; i++) st_gpu_free(g->w[i]);
+    free(g->w);
+    st_gpu_free(g->d_in);
+    st_gpu_free(g->d_in_bf);
+    st_gpu_free(g->d_out);
+    st_gpu_free(g->d_off);
+    st_gpu_free(g->d_ws);
+    st_gpu_free(g->d_mx);
+    if (g->pinned.base) st_gpu_arena_cleanup(&g->pinned);
+    if (g->s.stream) st_gpu_stream_destroy(&g->s);
+    free(g);
+}
+
+/* W [rows, cols] (any stored dtype) → dst [rows, cols] bf16 on the device; synchronous. */
+static st_status_t upload_bf16(st_es_gpu_t *g, st_bf16_t *dst, const st_weight_t *w) {
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols, n = rows * cols;
+    if (w->dtype == ST_DT_BF16) return st_gpu_memcpy_h2d(dst, w->data, n * 2);
+    if (w->dtype == ST_DT_MXFP4) {
+        /* NOTE: MXFP4 → bf16 is exact (kernels_cuda.h), so the device copy equals the CPU's decode */
+        if (cols % 32 || n / 2 + n / 32 > g->mx_bytes)
+            return ST_FAIL(ST_ERR_CONFIG, "expert gpu: MXFP4 weight [%zu, %zu] does not fit the staging", rows, cols);
+        uint8_t *codes = g->d_mx, *scale = g->d_mx + n / 2;
+        st_status_t s;
+        if ((s = st_gpu_memcpy_h2d(codes, w->data, n / 2)) != ST_OK ||
+            (s = st_gpu_memcpy_h2d(scale, w->scale, n / 32)) != ST_OK ||
+            (s = st_cuda_mxfp4_to_bf16(&g->s, dst, codes, scale, (int)rows, (int)cols)) != ST_OK)
+            return s;
+        return st_gpu_stream_sync(&g->s); /* the staging is reused by the next matrix */
+    }
+    /* F32 / F16: decode on the host (bind path only) */
+    float *tf = malloc(cols * sizeof(float));
+    uint16_t *tb = malloc(n * sizeof(uint16_t));
+    st_status_t s = (tf && tb) ? ST_OK : ST_FAIL(ST_ERR_NO_MEMORY, "expert gpu: weight staging");
+    for (size_t r = 0; s == ST_OK && r < rows; r++) {
+        st_weight_rows_f32(w, (int)r, 1, tf);
+        for (size_t i = 0; i < cols; i++) tb[r * cols + i] = st_f32_to_bf16(tf[i]);
+    }
+    if (s == ST_OK) s = st_gpu_memcpy_h2d(dst, tb, n * 2);
+    free(tf);
+    free(tb);
+    return s;
+}
+
+st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
+    if (layer < 0 || layer >= g->n_layers || e < 0 || e >= g->n_experts || !st_config_is_moe_layer(g->c, layer))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "expert %d of layer %d does not exist", e, layer);
+    size_t i = (size_t)layer * g->n_experts + (size_t)e;
+    if (g->w[i]) return ST_OK;
+    st_expert_weights_t w;
+    st_status_t s = st_ckpt_expert(g->ck, layer, e, &w);
+    if (s != ST_OK) return s;
+    if ((s = st_gpu_init(g->dev)) != ST_OK) return s;
+    size_t me = (size_t)g->mi * g->ew, bytes = 3 * me * sizeof(st_bf16_t);
+    st_bf16_t *d = NULL;
+    if ((s = st_gpu_malloc((void **)&d, bytes)) != ST_OK) return s;
+    if ((s = upload_bf16(g, d, &w.gate)) != ST_OK || (s = upload_bf16(g, d + me, &w.up)) != ST_OK ||
+        (s = upload_bf16(g, d + 2 * me, &w.down)) != ST_OK) {
+        st_gpu_free(d);
+        return s;
+    }
+    g->w[i] = d;
+    g->w_bytes += bytes;
+    return ST_OK;
+}
+
+size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
+
+st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
+                          const uint32_t *offsets, const float *rows, float *out) {
+    const st_config_t *c = g->c;
+    if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
+    if (n_exp > (uint32_t)g->n_experts)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch names %u experts, the model has %d", n_exp, g->n_experts);
+    if (offsets[n_exp] > (uint32_t)g->max_rows)
+        return ST_FAIL(ST_ERR_CAPACITY, "dispatch of %u rows exceeds this server's %d", offsets[n_exp], g->max_rows);
+    for (uint32_t k = 0; k < n_exp; k++) {
+        if (expert_ids[k] >= (uint32_t)g->n_experts || !g->w[(size_t)layer * g->n_experts + expert_ids[k]])
+            return ST_FAIL(ST_ERR_INVALID_ARG, "expert %u of layer %d is not held here", expert_ids[k], layer);
+        if (offsets[k + 1] < offsets[k]) return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch offsets decrease at %u", k);
+    }
+    size_t n = offsets[n_exp], ew = (size_t)g->ew, me = (size_t)g->mi * g->ew;
+    if (n == 0) return ST_OK;
+    st_status_t s = st_gpu_init(g->dev);
+    if (s != ST_OK) return s;
+    /* NOTE: each expert is its own E = 1 launch over its row range: experts are separate device
+     * blocks (bound one by one), so the launcher's [E, w, l] stacking holds only within one. */
+    for (uint32_t k = 0; k < n_exp; k++) {
+        g->h_off[2 * k] = 0;
+        g->h_off[2 * k + 1] = (int)(offsets[k + 1] - offsets[k]);
+    }
+    memcpy(g->h_in, rows, n * ew * sizeof(float));
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        if ((s = (call)) != ST_OK) return s;                                                                           \
+    } while (0)
+    CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, (size_t)n_exp * 2 * sizeof(int), 1));
+    CK(es_gpu_copy_async(&g->s, g->d_in, g->h_in, n * ew * sizeof(float), 1));
+    CK(es_gpu_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
+    bool situ = c->act == ST_ACT_SITU;
+    for (uint32_t k = 0; k < n_exp; k++) {
+        int nk = (int)(offsets[k + 1] - offsets[k]);
+        if (nk == 0) continue;
+        const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
+        size_t r0 = (size_t)offsets[k] * ew;
+        CK(st_cuda_moe_ffn_f32out(&g->s, g->d_out + r0, g->d_in_bf + r0, g->d_off + 2 * k, 1, nk, nk, w, w + me,
+                                  w + 2 * me, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
+    }
+    CK(es_gpu_copy_async(&g->s, g->h_out, g->d_out, n * ew * sizeof(float), 0));
+    CK(st_gpu_stream_sync(&g->s));
+#undef CK
+    memcpy(out, g->h_out, n * ew * sizeof(float));
+    return ST_OK;
+}

@@ -1,0 +1,34 @@
+/* The expert server's GPU compute (--device cuda:N): the same dispatch → reply rows as
+ * st_es_compute_run (compute.h), run by the grouped expert FFN launcher on one CUDA device.
+ * Built only with CUDA (STRATA_WITH_CUDA); this header is plain C and CUDA-free. */
+#ifndef STRATA_ES_COMPUTE_GPU_H
+#define STRATA_ES_COMPUTE_GPU_H
+
+#include <stdint.h>
+
+#include "strata/base.h"
+#include "strata/model.h"
+
+typedef struct st_es_gpu st_es_gpu_t;
+
+/* Start-up: select device dev, create the stream, and allocate everything the dispatch path uses:
+ * device rows in (fp32 and bf16) and out (fp32) for max_rows × ℓ, the FFN workspace, a per-expert
+ * offsets table, a pinned host staging area, and a device staging buffer for one MXFP4 matrix.
+ * Expert weights are not uploaded here (st_es_gpu_bind). */
+st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, int max_rows);
+void st_es_gpu_destroy(st_es_gpu_t *g);
+/* Make expert e of layer l resident on the device as bf16 (no-op when already bound): allocates
+ * its gate/up/down (cudaMalloc) and converts MXFP4 on the device (st_cuda_mxfp4_to_bf16), bf16 as
+ * is, other dtypes through the host. NOTE: this is the start-up / placement path (it allocates and
+ * synchronises); the server calls it when a layer's experts are first needed, never per dispatch
+ * once bound. Any thread; the device is selected on each call. */
+st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
+/* rows [n, ew] fp32 (host) grouped by expert_ids/offsets → out [n, ew] fp32 (host), n =
+ * offsets[n_exp] ≤ max_rows; every expert must be bound. Synchronous: returns after the results
+ * are in out. Device errors come back as ST_ERR_DEVICE with the CUDA text in st_err_last(). */
+st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
+                          const uint32_t *offsets, const float *rows, float *out);
+/* Device bytes held by bound expert weights (for the start-up / placement log). */
+size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);
+
+#endif
