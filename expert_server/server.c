@@ -226,10 +226,10 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     s->info = info;
     s->ep = r->ep;
     s->t_arrive = st_time_ns();
-    if (info.row_width != (uint32_t)st_config_expert_width(es->cx.c)) {
+    if (info.row_width != (uint32_t)st_config_expert_width(st_ckpt_config(es->ck))) {
         s->result = ST_ERR_PROTOCOL;
         snprintf(s->err, sizeof s->err, "row width %u, this model's experts work at %d", info.row_width,
-                 st_config_expert_width(es->cx.c));
+                 st_config_expert_width(st_ckpt_config(es->ck)));
         send_reply(es, s);
         return;
     }
