@@ -10,44 +10,18 @@
 
 #include "engine_gpu.h"
 
-#define EG_STREAM(s) ((cudaStream_t)(s)->stream)
-#define EG_LAUNCH(name) st_gpu_last_launch((name), __FILE__, __LINE__)
+#include "cuda_common.cuh" /* kernels/: bf16 conversions, warp/block reductions */
 
-__device__ __forceinline__ float eg_bf(st_bf16_t h) { return __uint_as_float((uint32_t)h << 16); }
-__device__ __forceinline__ st_bf16_t eg_tobf(float f) {
-    __nv_bfloat16 b = __float2bfloat16_rn(f);
-    return *reinterpret_cast<st_bf16_t *>(&b);
-}
-__device__ __forceinline__ float eg_ld(st_bf16_t h) { return eg_bf(h); }
+__device__ __forceinline__ float eg_ld(st_bf16_t h) { return st_bf(h); }
 __device__ __forceinline__ float eg_ld(float f) { return f; }
-__device__ __forceinline__ void eg_st(st_bf16_t *p, float f) { *p = eg_tobf(f); }
+__device__ __forceinline__ void eg_st(st_bf16_t *p, float f) { *p = st_tobf(f); }
 __device__ __forceinline__ void eg_st(float *p, float f) { *p = f; }
 __device__ __forceinline__ float eg_sig(float x) { return 1.f / (1.f + expf(-x)); }
 /* v as bf16 hi (returned) and, when lo != NULL, the bf16 of the remainder v − hi into *lo */
 __device__ __forceinline__ st_bf16_t eg_split(float v, st_bf16_t *lo) {
-    st_bf16_t h = eg_tobf(v);
-    if (lo) *lo = eg_tobf(v - eg_bf(h));
+    st_bf16_t h = st_tobf(v);
+    if (lo) *lo = st_tobf(v - st_bf(h));
     return h;
-}
-__device__ __forceinline__ float eg_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float eg_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-/* block sum, blockDim a multiple of 32; red: 32 floats of shared memory; every thread gets it */
-__device__ float eg_block_sum(float v, float *red) {
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    v = eg_warp_sum(v);
-    __syncthreads();
-    if (l == 0) red[w] = v;
-    __syncthreads();
-    float t = l < nw ? red[l] : 0.f;
-    return eg_warp_sum(t);
 }
 
 /* ------------------------------------------------------------------ cuBLAS */
@@ -83,8 +57,8 @@ extern "C" st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const f
                                      int H, int dk, bool bounded, float lb) {
     size_t n = (size_t)T * H * dk;
     if (!n) return ST_OK;
-    kda_gate32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(g, A_log, dt_bias, n, H, dk, bounded, lb);
-    return EG_LAUNCH("kda_gate32_kernel");
+    kda_gate32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(g, A_log, dt_bias, n, H, dk, bounded, lb);
+    return ST_LAUNCH_OK("kda_gate32_kernel");
 }
 
 extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,
@@ -121,35 +95,35 @@ extern "C" st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ld
 
 __global__ void f32_to_bf16_kernel(st_bf16_t *d, const float *s, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) d[i] = eg_tobf(s[i]);
+    if (i < n) d[i] = st_tobf(s[i]);
 }
 extern "C" st_status_t eg_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n) {
     if (!n) return ST_OK;
-    f32_to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(dst, src, n);
-    return EG_LAUNCH("f32_to_bf16_kernel");
+    f32_to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(dst, src, n);
+    return ST_LAUNCH_OK("f32_to_bf16_kernel");
 }
 
 extern "C" st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind) {
     if (!bytes) return ST_OK;
     cudaMemcpyKind k = kind == 1 ? cudaMemcpyHostToDevice : kind == 2 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
-    return ST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, EG_STREAM(s)));
+    return ST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, ST_STREAM(s)));
 }
 extern "C" st_status_t eg_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes) {
     if (!bytes) return ST_OK;
-    return ST_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, EG_STREAM(s)));
+    return ST_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, ST_STREAM(s)));
 }
 
 /* ------------------------------------------------------------------ embedding, AttnRes, norms */
 __global__ void embed_kernel(float *partial, const st_bf16_t *E, const int *tok, int d) {
     const st_bf16_t *row = E + (size_t)tok[blockIdx.x] * d;
     float *o = partial + (size_t)blockIdx.x * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_bf(row[c]);
+    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = st_bf(row[c]);
 }
 extern "C" st_status_t eg_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *E, const int *tok, int T,
                                 int d) {
     if (T <= 0) return ST_OK;
-    embed_kernel<<<T, 256, 0, EG_STREAM(s)>>>(partial, E, tok, d);
-    return EG_LAUNCH("embed_kernel");
+    embed_kernel<<<T, 256, 0, ST_STREAM(s)>>>(partial, E, tok, d);
+    return ST_LAUNCH_OK("embed_kernel");
 }
 
 /* one block per token; smem: sc [m·Q] scores, rinv [m] */
@@ -163,13 +137,13 @@ __global__ void attnres_p1_kernel(float *stats, float *acc, const float *blocks,
         const float *V = blocks + i * bstride + (size_t)t * d;
         float ss = 0.f;
         for (int c = threadIdx.x; c < d; c += blockDim.x) ss += V[c] * V[c];
-        ss = eg_block_sum(ss, red);
+        ss = st_block_sum(ss, red);
         if (threadIdx.x == 0) rinv[i] = 1.f / sqrtf(ss / (float)d + eps);
         for (int q = 0; q < Q; q++) {
             const float *wq = w + (size_t)q * d;
             float dot = 0.f;
             for (int c = threadIdx.x; c < d; c += blockDim.x) dot += V[c] * wq[c];
-            dot = eg_block_sum(dot, red);
+            dot = st_block_sum(dot, red);
             if (threadIdx.x == 0) sc[i * Q + q] = dot;
         }
     }
@@ -193,9 +167,9 @@ __global__ void attnres_p1_kernel(float *stats, float *acc, const float *blocks,
 extern "C" st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks,
                                          size_t bstride, int m, const float *w, int Q, int T, int d, float eps) {
     if (T <= 0) return ST_OK;
-    attnres_p1_kernel<<<T, 256, (size_t)(m * Q + m + 1) * sizeof(float), EG_STREAM(s)>>>(stats, acc, blocks, bstride, m,
+    attnres_p1_kernel<<<T, 256, (size_t)(m * Q + m + 1) * sizeof(float), ST_STREAM(s)>>>(stats, acc, blocks, bstride, m,
                                                                                          w, Q, d, eps);
-    return EG_LAUNCH("attnres_p1_kernel");
+    return ST_LAUNCH_OK("attnres_p1_kernel");
 }
 
 /* one block per output row; smem h [d] fp32 */
@@ -209,8 +183,8 @@ __global__ void resnorm_kernel(st_bf16_t *xn, st_bf16_t *xlo, const float *parti
     if (stats) {
         float ss = 0.f, dot = 0.f;
         for (int c = threadIdx.x; c < d; c += blockDim.x) ss += P[c] * P[c], dot += P[c] * wq[c];
-        ss = eg_block_sum(ss, red);
-        dot = eg_block_sum(dot, red);
+        ss = st_block_sum(ss, red);
+        dot = st_block_sum(dot, red);
         float sp = dot / sqrtf(ss / (float)d + ar_eps);
         const float *st = stats + ((size_t)r * Q + q) * 2;
         const float *a = acc + ((size_t)r * Q + q) * d;
@@ -223,7 +197,7 @@ __global__ void resnorm_kernel(st_bf16_t *xn, st_bf16_t *xlo, const float *parti
     __syncthreads();
     float ss = 0.f;
     for (int c = threadIdx.x; c < d; c += blockDim.x) ss += h[c] * h[c];
-    ss = eg_block_sum(ss, red);
+    ss = st_block_sum(ss, red);
     float rs = 1.f / sqrtf(ss / (float)d + eps);
     st_bf16_t *o = xn + (size_t)i * d;
     for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_split(h[c] * rs * nw[c], xlo ? xlo + (size_t)i * d + c : NULL);
@@ -232,9 +206,9 @@ extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf
                                   const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
                                   int n_rows, int d, float ar_eps, float norm_eps) {
     if (n_rows <= 0) return ST_OK;
-    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), EG_STREAM(s)>>>(xn, xlo, partial, stats, acc, w_q, q, Q, norm_w,
+    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), ST_STREAM(s)>>>(xn, xlo, partial, stats, acc, w_q, q, Q, norm_w,
                                                                             rows, d, ar_eps, norm_eps);
-    return EG_LAUNCH("resnorm_kernel");
+    return ST_LAUNCH_OK("resnorm_kernel");
 }
 
 /* ------------------------------------------------------------------ KDA glue */
@@ -247,15 +221,15 @@ __global__ void kda_prep_kernel(st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float 
     const st_bf16_t *src = qkv + (size_t)t * 3 * P + (size_t)h * dk;
     float sq = 0.f, sk = 0.f;
     for (int c = l; c < dk; c += 32) {
-        float a = eg_bf(src[c]), b = eg_bf(src[P + c]);
+        float a = st_bf(src[c]), b = st_bf(src[P + c]);
         sq += a * a, sk += b * b;
     }
-    sq = eg_warp_sum(sq), sk = eg_warp_sum(sk);
+    sq = st_warp_sum(sq), sk = st_warp_sum(sk);
     float rq = 1.f / sqrtf(sq + l2eps), rk = 1.f / sqrtf(sk + l2eps);
     size_t o = (size_t)t * P + (size_t)h * dk;
     for (int c = l; c < dk; c += 32) {
-        q[o + c] = eg_tobf(eg_bf(src[c]) * rq);
-        k[o + c] = eg_tobf(eg_bf(src[P + c]) * rk);
+        q[o + c] = st_tobf(st_bf(src[c]) * rq);
+        k[o + c] = st_tobf(st_bf(src[P + c]) * rk);
         v[o + c] = src[2 * P + c];
     }
     if (l == 0) beta[(size_t)t * H + h] = eg_sig(aux[(size_t)t * ldaux + boff + h]);
@@ -265,8 +239,8 @@ extern "C" st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf
                                    float l2eps) {
     int rows = T * H;
     if (rows <= 0) return ST_OK;
-    kda_prep_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(q, k, v, beta, qkv, aux, ldaux, boff, T, H, dk, l2eps);
-    return EG_LAUNCH("kda_prep_kernel");
+    kda_prep_kernel<<<(rows + 7) / 8, 256, 0, ST_STREAM(s)>>>(q, k, v, beta, qkv, aux, ldaux, boff, T, H, dk, l2eps);
+    return ST_LAUNCH_OK("kda_prep_kernel");
 }
 
 __global__ void kda_out_gate_kernel(st_bf16_t *o, const st_bf16_t *gate, int ldg, const float *w, int T, int H, int dv,
@@ -278,19 +252,19 @@ __global__ void kda_out_gate_kernel(st_bf16_t *o, const st_bf16_t *gate, int ldg
     const st_bf16_t *g = gate + (size_t)t * ldg + (size_t)h * dv;
     float ss = 0.f;
     for (int c = l; c < dv; c += 32) {
-        float a = eg_bf(p[c]);
+        float a = st_bf(p[c]);
         ss += a * a;
     }
-    ss = eg_warp_sum(ss);
+    ss = st_warp_sum(ss);
     float r = 1.f / sqrtf(ss / (float)dv + eps);
-    for (int c = l; c < dv; c += 32) p[c] = eg_tobf(eg_bf(p[c]) * r * w[c] * eg_sig(eg_bf(g[c])));
+    for (int c = l; c < dv; c += 32) p[c] = st_tobf(st_bf(p[c]) * r * w[c] * eg_sig(st_bf(g[c])));
 }
 extern "C" st_status_t eg_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *gate, int ldg,
                                        const float *w, int T, int H, int dv, float eps) {
     int rows = T * H;
     if (rows <= 0) return ST_OK;
-    kda_out_gate_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(o, gate, ldg, w, T, H, dv, eps);
-    return EG_LAUNCH("kda_out_gate_kernel");
+    kda_out_gate_kernel<<<(rows + 7) / 8, 256, 0, ST_STREAM(s)>>>(o, gate, ldg, w, T, H, dv, eps);
+    return ST_LAUNCH_OK("kda_out_gate_kernel");
 }
 
 /* grid (H, B), dk threads; thread j owns value column j of S_h (in global memory, [c][j]). */
@@ -327,8 +301,8 @@ extern "C" st_status_t eg_kda_recurrent(const st_gpu_stream_t *s, float *o, cons
                                         const int *slots, const int *cu_seqlens, int B, int H, int dk, float scale) {
     if (dk <= 0 || dk > 128) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_kda_recurrent: dk=%d (≤ 128)", dk);
     if (B <= 0) return ST_OK;
-    kda_rec_kernel<<<dim3(H, B), dk, 0, EG_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, cu_seqlens, H, dk, scale);
-    return EG_LAUNCH("kda_rec_kernel");
+    kda_rec_kernel<<<dim3(H, B), dk, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, cu_seqlens, H, dk, scale);
+    return ST_LAUNCH_OK("kda_rec_kernel");
 }
 
 /* ------------------------------------------------------------------ MLA glue */
@@ -340,7 +314,7 @@ __global__ void mla_kv_store_kernel(TC *pool, const float *ckv, const float *w, 
     const float *x = ckv + (size_t)t * R;
     float ss = 0.f;
     for (int c = threadIdx.x; c < kvr; c += blockDim.x) ss += x[c] * x[c];
-    ss = eg_block_sum(ss, red);
+    ss = st_block_sum(ss, red);
     float r = 1.f / sqrtf(ss / (float)kvr + eps);
     int pos = tok_pos[t], page = btab[(size_t)tok_ent[t] * pps + pos / ps];
     TC *dst = pool + ((size_t)page * ps + pos % ps) * R;
@@ -351,12 +325,12 @@ extern "C" st_status_t eg_mla_kv_store(const st_gpu_stream_t *s, void *pool, boo
                                        int T, int kvr, int R, float eps) {
     if (T <= 0) return ST_OK;
     if (f32)
-        mla_kv_store_kernel<float><<<T, 128, 0, EG_STREAM(s)>>>((float *)pool, ckv, w, tok_ent, tok_pos, btab, pps,
+        mla_kv_store_kernel<float><<<T, 128, 0, ST_STREAM(s)>>>((float *)pool, ckv, w, tok_ent, tok_pos, btab, pps,
                                                                 page_size, kvr, R, eps);
     else
-        mla_kv_store_kernel<st_bf16_t><<<T, 128, 0, EG_STREAM(s)>>>((st_bf16_t *)pool, ckv, w, tok_ent, tok_pos, btab,
+        mla_kv_store_kernel<st_bf16_t><<<T, 128, 0, ST_STREAM(s)>>>((st_bf16_t *)pool, ckv, w, tok_ent, tok_pos, btab,
                                                                     pps, page_size, kvr, R, eps);
-    return EG_LAUNCH("mla_kv_store_kernel");
+    return ST_LAUNCH_OK("mla_kv_store_kernel");
 }
 
 template <typename TQ>
@@ -368,9 +342,9 @@ __global__ void mla_qpe_kernel(TQ *qabs, const float *q, int H, int nope, int ro
 extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const float *q, int T, int H, int nope,
                                   int rope, int kvr) {
     if (T <= 0 || rope <= 0) return ST_OK;
-    if (f32) mla_qpe_kernel<float><<<T * H, 64, 0, EG_STREAM(s)>>>((float *)qabs, q, H, nope, rope, kvr);
-    else mla_qpe_kernel<st_bf16_t><<<T * H, 64, 0, EG_STREAM(s)>>>((st_bf16_t *)qabs, q, H, nope, rope, kvr);
-    return EG_LAUNCH("mla_qpe_kernel");
+    if (f32) mla_qpe_kernel<float><<<T * H, 64, 0, ST_STREAM(s)>>>((float *)qabs, q, H, nope, rope, kvr);
+    else mla_qpe_kernel<st_bf16_t><<<T * H, 64, 0, ST_STREAM(s)>>>((st_bf16_t *)qabs, q, H, nope, rope, kvr);
+    return ST_LAUNCH_OK("mla_qpe_kernel");
 }
 
 /* grid (T, ceil(H/8)), 256 threads: warp w = head h0+w of query token t. Key tiles of 32 rows go
@@ -414,9 +388,9 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, st_bf16_
             for (int c = 0; c < R; c++) a += qw[c] * eg_ld(kr[c]);
             sc = a;
         }
-        float mt = eg_warp_max(sc), mn = fmaxf(m, mt);
+        float mt = st_warp_max(sc), mn = fmaxf(m, mt);
         float alpha = expf(m - mn), p = s0 + lane < n ? expf(sc - mn) : 0.f;
-        lsum = lsum * alpha + eg_warp_sum(p);
+        lsum = lsum * alpha + st_warp_sum(p);
         m = mn;
 #pragma unroll
         for (int i = 0; i < 16; i++) acc[i] *= alpha;
@@ -446,9 +420,9 @@ static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, st
     st_status_t rc = ST_CUDA_CHECK(
         cudaFuncSetAttribute(mla_attn_kernel<TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
-    mla_attn_kernel<TC><<<dim3(T, (H + 7) / 8), 256, smem, EG_STREAM(s)>>>(
+    mla_attn_kernel<TC><<<dim3(T, (H + 7) / 8), 256, smem, ST_STREAM(s)>>>(
         olat, olo, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale);
-    return EG_LAUNCH("mla_attn_kernel");
+    return ST_LAUNCH_OK("mla_attn_kernel");
 }
 extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
                                    bool f32, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
@@ -463,12 +437,12 @@ extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st
 
 __global__ void mul_sigmoid_kernel(st_bf16_t *x, const st_bf16_t *g, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = eg_tobf(eg_bf(x[i]) * eg_sig(eg_bf(g[i])));
+    if (i < n) x[i] = st_tobf(st_bf(x[i]) * eg_sig(st_bf(g[i])));
 }
 extern "C" st_status_t eg_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *x, const st_bf16_t *gate, size_t n) {
     if (!n) return ST_OK;
-    mul_sigmoid_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(x, gate, n);
-    return EG_LAUNCH("mul_sigmoid_kernel");
+    mul_sigmoid_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(x, gate, n);
+    return ST_LAUNCH_OK("mul_sigmoid_kernel");
 }
 
 /* ------------------------------------------------------------------ MoE glue */
@@ -491,9 +465,9 @@ __global__ void route_finish_kernel(int *ids, float *w, int *cnt, const int *src
 extern "C" st_status_t eg_route_finish(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, const int *src, int ks,
                                        int k, const float *scores, int T, int n, int kc, bool renorm, float scale) {
     if (T <= 0) return ST_OK;
-    route_finish_kernel<<<(T + 127) / 128, 128, 0, EG_STREAM(s)>>>(ids, w, cnt, src, ks, k, scores, T, n, kc, renorm,
+    route_finish_kernel<<<(T + 127) / 128, 128, 0, ST_STREAM(s)>>>(ids, w, cnt, src, ks, k, scores, T, n, kc, renorm,
                                                                    scale);
-    return EG_LAUNCH("route_finish_kernel");
+    return ST_LAUNCH_OK("route_finish_kernel");
 }
 
 /* one block: counts per expert, exclusive scan, then rows. NOTE: rows within an expert are placed
@@ -521,8 +495,8 @@ __global__ void moe_group_kernel(int *offsets, int *row_of, const int *ids, cons
 extern "C" st_status_t eg_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt,
                                     int T, int kc, int E) {
     if (T <= 0) return ST_OK;
-    moe_group_kernel<<<1, 1024, (size_t)(E + 1) * sizeof(int), EG_STREAM(s)>>>(offsets, row_of, ids, cnt, T, kc, E);
-    return EG_LAUNCH("moe_group_kernel");
+    moe_group_kernel<<<1, 1024, (size_t)(E + 1) * sizeof(int), ST_STREAM(s)>>>(offsets, row_of, ids, cnt, T, kc, E);
+    return ST_LAUNCH_OK("moe_group_kernel");
 }
 
 __global__ void moe_gather_kernel(st_bf16_t *xg, const st_bf16_t *z, const int *row_of, const int *cnt, int kc, int l) {
@@ -537,8 +511,8 @@ extern "C" st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, co
                                      const int *cnt, int T, int kc, int l) {
     if (T <= 0) return ST_OK;
     if (l % 2) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_moe_gather: odd width %d", l);
-    moe_gather_kernel<<<dim3(T, kc), 128, 0, EG_STREAM(s)>>>(xg, z, row_of, cnt, kc, l);
-    return EG_LAUNCH("moe_gather_kernel");
+    moe_gather_kernel<<<dim3(T, kc), 128, 0, ST_STREAM(s)>>>(xg, z, row_of, cnt, kc, l);
+    return ST_LAUNCH_OK("moe_gather_kernel");
 }
 
 /* one block per token; smem u [l] fp32 */
@@ -565,7 +539,7 @@ __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial
     if (nw) {
         float ss = 0.f;
         for (int c = threadIdx.x; c < l; c += blockDim.x) ss += u[c] * u[c];
-        ss = eg_block_sum(ss, red);
+        ss = st_block_sum(ss, red);
         r = 1.f / sqrtf(ss / (float)l + eps);
     }
     for (int c = threadIdx.x; c < l; c += blockDim.x)
@@ -575,19 +549,19 @@ extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, s
                                       const float *yf, const int *row_of, const float *p, const int *cnt,
                                       const float *norm_w, int T, int kc, int l, float eps) {
     if (T <= 0) return ST_OK;
-    moe_combine_kernel<<<T, 256, (size_t)l * sizeof(float), EG_STREAM(s)>>>(un, ulo, partial, yg, yf, row_of, p, cnt, norm_w,
+    moe_combine_kernel<<<T, 256, (size_t)l * sizeof(float), ST_STREAM(s)>>>(un, ulo, partial, yg, yf, row_of, p, cnt, norm_w,
                                                                            kc, l, eps);
-    return EG_LAUNCH("moe_combine_kernel");
+    return ST_LAUNCH_OK("moe_combine_kernel");
 }
 
 __global__ void bf16_to_f32_kernel(float *d, const st_bf16_t *s, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) d[i] = eg_bf(s[i]);
+    if (i < n) d[i] = st_bf(s[i]);
 }
 extern "C" st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n) {
     if (!n) return ST_OK;
-    bf16_to_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(dst, src, n);
-    return EG_LAUNCH("bf16_to_f32_kernel");
+    bf16_to_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(dst, src, n);
+    return ST_LAUNCH_OK("bf16_to_f32_kernel");
 }
 
 /* ------------------------------------------------------------------ fp32-activation glue
@@ -640,10 +614,10 @@ extern "C" st_status_t eg_conv_silu32(const st_gpu_stream_t *s, float *y, const 
     if (B == 0) return ST_OK;
     size_t n = (size_t)T_tot * C;
     if (n)
-        conv_silu32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(y, x, state, slots, w, cu_seqlens, B,
+        conv_silu32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, x, state, slots, w, cu_seqlens, B,
                                                                                   T_tot, C, K);
-    if (K > 1) conv_state32_kernel<<<(B * C + 255) / 256, 256, 0, EG_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
-    return EG_LAUNCH("conv_silu32_kernel");
+    if (K > 1) conv_state32_kernel<<<(B * C + 255) / 256, 256, 0, ST_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
+    return ST_LAUNCH_OK("conv_silu32_kernel");
 }
 
 /* one warp per (token, head) */
@@ -659,13 +633,13 @@ __global__ void kda_prep32_kernel(float *q, float *k, float *v, st_bf16_t *qb, s
         float a = src[c], b = src[P + c];
         sq += a * a, sk += b * b;
     }
-    sq = eg_warp_sum(sq), sk = eg_warp_sum(sk);
+    sq = st_warp_sum(sq), sk = st_warp_sum(sk);
     float rq = 1.f / sqrtf(sq + l2eps), rk = 1.f / sqrtf(sk + l2eps);
     size_t o = (size_t)t * P + (size_t)h * dk;
     for (int c = l; c < dk; c += 32) {
         float a = src[c] * rq, b = src[P + c] * rk, e = src[2 * P + c];
         q[o + c] = a, k[o + c] = b, v[o + c] = e;
-        if (qb) qb[o + c] = eg_tobf(a), kb[o + c] = eg_tobf(b), vb[o + c] = eg_tobf(e);
+        if (qb) qb[o + c] = st_tobf(a), kb[o + c] = st_tobf(b), vb[o + c] = st_tobf(e);
     }
     if (l == 0) beta[(size_t)t * H + h] = eg_sig(aux[(size_t)t * ldaux + boff + h]);
 }
@@ -674,9 +648,9 @@ extern "C" st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *
                                      int ldaux, int boff, int T, int H, int dk, float l2eps) {
     int rows = T * H;
     if (rows <= 0) return ST_OK;
-    kda_prep32_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(q, k, v, qb, kb, vb, beta, qkv, aux, ldaux, boff, T, H,
+    kda_prep32_kernel<<<(rows + 7) / 8, 256, 0, ST_STREAM(s)>>>(q, k, v, qb, kb, vb, beta, qkv, aux, ldaux, boff, T, H,
                                                                 dk, l2eps);
-    return EG_LAUNCH("kda_prep32_kernel");
+    return ST_LAUNCH_OK("kda_prep32_kernel");
 }
 
 __global__ void kda_out_gate32_kernel(st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate, int ldg, const float *w, int T,
@@ -688,7 +662,7 @@ __global__ void kda_out_gate32_kernel(st_bf16_t *out, st_bf16_t *lo, const float
     const float *g = gate + (size_t)t * ldg + (size_t)h * dv;
     float ss = 0.f;
     for (int c = l; c < dv; c += 32) ss += p[c] * p[c];
-    ss = eg_warp_sum(ss);
+    ss = st_warp_sum(ss);
     float r = 1.f / sqrtf(ss / (float)dv + eps);
     for (int c = l; c < dv; c += 32)
         out[(size_t)row * dv + c] = eg_split(p[c] * r * w[c] * eg_sig(g[c]), lo ? lo + (size_t)row * dv + c : NULL);
@@ -697,8 +671,8 @@ extern "C" st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *ou
                                          int ldg, const float *w, int T, int H, int dv, float eps) {
     int rows = T * H;
     if (rows <= 0) return ST_OK;
-    kda_out_gate32_kernel<<<(rows + 7) / 8, 256, 0, EG_STREAM(s)>>>(out, lo, o, gate, ldg, w, T, H, dv, eps);
-    return EG_LAUNCH("kda_out_gate32_kernel");
+    kda_out_gate32_kernel<<<(rows + 7) / 8, 256, 0, ST_STREAM(s)>>>(out, lo, o, gate, ldg, w, T, H, dv, eps);
+    return ST_LAUNCH_OK("kda_out_gate32_kernel");
 }
 
 __global__ void glu32_kernel(st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up, int T, int n, int ld, int situ, float b1,
@@ -715,8 +689,8 @@ extern "C" st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, st_bf16_
     if (T < 0 || n <= 0 || ld_in < n) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_glu32: T=%d n=%d ld=%d", T, n, ld_in);
     size_t N = (size_t)T * n;
     if (!N) return ST_OK;
-    glu32_kernel<<<(unsigned)((N + 255) / 256), 256, 0, EG_STREAM(s)>>>(h, lo, gate, up, T, n, ld_in, situ, b1, b2);
-    return EG_LAUNCH("glu32_kernel");
+    glu32_kernel<<<(unsigned)((N + 255) / 256), 256, 0, ST_STREAM(s)>>>(h, lo, gate, up, T, n, ld_in, situ, b1, b2);
+    return ST_LAUNCH_OK("glu32_kernel");
 }
 
 __global__ void rmsnorm32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int n, float eps) {
@@ -724,7 +698,7 @@ __global__ void rmsnorm32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, co
     const float *xr = x + (size_t)blockIdx.x * n;
     float ss = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = eg_block_sum(ss, red);
+    ss = st_block_sum(ss, red);
     float r = rsqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = xr[i] * r;
@@ -735,8 +709,8 @@ extern "C" st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, st_b
                                     float eps) {
     if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_rmsnorm32: T=%d n=%d", T, n);
     if (T == 0) return ST_OK;
-    rmsnorm32_kernel<<<T, 256, 0, EG_STREAM(s)>>>(y, lo, x, w, n, eps);
-    return EG_LAUNCH("rmsnorm32_kernel");
+    rmsnorm32_kernel<<<T, 256, 0, ST_STREAM(s)>>>(y, lo, x, w, n, eps);
+    return ST_LAUNCH_OK("rmsnorm32_kernel");
 }
 
 __global__ void mul_sigmoid32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *g, size_t n) {
@@ -746,8 +720,8 @@ __global__ void mul_sigmoid32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x
 extern "C" st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *gate,
                                         size_t n) {
     if (!n) return ST_OK;
-    mul_sigmoid32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(y, lo, x, gate, n);
-    return EG_LAUNCH("mul_sigmoid32_kernel");
+    mul_sigmoid32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, lo, x, gate, n);
+    return ST_LAUNCH_OK("mul_sigmoid32_kernel");
 }
 
 __global__ void split_bf16_kernel(st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
@@ -756,6 +730,6 @@ __global__ void split_bf16_kernel(st_bf16_t *hi, st_bf16_t *lo, const float *x, 
 }
 extern "C" st_status_t eg_split_bf16(const st_gpu_stream_t *s, st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
     if (!n) return ST_OK;
-    split_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, EG_STREAM(s)>>>(hi, lo, x, n);
-    return EG_LAUNCH("split_bf16_kernel");
+    split_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(hi, lo, x, n);
+    return ST_LAUNCH_OK("split_bf16_kernel");
 }
