@@ -567,22 +567,13 @@ extern "C" st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, cons
 /* ------------------------------------------------------------------ fp32-activation glue
  * The engine keeps activations fp32 between kernels and rounds to bf16 only where a tensor-core
  * GEMM (or the chunked KDA kernel's tiles) consumes them; these are the fp32-input glue kernels. */
-__device__ __forceinline__ int eg_seq_of(const int *cu, int B, int t) { /* largest b with cu[b] <= t */
-    int lo = 0, hi = B - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 /* one thread per (token, channel); reads the old conv state, never writes it (st_cuda_conv_silu) */
 __global__ void conv_silu32_kernel(float *y, const float *x, const float *state, const int *slots, const float *w,
                                    const int *cu, int B, int T_tot, int C, int K) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T_tot * C) return;
     int t = (int)(i / C), c = (int)(i % C);
-    int b = eg_seq_of(cu, B, t);
+    int b = st_seq_of(cu, B, t);
     int pos = t - cu[b];
     const float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
     float acc = 0.f;

@@ -66,3 +66,14 @@ __device__ __forceinline__ void st_frag_b(uint32_t b[2], const st_bf16_t *Bt, in
     b[0] = *(const uint32_t *)p;
     b[1] = *(const uint32_t *)(p + 8);
 }
+
+/* varlen batches: the sequence of token t, i.e. the largest b with cu[b] <= t (cu_seqlens style) */
+__device__ __forceinline__ int st_seq_of(const int *cu, int B, int t) {
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}

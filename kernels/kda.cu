@@ -8,15 +8,6 @@
 #define KD 128 /* key = value head dim */
 
 /* ------------------------------------------------------------------ conv + SiLU */
-__device__ __forceinline__ int seq_of(const int *cu, int B, int t) { /* largest b with cu[b] <= t */
-    int lo = 0, hi = B - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 /* one thread per (token, channel); reads the old conv state, never writes it */
 __global__ void conv_silu_kernel(st_bf16_t *y, const st_bf16_t *x, const float *state, const int *slots,
@@ -24,7 +15,7 @@ __global__ void conv_silu_kernel(st_bf16_t *y, const st_bf16_t *x, const float *
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T_tot * C) return;
     int t = (int)(i / C), c = (int)(i % C);
-    int b = seq_of(cu, B, t);
+    int b = st_seq_of(cu, B, t);
     int pos = t - cu[b];
     const float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
     float acc = 0.f;

@@ -6,27 +6,6 @@
 
 #include "bench_common.h"
 
-/* median over 5 repetitions of the mean of it calls; statement st runs with warm-up first */
-#define BTIME(ms_out, it, st)                                                  \
-    do {                                                                       \
-        for (int w_ = 0; w_ < 3; w_++) BK(st);                                 \
-        st_gpu_timer_t t_;                                                     \
-        BK(st_gpu_timer_init(&t_));                                            \
-        double v_[5];                                                          \
-        for (int r_ = 0; r_ < 5; r_++) {                                       \
-            BK(st_gpu_timer_start(&t_, &bs));                                  \
-            for (int i_ = 0; i_ < (it); i_++) BK(st);                          \
-            BK(st_gpu_timer_stop(&t_, &bs, &v_[r_]));                          \
-            v_[r_] /= (it);                                                    \
-        }                                                                      \
-        for (int a_ = 1; a_ < 5; a_++)                                         \
-            for (int b_ = a_; b_ > 0 && v_[b_ - 1] > v_[b_]; b_--) {           \
-                double x_ = v_[b_]; v_[b_] = v_[b_ - 1]; v_[b_ - 1] = x_;      \
-            }                                                                  \
-        st_gpu_timer_cleanup(&t_);                                             \
-        (ms_out) = v_[2];                                                      \
-    } while (0)
-
 static void bench_ffn(int E, int tpe, int l, int w) {
     int N = E * tpe;
     st_bf16_t *x = bdev((size_t)N * l * 2), *y = bdev((size_t)N * l * 2);
