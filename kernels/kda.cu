@@ -80,9 +80,11 @@ extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, cons
 }
 
 /* ------------------------------------------------------------------ decode */
-/* grid (KD/32, H, N), 128 threads: a block owns 32 value columns of one (sequence, head) state;
- * thread = (row group rg = tid/8 : rows rg + 16·i, i < 8) × (column quad tid%8). The state slice
- * (16 KiB) is read once into registers and written once. */
+/* grid (KD/NC, H, N), 4·NC threads: a block owns NC value columns of one (sequence, head) state;
+ * thread = (row group rg = tid/(NC/4) : rows rg + 16·i, i < 8) × (column quad tid%(NC/4)). The
+ * state slice (NC/32 · 16 KiB) is read once into registers (all loads issued before use) and written
+ * once. NC trades blocks (8192 at N 64, H 32, NC 32) against per-block barrier cost; chosen by
+ * kd_decode_nc. */
 __device__ __forceinline__ float kd_ld(st_bf16_t h) { return st_bf(h); }
 __device__ __forceinline__ float kd_ld(float f) { return f; }
 __device__ __forceinline__ void kd_st(st_bf16_t *p, float f) { *p = st_tobf(f); }
@@ -92,23 +94,29 @@ __device__ __forceinline__ void kd_st2(st_bf16_t *p, float a, float b) {
 }
 __device__ __forceinline__ void kd_st2(float *p, float a, float b) { *reinterpret_cast<float2 *>(p) = make_float2(a, b); }
 
-template <typename TI, typename TO>
-__global__ void __launch_bounds__(128) kda_decode_kernel(TO *o, const TI *q, const TI *k, const TI *v, const float *g,
-                                                         const float *beta, float *S, const int *slots, int H,
-                                                         float scale) {
+template <typename TI, typename TO, int NC, bool CS>
+__global__ void __launch_bounds__(4 * NC) kda_decode_kernel(TO *o, const TI *q, const TI *k, const TI *v,
+                                                            const float *g, const float *beta, float *S,
+                                                            const int *slots, int H, float scale) {
+    constexpr int NQ = NC / 4; /* column quads */
     __shared__ float qs[KD], ks[KD], ds[KD];
-    __shared__ float red[16][33];
-    __shared__ float es[32];
-    const int n = blockIdx.z, h = blockIdx.y, v0 = blockIdx.x * 32, tid = threadIdx.x;
-    const int rg = tid >> 3, cq = (tid & 7) * 4;
+    __shared__ float red[16][NC + 1];
+    __shared__ float es[NC];
+    const int n = blockIdx.z, h = blockIdx.y, v0 = blockIdx.x * NC, tid = threadIdx.x;
+    const int rg = tid / NQ, cq = (tid % NQ) * 4;
     const size_t tok = (size_t)n * H + h;
     float *Sp = S + ((size_t)(slots ? slots[n] : n) * H + h) * KD * KD + v0 + cq;
     float4 sr[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) sr[i] = *reinterpret_cast<const float4 *>(Sp + (size_t)(rg + 16 * i) * KD);
-    qs[tid] = kd_ld(q[tok * KD + tid]) * scale;
-    ks[tid] = kd_ld(k[tok * KD + tid]);
-    ds[tid] = __expf(g[tok * KD + tid]);
+    for (int i = 0; i < 8; i++) {
+        const float4 *p = reinterpret_cast<const float4 *>(Sp + (size_t)(rg + 16 * i) * KD);
+        sr[i] = CS ? __ldcs(p) : *p;
+    }
+    if (tid < KD) {
+        qs[tid] = kd_ld(q[tok * KD + tid]) * scale;
+        ks[tid] = kd_ld(k[tok * KD + tid]);
+        ds[tid] = __expf(g[tok * KD + tid]);
+    }
     __syncthreads();
     float p0 = 0, p1 = 0, p2 = 0, p3 = 0;
 #pragma unroll
@@ -120,7 +128,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(TO *o, const TI *q, con
     }
     red[rg][cq] = p0, red[rg][cq + 1] = p1, red[rg][cq + 2] = p2, red[rg][cq + 3] = p3;
     __syncthreads();
-    if (tid < 32) {
+    if (tid < NC) {
         float a = 0;
 #pragma unroll
         for (int r = 0; r < 16; r++) a += red[r][tid];
@@ -135,12 +143,14 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(TO *o, const TI *q, con
         float kc = ks[c], qc = qs[c];
         sr[i].x += kc * e0, sr[i].y += kc * e1, sr[i].z += kc * e2, sr[i].w += kc * e3;
         p0 += qc * sr[i].x, p1 += qc * sr[i].y, p2 += qc * sr[i].z, p3 += qc * sr[i].w;
-        *reinterpret_cast<float4 *>(Sp + (size_t)c * KD) = sr[i];
+        float4 *p = reinterpret_cast<float4 *>(Sp + (size_t)c * KD);
+        if (CS) __stcs(p, sr[i]);
+        else *p = sr[i];
     }
     __syncthreads(); /* red reused */
     red[rg][cq] = p0, red[rg][cq + 1] = p1, red[rg][cq + 2] = p2, red[rg][cq + 3] = p3;
     __syncthreads();
-    if (tid < 32) {
+    if (tid < NC) {
         float a = 0;
 #pragma unroll
         for (int r = 0; r < 16; r++) a += red[r][tid];
@@ -148,25 +158,47 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(TO *o, const TI *q, con
     }
 }
 
+/* NOTE: value columns per block and streaming cache hints (ld/st .cs). STRATA_KDA_DEC_NC (32, 64,
+ * 128) and STRATA_KDA_DEC_CS (0, 1) override them for benchmarks, read on every launch (cheap, and
+ * the benchmark switches them); default: the measured best (docs/perf.md, "KDA decode"). */
+static int kd_decode_nc(int N, int H, bool *cs) {
+    const char *e = getenv("STRATA_KDA_DEC_CS");
+    *cs = e ? atoi(e) != 0 : false;
+    e = getenv("STRATA_KDA_DEC_NC");
+    int f = e ? atoi(e) : 0;
+    if (f == 32 || f == 64 || f == 128) return f;
+    (void)N, (void)H;
+    return 32;
+}
+
+template <typename TI, typename TO>
+static st_status_t kd_decode_launch(const st_gpu_stream_t *s, TO *o, const TI *q, const TI *k, const TI *v,
+                                    const float *g, const float *beta, float *S, const int *slots, int N, int H,
+                                    float scale) {
+    if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
+    if (N == 0) return ST_OK;
+    bool cs;
+    int nc = kd_decode_nc(N, H, &cs);
+    dim3 grid(KD / nc, H, N);
+#define KD_LAUNCH(NC, CS) kda_decode_kernel<TI, TO, NC, CS><<<grid, 4 * NC, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H, scale)
+    if (nc == 128) cs ? KD_LAUNCH(128, true) : KD_LAUNCH(128, false);
+    else if (nc == 64) cs ? KD_LAUNCH(64, true) : KD_LAUNCH(64, false);
+    else cs ? KD_LAUNCH(32, true) : KD_LAUNCH(32, false);
+#undef KD_LAUNCH
+    return ST_LAUNCH_OK("kda_decode_kernel");
+}
+
 extern "C" st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
                                           const st_bf16_t *k, const st_bf16_t *v, const float *g,
                                           const float *beta, float *S, const int *slots, int N, int H,
                                           float scale) {
-    if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
-    if (N == 0) return ST_OK;
-    kda_decode_kernel<st_bf16_t, st_bf16_t>
-        <<<dim3(KD / 32, H, N), 128, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H, scale);
-    return ST_LAUNCH_OK("kda_decode_kernel");
+    return kd_decode_launch(s, o, q, k, v, g, beta, S, slots, N, H, scale);
 }
 
 extern "C" st_status_t st_cuda_kda_decode_f32(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
                                               const float *v, const float *g, const float *beta, float *S,
                                               const int *slots, int N, int H, float scale) {
-    if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
-    if (N == 0) return ST_OK;
-    kda_decode_kernel<float, float><<<dim3(KD / 32, H, N), 128, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H,
-                                                                                   scale);
-    return ST_LAUNCH_OK("kda_decode_kernel<f32>");
+    return kd_decode_launch(s, o, q, k, v, g, beta, S, slots, N, H, scale);
 }
 
 /* ------------------------------------------------------------------ chunked prefill */

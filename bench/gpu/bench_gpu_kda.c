@@ -56,16 +56,25 @@ static void bench_decode(int N, int H) {
     BK(st_cuda_fill_uniform(&bs, S, false, ss, -0.1f, 0.1f, 6));
     st_gpu_timer_t t;
     BK(st_gpu_timer_init(&t));
-    for (int r = 0; r < 3; r++) BK(st_cuda_kda_decode(&bs, o, q, k, v, g, beta, S, NULL, N, H, 0.088f));
-    int it = 50;
-    double ms = 0;
-    BK(st_gpu_timer_start(&t, &bs));
-    for (int r = 0; r < it; r++) BK(st_cuda_kda_decode(&bs, o, q, k, v, g, beta, S, NULL, N, H, 0.088f));
-    BK(st_gpu_timer_stop(&t, &bs, &ms));
-    ms /= it;
-    double bytes = 2.0 * 4 * ss + n * (2 * 4 + 4) + 4.0 * N * H;
-    printf("RESULT kda_decode N=%d H=%d: %.2f us, %.0f GB/s = %.1f%% of copy\n", N, H, ms * 1e3, bytes / (ms * 1e6),
-           100.0 * bytes / (ms * 1e6) / b_copy_gbs);
+    /* each (value columns per block, streaming hint) variant, then the default choice */
+    static const char *ncs[] = {"32", "64", "128", "32", "64", "128", NULL};
+    for (int vi = 0; vi < 7; vi++) {
+        if (ncs[vi]) setenv("STRATA_KDA_DEC_NC", ncs[vi], 1), setenv("STRATA_KDA_DEC_CS", vi >= 3 ? "1" : "0", 1);
+        else unsetenv("STRATA_KDA_DEC_NC"), unsetenv("STRATA_KDA_DEC_CS");
+        for (int r = 0; r < 3; r++) BK(st_cuda_kda_decode(&bs, o, q, k, v, g, beta, S, NULL, N, H, 0.088f));
+        int it = 50;
+        double ms = 0;
+        BK(st_gpu_timer_start(&t, &bs));
+        for (int r = 0; r < it; r++) BK(st_cuda_kda_decode(&bs, o, q, k, v, g, beta, S, NULL, N, H, 0.088f));
+        BK(st_gpu_timer_stop(&t, &bs, &ms));
+        ms /= it;
+        double bytes = 2.0 * 4 * ss + n * (2 * 4 + 4) + 4.0 * N * H;
+        char var[32];
+        if (ncs[vi]) snprintf(var, sizeof var, "nc=%s cs=%d", ncs[vi], vi >= 3);
+        else snprintf(var, sizeof var, "default");
+        printf("RESULT kda_decode N=%d H=%d %s: %.2f us, %.0f GB/s = %.1f%% of copy\n", N, H, var, ms * 1e3,
+               bytes / (ms * 1e6), 100.0 * bytes / (ms * 1e6) / b_copy_gbs);
+    }
     st_gpu_timer_cleanup(&t);
     st_gpu_free(q), st_gpu_free(k), st_gpu_free(v), st_gpu_free(o), st_gpu_free(g), st_gpu_free(beta), st_gpu_free(S);
 }

@@ -36,7 +36,7 @@ static st_status_t get_int(json_t *obj, const char *key, const char *path, bool 
 
 static st_status_t get_pos_int(json_t *obj, const char *key, const char *path, bool required, int def,
                                int *out) {
-    int64_t v;
+    int64_t v = 0;
     st_status_t s = get_int(obj, key, path, required, def, &v);
     if (s) return s;
     if (v <= 0 || v > (1 << 30))
@@ -46,7 +46,7 @@ static st_status_t get_pos_int(json_t *obj, const char *key, const char *path, b
 }
 
 static st_status_t get_nonneg_int(json_t *obj, const char *key, const char *path, int def, int *out) {
-    int64_t v;
+    int64_t v = 0;
     st_status_t s = get_int(obj, key, path, false, def, &v);
     if (s) return s;
     if (v < 0 || v > (1 << 30))
@@ -169,7 +169,7 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
     st_config_t z;
     memset(&z, 0, sizeof z);
     st_status_t s;
-    double dv;
+    double dv = 0;
     bool present;
     const char *str;
 
@@ -265,7 +265,7 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
     bool need_dense = z.n_experts == 0 || z.first_k_dense > 0;
     if ((s = get_pos_int(tc, "intermediate_size", "", need_dense, 1, &z.intermediate))) return s;
     if (!need_dense) {
-        int64_t tmp;
+        int64_t tmp = 0;
         if ((s = get_int(tc, "intermediate_size", "", false, 0, &tmp))) return s;
         z.intermediate = tmp > 0 && tmp <= (1 << 30) ? (int)tmp : 0;
     }
