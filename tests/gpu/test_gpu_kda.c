@@ -263,9 +263,15 @@ int main(void) {
     chunked_case("unbounded", unb, 3, 2, G_UNBOUNDED, 1, 10);
     chunked_case("unbounded-carried", unb, 3, 2, G_UNBOUNDED, 2, 11);
 
-    decode_case(1, 1, 2, 20);
-    decode_case(5, 4, 3, 21);
-    decode_case(64, 3, 2, 22);
+    /* every decode block width (value columns per block) and the streaming-hint variant, then the default */
+    static const char *ncs[] = {"32", "64", "128", "128", NULL};
+    for (int vi = 0; vi < 5; vi++) {
+        if (ncs[vi]) setenv("STRATA_KDA_DEC_NC", ncs[vi], 1), setenv("STRATA_KDA_DEC_CS", vi == 3 ? "1" : "0", 1);
+        else unsetenv("STRATA_KDA_DEC_NC"), unsetenv("STRATA_KDA_DEC_CS");
+        decode_case(1, 1, 2, 20);
+        decode_case(5, 4, 3, 21);
+        decode_case(64, 3, 2, 22);
+    }
 
     static const int cl[] = {1, 2, 5, 100, 0};
     conv_case(cl, 5, 200, 4, 30);
