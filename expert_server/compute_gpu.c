@@ -1,5 +1,6 @@
 /* Expert server GPU compute (see compute_gpu.h): expert weights resident on the device as bf16,
- * one dispatch = rows H2D → bf16 → st_cuda_moe_ffn_f32out per expert → fp32 rows D2H. No I/O. */
+ * one dispatch = rows H2D → bf16 → one st_cuda_moe_ffn_table_f32out over all its experts (a device
+ * table of the experts' weight blocks; big experts through cuBLAS) → fp32 rows D2H. No I/O. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,12 +22,14 @@ struct st_es_gpu {
     float *d_in;       // [max_rows, ew] fp32, device
     st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input)
     float *d_out;      // [max_rows, ew] fp32, device
-    int *d_off;        // [max_experts, 2] int32, device: {0, n_k} per dispatched expert (E = 1 launches)
-    void *d_ws;        // FFN workspace, st_cuda_moe_ffn_ws_bytes(max_rows, mi)
+    int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
+    const st_bf16_t **d_tab; // [n_experts, 3] device: {gate, up, down} of each dispatched expert
+    void *d_ws;        // FFN workspace, st_cuda_moe_ffn_hosted_ws_bytes(max_rows, mi)
     size_t ws_bytes;
     st_gpu_arena_t pinned; /* host staging: rows in, rows out, offsets */
     float *h_in, *h_out;
     int *h_off;
+    const st_bf16_t **h_tab;
     /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
     uint8_t *d_mx;
     size_t mx_bytes;
@@ -65,21 +68,25 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         goto err;
     }
     size_t rows_f32 = (size_t)max_rows * g->ew * sizeof(float);
-    g->ws_bytes = st_cuda_moe_ffn_ws_bytes(max_rows, g->mi);
+    g->ws_bytes = st_cuda_moe_ffn_hosted_ws_bytes(max_rows, g->mi);
     size_t me = (size_t)g->mi * g->ew;
     g->mx_bytes = me / 2 + me / 32;
     if ((s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_in_bf, rows_f32 / 2)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_out, rows_f32)) != ST_OK ||
-        (s = st_gpu_malloc((void **)&g->d_off, (size_t)g->n_experts * 2 * sizeof(int))) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_off, ((size_t)g->n_experts + 1) * sizeof(int))) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_tab, (size_t)g->n_experts * 3 * sizeof(void *))) != ST_OK ||
         (s = st_gpu_malloc(&g->d_ws, g->ws_bytes ? g->ws_bytes : 256)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_mx, g->mx_bytes)) != ST_OK)
         goto err;
-    size_t off_bytes = (size_t)g->n_experts * 2 * sizeof(int);
-    if ((s = st_gpu_arena_init(&g->pinned, 2 * align256(rows_f32) + align256(off_bytes), 1)) != ST_OK) goto err;
+    size_t off_bytes = ((size_t)g->n_experts + 1) * sizeof(int), tab_bytes = (size_t)g->n_experts * 3 * sizeof(void *);
+    if ((s = st_gpu_arena_init(&g->pinned, 2 * align256(rows_f32) + align256(off_bytes) + align256(tab_bytes), 1)) !=
+        ST_OK)
+        goto err;
     g->h_in = st_gpu_arena_alloc(&g->pinned, rows_f32);
     g->h_out = st_gpu_arena_alloc(&g->pinned, rows_f32);
     g->h_off = st_gpu_arena_alloc(&g->pinned, off_bytes);
+    g->h_tab = st_gpu_arena_alloc(&g->pinned, tab_bytes);
     *out = g;
     return ST_OK;
 err:
@@ -97,6 +104,7 @@ void st_es_gpu_destroy(st_es_gpu_t *g) {
     st_gpu_free(g->d_in_bf);
     st_gpu_free(g->d_out);
     st_gpu_free(g->d_off);
+    st_gpu_free(g->d_tab);
     st_gpu_free(g->d_ws);
     st_gpu_free(g->d_mx);
     if (g->pinned.base) st_gpu_arena_cleanup(&g->pinned);
@@ -175,29 +183,25 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     if (n == 0) return ST_OK;
     st_status_t s = st_gpu_init(g->dev);
     if (s != ST_OK) return s;
-    /* NOTE: each expert is its own E = 1 launch over its row range: experts are separate device
-     * blocks (bound one by one), so the launcher's [E, w, l] stacking holds only within one. */
+    /* NOTE: experts are separate device blocks (bound one by one): the launcher reads them through
+     * the table, so the whole dispatch is one call whatever its experts. */
+    for (uint32_t k = 0; k <= n_exp; k++) g->h_off[k] = (int)offsets[k];
     for (uint32_t k = 0; k < n_exp; k++) {
-        g->h_off[2 * k] = 0;
-        g->h_off[2 * k + 1] = (int)(offsets[k + 1] - offsets[k]);
+        const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
+        g->h_tab[3 * k] = w, g->h_tab[3 * k + 1] = w + me, g->h_tab[3 * k + 2] = w + 2 * me;
     }
     memcpy(g->h_in, rows, n * ew * sizeof(float));
 #define CK(call)                                                                                                       \
     do {                                                                                                               \
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
-    CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, (size_t)n_exp * 2 * sizeof(int), 1));
+    CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), 1));
+    CK(es_gpu_copy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *), 1));
     CK(es_gpu_copy_async(&g->s, g->d_in, g->h_in, n * ew * sizeof(float), 1));
     CK(es_gpu_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
     bool situ = c->act == ST_ACT_SITU;
-    for (uint32_t k = 0; k < n_exp; k++) {
-        int nk = (int)(offsets[k + 1] - offsets[k]);
-        if (nk == 0) continue;
-        const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
-        size_t r0 = (size_t)offsets[k] * ew;
-        CK(st_cuda_moe_ffn_f32out(&g->s, g->d_out + r0, g->d_in_bf + r0, g->d_off + 2 * k, 1, nk, nk, w, w + me,
-                                  w + 2 * me, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    }
+    CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab, g->ew,
+                                    g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
     CK(es_gpu_copy_async(&g->s, g->h_out, g->d_out, n * ew * sizeof(float), 0));
     CK(st_gpu_stream_sync(&g->s));
 #undef CK

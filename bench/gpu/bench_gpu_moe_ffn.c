@@ -6,6 +6,42 @@
 
 #include "bench_common.h"
 
+/* argv[1]: mask of the hosted path's cuBLAS variants to time (bit v: st_moe_cublas_variant_t v; default
+ * all); argv[2]: the variant of
+ * the "default" hosted lines (default: what st_cuda_moe_ffn_hosted uses) */
+static int b_vmask = 0xe, b_dvar = -1;
+
+/* the hosted path at one configuration: v < 0 → the public wrappers (default variant) */
+typedef struct {
+    const st_bf16_t *x, *w1, *w3, *w2;
+    const int *off;
+    int E, l, w;
+    void *ws;
+    size_t wsb;
+} hosted_ctx_t;
+static st_status_t hosted_call(const hosted_ctx_t *c, void *y, bool f32, const int *hoff, int minr, int v) {
+    if (v >= 0)
+        return st_cuda_moe_ffn_hosted_ex(&bs, y, f32, c->x, c->off, hoff, c->E, minr, c->w1, c->w3, c->w2, c->l, c->w,
+                                         true, 4.f, 25.f, v, c->ws, c->wsb);
+    if (f32)
+        return st_cuda_moe_ffn_hosted_f32out(&bs, y, c->x, c->off, hoff, c->E, minr, c->w1, c->w3, c->w2, c->l, c->w,
+                                             true, 4.f, 25.f, c->ws, c->wsb);
+    return st_cuda_moe_ffn_hosted(&bs, y, c->x, c->off, hoff, c->E, minr, c->w1, c->w3, c->w2, c->l, c->w, true, 4.f,
+                                  25.f, c->ws, c->wsb);
+}
+/* ms per call, or −1 after printing why it failed (one failing variant must not end the run) */
+static double time_hosted(const hosted_ctx_t *c, void *y, bool f32, const int *hoff, int minr, int v) {
+    st_status_t rc = hosted_call(c, y, f32, hoff, minr, v);
+    if (rc == ST_OK) rc = st_gpu_stream_sync(&bs);
+    if (rc != ST_OK) {
+        printf("RESULT moe_ffn_hosted variant %d min_rows %d: FAILED: %s\n", v, minr, st_err_last());
+        return -1;
+    }
+    double ms;
+    BTIME(ms, 20, hosted_call(c, y, f32, hoff, minr, v));
+    return ms;
+}
+
 static void bench_ffn(int E, int tpe, int l, int w) {
     int N = E * tpe;
     st_bf16_t *x = bdev((size_t)N * l * 2), *y = bdev((size_t)N * l * 2);
@@ -25,14 +61,50 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     double fl = 6.0 * N * l * w;
     printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM ceiling\n", E, tpe,
            l, w, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
+    /* the hosted path (row counts on the host): the default (experts with rows·l·w >= 2^30 via cuBLAS),
+     * then every cuBLAS variant with all experts via cuBLAS, bf16 and fp32 y */
+    static const char *vname[] = {"?", "batched", "strided", "per-expert"};
     size_t wsh = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
     void *wsh_p = bdev(wsh);
-    for (int mr = 512; mr <= 2048; mr *= 2) {
-        BTIME(ms, 20, st_cuda_moe_ffn_hosted(&bs, y, x, off, hoff, E, mr, w1, w3, w2, l, w, true, 4.f, 25.f, wsh_p, wsh));
-        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (cuBLAS for experts >= %d rows%s): %.3f ms, %.1f TFLOP/s\n",
-               E, tpe, l, w, mr, tpe >= mr ? ": all" : ": none", ms, fl / (ms * 1e9));
+    float *y32 = bdev((size_t)N * l * 4);
+    hosted_ctx_t hc = {x, w1, w3, w2, off, E, l, w, wsh_p, wsh};
+    const int dmin = st_cuda_moe_ffn_cublas_min_rows(l, w);
+    if ((ms = time_hosted(&hc, y, false, hoff, 0, b_dvar)) > 0)
+        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (default: cuBLAS for experts >= %d rows%s): %.3f ms, %.1f "
+               "TFLOP/s = %.1f%% of GEMM ceiling\n",
+               E, tpe, l, w, dmin, tpe >= dmin ? ": all" : ": none", ms, fl / (ms * 1e9),
+               100.0 * fl / (ms * 1e9) / b_gemm_tflops);
+    if ((ms = time_hosted(&hc, y32, true, hoff, 0, b_dvar)) > 0)
+        printf("RESULT moe_ffn_hosted_f32out E=%d x %d l=%d w=%d (default): %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, ms,
+               fl / (ms * 1e9));
+    for (int v = ST_MOE_CUBLAS_BATCHED; v <= ST_MOE_CUBLAS_PER_EXPERT; v++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            if (!(b_vmask >> v & 1)) continue;
+            if ((ms = time_hosted(&hc, f32 ? (void *)y32 : (void *)y, f32, hoff, 1, v)) > 0)
+                printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (all experts via cuBLAS, %s, y %s): %.3f ms, %.1f "
+                       "TFLOP/s\n",
+                       E, tpe, l, w, vname[v], f32 ? "fp32" : "bf16", ms, fl / (ms * 1e9));
+        }
+    /* uneven counts (0.5, 1.5, 0.75, 1.25 × tpe in turn): the default paths, thresholds, all via cuBLAS */
+    for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + tpe * (int[]){2, 6, 3, 5}[e % 4] / 4;
+    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
+    double fu = 6.0 * hoff[E] * l * w;
+    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, hoff[E], tpe * 3 / 2, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+    printf("RESULT moe_ffn E=%d x %d l=%d w=%d uneven (0.5/1.5/0.75/1.25x): %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, ms,
+           fu / (ms * 1e9));
+    for (int minr = 0; minr <= 1024; minr = minr ? 2 * minr : 32) /* 0: the default rule */
+        if ((ms = time_hosted(&hc, y, false, hoff, minr, b_dvar)) > 0)
+            printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d uneven, cuBLAS for experts >= %d rows%s: %.3f ms, %.1f "
+                   "TFLOP/s\n",
+                   E, tpe, l, w, minr ? minr : dmin, minr ? "" : " (default)", ms, fu / (ms * 1e9));
+    for (int v = ST_MOE_CUBLAS_BATCHED; v <= ST_MOE_CUBLAS_PER_EXPERT; v++) {
+        if (!(b_vmask >> v & 1)) continue;
+        if ((ms = time_hosted(&hc, y, false, hoff, 1, v)) > 0)
+            printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d uneven, all via cuBLAS, %s: %.3f ms, %.1f TFLOP/s\n", E,
+                   tpe, l, w, vname[v], ms, fu / (ms * 1e9));
     }
-    st_gpu_free(wsh_p);
+    for (int e = 0; e <= E; e++) hoff[e] = e * tpe;
+    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
     if (tpe >= 1024) { /* the hosted path's pieces, one expert: where its time goes */
         double mg, ma;
         st_bf16_t *gu = bdev((size_t)tpe * 2 * w * 2), *hh = bdev((size_t)tpe * w * 2);
@@ -48,6 +120,11 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, 2 * tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
     printf("RESULT moe_ffn E=%d x %d l=%d w=%d, odd experts empty (2x on the rest): %.3f ms, %.1f TFLOP/s\n", E, tpe, l,
            w, ms, fl / (ms * 1e9));
+    if ((ms = time_hosted(&hc, y, false, hoff, 0, b_dvar)) > 0)
+        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d, odd experts empty (2x on the rest), default: %.3f ms, %.1f "
+               "TFLOP/s\n",
+               E, tpe, l, w, ms, fl / (ms * 1e9));
+    st_gpu_free(wsh_p), st_gpu_free(y32);
     st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
         st_gpu_free(ws);
     free(hoff);
@@ -106,7 +183,9 @@ static void bench_mla_prefill(int T, int H) {
     st_gpu_free(q), st_gpu_free(k), st_gpu_free(v), st_gpu_free(o);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) b_vmask = (int)strtol(argv[1], NULL, 0);
+    if (argc > 2) b_dvar = atoi(argv[2]);
     bench_init("bench_gpu_moe_ffn", 1);
     bench_ffn(64, 128, 1024, 512);
     bench_ffn(64, 512, 1024, 512);

@@ -1,6 +1,7 @@
 /* Latent-MoE path on the GPU vs the CPU: routing → grouping (offsets and rows exactly), gather
  * (bytes exactly), grouped expert FFN vs st_ffn per expert (bf16 and MXFP4 weights, empty experts,
- * partial tiles), MXFP4 → bf16 vs st_weight_rows_f32 (exactly), combine vs the CPU engine's
+ * partial tiles; the hosted path with its big experts through cuBLAS, every variant, y and ws
+ * poisoned first), MXFP4 → bf16 vs st_weight_rows_f32 (exactly), combine vs the CPU engine's
  * moe_finish loop (bit-exact), quantile router vs st_route_quantile (ids and counts exactly). */
 #include <math.h>
 #include <string.h>
@@ -141,6 +142,8 @@ static void mxfp4_case(int rows, int cols, uint64_t seed) {
 }
 
 /* ---------------- grouped expert FFN ---------------- */
+static int ffn_variant_mask = 0xe; /* hosted-path cuBLAS variants (bit v: st_moe_cublas_variant_t v) to check */
+
 static void ffn_case(int E, const int *counts, int l, int w, bool situ, bool mxfp4, uint64_t seed) {
     st_rng_t r = {seed};
     int *off = gt_xmalloc(sizeof(int) * (E + 1)), maxc = 0;
@@ -209,21 +212,87 @@ static void ffn_case(int E, const int *counts, int l, int w, bool situ, bool mxf
     GT_OK(st_cuda_moe_ffn(&gt_stream, d_y, d_x, d_off, E, N, maxc, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f, d_ws, wsb));
     gt_down(yb, d_y, 2 * (size_t)N * l);
     gt_from_bf(got, yb, (size_t)N * l);
-    char what[160];
+    char what[200];
     snprintf(what, sizeof what, "moe_ffn E=%d N=%d l=%d w=%d %s %s", E, N, l, w, situ ? "situ" : "silu",
              mxfp4 ? "mxfp4" : "bf16");
     if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
-    /* hosted variant: experts with ≥ 100 rows through cuBLAS, the rest grouped */
+    /* hosted path: experts with >= min_rows through cuBLAS (gate/up, one GLU over their rows, down), the
+     * rest grouped; every cuBLAS variant, bf16 and fp32 y; y and the workspace NaN-poisoned first */
     size_t wsh = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
     void *d_wsh = gt_dev(wsh);
+    float *d_yh32 = gt_dev(4 * ((size_t)N * l + 1));
+    static const int mins[] = {1, 100, 0}; /* all via cuBLAS; a mix; the default rule */
+    static const char *vname[] = {"?", "batched", "strided", "per-expert"};
+    for (int mi = 0; mi < 3; mi++)
+        for (int v = ST_MOE_CUBLAS_BATCHED; v <= ST_MOE_CUBLAS_PER_EXPERT; v++)
+            for (int f32 = 0; f32 < 2; f32++) {
+                if (!(ffn_variant_mask >> v & 1)) continue;
+                void *dy = f32 ? (void *)d_yh32 : (void *)d_y;
+                gt_poison(dy, (f32 ? 4 : 2) * ((size_t)N * l + 1));
+                gt_poison(d_wsh, wsh);
+                int nbig = 0, thr = mins[mi] ? mins[mi] : st_cuda_moe_ffn_cublas_min_rows(l, w);
+                for (int e = 0; e < E; e++) nbig += counts[e] > 0 && counts[e] >= thr;
+                st_status_t rc = st_cuda_moe_ffn_hosted_ex(&gt_stream, dy, f32, d_x, d_off, off, E, mins[mi], d_w1,
+                                                           d_w3, d_w2, l, w, situ, 4.f, 25.f, v, d_wsh, wsh);
+                snprintf(what, sizeof what,
+                         "moe_ffn_hosted E=%d N=%d l=%d w=%d %s %s, cuBLAS >= %d rows (%d experts) %s, y %s", E, N,
+                         l, w, situ ? "situ" : "silu", mxfp4 ? "mxfp4" : "bf16", thr, nbig, vname[v],
+                         f32 ? "fp32" : "bf16");
+                CHECK(rc == ST_OK, "%s: %s", what, st_err_last());
+                if (rc != ST_OK) continue;
+                if (f32) {
+                    gt_down(got, d_yh32, 4 * (size_t)N * l);
+                } else {
+                    gt_down(yb, d_y, 2 * (size_t)N * l);
+                    gt_from_bf(got, yb, (size_t)N * l);
+                }
+                if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+            }
+    /* the public wrappers (default variant): experts >= 1 / >= 100 rows via cuBLAS */
+    gt_poison(d_yh32, 4 * ((size_t)N * l + 1));
+    GT_OK(st_cuda_moe_ffn_hosted_f32out(&gt_stream, d_yh32, d_x, d_off, off, E, 1, d_w1, d_w3, d_w2, l, w, situ, 4.f,
+                                        25.f, d_wsh, wsh));
+    gt_down(got, d_yh32, 4 * (size_t)N * l);
+    snprintf(what, sizeof what, "moe_ffn_hosted_f32out E=%d N=%d l=%d w=%d (all cuBLAS)", E, N, l, w);
+    if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
     gt_poison(d_y, 2 * ((size_t)N * l + 1));
     GT_OK(st_cuda_moe_ffn_hosted(&gt_stream, d_y, d_x, d_off, off, E, 100, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f,
                                  d_wsh, wsh));
     gt_down(yb, d_y, 2 * (size_t)N * l);
     gt_from_bf(got, yb, (size_t)N * l);
-    strncat(what, " hosted(cuBLAS >= 100 rows)", sizeof what - strlen(what) - 1);
+    snprintf(what, sizeof what, "moe_ffn_hosted E=%d N=%d l=%d w=%d (cuBLAS >= 100 rows)", E, N, l, w);
     if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
-    st_gpu_free(d_wsh);
+    /* weight-table path (the expert server: experts bound one by one): each expert's {w1, w3, w2}
+     * block placed in reverse expert order in one buffer, pointers in a device table; mins as above */
+    {
+        size_t me = (size_t)w * l, blk = 3 * me;
+        uint16_t *hw = gt_xmalloc(2 * (n13 + n13 + n2)), *hb = gt_xmalloc(2 * blk * E);
+        gt_down(hw, d_w1, 2 * n13), gt_down(hw + n13, d_w3, 2 * n13), gt_down(hw + 2 * n13, d_w2, 2 * n2);
+        for (int e = 0; e < E; e++) {
+            uint16_t *b = hb + (size_t)(E - 1 - e) * blk;
+            memcpy(b, hw + (size_t)e * me, 2 * me);
+            memcpy(b + me, hw + n13 + (size_t)e * me, 2 * me);
+            memcpy(b + 2 * me, hw + 2 * n13 + (size_t)e * me, 2 * me);
+        }
+        uint16_t *d_blk = gt_up(hb, 2 * blk * E);
+        const st_bf16_t **tab = gt_xmalloc(sizeof *tab * 3 * E);
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < 3; k++) tab[3 * e + k] = (const st_bf16_t *)(d_blk + (size_t)(E - 1 - e) * blk + k * me);
+        const st_bf16_t **d_tab = gt_up(tab, sizeof *tab * 3 * E);
+        for (int mi = 0; mi < 3; mi++) {
+            gt_poison(d_yh32, 4 * ((size_t)N * l + 1));
+            gt_poison(d_wsh, wsh);
+            GT_OK(st_cuda_moe_ffn_table_f32out(&gt_stream, d_yh32, d_x, d_off, off, E, mins[mi], d_tab, l, w, situ,
+                                               4.f, 25.f, d_wsh, wsh));
+            gt_down(got, d_yh32, 4 * (size_t)N * l);
+            snprintf(what, sizeof what, "moe_ffn_table_f32out E=%d N=%d l=%d w=%d %s, cuBLAS >= %d rows", E, N, l, w,
+                     mxfp4 ? "mxfp4" : "bf16", mins[mi]);
+            if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+        }
+        st_gpu_free(d_blk), st_gpu_free(d_tab);
+        free(hw), free(hb), free(tab);
+    }
+    st_gpu_free(d_wsh), st_gpu_free(d_yh32);
     /* fp32-output variant: y not rounded */
     float *d_y32 = gt_dev(4 * ((size_t)N * l + 1));
     GT_OK(st_cuda_moe_ffn_f32out(&gt_stream, d_y32, d_x, d_off, E, N, maxc, d_w1, d_w3, d_w2, l, w, situ, 4.f, 25.f,
@@ -272,8 +341,12 @@ static void quantile_case(int T, int n, int kmax, float tau_lo, float tau_hi, bo
     free(s), free(tau), free(w_ref), free(w_got), free(s_host), free(id_ref), free(id_got), free(c_ref), free(c_got);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     gt_init_or_skip("test_gpu_moe_ffn");
+    if (argc > 1) ffn_variant_mask = (int)strtol(argv[1], NULL, 0); /* e.g. 0x4: the strided variant only */
+    CHECK(st_cuda_moe_ffn_cublas_min_rows(2048, 1024) == 512 && st_cuda_moe_ffn_cublas_min_rows(1024, 512) == 2048,
+          "default cuBLAS threshold: %d, %d", st_cuda_moe_ffn_cublas_min_rows(2048, 1024),
+          st_cuda_moe_ffn_cublas_min_rows(1024, 512));
     dispatch_combine_case(1, 4, 16, 64, false, 1);
     dispatch_combine_case(37, 8, 64, 520, false, 2);
     dispatch_combine_case(300, 8, 896, 1024, false, 3);
@@ -297,6 +370,13 @@ int main(void) {
     int c6[16];
     for (int e = 0; e < 16; e++) c6[e] = e == 3 ? 0 : 64 + 29 * e;
     ffn_case(16, c6, 1024, 512, true, false, 6);
+    /* hosted runs: adjacent equal big experts (merged into one cuBLAS batch), an empty and a small one
+     * between big ones, and a last one-row expert */
+    static const int c7[] = {300, 300, 0, 300, 40, 300, 300, 1, 257, 256};
+    ffn_case(10, c7, 256, 128, false, false, 7);
+    int c8[80]; /* 80 distinct counts: more than one chunk of cuBLAS groups (64) when all go to cuBLAS */
+    for (int e = 0; e < 80; e++) c8[e] = e % 7 == 3 ? 0 : 1 + e * 4;
+    ffn_case(80, c8, 64, 32, true, false, 8);
 
     quantile_case(1, 8, 4, 0.4f, 0.6f, true, 1);
     quantile_case(100, 896, 16, 0.85f, 0.95f, true, 2); /* ~8 active of 896 */

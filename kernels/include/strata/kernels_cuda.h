@@ -151,15 +151,48 @@ st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_
                                    const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
                                    size_t ws_bytes);
 /* Same FFN when the row counts are also known on the host (an expert server gets them with the
- * batch): offsets_host [E+1] host memory, equal to offsets (device). Experts with ≥ min_rows_cublas
- * rows (0: 1024) run as cuBLAS GEMMs each (gate and up into a [rows, 2w] buffer, st_cuda_glu, down;
- * wgmma-class speed at large counts), the others through the grouped kernels above. Same result
- * to rounding. ws: st_cuda_moe_ffn_hosted_ws_bytes(N, w), N = offsets_host[E]. */
+ * batch; the engine would need the offsets copied back first): offsets_host [E+1] host memory, equal
+ * to offsets (device), offsets_host[0] = 0, E ≤ 4096.
+ * Routing rule: an expert with ≥ min_rows_cublas rows runs through cuBLAS, every other non-empty
+ * expert through the grouped kernels above; min_rows_cublas 0 → st_cuda_moe_ffn_cublas_min_rows(l, w),
+ * the smallest count with rows·l·w ≥ 2^30 (512 rows at l 2048, w 1024; 2048 at l 1024, w 512): below
+ * that the ~7 µs host cost of each cuBLAS call outweighs its faster GEMMs. The cuBLAS experts go
+ * together: gate and up GEMMs into a [rows, 2w] bf16 buffer (one cublasGemmBatchedEx per run of
+ * adjacent experts with equal rows), ONE GLU kernel over all their rows, the down GEMMs (the same).
+ * Same result to rounding (gate/up are rounded to bf16 before the activation on the cuBLAS experts).
+ * No host sync, no allocation: the pointer arrays cuBLAS reads are written into ws by a kernel.
+ * ws: st_cuda_moe_ffn_hosted_ws_bytes(N, w), N = offsets_host[E], 256-byte aligned. */
+typedef enum {
+    ST_MOE_CUBLAS_BATCHED = 1,   /* cublasGemmBatchedEx per run of adjacent equal-row experts (default) */
+    ST_MOE_CUBLAS_STRIDED = 2,   /* cublasGemmStridedBatchedEx per such run (gate and up apart) */
+    ST_MOE_CUBLAS_PER_EXPERT = 3 /* per expert: gate+up as a batch of 2, then down */
+} st_moe_cublas_variant_t;
+#define ST_MOE_FFN_CUBLAS_VARIANT ST_MOE_CUBLAS_BATCHED /* what the two wrappers below use */
+int st_cuda_moe_ffn_cublas_min_rows(int l, int w);
 size_t st_cuda_moe_ffn_hosted_ws_bytes(int N, int w);
 st_status_t st_cuda_moe_ffn_hosted(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
                                    const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *w1,
                                    const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
                                    float b2, void *ws, size_t ws_bytes);
+/* The same with y [N, l] fp32 (as st_cuda_moe_ffn_f32out). */
+st_status_t st_cuda_moe_ffn_hosted_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
+                                          const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *w1,
+                                          const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ,
+                                          float b1, float b2, void *ws, size_t ws_bytes);
+/* The same as st_cuda_moe_ffn_hosted_f32out with each expert's weights anywhere on the device: tab
+ * (device) [E][3] = {w1 [w, l], w3 [w, l], w2 [l, w]} of expert e (the expert server binds experts
+ * one by one). One call for a whole dispatch: the grouped kernels read the table per tile, the
+ * cuBLAS pointer arrays are built from it (batched variant). */
+st_status_t st_cuda_moe_ffn_table_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
+                                         const int *offsets_host, int E, int min_rows_cublas,
+                                         const st_bf16_t *const *tab, int l, int w, bool situ, float b1, float b2,
+                                         void *ws, size_t ws_bytes);
+/* Both of the above with the output type (y bf16, or fp32 if y_f32) and the variant chosen (tests and
+ * benchmarks compare the variants). */
+st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
+                                      const int *offsets, const int *offsets_host, int E, int min_rows_cublas,
+                                      const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l, int w,
+                                      bool situ, float b1, float b2, int variant, void *ws, size_t ws_bytes);
 
 /* ---------------- router, quantile mode (SPEC §7; kernels/router_q.cu) ---------------- */
 /* scores [T, n] fp32: router logits in, σ(logits) out (in place). Expert j active iff s_j ≥ tau[j]
@@ -187,6 +220,23 @@ st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *stats, float
 st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *out, st_bf16_t *out_bf, const float *partial,
                                    const float *stats, const float *acc, const float *w_eff_q, int q, int Q, int T,
                                    int d, float eps);
+/* The engine's forms (one block per token; docs/perf.md "Block AttnRes two-phase"):
+ * Phase 1 with the block push folded in: block i < m−1 at blocks + i·bstride ([T, d] fp32 rows, bstride in
+ * floats ≥ T·d), the newest block read from newest [T, d] fp32 and written to blocks + (m−1)·bstride by the
+ * same loads (newest NULL: all m blocks are in the list, nothing written). Outputs as st_cuda_attnres_phase1.
+ * Same as copying newest into its slot, then st_attnres_phase1 over the m list blocks. qpb: queries per
+ * thread block (0: chosen by size; tests and benchmarks force 1 … Q). */
+st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, float *stats, float *acc, float *blocks,
+                                        size_t bstride, const float *newest, int m, const float *w_eff, int Q, int T,
+                                        int d, float eps, int qpb);
+/* Phase 2 fused with the RMSNorm that follows it: for output row i < n_rows (source row r = rows[i], or i
+ * when rows is NULL), h = st_attnres_phase2 of partial row r with query q's state (stats/acc/w_eff_q as
+ * st_cuda_attnres_phase2; stats NULL: h = partial row r, a plain RMSNorm), then xn [n_rows, d] bf16 =
+ * bf16(st_rmsnorm(h; norm_w [d] fp32, norm_eps)); xlo (may be NULL) = bf16 of the remainder v − xn. */
+st_status_t st_cuda_attnres_phase2_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo,
+                                           const float *partial, const float *stats, const float *acc,
+                                           const float *w_eff_q, int q, int Q, const float *norm_w, const int *rows,
+                                           int n_rows, int d, float ar_eps, float norm_eps);
 
 /* ---------------- MLA causal prefill, direct form, NoPE (SPEC §4; kernels/mla_prefill.cu) ------- */
 /* One sequence: T queries at positions n−T .. n−1 over keys 0..n−1, causal (query t sees keys
