@@ -1,155 +1,330 @@
 /* MLA absorbed decode on the GPU (SPEC §4): MQA of H query heads over a paged latent cache of rows
- * [c̃ (512) ; k_pe (64)] bf16, split-KV (FlashMLA-like): each block scores one split of one
- * sequence for 16 heads on tensor cores, keeps an online softmax, and a second kernel merges the
- * splits. CPU reference: st_mla_attn_absorbed (kernels/mla.c). */
+ * [c̃ (512) ; k_pe (64)] bf16, split-KV (FlashMLA-like): each block takes one split of one sequence
+ * for up to 64 heads (the cache is read once per 64 heads; H > 64 runs ceil(H/64) head groups, fewer
+ * heads are zero-padded), 64-token tiles, QKᵀ and P·C̃ on Hopper wgmma (sm_90a; mma.sync where that is
+ * not compiled in), online softmax in registers; a second kernel merges the splits.
+ * CPU reference: st_mla_attn_absorbed (kernels/mla.c). */
 #include "cuda_common.cuh"
 
 #define DR 576 /* key width: kv_lora 512 + rope 64 */
 #define DVL 512
-#define TK 32 /* tokens per tile */
-#define LDR (DR + 8)
-#define LDP (TK + 8)
-
-struct MlaSmem {
-    st_bf16_t Qs[16 * LDR];
-    st_bf16_t Ks[2][TK * LDR];
-    float Ss[16][TK + 1];
-    st_bf16_t Ps[16 * LDP];
-    float alpha[16], m[16], l[16];
-};
+#define SPLIT_ALIGN 32 /* the caller's split_len must be a multiple of this (API) */
 
 __device__ __forceinline__ void mla_cp16(void *dst, const void *src, bool valid) {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
 }
 
-/* grid (n_splits, B, ceil(H/16)), 128 threads. ws_acc [B, H, n_splits, 512] fp32 (unnormalised
- * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p). */
-__global__ void __launch_bounds__(128) mla_decode_split_kernel(const st_bf16_t *__restrict__ q,
-                                                               const st_bf16_t *__restrict__ pool,
-                                                               const int *__restrict__ block_table,
-                                                               const int *__restrict__ seqlens, int H, int page_size,
-                                                               int max_pages, int split_len, int n_splits, float scale,
-                                                               float *ws_acc, float *ws_ml) {
-    extern __shared__ __align__(16) unsigned char smraw[];
-    MlaSmem &sm = *reinterpret_cast<MlaSmem *>(smraw);
-    const int split = blockIdx.x, b = blockIdx.y, h0 = blockIdx.z * 16;
+/* ---------------- 64 heads per block, 64-token tiles, softmax in registers ----------------
+ * 8 warps (2 warpgroups); warp w owns the 16 heads hg = w & 3 and the half h = w >> 2 (its warpgroup).
+ * QKᵀ: warpgroup h scores tokens [32h, 32h+32) of the tile for all 64 heads with a chain of wgmma
+ * m64n32k16 (Q and K from shared memory), so warp (hg, h) holds S for its 16 heads × 32 tokens in the
+ * mma.sync accumulator layout. The two warps of a head group swap row maxima and bf16 P halves through
+ * shared memory; then warpgroup h accumulates P·C̃ for dims [256h, 256h+256) with wgmma m64n256k16
+ * (P from registers, C̃ = the same K tile read N-major). Q and the K tiles sit in shared memory in the
+ * wgmma 128-byte-swizzle layout: 9 column blocks of 64 elements, each [64 rows][128 B] with the
+ * 16-byte chunk index XORed with row % 8 (conflict-free for the ldmatrix fallback too). Two K buffers:
+ * tile t+1's paged rows (cp.async) are gathered behind tile t's QKᵀ wgmmas, and tile t's P·C̃ is left in
+ * flight until tile t+1's QKᵀ is queued behind it.
+ * Measured on the H200 (bench_gpu_mla, 2026-11-30), B=64 ctx=32K H=64: all mma.sync 218 TFLOP/s;
+ * wgmma QKᵀ 280; wgmma QKᵀ + P·C̃ 340; + overlaps above 360 (70% of copy). */
+#define TK2 64
+#define NH2 64                /* heads per block */
+#define NT2 256               /* threads per block */
+#define NCH (DR / 8)          /* 16-byte chunks per row */
+#define CB_BYTES (64 * 128)   /* one column block of a 64-row operand */
+#define OPND_BYTES (DR * 2 * 64) /* a 64-row operand: 73728 B */
+#define LDP2 72               /* P row stride (bf16), padded: conflict-free stores and ldmatrix */
+
+/* wgmma needs the sm_90a target (kernels/CMakeLists.txt builds 90a) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_WGMMA 1
+#else
+#define MLA_WGMMA 0
+#endif
+
+struct MlaSmem2 {
+    unsigned char Qs[OPND_BYTES];
+    unsigned char Ks[2][OPND_BYTES];
+    st_bf16_t Ps[4][16 * LDP2];
+    float red[8][16];
+};
+
+/* byte offset of (row r, 16-byte chunk c) in a 64-row operand */
+__device__ __forceinline__ unsigned mla_swz(int r, int c) {
+    return (unsigned)((c >> 3) * CB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+__device__ __forceinline__ void mla_ldsm4(uint32_t r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mla_ldsm4t(uint32_t r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mla_pair_bar(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
+
+#if MLA_WGMMA
+/* smem matrix descriptor, 128-byte swizzle: K-major operands use lbo 16 (unused), sbo 1024 (8-row
+ * groups); N-major ones lbo = the 64-column block stride, sbo 1024 (8-row groups along K) */
+__device__ __forceinline__ uint64_t mla_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void mla_wgmma_n32(float d[4][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(da), "l"(db), "r"(1));
+}
+/* d[64 × 256] += A[64 × 16] · B[16 × 256]: A from registers (per warp the mma.sync A fragment of its
+ * 16 rows), B in shared memory N-major (128-byte swizzle: 64-column blocks LBO apart, 8-row groups SBO
+ * apart) */
+__device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t a[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+          "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+          "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+          "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+          "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+          "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#endif
+
+/* grid (n_splits, B, ceil(H / 64)), 256 threads. ws_acc [B, H, n_splits, 512] fp32 (unnormalised
+ * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p); splits past seqlens[b] write nothing. */
+__global__ void __launch_bounds__(NT2, 1)
+    mla_decode_heads_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
+                            const int *__restrict__ block_table, const int *__restrict__ seqlens, int H, int page_size,
+                            int max_pages, int split_len, int n_splits, float scale_log2, float *ws_acc,
+                            float *ws_ml) {
+    constexpr int TPR = NT2 / TK2; /* loader threads per row */
+    extern __shared__ __align__(1024) unsigned char smraw[];
+    /* the swizzle pattern repeats every 1024 B: align the operands to that */
+    unsigned char *smal = smraw + ((1024 - ((unsigned)__cvta_generic_to_shared(smraw) & 1023)) & 1023);
+    MlaSmem2 &sm = *reinterpret_cast<MlaSmem2 *>(smal);
+    const int split = blockIdx.x, b = blockIdx.y, h0 = blockIdx.z * NH2;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int hg = w & 3, half = w >> 2;
     const int n = seqlens[b];
     const int s0 = split * split_len, s1 = min(n, s0 + split_len);
+    if (s0 >= s1) return; /* the combine kernel reads only the splits that hold rows */
     const int *bt = block_table + (size_t)b * max_pages;
-    for (int i = tid; i < 16 * (DR / 8); i += 128) {
-        int r = i / (DR / 8), ch = (i % (DR / 8)) * 8;
+    const unsigned q_base = (unsigned)__cvta_generic_to_shared(sm.Qs);
+    const unsigned k_base0 = (unsigned)__cvta_generic_to_shared(sm.Ks[0]);
+    const unsigned p_base = (unsigned)__cvta_generic_to_shared(sm.Ps[hg]);
+
+    for (int i = tid; i < NH2 * NCH; i += NT2) {
+        int r = i / NCH, c = i % NCH;
         bool ok = h0 + r < H;
-        mla_cp16(sm.Qs + r * LDR + ch, q + ((size_t)b * H + (ok ? h0 + r : 0)) * DR + ch, ok);
+        mla_cp16(sm.Qs + mla_swz(r, c), q + ((size_t)b * H + (ok ? h0 + r : 0)) * DR + c * 8, ok);
     }
-    if (tid < 16) sm.m[tid] = -INFINITY, sm.l[tid] = 0.f;
-    const int ntiles = s1 > s0 ? (s1 - s0 + TK - 1) / TK : 0;
+    const int ntiles = (s1 - s0 + TK2 - 1) / TK2;
+    const int lr = tid / TPR, lc0 = tid % TPR; /* loader: row lr of the tile, chunks lc0 + TPR·i */
     auto load_tile = [&](int tt, int buf) {
-        for (int i = tid; i < TK * (DR / 8); i += 128) {
-            int r = i / (DR / 8), ch = (i % (DR / 8)) * 8, j = s0 + tt * TK + r;
-            bool ok = j < s1;
-            int jj = ok ? j : s0;
-            const st_bf16_t *row = pool + ((size_t)bt[jj / page_size] * page_size + jj % page_size) * DR;
-            mla_cp16(sm.Ks[buf] + r * LDR + ch, row + ch, ok);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
-    float acc[16][4];
+        const int j = s0 + tt * TK2 + lr;
+        const bool ok = j < s1;
+        const int jj = ok ? j : s0;
+        const st_bf16_t *row = pool + ((size_t)bt[jj / page_size] * page_size + jj % page_size) * DR;
+        unsigned char *dst = sm.Ks[buf];
 #pragma unroll
-    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    if (ntiles > 0) load_tile(0, 0);
-    else asm volatile("cp.async.commit_group;\n" ::);
+        for (int i = 0; i < NCH / TPR; i++) {
+            int c = lc0 + TPR * i;
+            mla_cp16(dst + mla_swz(lr, c), row + c * 8, ok);
+        }
+    };
+    load_tile(0, 0);
+    asm volatile("cp.async.commit_group;\n" ::);
+
+    float acc[32][4];
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gq, gq+8; m in log2 units */
+
+    /* per-lane ldmatrix coordinates */
+    const int a_row = hg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chk = lane >> 4;   /* Q, A operand */
+    const int b_tok = half * 32 + (lane & 7) + (lane >> 4) * 8, b_chk = (lane >> 3) & 1; /* K, B operand */
+    const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8, v_chk = half * 32 + (lane >> 4); /* C̃ (trans) */
+    const int p_row = (lane & 7) + ((lane >> 3) & 1) * 8, p_col = (lane >> 4) * 8;       /* P, A operand */
+    (void)a_row, (void)a_chk, (void)b_tok, (void)b_chk, (void)v_tok, (void)v_chk;
+
     for (int tt = 0; tt < ntiles; tt++) {
         const int buf = tt & 1;
-        if (tt + 1 < ntiles) {
-            load_tile(tt + 1, buf ^ 1);
-            asm volatile("cp.async.wait_group 1;\n" ::);
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#if MLA_WGMMA
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async data → wgmma */
+#endif
+        __syncthreads(); /* tile tt (and Q) visible */
+        const unsigned kb = k_base0 + buf * OPND_BYTES;
+
+        /* S = Q Kᵀ: 16 heads × 32 tokens per warp */
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#if MLA_WGMMA
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < DR / 16; kk++) {
+            const unsigned off = (kk >> 2) * CB_BYTES + (kk & 3) * 32;
+            mla_wgmma_n32(s, mla_desc(q_base + off, 16, 1024), mla_desc(kb + off + half * 32 * 128, 16, 1024));
         }
-        __syncthreads();
-        /* scores: warp w → tokens [8w, 8w+8) of the tile, 16 heads */
-        {
-            float c4[4] = {0, 0, 0, 0};
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (tt > 0) {
+            /* P·C̃ of tile tt−1 (still in flight, ahead of these QKᵀ wgmmas) must be done in every
+             * warp before its buffer takes tile tt+1 */
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            __syncthreads();
+        }
+        /* the next tile's gathers overlap the tensor work */
+        if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#else
+        if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1); /* P·C̃ below is synchronous: buffer free */
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
 #pragma unroll 4
-            for (int kk = 0; kk < DR / 16; kk++) {
-                uint32_t a[4], bb[2];
-                st_frag_a(a, sm.Qs, LDR, 0, kk * 16);
-                st_frag_b(bb, sm.Ks[buf], LDR, w * 8, kk * 16);
-                st_mma16816(c4, a, bb);
+        for (int kk = 0; kk < DR / 16; kk++) {
+            uint32_t a[4], b0[4], b1[4];
+            mla_ldsm4(a, q_base + mla_swz(a_row, kk * 2 + a_chk));
+            mla_ldsm4(b0, kb + mla_swz(b_tok, kk * 2 + b_chk));
+            mla_ldsm4(b1, kb + mla_swz(b_tok + 16, kk * 2 + b_chk));
+            st_mma16816(s[0], a, b0);
+            st_mma16816(s[1], a, b0 + 2);
+            st_mma16816(s[2], a, b1);
+            st_mma16816(s[3], a, b1 + 2);
+        }
+#endif
+        /* online softmax in registers (base 2) */
+        const int tok0 = s0 + tt * TK2 + half * 32;
+        const bool full = tok0 + 32 <= s1;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const bool ok = full || tok0 + nt * 8 + tq * 2 + (e & 1) < s1;
+                s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
+                if (e < 2) mx0 = fmaxf(mx0, s[nt][e]);
+                else mx1 = fmaxf(mx1, s[nt][e]);
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = gq + (i >> 1) * 8, col = w * 8 + tq * 2 + (i & 1);
-                sm.Ss[r][col] = s0 + tt * TK + col < s1 ? c4[i] * scale : -INFINITY;
+        for (int o = 1; o <= 2; o <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+        }
+        if (tq == 0) sm.red[w][gq] = mx0, sm.red[w][gq + 8] = mx1;
+        mla_pair_bar(1 + hg);
+        mx0 = fmaxf(mx0, sm.red[w ^ 4][gq]);
+        mx1 = fmaxf(mx1, sm.red[w ^ 4][gq + 8]);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); /* finite: every tile holds a row */
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        uint32_t pa[2][4]; /* own P as A fragments of k-steps 2·half, 2·half+1 */
+        float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const float p0 = exp2f(s[nt][0] - mn0), p1 = exp2f(s[nt][1] - mn0);
+            const float p2 = exp2f(s[nt][2] - mn1), p3 = exp2f(s[nt][3] - mn1);
+            ps0 += p0 + p1, ps1 += p2 + p3;
+            const uint32_t lo = st_pack_bf2(p0, p1), hi = st_pack_bf2(p2, p3);
+            pa[nt >> 1][(nt & 1) * 2 + 0] = lo;
+            pa[nt >> 1][(nt & 1) * 2 + 1] = hi;
+            st_bf16_t *pr = sm.Ps[hg] + gq * LDP2 + half * 32 + nt * 8 + tq * 2;
+            *reinterpret_cast<uint32_t *>(pr) = lo;
+            *reinterpret_cast<uint32_t *>(pr + 8 * LDP2) = hi;
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* skipped when no row max of the warp moved */
+#pragma unroll
+            for (int i = 0; i < 32; i++) acc[i][0] *= al0, acc[i][1] *= al0, acc[i][2] *= al1, acc[i][3] *= al1;
+        }
+        mla_pair_bar(1 + hg);
+        /* acc (16 heads × dims [256·half, +256)) += P · C̃ */
+        uint32_t pb[2][4]; /* the partner's P: k-steps 2·(1−half), 2·(1−half)+1 */
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            mla_ldsm4(pb[j], p_base + (unsigned)((p_row * LDP2 + ((1 - half) * 2 + j) * 16 + p_col) * 2));
+#if MLA_WGMMA
+        uint32_t a[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[ks][i] = (ks >> 1) == half ? pa[ks & 1][i] : pb[ks & 1][i];
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+            mla_wgmma_n256_rs(acc, a[ks], mla_desc(kb + half * 4 * CB_BYTES + ks * 16 * 128, CB_BYTES, 1024));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); /* waited for in the next tile */
+#else
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            uint32_t a[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = (ks >> 1) == half ? pa[ks & 1][i] : pb[ks & 1][i];
+#pragma unroll
+            for (int np = 0; np < 16; np++) {
+                uint32_t bb[4];
+                mla_ldsm4t(bb, kb + mla_swz(ks * 16 + v_tok, v_chk + np * 2));
+                st_mma16816(acc[np * 2], a, bb);
+                st_mma16816(acc[np * 2 + 1], a, bb + 2);
             }
         }
-        __syncthreads();
-        /* online softmax: 8 threads per head row, 4 tokens each */
-        {
-            const int r = tid >> 3, sub = tid & 7;
-            float mx = -INFINITY;
+#endif
+    }
+#if MLA_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+    /* row sums: over the quad, then over the pair */
 #pragma unroll
-            for (int j = 0; j < 4; j++) mx = fmaxf(mx, sm.Ss[r][sub * 4 + j]);
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_old = sm.m[r], m_new = fmaxf(m_old, mx);
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float p = __expf(sm.Ss[r][sub * 4 + j] - m_new);
-                sum += p;
-                sm.Ps[r * LDP + sub * 4 + j] = st_tobf(p);
-            }
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            __syncwarp();
-            if (sub == 0) {
-                float al = __expf(m_old - m_new);
-                sm.alpha[r] = al;
-                sm.l[r] = sm.l[r] * al + sum;
-                sm.m[r] = m_new;
-            }
-        }
-        __syncthreads();
-        /* acc (16 heads × dims [128w, 128w+128)) = α·acc + P·C̃ */
-        {
-            const float a0 = sm.alpha[gq], a1 = sm.alpha[gq + 8];
-#pragma unroll
-            for (int i = 0; i < 16; i++) acc[i][0] *= a0, acc[i][1] *= a0, acc[i][2] *= a1, acc[i][3] *= a1;
-#pragma unroll
-            for (int ks = 0; ks < TK / 16; ks++) {
-                uint32_t a[4];
-                st_frag_a(a, sm.Ps, LDP, 0, ks * 16);
-#pragma unroll
-                for (int nt = 0; nt < 16; nt++) {
-                    uint32_t bb[2];
-                    const st_bf16_t *p = sm.Ks[buf] + (ks * 16 + (lane & 15)) * LDR + w * 128 + nt * 8;
-                    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                                 : "=r"(bb[0]), "=r"(bb[1])
-                                 : "r"(addr));
-                    st_mma16816(acc[nt], a, bb);
-                }
-            }
-        }
-        __syncthreads(); /* Ks[buf] free for the load two tiles on */
+    for (int o = 1; o <= 2; o <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o);
     }
     __syncthreads();
+    if (tq == 0) sm.red[w][gq] = l0, sm.red[w][gq + 8] = l1;
+    __syncthreads();
+    const float LN2 = 0.69314718055994531f;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        const int r = gq + hf * 8, h = h0 + r;
+        const int r = gq + hf * 8, h = h0 + hg * 16 + r;
         if (h >= H) continue;
-        float *dst = ws_acc + (((size_t)b * H + h) * n_splits + split) * DVL + w * 128;
+        float *dst = ws_acc + (((size_t)b * H + h) * n_splits + split) * DVL + half * 256;
 #pragma unroll
-        for (int nt = 0; nt < 16; nt++)
+        for (int nt = 0; nt < 32; nt++)
             *reinterpret_cast<float2 *>(dst + nt * 8 + tq * 2) = make_float2(acc[nt][hf * 2], acc[nt][hf * 2 + 1]);
-    }
-    if (tid < 16 && h0 + tid < H) {
-        float *ml = ws_ml + (((size_t)b * H + h0 + tid) * n_splits + split) * 2;
-        ml[0] = sm.m[tid];
-        ml[1] = sm.l[tid];
+        if (half == 0 && tq == 0) {
+            float *ml = ws_ml + (((size_t)b * H + h) * n_splits + split) * 2;
+            ml[0] = (hf ? m1 : m0) * LN2;
+            ml[1] = sm.red[w][r] + sm.red[w ^ 4][r];
+        }
     }
 }
 
@@ -180,28 +355,59 @@ extern "C" size_t st_cuda_mla_decode_ws_bytes(int B, int H, int max_ctx, int spl
     return (size_t)B * H * ns * (DVL + 2) * sizeof(float) + 256;
 }
 
+/* Split length for the all-heads kernel: a multiple of the caller's split_len (so the workspace sized
+ * for split_len suffices), at most cap unless split_len is larger, minimising
+ * waves × (tiles per block + a per-block overhead of ~3 tiles: Q load, workspace write, combine)
+ * for sequences of max_ctx rows. */
+static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int cap) {
+    int best = split_len;
+    long best_cost = -1;
+    for (long sl = split_len; sl == split_len || sl <= cap; sl += split_len) {
+        long ns = (max_ctx + sl - 1) / sl;
+        if (ns < 1) ns = 1;
+        long waves = ((long)B * G * ns + nsm - 1) / nsm;
+        long tiles = ((sl < max_ctx ? sl : max_ctx) + TK2 - 1) / TK2;
+        long cost = waves * (tiles + 3);
+        if (best_cost < 0 || cost <= best_cost) best_cost = cost, best = (int)sl;
+        if (sl >= max_ctx) break;
+    }
+    return best;
+}
+
+/* Longest split the launcher makes (tokens); see mla_pick_split. */
+#define MLA_SPLIT_CAP 8192
+
 extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const st_bf16_t *q_abs,
                                           const st_bf16_t *pool, const int *block_table, const int *seqlens, int B,
                                           int H, int page_size, int max_pages, int max_ctx, int split_len, float scale,
                                           void *ws, size_t ws_bytes) {
-    if (B < 0 || H <= 0 || page_size <= 0 || split_len <= 0 || split_len % TK || max_ctx < 0 || B > 65535)
+    if (B < 0 || H <= 0 || page_size <= 0 || split_len <= 0 || split_len % SPLIT_ALIGN || max_ctx < 0 || B > 65535)
         return ST_FAIL(ST_ERR_INVALID_ARG, "mla_decode: B=%d H=%d page=%d split=%d (multiple of %d)", B, H, page_size,
-                       split_len, TK);
+                       split_len, SPLIT_ALIGN);
     if (B == 0) return ST_OK;
-    int ns = (max_ctx + split_len - 1) / split_len;
-    if (ns < 1) ns = 1;
     if (ws_bytes < st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len))
         return ST_FAIL(ST_ERR_INVALID_ARG, "mla_decode: workspace %zu < %zu bytes", ws_bytes,
                        st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len));
+    const int G = (H + NH2 - 1) / NH2;
+    int dev = 0, nsm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || nsm <= 0) {
+        (void)cudaGetLastError();
+        nsm = 132;
+    }
+    const int sl = mla_pick_split(B, G, max_ctx, split_len, nsm, MLA_SPLIT_CAP);
+    int ns = (max_ctx + sl - 1) / sl;
+    if (ns < 1) ns = 1;
     float *ws_acc = (float *)ws, *ws_ml = ws_acc + (size_t)B * H * ns * DVL;
-    size_t smem = sizeof(MlaSmem);
+    const size_t smem = sizeof(MlaSmem2) + 1024; /* + slack for the 1024-byte alignment */
     st_status_t rc = ST_CUDA_CHECK(
-        cudaFuncSetAttribute(mla_decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaFuncSetAttribute(mla_decode_heads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
-    mla_decode_split_kernel<<<dim3(ns, B, (H + 15) / 16), 128, smem, ST_STREAM(s)>>>(
-        q_abs, pool, block_table, seqlens, H, page_size, max_pages, split_len, ns, scale, ws_acc, ws_ml);
-    rc = ST_LAUNCH_OK("mla_decode_split_kernel");
+    mla_decode_heads_kernel<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H,
+                                                                         page_size, max_pages, sl, ns,
+                                                                         scale * 1.4426950408889634f, ws_acc, ws_ml);
+    rc = ST_LAUNCH_OK("mla_decode_heads_kernel");
     if (rc) return rc;
-    mla_decode_combine_kernel<<<dim3(H, B), 128, 0, ST_STREAM(s)>>>(o_lat, ws_acc, ws_ml, seqlens, H, split_len, ns);
+    mla_decode_combine_kernel<<<dim3(H, B), 128, 0, ST_STREAM(s)>>>(o_lat, ws_acc, ws_ml, seqlens, H, sl, ns);
     return ST_LAUNCH_OK("mla_decode_combine_kernel");
 }

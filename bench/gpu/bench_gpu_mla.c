@@ -1,5 +1,6 @@
 /* MLA absorbed decode bandwidth: B sequences × ctx tokens of 576-wide bf16 latent rows in 64-row
- * pages, H query heads; KV bytes read per time against the copy ceiling. */
+ * pages, H query heads; KV bytes read per time against the copy ceiling, tensor rate against the
+ * cuBLAS bf16 GEMM ceiling, and against the roofline min(copy, GEMM / (2·H·1088/1152 FLOP/B)). */
 #include <math.h>
 
 #include "bench_common.h"
@@ -19,29 +20,28 @@ static void bench(int B, int ctx, int H, int split) {
     size_t wsb = st_cuda_mla_decode_ws_bytes(B, H, ctx, split);
     void *ws = bdev(wsb);
     const float sc = 1.f / sqrtf(192.f);
-    for (int r = 0; r < 2; r++) BK(st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
-    st_gpu_timer_t t;
-    BK(st_gpu_timer_init(&t));
-    int it = 10;
     double ms;
-    BK(st_gpu_timer_start(&t, &bs));
-    for (int r = 0; r < it; r++) BK(st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
-    BK(st_gpu_timer_stop(&t, &bs, &ms));
-    ms /= it;
-    printf("RESULT mla_decode B=%d ctx=%d H=%d split=%d: %.3f ms, %.0f GB/s KV read = %.1f%% of copy, %.1f TFLOP/s\n", B,
-           ctx, H, split, ms, kvb / (ms * 1e6), 100.0 * kvb / (ms * 1e6) / b_copy_gbs,
-           2.0 * rows * H * (576 + 512) / (ms * 1e9));
-    st_gpu_timer_cleanup(&t);
+    BTIME(ms, 5, st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
+    const double gbs = kvb / (ms * 1e6), tfl = 2.0 * rows * H * (576 + 512) / (ms * 1e9);
+    const double roof = fmin(b_copy_gbs, b_gemm_tflops * 1e3 / (2.0 * H * (576 + 512) / 1152.0));
+    printf("RESULT mla_decode B=%d ctx=%d H=%d split=%d: %.3f ms, %.0f GB/s KV read = %.1f%% of copy, %.1f TFLOP/s = "
+           "%.1f%% of GEMM, %.1f%% of roofline\n",
+           B, ctx, H, split, ms, gbs, 100.0 * gbs / b_copy_gbs, tfl, 100.0 * tfl / b_gemm_tflops, 100.0 * gbs / roof);
     st_gpu_free(pool), st_gpu_free(q), st_gpu_free(o), st_gpu_free(bt), st_gpu_free(len), st_gpu_free(ws);
     free(hbt), free(hlen);
 }
 
 int main(void) {
-    bench_init("bench_gpu_mla", 0);
-    bench(64, 32768, 16, 1024);
-    bench(64, 32768, 16, 2048);
+    bench_init("bench_gpu_mla", 1);
+    bench(64, 32768, 16, 1024); /* H ≤ 16: 16-head kernel */
     bench(64, 4096, 16, 256);
-    bench(16, 32768, 64, 1024);
-    bench(64, 32768, 128, 1024);
+    bench(16, 32768, 64, 1024); /* H > 16: all-heads kernel (split coarsened by the launcher) */
+    bench(64, 4096, 64, 512);
+    bench(64, 32768, 64, 512);
+    bench(128, 4096, 64, 512);
+    bench(128, 32768, 64, 512);
+    bench(64, 4096, 128, 512);
+    bench(64, 32768, 128, 512);
+    bench(128, 32768, 128, 512);
     return 0;
 }

@@ -1,5 +1,7 @@
 /* MLA absorbed decode on the GPU vs st_mla_attn_absorbed over a paged cache (pages shuffled in the
- * pool), odd head counts (padding of the 16-head groups), one-row contexts, several splits. */
+ * pool), head counts that pad the 64-head blocks (1, 7, 16, 20, 48), H = 128 (two 64-head blocks per
+ * split), 16-row pages, one-row and empty contexts, a 32K context over many splits, a batch of 128;
+ * outputs and workspace start NaN-poisoned. */
 #include <math.h>
 
 #include "gpu_test.h"
@@ -62,5 +64,12 @@ int main(void) {
     mla_case(l3, 3, 20, 16, 1024, 3);
     mla_case(l4, 4, 7, 64, 256, 4);
     mla_case(l4, 4, 64, 64, 1024, 5);
+    static const int l5[] = {4096, 1000, 1}, l6[] = {32768};
+    mla_case(l5, 3, 128, 64, 512, 6);  /* all-heads kernel, 2 head groups */
+    mla_case(l5, 3, 48, 16, 96, 7);    /* 64-head block with 16 padded heads, 16-row pages */
+    mla_case(l6, 1, 64, 64, 512, 8);   /* 64 splits of one 32K sequence */
+    int l7[128];
+    for (int b = 0; b < 128; b++) l7[b] = b == 5 ? 0 : 1 + (b * 37) % 700;
+    mla_case(l7, 128, 64, 64, 256, 9); /* batch 128, one empty sequence */
     return st_test_done();
 }
