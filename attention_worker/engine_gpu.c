@@ -16,6 +16,8 @@
 #define L2_EPS 1e-6f
 #define MLA_SPLIT 512     /* split-KV length of the absorbed decode kernel */
 #define LOGIT_ROWS 256    /* lm_head rows per chunk */
+#define EGPU_PROF_EVENTS 4096 /* timing events per profiled step (STRATA_EGPU_PROF) */
+#define EGPU_GATE_NS 200000000LL /* the profiling gate lets go by itself after 200 ms */
 
 typedef struct {
     float *in_norm, *post_norm; /* [d] */
@@ -78,6 +80,15 @@ struct st_egpu {
     bool kda_rec;  /* STRATA_EGPU_KDA_REC=1: prompts through the recurrent glue kernel (comparisons) */
     int xsplit;    /* STRATA_EGPU_XSPLIT=1: GEMM inputs as bf16 hi + lo, two passes (see lin2); 2: also the
                     * MLA q_a / ō inputs, fp32 MLA (mla32) and the fp32 recurrence for prompts (kda_rec) */
+    bool ar_v1;    /* STRATA_EGPU_AR_V1=1: the first AttnRes kernels (copy + eg_attnres_phase1, eg_resnorm_v1) */
+    /* STRATA_EGPU_PROF=1 (engine_gpu.h): events [EGPU_PROF_EVENTS] and the group each one opens,
+     * pinned gate words [2]; pf_step: the step in flight is profiled */
+    bool prof, prof_paused, pf_step, pf_gate_held;
+    void **pf_ev;
+    unsigned char *pf_grp;
+    int pf_n, pf_cur, *pf_gate;
+    double pf_t0;
+    st_egpu_prof_t pf;
     st_trace_hook_t trace; /* test-only (engine.h) */
     void *trace_ctx;
     float *tr_f;    /* host [max_batch_tokens, tr_w] */
@@ -149,6 +160,7 @@ struct st_egpu_mb {
     } while (0)
 
 static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal);
+static inline void prof_release(st_egpu_t *g);
 
 /* ------------------------------------------------------------------ uploads */
 
@@ -350,9 +362,15 @@ static st_status_t build_attnres(st_egpu_t *g, const st_engine_w_t *W) {
     return s;
 }
 
+static st_egpu_t *prof_engine; /* the engine created with STRATA_EGPU_PROF (one per process) */
+
 void st_egpu_destroy(st_egpu_t *g) {
     if (!g) return;
     st_egpu_mb_destroy(g->mb);
+    if (g->pf_ev) eg_events_destroy(g->pf_ev, EGPU_PROF_EVENTS);
+    free(g->pf_ev), free(g->pf_grp);
+    eg_host_free(g->pf_gate);
+    if (prof_engine == g) prof_engine = NULL;
     for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
     free(g->allocs);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
@@ -387,6 +405,10 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
     ev = getenv("STRATA_EGPU_XSPLIT");
     g->xsplit = ev ? atoi(ev) : 0;
     if (g->xsplit >= 2) g->mla32 = g->kda_rec = true;
+    ev = getenv("STRATA_EGPU_AR_V1");
+    g->ar_v1 = ev && atoi(ev) != 0;
+    ev = getenv("STRATA_EGPU_PROF");
+    g->prof = ev && atoi(ev) != 0;
     int kmax = g->o.k_max > 0 ? g->o.k_max : 2 * c->top_k;
     g->o.k_max = ST_MIN(kmax, ST_MAX(c->n_experts, 1));
     g->kcap = ST_MAX(c->top_k, g->o.routing == ST_ROUTE_QUANTILE ? g->o.k_max : 0);
@@ -457,13 +479,28 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
         s = mb_create(g, &g->mb, true);
         if (s != ST_OK) goto err;
     }
+    if (g->prof && prof_engine) {
+        st_log_error("gpu engine: STRATA_EGPU_PROF: another engine of this process profiles; not this one");
+        g->prof = false;
+    }
+    if (g->prof) {
+        g->pf_ev = calloc(EGPU_PROF_EVENTS, sizeof(void *));
+        g->pf_grp = calloc(EGPU_PROF_EVENTS, 1);
+        if (!g->pf_ev || !g->pf_grp) s = ST_FAIL(ST_ERR_NO_MEMORY, "gpu engine: profiling tables");
+        if (s == ST_OK) s = eg_events_create(g->pf_ev, EGPU_PROF_EVENTS);
+        if (s == ST_OK) s = eg_host_alloc((void **)&g->pf_gate, 2 * sizeof(int));
+        if (s != ST_OK) goto err;
+        g->pf_gate[0] = 1, g->pf_gate[1] = 0;
+        prof_engine = g;
+    }
     char dev[256];
     st_gpu_describe(dev, sizeof dev);
     st_log_info("gpu engine on %s: %d layers (%d KDA, %d MLA), %d seqs × %d ctx, %d tokens/step, state %.1f MiB, "
-                "cache %.1f MiB (%d pages of %d rows), experts %s, weights uploaded in %.1f s",
+                "cache %.1f MiB (%d pages of %d rows), experts %s, weights uploaded in %.1f s%s%s",
                 dev, c->n_layers, g->n_kda, g->n_mla, M, g->o.max_ctx, g->o.max_batch_tokens,
                 (double)(sbytes + cbytes) / (1 << 20), (double)kvbytes / (1 << 20), g->n_pages, g->page_size,
-                g->grouped ? "grouped (st_cuda_moe_ffn)" : "per-expert cuBLAS", st_time_sec() - t0);
+                g->grouped ? "grouped (st_cuda_moe_ffn)" : "per-expert cuBLAS", st_time_sec() - t0,
+                g->ar_v1 ? ", AttnRes v1 kernels" : "", g->prof ? ", per-op GPU timing on" : "");
     *out = g;
     return ST_OK;
 err:
@@ -558,6 +595,7 @@ static void gtrace(st_egpu_mb_t *mb, int l, int pt, void *src, bool bf16, int w,
     if (!g->trace) return;
     int T = mb->T;
     size_t es = bf16 ? 2 : 4, bytes = ((size_t)(T - 1) * ld + w) * es;
+    prof_release(g); /* NOTE: before any copy to pageable memory too: such a copy waits for the stream */
     CK(eg_memcpy_async(&g->s, g->tr_raw, src, bytes, 2));
     CK(st_gpu_stream_sync(&g->s));
     for (int t = 0; t < T; t++)
@@ -569,6 +607,78 @@ static void gtrace(st_egpu_mb_t *mb, int l, int pt, void *src, bool bf16, int w,
         CK(eg_memcpy_async(&g->s, src, g->tr_f, (size_t)T * w * sizeof(float), 1));
         CK(st_gpu_stream_sync(&g->s));
     }
+}
+
+/* ------------------------------------------------------------------ per-op GPU timing (STRATA_EGPU_PROF) */
+
+static const char *const prof_names[ST_EGPU_PROF_N] = {"attnres_phase1", "attnres_norm", "ref_norm", "norm",
+                                                       "kda_core", "mla_core", "trunk_gemm", "router",
+                                                       "experts", "combine", "lm_head", "other",
+                                                       "embed"};
+const char *st_egpu_prof_name(int group) { return group >= 0 && group < ST_EGPU_PROF_N ? prof_names[group] : "?"; }
+st_egpu_t *st_egpu_prof_engine(void) { return prof_engine; }
+void st_egpu_prof_pause(st_egpu_t *g, bool paused) {
+    if (g) g->prof_paused = paused;
+}
+void st_egpu_prof_take(st_egpu_t *g, st_egpu_prof_t *out) {
+    if (!g) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = g->pf;
+    memset(&g->pf, 0, sizeof g->pf);
+}
+
+static void prof_mark_slow(st_egpu_t *g, int grp) {
+    if (g->pf_n >= EGPU_PROF_EVENTS - 1) { /* the last event is the step's end */
+        g->pf.overflows++;
+        return;
+    }
+    if (eg_event_record(g->pf_ev[g->pf_n], &g->s) != ST_OK) return;
+    g->pf_grp[g->pf_n++] = (unsigned char)grp;
+    g->pf_cur = grp;
+}
+/* The ops queued from here on belong to group grp (until the next mark). */
+static inline void prof_mark(st_egpu_t *g, int grp) {
+    if (g->pf_step && g->pf_cur != grp) prof_mark_slow(g, grp);
+}
+/* Before any host sync of a profiled step: let the gate go. */
+static inline void prof_release(st_egpu_t *g) {
+    if (g->pf_gate_held) {
+        __atomic_store_n(&g->pf_gate[0], 1, __ATOMIC_SEQ_CST);
+        g->pf_gate_held = false;
+    }
+}
+static void prof_begin(st_egpu_mb_t *mb) {
+    st_egpu_t *g = mb->g;
+    g->pf_step = g->prof && !g->prof_paused && mb->internal;
+    if (!g->pf_step) return;
+    g->pf_n = 0;
+    g->pf_cur = -1;
+    g->pf_t0 = st_time_sec();
+    __atomic_store_n(&g->pf_gate[0], 0, __ATOMIC_SEQ_CST);
+    g->pf_gate_held = eg_gate(&g->s, g->pf_gate, EGPU_GATE_NS) == ST_OK;
+    if (!g->pf_gate_held) g->pf_gate[0] = 1;
+}
+/* After the step's last op is queued: the end event; after the sync: the sums. */
+static void prof_end_queue(st_egpu_t *g) {
+    if (!g->pf_step) return;
+    if (g->pf_n > 0 && eg_event_record(g->pf_ev[g->pf_n], &g->s) != ST_OK) g->pf_n = 0;
+    prof_release(g);
+}
+static void prof_end_sum(st_egpu_mb_t *mb) {
+    st_egpu_t *g = mb->g;
+    if (!g->pf_step) return;
+    for (int i = 0; i < g->pf_n; i++) {
+        double ms = eg_event_ms(g->pf_ev[i], g->pf_ev[i + 1]);
+        if (ms > 0) g->pf.ms[g->pf_grp[i]] += ms;
+    }
+    g->pf.wall_ms += (st_time_sec() - g->pf_t0) * 1e3;
+    g->pf.steps++;
+    g->pf.tokens += mb->T;
+    g->pf.gate_timeouts += g->pf_gate[1];
+    g->pf_gate[1] = 0;
+    g->pf_step = false;
 }
 
 /* ------------------------------------------------------------------ micro-batch buffers */
@@ -770,6 +880,8 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
     mb->busy = true;
     mb->err = ST_OK;
     mb->t0 = st_time_sec();
+    prof_begin(mb);
+    prof_mark(g, ST_EGPU_PROF_EMBED);
     CK(eg_memcpy_async(&g->s, d, h, words * sizeof(int), 1));
     CK(eg_embed(&g->s, mb->partial, g->embed, mb->d_tok, T, g->c.d));
     return ST_OK;
@@ -788,15 +900,45 @@ static st_status_t lin2(st_egpu_mb_t *mb, float *y, int ldy, float beta, const s
 #define XLO(mb) ((mb)->g->xsplit ? (mb)->xn_lo : NULL)
 #define LO(mb, f) ((mb)->g->xsplit ? (mb)->f : NULL)
 
+/* xn [n_rows, d] = RMSNorm(h; norm_w), h = the partial merged with AttnRes query q of the current
+ * block set (mb->nb > 0), else the partial (first layer, no AttnRes). Profiled: the fused kernel is
+ * timed as AR_NORM and followed by a plain RMSNorm of the same rows into xf (REF_NORM; xf is free
+ * until finish_step), so that the fused kernel's AttnRes part = AR_NORM − REF_NORM. */
+static void resnorm(st_egpu_mb_t *mb, st_bf16_t *xn, st_bf16_t *xlo, int q, const float *norm_w, const int *rows,
+                    int n_rows, bool head) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    int d = c->d;
+    st_status_t (*fn)(const st_gpu_stream_t *, st_bf16_t *, st_bf16_t *, const float *, const float *, const float *,
+                      const float *, int, int, const float *, const int *, int, int, float, float) =
+        g->ar_v1 ? eg_resnorm_v1 : eg_resnorm;
+    if (c->attn_res_block <= 0 || mb->nb == 0) {
+        if (!head) prof_mark(g, ST_EGPU_PROF_NORM);
+        CK(fn(s, xn, xlo, mb->partial, NULL, NULL, NULL, 0, 1, norm_w, rows, n_rows, d, c->rms_eps, c->rms_eps));
+        return;
+    }
+    const gbq_t *bq = &g->bq[mb->nb - 1];
+    if (!head) prof_mark(g, ST_EGPU_PROF_AR_NORM);
+    CK(fn(s, xn, xlo, mb->partial, mb->stats, mb->acc, bq->w + (size_t)q * d, q, bq->Q, norm_w, rows, n_rows, d,
+          c->rms_eps, c->rms_eps));
+    if (g->pf_step && !head) {
+        prof_mark(g, ST_EGPU_PROF_REF_NORM);
+        CK(fn(s, mb->xf, NULL, mb->partial, NULL, NULL, NULL, 0, 1, norm_w, rows, n_rows, d, c->rms_eps, c->rms_eps));
+    }
+}
+
 static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
     int ks = g->layer_slot[l];
+    prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->qkv, 3 * P, 0.f, mb->xn, XLO(mb), d, G->w_qkv, T, 3 * P, d));
     CK(lin2(mb, mb->aux, G->naux, 0.f, mb->xn, XLO(mb), d, G->w_aux, T, G->naux, d));
     CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
+    prof_mark(g, ST_EGPU_PROF_KDA);
     CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
     CK(eg_conv_silu32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
@@ -821,12 +963,14 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(st_cuda_kda_chunked_f32o(s, mb->o32, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                                     mb->n_seqs, H, scale));
     gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
+    prof_mark(g, ST_EGPU_PROF_GEMM);
     if (G->w_gb) { /* low rank: g_b (g_a x); g_a x is a GEMM input, so bf16 */
         CK(eg_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
         CK(eg_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
     } else {
         CK(lin2(mb, mb->gate, P, 0.f, mb->xn, XLO(mb), d, G->w_g, T, P, d));
     }
+    prof_mark(g, ST_EGPU_PROF_KDA);
     CK(eg_kda_out_gate32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
@@ -837,10 +981,13 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, d = c->d, H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope;
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
+    prof_mark(g, ST_EGPU_PROF_GEMM);
     if (c->q_lora_rank > 0) {
         CK(lin2(mb, mb->cq32, c->q_lora_rank, 0.f, mb->xn, XLO(mb), d, G->w_qa, T, c->q_lora_rank, d));
         st_bf16_t *cqlo = g->xsplit >= 2 ? mb->cq_lo : NULL;
+        prof_mark(g, ST_EGPU_PROF_NORM);
         CK(eg_rmsnorm32(s, mb->cq, cqlo, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
+        prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->qm32, H * dqk, 0.f, mb->cq, cqlo, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
     } else {
         CK(lin2(mb, mb->qm32, H * dqk, 0.f, mb->xn, XLO(mb), d, G->w_q, T, H * dqk, d));
@@ -848,6 +995,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_MLA_Q, mb->qm32, false, H * dqk, H * dqk, false);
     CK(lin2(mb, mb->ckv, R, 0.f, mb->xn, XLO(mb), d, G->w_kva, T, R, d));
     const int *bt = mb->d_btab + (size_t)m * mb->n_seqs * g->pps;
+    prof_mark(g, ST_EGPU_PROF_MLA);
     CK(eg_mla_kv_store(s, g->kv_pool, g->mla32, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                        g->page_size, T, kvr, R, MLA_NORM_EPS));
     /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h.
@@ -879,7 +1027,9 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         if (g->xsplit >= 2)
             CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                                    (long long)kvw * kvr, true, T, dv, kvr, H));
+        prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->gate, H * dv, 0.f, mb->xn, XLO(mb), d, G->w_mg, T, H * dv, d));
+        prof_mark(g, ST_EGPU_PROF_MLA);
         CK(eg_mul_sigmoid32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, (size_t)T * H * dv));
     } else if (g->xsplit) {
         CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
@@ -900,9 +1050,12 @@ static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     int T = mb->T, d = c->d;
+    prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->h2, 2 * w, 0.f, mb->xn, XLO(mb), d, gu, T, 2 * w, d));
+    prof_mark(g, ST_EGPU_PROF_OTHER);
     CK(eg_glu32(&g->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
                 c->situ_beta2));
+    prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->partial, d, 1.f, mb->hh, LO(mb, hh_lo), w, down, T, d, w));
 }
 
@@ -911,6 +1064,7 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, n = c->n_experts, k = c->top_k, kc = g->kcap;
+    prof_mark(g, ST_EGPU_PROF_ROUTER);
     CK(lin2(mb, mb->scores, n, 0.f, mb->xn, XLO(mb), c->d, G->router, T, n, c->d));
     /* σ in place and the top-k choice (used unless quantile thresholds are set) */
     CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, mb->scores, G->router_bias, T, n, k, c->renormalize,
@@ -921,6 +1075,7 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
         CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
         CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+        prof_release(g); /* pinned copies: asynchronous */
         CK(st_gpu_stream_sync(s));
         if (quantile) {
             int km = g->o.k_max;
@@ -954,6 +1109,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, kc = g->kcap, E = c->n_experts, ew = st_config_expert_width(c), mi = c->moe_inter;
     bool situ = c->act == ST_ACT_SITU;
+    prof_mark(g, ST_EGPU_PROF_EXPERTS);
     CK(eg_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
     CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
 #ifdef ST_EGPU_HAVE_MOE_FFN
@@ -967,6 +1123,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     {
     /* NOTE: per-expert cuBLAS calls need the group sizes on the host: one sync per MoE layer */
     CK(eg_memcpy_async(s, mb->offsets_h, mb->offsets, (size_t)(E + 1) * sizeof(int), 2));
+    prof_release(g);
     CK(st_gpu_stream_sync(s));
     size_t es = (size_t)mi * ew;
     int N = mb->offsets_h[E];
@@ -997,11 +1154,13 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c), d = c->d;
     const float *yg = mb->local_done ? mb->yg : NULL;
     const float *yf = mb->local_done ? NULL : mb->eout;
+    prof_mark(g, ST_EGPU_PROF_COMBINE);
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
     if (c->latent > 0) {
         CK(eg_moe_combine(s, mb->un, LO(mb, un_lo), NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
                           c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
+        prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->partial, d, 1.f, mb->un, LO(mb, un_lo), ew, G->lat_up, T, d, ew));
     } else {
         CK(eg_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
@@ -1014,23 +1173,20 @@ static void finish_step(st_egpu_mb_t *mb) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int d = c->d, V = c->vocab, nr = mb->n_rows;
-    if (c->attn_res_block > 0) {
-        const gbq_t *bq = &g->bq[mb->nb - 1];
-        CK(eg_resnorm(s, mb->xf, LO(mb, xf_lo), mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_out * d, g->q_out, bq->Q,
-                      g->final_norm, mb->d_rows, nr, d, c->rms_eps, c->rms_eps));
-    } else {
-        CK(eg_resnorm(s, mb->xf, LO(mb, xf_lo), mb->partial, NULL, NULL, NULL, 0, 1, g->final_norm, mb->d_rows, nr, d, c->rms_eps,
-                      c->rms_eps));
-    }
+    prof_mark(g, ST_EGPU_PROF_HEAD);
+    resnorm(mb, mb->xf, LO(mb, xf_lo), g->q_out, g->final_norm, mb->d_rows, nr, true);
     int LR = ST_MIN(mb->T, LOGIT_ROWS);
     for (int r0 = 0; r0 < nr; r0 += LR) {
         int rows = ST_MIN(LR, nr - r0);
         CK(lin2(mb, mb->lg, V, 0.f, mb->xf + (size_t)r0 * d, g->xsplit ? mb->xf_lo + (size_t)r0 * d : NULL, d,
                 g->lm_head, rows, V, d));
+        prof_release(g); /* the copy to the caller's pageable buffer waits for the stream */
         CK(eg_memcpy_async(s, mb->logits + (size_t)r0 * V, mb->lg, (size_t)rows * V * sizeof(float), 2));
         CK(st_gpu_stream_sync(s)); /* lg is reused by the next chunk; the caller's buffer is pageable */
     }
+    prof_end_queue(g);
     CK(st_gpu_stream_sync(s));
+    prof_end_sum(mb);
     for (int i = 0; i < mb->n_seqs; i++) {
         g->seq_len[mb->ents[i].slot] += mb->ents[i].n;
         g->seq_busy[mb->ents[i].slot] = false;
@@ -1074,41 +1230,36 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
         const gl_t *G = &g->L[l];
         gtrace(mb, l, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
         /* attention side */
-        if (B > 0 && mb->nb > 0) {
-            const gbq_t *bq = &g->bq[mb->nb - 1];
-            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_attn[l] * d, g->q_attn[l],
-                          bq->Q, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
-        } else {
-            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d, c->rms_eps, c->rms_eps));
-        }
+        resnorm(mb, mb->xn, XLO(mb), g->q_attn[l], G->in_norm, NULL, T, false);
         gtrace(mb, l, ST_TRACE_XN_ATTN, mb->xn, true, d, d, false);
         bool pushed = B > 0 && l % B == 0;
-        if (pushed) {
+        if (pushed) { /* the partial becomes block nb; phase 1 for the next B layers' queries */
             size_t bs = (size_t)g->o.max_batch_tokens * d;
-            CK(eg_memcpy_async(s, mb->blocks + mb->nb * bs, mb->partial, Td * sizeof(float), 0));
             mb->nb++;
             const gbq_t *bq = &g->bq[mb->nb - 1];
-            CK(eg_attnres_phase1(s, mb->stats, mb->acc, mb->blocks, bs, mb->nb, bq->w, bq->Q, T, d, c->rms_eps));
+            prof_mark(g, ST_EGPU_PROF_AR_P1);
+            if (g->ar_v1) {
+                CK(eg_memcpy_async(s, mb->blocks + (mb->nb - 1) * bs, mb->partial, Td * sizeof(float), 0));
+                CK(eg_attnres_phase1(s, mb->stats, mb->acc, mb->blocks, bs, mb->nb, bq->w, bq->Q, T, d, c->rms_eps));
+            } else {
+                CK(st_cuda_attnres_phase1_push(s, mb->stats, mb->acc, mb->blocks, bs, mb->partial, mb->nb, bq->w, bq->Q,
+                                               T, d, c->rms_eps, 0));
+            }
         }
         int ow = c->is_mla[l] ? c->mla_heads * c->v_head_dim : g->P;
         if (c->is_mla[l]) mla_layer(mb, G, l);
         else kda_layer(mb, G, l);
         /* o-projection straight into the residual stream: partial = a (block start) or += a */
+        prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->partial, d, pushed ? 0.f : 1.f, mb->o, LO(mb, o_lo), ow, G->w_o, T, d, ow));
         gtrace(mb, l, ST_TRACE_PARTIAL_MID, mb->partial, false, d, d, true);
         /* MLP side */
-        if (B > 0) {
-            const gbq_t *bq = &g->bq[mb->nb - 1];
-            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, mb->stats, mb->acc, bq->w + (size_t)g->q_mlp[l] * d, g->q_mlp[l],
-                          bq->Q, G->post_norm, NULL, T, d, c->rms_eps, c->rms_eps));
-        } else {
-            CK(eg_resnorm(s, mb->xn, XLO(mb), mb->partial, NULL, NULL, NULL, 0, 1, G->post_norm, NULL, T, d, c->rms_eps,
-                          c->rms_eps));
-        }
+        resnorm(mb, mb->xn, XLO(mb), g->q_mlp[l], G->post_norm, NULL, T, false);
         gtrace(mb, l, ST_TRACE_XN_MLP, mb->xn, true, d, d, false);
         if (st_config_is_moe_layer(c, l)) {
             route(mb, G, l);
             int ew = st_config_expert_width(c);
+            prof_mark(g, ST_EGPU_PROF_GEMM);
             if (c->latent > 0 && g->xsplit) { /* z is the experts' GEMM input: bf16, from the split x */
                 CK(lin2(mb, mb->z32, ew, 0.f, mb->xn, mb->xn_lo, d, G->lat_down, T, ew, d));
                 CK(eg_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));

@@ -36,6 +36,42 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
 int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work);
 void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work);
 
+/* ---- opt-in per-op GPU timing: STRATA_EGPU_PROF=1 when the engine is created ----
+ * Events around groups of consecutive ops of st_engine_step's walk (created at engine creation,
+ * EGPU_PROF_EVENTS per step; nothing recorded, launched or allocated per step when off; the
+ * micro-batch API is not profiled). So that the events time the GPU's work and not the host's
+ * launch gaps, each profiled step first queues a gate kernel that holds the stream until the host
+ * has queued the step (released before the step's first host sync, bounded by a timeout, counted).
+ * Each RMSNorm fused with AttnRes phase 2 is followed by a plain RMSNorm of the same rows into
+ * scratch (REF_NORM, not part of the step's result): AttnRes's cost in the fused norms is
+ * AR_NORM − REF_NORM (docs/perf.md). One profiling engine per process (st_egpu_prof_engine). */
+typedef enum {
+    ST_EGPU_PROF_AR_P1,    /* AttnRes phase 1 with the block push */
+    ST_EGPU_PROF_AR_NORM,  /* RMSNorms fused with AttnRes phase 2 (the whole kernels) */
+    ST_EGPU_PROF_REF_NORM, /* a plain RMSNorm of the same rows (reference; not a step op) */
+    ST_EGPU_PROF_NORM,     /* other RMSNorms of the walk (first layer, MLA q_a) */
+    ST_EGPU_PROF_KDA,      /* KDA core: gate, conv, prep, recurrence / chunked / decode, output norm and gate */
+    ST_EGPU_PROF_MLA,      /* MLA core: cache write, absorption, attention, W_UV, output gate */
+    ST_EGPU_PROF_GEMM,     /* trunk GEMMs: projections, o, dense / shared FFN, latent down and up */
+    ST_EGPU_PROF_ROUTER,   /* router GEMM, top-k, weights */
+    ST_EGPU_PROF_EXPERTS,  /* grouping, gather, routed expert FFN */
+    ST_EGPU_PROF_COMBINE,  /* combine (+ latent norm) */
+    ST_EGPU_PROF_HEAD,     /* output AttnRes + final norm, lm_head, logits to the host */
+    ST_EGPU_PROF_OTHER,    /* FFN GLU */
+    ST_EGPU_PROF_EMBED,    /* metadata upload, embedding */
+    ST_EGPU_PROF_N
+} st_egpu_prof_group_t;
+typedef struct {
+    double ms[ST_EGPU_PROF_N]; /* GPU milliseconds per group, summed over the steps */
+    double wall_ms;            /* host wall time of the same steps (gated: launch time + GPU time) */
+    long steps, tokens, gate_timeouts, overflows;
+} st_egpu_prof_t;
+const char *st_egpu_prof_name(int group);
+st_egpu_t *st_egpu_prof_engine(void);
+void st_egpu_prof_pause(st_egpu_t *g, bool paused);
+/* the sums since the last take (then reset) */
+void st_egpu_prof_take(st_egpu_t *g, st_egpu_prof_t *out);
+
 /* ---- glue kernels (engine_gpu_kernels.cu); asynchronous on s, device pointers unless noted ---- */
 /* y [T, N] (row stride ldy; fp32 if y_f32 else bf16) = beta·y + x [T, K] (row stride ldx) · Wᵀ,
  * W [N, K] bf16 row-major; fp32 accumulation. beta ∈ {0, 1} (1 only with fp32 y: residual adds). */
@@ -66,16 +102,34 @@ st_status_t eg_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_
 /* partial [T, d] fp32 = E[tok[t]] (E [V, d] bf16) */
 st_status_t eg_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *E, const int *tok, int T, int d);
 /* AttnRes phase 1 over m blocks (block i at blocks + i·bstride, [T, d] fp32) for Q queries w [Q, d]
- * fp32 → stats [T, Q, 2], acc [T, Q, d] (st_attnres_phase1). */
+ * fp32 → stats [T, Q, 2], acc [T, Q, d] (st_attnres_phase1). The first version (one block per token,
+ * one block reduction per (block, query)); the engine runs st_cuda_attnres_phase1_push unless
+ * STRATA_EGPU_AR_V1=1 (comparisons). */
 st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks, size_t bstride,
                               int m, const float *w, int Q, int T, int d, float eps);
 /* xn [n_rows, d] bf16 = RMSNorm(h; norm_w, norm_eps), h = partial row r (rows[i], or i when rows is
  * NULL), merged with the phase-1 state of query q first when stats != NULL (st_attnres_phase2).
  * Split bf16 (xlo != NULL): xlo = bf16(v − xn), so xn + xlo carries v to ~16 bits; the same optional
- * `lo` outputs below. A GEMM then reads both (two passes, fp32 output accumulated). */
+ * `lo` outputs below. A GEMM then reads both (two passes, fp32 output accumulated).
+ * st_cuda_attnres_phase2_rmsnorm (kernels/attnres.cu); eg_resnorm_v1 is the first version (h staged in
+ * shared memory, partial read twice), kept for STRATA_EGPU_AR_V1=1. */
 st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats,
                        const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
                        int n_rows, int d, float ar_eps, float norm_eps);
+st_status_t eg_resnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial,
+                          const float *stats, const float *acc, const float *w_q, int q, int Q, const float *norm_w,
+                          const int *rows, int n_rows, int d, float ar_eps, float norm_eps);
+/* ---- profiling helpers (STRATA_EGPU_PROF): n timing events, pinned host words, the stream gate ---- */
+st_status_t eg_events_create(void **ev, int n);
+void eg_events_destroy(void **ev, int n);
+st_status_t eg_event_record(void *ev, const st_gpu_stream_t *s);
+/* milliseconds from a to b (both completed), or -1 */
+double eg_event_ms(void *a, void *b);
+st_status_t eg_host_alloc(void **p, size_t bytes);
+void eg_host_free(void *p);
+/* Hold the stream until gate[0] != 0 (pinned host word, written by the host) or timeout_ns passed;
+ * a timeout adds 1 to gate[1]. */
+st_status_t eg_gate(const st_gpu_stream_t *s, int *gate, long long timeout_ns);
 /* KDA after the fused q|k|v conv: qkv [T, 3P] bf16 → q, k (L2-normed per head), v [T, P] bf16;
  * beta [T, H] fp32 = σ(aux[t, boff + h]) (aux row stride ldaux, fp32). */
 st_status_t eg_kda_prep(const st_gpu_stream_t *s, st_bf16_t *q, st_bf16_t *k, st_bf16_t *v, float *beta,

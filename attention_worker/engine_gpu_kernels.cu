@@ -202,13 +202,71 @@ __global__ void resnorm_kernel(st_bf16_t *xn, st_bf16_t *xlo, const float *parti
     st_bf16_t *o = xn + (size_t)i * d;
     for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = eg_split(h[c] * rs * nw[c], xlo ? xlo + (size_t)i * d + c : NULL);
 }
-extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats,
-                                  const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
-                                  int n_rows, int d, float ar_eps, float norm_eps) {
+extern "C" st_status_t eg_resnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial,
+                                     const float *stats, const float *acc, const float *w_q, int q, int Q,
+                                     const float *norm_w, const int *rows, int n_rows, int d, float ar_eps,
+                                     float norm_eps) {
     if (n_rows <= 0) return ST_OK;
     resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), ST_STREAM(s)>>>(xn, xlo, partial, stats, acc, w_q, q, Q, norm_w,
                                                                             rows, d, ar_eps, norm_eps);
     return ST_LAUNCH_OK("resnorm_kernel");
+}
+extern "C" st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats,
+                                  const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
+                                  int n_rows, int d, float ar_eps, float norm_eps) {
+    return st_cuda_attnres_phase2_rmsnorm(s, xn, xlo, partial, stats, acc, w_q, q, Q, norm_w, rows, n_rows, d, ar_eps,
+                                          norm_eps);
+}
+
+/* ------------------------------------------------------------------ profiling (STRATA_EGPU_PROF) */
+extern "C" st_status_t eg_events_create(void **ev, int n) {
+    for (int i = 0; i < n; i++) {
+        st_status_t rc = ST_CUDA_CHECK(cudaEventCreate((cudaEvent_t *)&ev[i]));
+        if (rc != ST_OK) {
+            eg_events_destroy(ev, i);
+            return rc;
+        }
+    }
+    return ST_OK;
+}
+extern "C" void eg_events_destroy(void **ev, int n) {
+    for (int i = 0; i < n; i++)
+        if (ev[i]) cudaEventDestroy((cudaEvent_t)ev[i]), ev[i] = NULL;
+}
+extern "C" st_status_t eg_event_record(void *ev, const st_gpu_stream_t *s) {
+    return ST_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, ST_STREAM(s)));
+}
+extern "C" double eg_event_ms(void *a, void *b) {
+    float ms = -1.f;
+    return cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b) == cudaSuccess ? (double)ms : -1.0;
+}
+extern "C" st_status_t eg_host_alloc(void **p, size_t bytes) {
+    return ST_CUDA_CHECK(cudaHostAlloc(p, bytes, cudaHostAllocMapped));
+}
+extern "C" void eg_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+__device__ __forceinline__ long long eg_globaltimer() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__global__ void gate_kernel(volatile int *gate, long long timeout_ns) {
+    long long t0 = eg_globaltimer();
+    while (gate[0] == 0) {
+        if (eg_globaltimer() - t0 > timeout_ns) {
+            gate[1] = gate[1] + 1;
+            break;
+        }
+        __nanosleep(2000);
+    }
+}
+extern "C" st_status_t eg_gate(const st_gpu_stream_t *s, int *gate, long long timeout_ns) {
+    int *dg = NULL;
+    st_status_t rc = ST_CUDA_CHECK(cudaHostGetDevicePointer((void **)&dg, gate, 0));
+    if (rc != ST_OK) return rc;
+    gate_kernel<<<1, 1, 0, ST_STREAM(s)>>>(dg, timeout_ns);
+    return ST_LAUNCH_OK("gate_kernel");
 }
 
 /* ------------------------------------------------------------------ KDA glue */

@@ -2,11 +2,17 @@
  * or /tmp, ~2 GB): prefill of one 8K-token prompt, and decode steps at batch 1, 32 and 256
  * (tokens/s, logits copied to the host as the engine API does). For decode, the memory floor: the
  * bytes a step must move (weights touched, KDA state read and written, MLA cache read) over the
- * copy bandwidth measured in the same run, and measured / floor. */
+ * copy bandwidth measured in the same run, and measured / floor.
+ * Then the engine's per-op GPU time (STRATA_EGPU_PROF, engine_gpu.h) of a profiled prefill and of
+ * profiled decode steps: where the time goes, and Block AttnRes's share of the layer time
+ * (phase 1 + push, plus the fused norms' time over a plain RMSNorm of the same rows). The timed
+ * figures come from unprofiled steps. STRATA_BENCH_AR_V1=1 repeats everything with the first AttnRes
+ * kernels (STRATA_EGPU_AR_V1). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../../attention_worker/engine_gpu.h" /* the profiling interface (internal) */
 #include "bench_common.h"
 #include "strata/base.h"
 #include "strata/engine.h"
@@ -15,6 +21,7 @@
 #define PREFILL 8192
 #define DEC_PROMPT 128
 #define DEC_STEPS 16
+#define PROF_STEPS 8
 
 typedef struct {
     int L, n;
@@ -38,6 +45,39 @@ static double step_all(const int *slots, int B, int *tok) {
     return st_time_sec() - t0;
 }
 
+/* The profile of `what` (steps summed), as a table and the AttnRes RESULT line. */
+static void report_prof(st_egpu_t *g, const char *what, const st_config_t *c) {
+    st_egpu_prof_t p;
+    st_egpu_prof_take(g, &p);
+    if (!g || p.steps == 0) return;
+    double n = (double)p.steps, tot = 0;
+    for (int i = 0; i < ST_EGPU_PROF_N; i++)
+        if (i != ST_EGPU_PROF_REF_NORM) tot += p.ms[i];
+    double plain = p.ms[ST_EGPU_PROF_REF_NORM], fused = p.ms[ST_EGPU_PROF_AR_NORM];
+    double p1 = p.ms[ST_EGPU_PROF_AR_P1], extra = fused - plain, ar = p1 + extra;
+    double walk = tot - p.ms[ST_EGPU_PROF_HEAD] - p.ms[ST_EGPU_PROF_EMBED];
+    printf("profile %s: %ld steps, %.0f tokens/step; GPU time %.3f ms/step (gated wall %.3f ms/step), layer walk "
+           "%.3f ms/step = %.1f us/layer; gate timeouts %ld, event overflows %ld\n",
+           what, p.steps, (double)p.tokens / n, tot / n, p.wall_ms / n, walk / n, 1e3 * walk / n / c->n_layers,
+           p.gate_timeouts, p.overflows);
+    printf("  %-16s %12s %8s\n", "group", "us/step", "share");
+    for (int i = 0; i < ST_EGPU_PROF_N; i++) {
+        double v = i == ST_EGPU_PROF_AR_NORM ? extra : i == ST_EGPU_PROF_REF_NORM ? plain : p.ms[i];
+        const char *nm = i == ST_EGPU_PROF_AR_NORM   ? "attnres_normextra"
+                         : i == ST_EGPU_PROF_REF_NORM ? "norm_attnres_rows"
+                                                      : st_egpu_prof_name(i);
+        printf("  %-18s %10.1f %7.2f%%\n", nm, 1e3 * v / n, 100.0 * v / tot);
+    }
+    printf("  (fused AttnRes norms %.1f us/step = plain RMSNorm of the same rows %.1f + AttnRes extra %.1f)\n",
+           1e3 * fused / n, 1e3 * plain / n, 1e3 * extra / n);
+    printf("RESULT attnres share of layer time, %s: %.2f%% (AttnRes %.2f us/layer of %.1f us/layer GPU time: "
+           "phase 1 + push %.2f us/step, fused-norm extra %.2f us/step; %.2f%% of the step)\n",
+           what, 100.0 * ar / walk, 1e3 * ar / n / c->n_layers, 1e3 * walk / n / c->n_layers, 1e3 * p1 / n,
+           1e3 * extra / n, 100.0 * ar / tot);
+}
+
+static void run_engine(const st_ckpt_t *ck, bool v1);
+
 int main(void) {
     (void)bdev;
     bench_init("bench_gpu_e2e", 0);
@@ -50,6 +90,24 @@ int main(void) {
     BK(st_ckpt_init(&io));
     BK(st_ckpt_open(&ck, dir));
     printf("small checkpoint written in %.1f s\n", st_time_sec() - t0);
+    setenv("STRATA_EGPU_PROF", "1", 0); /* STRATA_EGPU_PROF=0: no profile */
+    run_engine(ck, false);
+    const char *v1 = getenv("STRATA_BENCH_AR_V1");
+    if (v1 && atoi(v1)) {
+        printf("== the same with the first AttnRes kernels (STRATA_EGPU_AR_V1=1)\n");
+        setenv("STRATA_EGPU_AR_V1", "1", 1);
+        run_engine(ck, true);
+        unsetenv("STRATA_EGPU_AR_V1");
+    }
+    st_ckpt_close(ck);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return 0;
+}
+
+static void run_engine(const st_ckpt_t *ck, bool v1) {
+    const char *tag = v1 ? "_arv1" : "";
     const st_config_t *c = st_ckpt_config(ck);
     int V = c->vocab, n_mla = 0, n_kda = 0;
     for (int l = 0; l < c->n_layers; l++) c->is_mla[l] ? n_mla++ : n_kda++;
@@ -61,6 +119,8 @@ int main(void) {
     o.max_ctx = PREFILL + 64;
     o.kv_pages = 4 * n_mla * ((PREFILL + 64) / 64 + 1) + 260 * n_mla * 4;
     BK(st_engine_create(&eng, ck, &o));
+    st_egpu_t *pg = st_egpu_prof_engine();
+    st_egpu_prof_pause(pg, true);
     logits = malloc((size_t)256 * V * sizeof(float));
     int *prompt = malloc(PREFILL * sizeof(int));
     st_rng_t rng = {.s = 99};
@@ -78,8 +138,18 @@ int main(void) {
         st_engine_seq_close(eng, slot);
     }
     double tpre = tp[1] < tp[2] ? tp[1] : tp[2];
-    printf("RESULT e2e_small_prefill_8k %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", PREFILL / tpre,
-           tpre * 1e3, PREFILL, tp[1] * 1e3, tp[2] * 1e3);
+    printf("RESULT e2e_small_prefill_8k%s %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", tag,
+           PREFILL / tpre, tpre * 1e3, PREFILL, tp[1] * 1e3, tp[2] * 1e3);
+    if (pg) { /* one profiled prefill */
+        int slot;
+        BK(st_engine_seq_open(eng, &slot));
+        st_seq_chunk_t ch = {.slot = slot, .n_tokens = PREFILL, .tokens = prompt};
+        st_egpu_prof_pause(pg, false);
+        BK(st_engine_step(eng, &ch, 1, logits));
+        st_egpu_prof_pause(pg, true);
+        st_engine_seq_close(eng, slot);
+        report_prof(pg, v1 ? "prefill 8k (AttnRes v1)" : "prefill 8k", c);
+    }
 
     st_ckpt_sizes_t sz;
     BK(st_ckpt_sizes(ck, &sz));
@@ -125,22 +195,25 @@ int main(void) {
         double kv_bytes = (double)B * n_mla * (ctx + 1.0) * (c->kv_lora_rank + c->qk_rope) * 2;
         double lg_bytes = (double)B * V * 4;
         double floor_s = (w_bytes + S_bytes + kv_bytes + lg_bytes) / (b_copy_gbs * 1e9);
-        printf("RESULT e2e_small_decode_b%d %.0f tok/s (step %.2f ms mean, %.2f best; ctx %d)\n", B, B / mean,
+        printf("RESULT e2e_small_decode_b%d%s %.0f tok/s (step %.2f ms mean, %.2f best; ctx %d)\n", B, tag, B / mean,
                mean * 1e3, best * 1e3, ctx);
-        printf("RESULT e2e_small_decode_b%d_floor %.3f ms (weights %.1f MB incl. %ld expert-layers, state %.1f MB, "
+        printf("RESULT e2e_small_decode_b%d%s_floor %.3f ms (weights %.1f MB incl. %ld expert-layers, state %.1f MB, "
                "cache %.1f MB, logits %.1f MB at %.0f GB/s) measured/floor %.1fx\n",
-               B, floor_s * 1e3, w_bytes / 1e6, experts, S_bytes / 1e6, kv_bytes / 1e6, lg_bytes / 1e6, b_copy_gbs,
+               B, tag, floor_s * 1e3, w_bytes / 1e6, experts, S_bytes / 1e6, kv_bytes / 1e6, lg_bytes / 1e6, b_copy_gbs,
                mean / floor_s);
+        if (pg) {
+            st_egpu_prof_pause(pg, false);
+            for (int s = 0; s < PROF_STEPS; s++) step_all(slots, B, tok);
+            st_egpu_prof_pause(pg, true);
+            char what[64];
+            snprintf(what, sizeof what, "decode b%d%s", B, v1 ? " (AttnRes v1)" : "");
+            report_prof(pg, what, c);
+        }
         for (int i = 0; i < B; i++) st_engine_seq_close(eng, slots[i]);
     }
     st_engine_stats_t st;
     st_engine_get_stats(eng, &st);
     printf("engine: %llu steps, %llu tokens\n", (unsigned long long)st.steps, (unsigned long long)st.tokens);
     st_engine_destroy(eng);
-    st_ckpt_close(ck);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     free(hit.used), free(logits), free(prompt);
-    return 0;
 }
