@@ -15,6 +15,7 @@
 #define MLA_NORM_EPS 1e-6f /* q_a_layernorm / kv_a_layernorm (checkpoint-layout §5.4) */
 #define L2_EPS 1e-6f
 #define MLA_SPLIT 512     /* split-KV length of the absorbed decode kernel */
+#define MLA_DIRECT_MIN 16 /* prompt chunks of at least this many tokens take the MLA direct form (mla_direct) */
 #define LOGIT_ROWS 256    /* lm_head rows per chunk */
 #define EGPU_PROF_EVENTS 4096 /* timing events per profiled step (STRATA_EGPU_PROF) */
 #define EGPU_GATE_NS 200000000LL /* the profiling gate lets go by itself after 200 ms */
@@ -96,6 +97,11 @@ struct st_egpu {
     size_t tr_w;
     void *mla_ws;
     size_t mla_ws_bytes;
+    /* MLA direct form for prompt chunks of ≥ mla_dmin tokens (mla_layer; 0: off, STRATA_EGPU_MLA_DIRECT=0):
+     * one sequence at a time — its cache rows c [max_ctx, R], decompressed Y [max_ctx, H, nope+dv],
+     * K [max_ctx, H, dqk], V [max_ctx, H, dv], output od [max_batch_tokens, H, dv], all bf16 */
+    int mla_dmin;
+    st_bf16_t *dc, *dY, *dK, *dV, *dod;
     /* routing */
     float *tau; /* host [L][n] */
     bool tau_set;
@@ -139,6 +145,7 @@ struct st_egpu_mb {
     int n_seqs, T, n_rows;
     int *d_tok, *d_tok_ent, *d_tok_pos, *d_rows, *d_cu, *d_slot, *d_len, *d_btab; /* into meta_d */
     bool all_decode;
+    int max_len; /* longest sequence of the step (context after it), for the MLA decode split */
     float *logits;
     int l, nb;
     bool waiting, busy, local_done;
@@ -475,6 +482,22 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
         goto err;
     g->mla_ws_bytes = st_cuda_mla_decode_ws_bytes(M, ST_MAX(c->mla_heads, 1), g->o.max_ctx, MLA_SPLIT);
     if ((s = galloc(g, &g->mla_ws, g->mla_ws_bytes)) != ST_OK) goto err;
+    {
+        /* MLA direct form for prompt chunks (mla_direct): the prefill kernel's head shapes, bf16 cache */
+        int dqk = c->qk_nope + c->qk_rope, dv = c->v_head_dim, H = c->mla_heads;
+        bool shape = (dqk == 192 && dv == 128) || (dqk == 128 && dv == 128) || (dqk == 64 && dv == 64) ||
+                     (dqk == 48 && dv == 32);
+        ev = getenv("STRATA_EGPU_MLA_DIRECT");
+        g->mla_dmin = g->n_mla > 0 && shape && !g->mla32 && g->R % 8 == 0 && !(ev && atoi(ev) == 0) ? MLA_DIRECT_MIN : 0;
+        size_t mc = (size_t)g->o.max_ctx;
+        if (g->mla_dmin &&
+            ((s = galloc(g, (void **)&g->dc, mc * g->R * 2)) != ST_OK ||
+             (s = galloc(g, (void **)&g->dY, mc * H * (c->qk_nope + dv) * 2)) != ST_OK ||
+             (s = galloc(g, (void **)&g->dK, mc * H * dqk * 2)) != ST_OK ||
+             (s = galloc(g, (void **)&g->dV, mc * H * dv * 2)) != ST_OK ||
+             (s = galloc(g, (void **)&g->dod, (size_t)g->o.max_batch_tokens * H * dv * 2)) != ST_OK))
+            goto err;
+    }
     if (!g->o.remote_experts) {
         s = mb_create(g, &g->mb, true);
         if (s != ST_OK) goto err;
@@ -854,6 +877,7 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
         slot[i] = en->slot;
         len[i] = en->pos0 + en->n;
         if (en->n != 1) mb->all_decode = false;
+        mb->max_len = i == 0 || len[i] > mb->max_len ? len[i] : mb->max_len;
         for (int t = 0; t < en->n; t++) {
             tok[en->off + t] = seqs[i].tokens[t];
             tent[en->off + t] = i;
@@ -975,6 +999,36 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
 
+/* Direct form (SPEC §4) for the sequences whose chunk has ≥ g->mla_dmin tokens (the glue kernel
+ * skipped their rows): per sequence, its n cache rows are gathered, decompressed by one GEMM with
+ * W_kvb into per-head K = [W_UK c̃ ; k_pe] and V = W_UV c̃, and st_cuda_mla_prefill (flash form,
+ * tensor cores) attends the chunk's queries causally. The value-space output replaces the rows'
+ * W_UV·ō: o32 (fp32, when set) or o (bf16). The absorbed glue kernel re-reads the whole cache per
+ * query token, which made an 8K prompt's MLA layers ~88% of prefill time (docs/perf.md). */
+static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf16_t *o, float scale) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    const st_gpu_stream_t *s = &g->s;
+    if (!g->mla_dmin || mb->all_decode) return;
+    int H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope, dv = c->v_head_dim;
+    int kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
+    prof_mark(g, ST_EGPU_PROF_MLA);
+    for (int i = 0; i < mb->n_seqs; i++) {
+        const gent_t *en = &mb->ents[i];
+        if (en->n < g->mla_dmin) continue;
+        int n = en->pos0 + en->n;
+        const int *bt = mb->d_btab + ((size_t)m * mb->n_seqs + i) * g->pps;
+        CK(eg_mla_gather(s, g->dc, g->kv_pool, bt, g->page_size, n, R));
+        CK(eg_linear(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
+        CK(eg_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
+        CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
+                               scale));
+        size_t rows = (size_t)en->n * H * dv, r0 = (size_t)en->off * H * dv;
+        if (o32) CK(eg_bf16_to_f32(s, o32 + r0, g->dod, rows));
+        else CK(eg_memcpy_async(s, o + r0, g->dod, rows * sizeof(st_bf16_t), 0));
+    }
+}
+
 static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
@@ -1008,7 +1062,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
                           T, kvr, nope, H));
         CK(eg_mla_qpe(s, mb->qabs, true, mb->qm32, T, H, nope, rope, kvr));
         CK(eg_mla_attn(s, mb->olat, g->xsplit >= 2 ? mb->olat_lo : NULL, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
-                       g->page_size, T, H, R, kvr, scale));
+                       g->page_size, T, H, R, kvr, scale, NULL, 0));
     } else {
         CK(eg_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
         CK(eg_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr,
@@ -1016,10 +1070,10 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
         if (mb->all_decode && R == 576 && kvr == 512)
             CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->n_seqs, H, g->page_size,
-                                  g->pps, g->o.max_ctx, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
+                                  g->pps, mb->max_len, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
         else
             CK(eg_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
-                           g->page_size, T, H, R, kvr, scale));
+                           g->page_size, T, H, R, kvr, scale, g->mla_dmin ? mb->d_cu : NULL, g->mla_dmin));
     }
     if (c->mla_output_gate) { /* o = W_UV ō ⊙ σ(gate), both fp32, rounded once for o_proj */
         CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
@@ -1027,6 +1081,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         if (g->xsplit >= 2)
             CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                                    (long long)kvw * kvr, true, T, dv, kvr, H));
+        mla_direct(mb, G, l, mb->o32, NULL, scale);
         prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->gate, H * dv, 0.f, mb->xn, XLO(mb), d, G->w_mg, T, H * dv, d));
         prof_mark(g, ST_EGPU_PROF_MLA);
@@ -1037,10 +1092,12 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         if (g->xsplit >= 2)
             CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                                    (long long)kvw * kvr, true, T, dv, kvr, H));
+        mla_direct(mb, G, l, mb->o32, NULL, scale);
         CK(eg_split_bf16(s, mb->o, mb->o_lo, mb->o32, (size_t)T * H * dv));
     } else {
         CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
                            (long long)kvw * kvr, true, T, dv, kvr, H));
+        mla_direct(mb, G, l, NULL, mb->o, scale);
     }
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
 }

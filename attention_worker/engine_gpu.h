@@ -156,7 +156,13 @@ st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const flo
  * Any R ≤ 1024, kvr ≤ 512, kvr % 32 == 0. */
 st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool, bool f32,
                         const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size, int T, int H,
-                        int R, int kvr, float scale);
+                        int R, int kvr, float scale, const int *cu, int dmin);
+/* MLA direct form for long prompt chunks: c [n, R] = one sequence's cache rows (pages bt); then
+ * K [n, H, nope+rope] / V [n, H, dv] from Y [n, H, nope+dv] = c[:, :kvr] · W_kvbᵀ and c's k_pe part. */
+st_status_t eg_mla_gather(const st_gpu_stream_t *s, st_bf16_t *c, const st_bf16_t *pool, const int *bt, int page_size,
+                          int n, int R);
+st_status_t eg_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16_t *V, const st_bf16_t *Y, const st_bf16_t *c,
+                            int n, int H, int nope, int rope, int dv, int R, int kvr);
 /* x [T, n] bf16 ← x ⊙ σ(gate [T, n]) */
 st_status_t eg_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *x, const st_bf16_t *gate, size_t n);
 /* Routing tail: when src != NULL, ids[t, i] = src[t·ks + i] for i < k and cnt[t] = k; then

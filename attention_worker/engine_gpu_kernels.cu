@@ -413,7 +413,10 @@ extern "C" st_status_t eg_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32
 template <typename TC>
 __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, st_bf16_t *olo, const TC *qabs, const TC *pool,
                                                        const int *tok_ent, const int *tok_pos, const int *btab, int pps,
-                                                       int ps, int H, int R, int kvr, float scale) {
+                                                       int ps, int H, int R, int kvr, float scale, const int *cu,
+                                                       int dmin) {
+    /* rows of sequences whose chunk has ≥ dmin tokens go through the direct form (eg_mla_gather …) */
+    if (cu && cu[tok_ent[blockIdx.x] + 1] - cu[tok_ent[blockIdx.x]] >= dmin) return;
     extern __shared__ __align__(16) unsigned char smraw[];
     const int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
     TC *Ks = reinterpret_cast<TC *>(smraw);           /* [TK][LD] */
@@ -472,25 +475,69 @@ __global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, st_bf16_
 template <typename TC>
 static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
                                    const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
-                                   int T, int H, int R, int kvr, float scale) {
+                                   int T, int H, int R, int kvr, float scale, const int *cu, int dmin) {
     int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
     size_t smem = (size_t)MLA_TK * LD * sizeof(TC) + 16 + (size_t)8 * R * sizeof(float);
     st_status_t rc = ST_CUDA_CHECK(
         cudaFuncSetAttribute(mla_attn_kernel<TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
     mla_attn_kernel<TC><<<dim3(T, (H + 7) / 8), 256, smem, ST_STREAM(s)>>>(
-        olat, olo, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale);
+        olat, olo, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale, cu, dmin);
     return ST_LAUNCH_OK("mla_attn_kernel");
 }
 extern "C" st_status_t eg_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
                                    bool f32, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
-                                   int page_size, int T, int H, int R, int kvr, float scale) {
+                                   int page_size, int T, int H, int R, int kvr, float scale, const int *cu, int dmin) {
     if (R > 1024 || kvr > 512 || kvr % 32 || kvr > R)
         return ST_FAIL(ST_ERR_INVALID_ARG, "eg_mla_attn: R=%d kvr=%d (R ≤ 1024, kvr ≤ 512, kvr %% 32 = 0)", R, kvr);
     if (T <= 0) return ST_OK;
-    return f32 ? mla_attn_launch<float>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr, scale)
+    return f32 ? mla_attn_launch<float>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr, scale,
+                                        cu, dmin)
                : mla_attn_launch<st_bf16_t>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr,
-                                            scale);
+                                            scale, cu, dmin);
+}
+
+/* ---- MLA direct form for long prompt chunks (SPEC §4: o_h = softmax(q_h·k_hᵀ) v_h with
+ * k_h = [W_UK,h c̃ ; k_pe], v_h = W_UV,h c̃): one sequence's n latent rows are gathered from the paged
+ * cache, decompressed by one GEMM and split into per-head K and V for st_cuda_mla_prefill. */
+/* c [n, R] bf16 = the sequence's cache rows 0..n-1 (pages bt); 8 bf16 per thread */
+__global__ void mla_gather_kernel(st_bf16_t *c, const st_bf16_t *pool, const int *bt, int ps, int n, int R8) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * R8) return;
+    int j = (int)(i / R8), q = (int)(i % R8);
+    const uint4 *src = reinterpret_cast<const uint4 *>(pool + ((size_t)bt[j / ps] * ps + j % ps) * (R8 * 8)) + q;
+    reinterpret_cast<uint4 *>(c)[i] = *src;
+}
+extern "C" st_status_t eg_mla_gather(const st_gpu_stream_t *s, st_bf16_t *c, const st_bf16_t *pool, const int *bt,
+                                     int page_size, int n, int R) {
+    if (R % 8) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_mla_gather: R=%d (multiple of 8)", R);
+    if (n <= 0) return ST_OK;
+    size_t items = (size_t)n * (R / 8);
+    mla_gather_kernel<<<(unsigned)((items + 255) / 256), 256, 0, ST_STREAM(s)>>>(c, pool, bt, page_size, n, R / 8);
+    return ST_LAUNCH_OK("mla_gather_kernel");
+}
+/* K [n, H, nope+rope] = [Y[n, h, 0:nope] ; c[n, kvr:kvr+rope]], V [n, H, dv] = Y[n, h, nope:nope+dv];
+ * Y [n, H, nope+dv] bf16, c [n, R] bf16 (the gathered rows) */
+__global__ void mla_kv_split_kernel(st_bf16_t *K, st_bf16_t *V, const st_bf16_t *Y, const st_bf16_t *c, int n, int H,
+                                    int nope, int rope, int dv, int R, int kvr) {
+    const int dqk = nope + rope, kvw = nope + dv, width = dqk + dv;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * H * width) return;
+    int x = (int)(i % width);
+    size_t jh = i / width; /* j·H + h */
+    size_t j = jh / H;
+    const st_bf16_t *y = Y + jh * kvw;
+    if (x < nope) K[jh * dqk + x] = y[x];
+    else if (x < dqk) K[jh * dqk + x] = c[j * R + kvr + (x - nope)];
+    else V[jh * dv + (x - dqk)] = y[nope + (x - dqk)];
+}
+extern "C" st_status_t eg_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16_t *V, const st_bf16_t *Y,
+                                       const st_bf16_t *c, int n, int H, int nope, int rope, int dv, int R, int kvr) {
+    if (n <= 0) return ST_OK;
+    size_t items = (size_t)n * H * (nope + rope + dv);
+    mla_kv_split_kernel<<<(unsigned)((items + 255) / 256), 256, 0, ST_STREAM(s)>>>(K, V, Y, c, n, H, nope, rope, dv, R,
+                                                                                   kvr);
+    return ST_LAUNCH_OK("mla_kv_split_kernel");
 }
 
 __global__ void mul_sigmoid_kernel(st_bf16_t *x, const st_bf16_t *g, size_t n) {
