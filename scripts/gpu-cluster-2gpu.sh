@@ -14,7 +14,7 @@ GEN=${GEN:-64}
 export STRATA_STATE=/tmp/st6
 nvidia-smi -L
 timeout 200 $B/strata up --preset small --experts 1 --workers 1 --attn-device cuda:0 --expert-device cuda:1 \
-    --max-seqs 256 --max-batch-tokens 8192 --max-ctx 8448 > $OUT/up.log 2>&1; echo "up rc=$?"
+    --max-seqs 256 --max-batch-tokens 8192 --max-ctx 8448 ${MB:+--micro-batches $MB} > $OUT/up.log 2>&1; echo "up rc=$?"
 timeout 90 $B/strata run --ckpt $STRATA_STATE/ckpt-small --device cuda:0 --prompt "$P" --max-tokens 32 --ignore-eos --print-tokens > $OUT/run.txt 2>$OUT/run.err; echo "run rc=$?"
 timeout 90 $B/strata generate --prompt "$P" --max-tokens 32 --ignore-eos --print-tokens > $OUT/gen.txt 2>$OUT/gen.err; echo "gen rc=$?"
 echo "one-process GPU: $(cat $OUT/run.txt)"; echo "cluster 2 GPUs : $(cat $OUT/gen.txt)"

@@ -19,6 +19,7 @@ src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt")
 if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
     mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
 fi
+mkdir -p "$BUILD/test-tmp" # ctest points STRATA_TEST_TMP here (made at configure time, absent in a slim copy)
 if [ -z "${ST_SKIP_TESTS:-}" ]; then
     (cd "$BUILD" && ctest -L gpu ${ST_TESTS:+-R "$ST_TESTS"} -V --timeout 600) >"$RES/ctest.log" 2>&1
     echo "ctest rc=$?" >>"$RES/ctest.log"

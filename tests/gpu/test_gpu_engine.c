@@ -419,7 +419,9 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
         memset(&tr, 0, sizeof tr);
         tr.record = true, tr.L = c->n_layers, tr.B = c->attn_res_block;
         st_engine_t *ec;
-        CHECK(st_engine_create(&ec, ck, &o) == ST_OK, "cpu engine: %s", st_err_last());
+        st_engine_opts_t oc = o;
+        oc.device = -1; /* the CPU reference (o is the GPU engine's by now) */
+        CHECK(st_engine_create(&ec, ck, &oc) == ST_OK, "cpu engine: %s", st_err_last());
         st_engine_set_route_hook(ec, rec_hook, &rec);
         st_engine_set_trace_hook(ec, trace_hook, &tr);
         double cp2, cd2;
