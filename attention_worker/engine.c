@@ -754,6 +754,11 @@ static void finish_step(st_engine_mb_t *mb) {
     }
     st_rmsnorm(b->final, b->final, e->W.final_norm, rows, d, c->rms_eps);
     st_linear(mb->logits, b->final, &e->W.lm_head, rows, b->lin);
+    for (int i = 0, r = 0; i < mb->n_seqs; i++) {
+        const st_seq_chunk_t *q = &mb->seqs[i];
+        r += q->all_logits ? q->n_tokens : 1;
+        if (q->argmax && !q->all_logits) *q->argmax = st_argmax(mb->logits + (size_t)(r - 1) * c->vocab, c->vocab);
+    }
     for (int i = 0; i < mb->n_seqs; i++) {
         e->seq_len[mb->ents[i].slot] += mb->ents[i].n;
         e->seq_busy[mb->ents[i].slot] = false;

@@ -133,7 +133,9 @@ struct st_egpu_mb {
     float *z32;
     float *qm32, *ckv; /* MLA query [T, H*dqk] and latent row [T, R], fp32 GEMM outputs */
     void *qabs;        /* [T, H, R] fp32 when mla32, else bf16 */
-    int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d;
+    int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d, *amax_d;
+    int *amax_h;          /* pinned [max_batch_tokens]: device argmax of each logits row */
+    unsigned char *need;  /* host [max_batch_tokens]: logits row r goes to the caller (else argmax only) */
     void *ffn_ws;
     size_t ffn_ws_bytes;
     /* pinned host */
@@ -757,7 +759,7 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     if (!mb->internal && c->n_experts > 0) {
         DC(zf, T * ew * F); DC(eout, T * kc * ew * F);
     }
-    DC(xf, T * d * B2); DC(lg, LR * V * F);
+    DC(xf, T * d * B2); DC(lg, LR * V * F); DC(amax_d, T * 4);
     if (g->xsplit) {
         DC(xn_lo, T * d * B2); DC(xf_lo, T * d * B2); DC(o_lo, T * wide * B2); DC(un_lo, T * ew * B2);
         DC(hh_lo, T * fw * B2); DC(z32, T * ew * F);
@@ -769,7 +771,7 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     a = &mb->pin;
     *pneed = 0;
 #define PC(f, bytes) mb->f = dcarve(a, pneed, (bytes))
-    PC(meta_h, meta * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(offsets_h, (n + 1) * 4); PC(scores_h, T * n * F);
+    PC(meta_h, meta * 4); PC(amax_h, T * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(offsets_h, (n + 1) * 4); PC(scores_h, T * n * F);
     if (!mb->internal && c->n_experts > 0) {
         PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F);
     }
@@ -782,6 +784,11 @@ static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal) {
     mb->g = g;
     mb->internal = internal;
     mb->ents = calloc((size_t)g->o.max_seqs, sizeof(gent_t));
+    mb->need = calloc((size_t)g->o.max_batch_tokens + 1, 1);
+    if (!mb->need) {
+        free(mb->ents);
+        mb->ents = NULL;
+    }
     size_t dn, pn;
     mb_carve(mb, &dn, &pn);
     st_status_t s = mb->ents ? st_gpu_arena_init(&mb->dev, dn + 4096, 0) : ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
@@ -791,6 +798,7 @@ static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal) {
     }
     if (s != ST_OK) {
         free(mb->ents);
+        free(mb->need);
         free(mb);
         return s;
     }
@@ -810,6 +818,7 @@ void st_egpu_mb_destroy(st_egpu_mb_t *mb) {
     st_gpu_arena_cleanup(&mb->dev);
     st_gpu_arena_cleanup(&mb->pin);
     free(mb->ents);
+    free(mb->need);
     free(mb);
 }
 
@@ -1232,17 +1241,39 @@ static void finish_step(st_egpu_mb_t *mb) {
     int d = c->d, V = c->vocab, nr = mb->n_rows;
     prof_mark(g, ST_EGPU_PROF_HEAD);
     resnorm(mb, mb->xf, LO(mb, xf_lo), g->q_out, g->final_norm, mb->d_rows, nr, true);
+    /* rows of entries that want only the argmax (st_seq_chunk_t.argmax) are not copied to the host */
+    bool amax = false;
+    for (int i = 0, r = 0; i < mb->n_seqs; i++) {
+        const st_seq_chunk_t *q = &mb->seqs[i];
+        bool only = q->argmax && !q->all_logits;
+        amax |= only;
+        for (int t = q->all_logits ? 0 : q->n_tokens - 1; t < q->n_tokens; t++) mb->need[r++] = !only;
+    }
     int LR = ST_MIN(mb->T, LOGIT_ROWS);
     for (int r0 = 0; r0 < nr; r0 += LR) {
         int rows = ST_MIN(LR, nr - r0);
         CK(lin2(mb, mb->lg, V, 0.f, mb->xf + (size_t)r0 * d, g->xsplit ? mb->xf_lo + (size_t)r0 * d : NULL, d,
                 g->lm_head, rows, V, d));
+        if (amax) CK(st_cuda_argmax(s, mb->amax_d + r0, mb->lg, rows, V));
         prof_release(g); /* the copy to the caller's pageable buffer waits for the stream */
-        CK(eg_memcpy_async(s, mb->logits + (size_t)r0 * V, mb->lg, (size_t)rows * V * sizeof(float), 2));
-        CK(st_gpu_stream_sync(s)); /* lg is reused by the next chunk; the caller's buffer is pageable */
+        bool copied = false;
+        for (int a = 0, b; a < rows; a = b) { /* runs of rows the caller wants */
+            for (b = a; b < rows && mb->need[r0 + b] == mb->need[r0 + a]; b++) {}
+            if (!mb->need[r0 + a]) continue;
+            CK(eg_memcpy_async(s, mb->logits + (size_t)(r0 + a) * V, mb->lg + (size_t)a * V,
+                               (size_t)(b - a) * V * sizeof(float), 2));
+            copied = true;
+        }
+        if (copied) CK(st_gpu_stream_sync(s)); /* the caller's buffer is pageable */
     }
+    if (amax) CK(eg_memcpy_async(s, mb->amax_h, mb->amax_d, (size_t)nr * sizeof(int), 2));
     prof_end_queue(g);
     CK(st_gpu_stream_sync(s));
+    for (int i = 0, r = 0; i < mb->n_seqs; i++) {
+        const st_seq_chunk_t *q = &mb->seqs[i];
+        r += q->all_logits ? q->n_tokens : 1;
+        if (q->argmax && !q->all_logits) *q->argmax = mb->amax_h[r - 1];
+    }
     prof_end_sum(mb);
     for (int i = 0; i < mb->n_seqs; i++) {
         g->seq_len[mb->ents[i].slot] += mb->ents[i].n;

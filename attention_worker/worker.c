@@ -94,6 +94,7 @@ typedef struct {
     st_rng_t rng;
     uint32_t stop[MAX_STOP];
     int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
+    int amax; /* the engine's argmax of this step's row (greedy sequences: no logits row to the host) */
     char err[256];
 } seq_t;
 
@@ -633,8 +634,10 @@ static void step(aw_t *aw) {
         if (n > budget) continue; /* joins at a later step boundary */
         budget -= n;
         idx[ns] = i;
+        /* greedy and not dumping logits: the engine returns the argmax only (st_sample's greedy rule) */
         ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
-                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks};
+                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks,
+                                    .argmax = q->sp.temperature <= 0.0f && !q->dump ? &q->amax : NULL};
     }
     if (ns == 0) return;
     /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
@@ -708,7 +711,9 @@ static void step(aw_t *aw) {
                 continue;
             }
             q->prefilled = 1;
-            int tok = st_sample(lg, aw->c->vocab, &q->sp, &q->rng, aw->logits[m] + (size_t)aw->o.max_seqs * aw->c->vocab);
+            int tok = ch[first[m] + j].argmax ? q->amax
+                                              : st_sample(lg, aw->c->vocab, &q->sp, &q->rng,
+                                                          aw->logits[m] + (size_t)aw->o.max_seqs * aw->c->vocab);
             q->toks[q->n_prompt + q->n_gen++] = tok;
             st_proto_finish_t fin = is_stop(aw, q, tok) ? ST_PROTO_FINISH_STOP
                                     : q->n_gen >= q->max_tokens ? ST_PROTO_FINISH_LENGTH

@@ -14,6 +14,7 @@ typedef struct {
     bool done;
     st_npy_t npy;
     bool dumping;
+    int amax; /* the engine's argmax (greedy without --dump-logits: no logits row to the host) */
 } st_run_seq_t;
 
 /* A batch file: one prompt per line, text, or "tokens: 1,2,3". */
@@ -151,7 +152,9 @@ int st_cmd_run(int argc, char **argv) {
         seqs[i].toks[seqs[i].n_prompt + seqs[i].n_gen++] = tok;
         seqs[i].done = seqs[i].n_gen >= max_tokens || (!ignore_eos && tok == c->eos_id);
     }
-    /* decode: all unfinished sequences together, one token each per step */
+    /* decode: all unfinished sequences together, one token each per step; greedy without a dump
+     * takes the engine's argmax (st_sample's greedy rule) instead of a logits row */
+    bool greedy = sp.temperature <= 0.0f && !dump;
     double t1 = st_time_sec();
     int decoded = 0;
     for (;;) {
@@ -160,7 +163,8 @@ int st_cmd_run(int argc, char **argv) {
             if (seqs[i].done) continue;
             who[nc] = i;
             chunks[nc++] = (st_seq_chunk_t){.slot = seqs[i].slot, .n_tokens = 1,
-                                            .tokens = &seqs[i].toks[seqs[i].n_prompt + seqs[i].n_gen - 1]};
+                                            .tokens = &seqs[i].toks[seqs[i].n_prompt + seqs[i].n_gen - 1],
+                                            .argmax = greedy ? &seqs[i].amax : NULL};
         }
         if (nc == 0) break;
         if (st_engine_step(e, chunks, nc, logits) != ST_OK) {
@@ -172,7 +176,7 @@ int st_cmd_run(int argc, char **argv) {
             st_run_seq_t *q = &seqs[who[j]];
             const float *lr = logits + (size_t)j * V;
             if (q->dumping) st_npy_append(&q->npy, lr, 1);
-            int tok = st_sample(lr, V, &sp, &rng, ws);
+            int tok = greedy ? q->amax : st_sample(lr, V, &sp, &rng, ws);
             q->toks[q->n_prompt + q->n_gen++] = tok;
             q->done = q->n_gen >= max_tokens || (!ignore_eos && tok == c->eos_id);
         }

@@ -17,7 +17,7 @@ static int cand_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static int argmax(const float *x, int V) {
+int st_argmax(const float *x, int V) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (x[i] > x[best]) best = i; /* strict: ties keep the lower id */
@@ -28,10 +28,10 @@ int st_sample(const float *logits, int V, const st_sampling_t *sp, st_rng_t *rng
     if (sp->temperature <= 0.0f || sp->top_k == 1) {
         /* top-k = 1 keeps only the argmax; no draw needed (rng untouched only when greedy) */
         if (sp->temperature > 0.0f) (void)st_rng_uniform(rng);
-        return argmax(logits, V);
+        return st_argmax(logits, V);
     }
     cand_t *c = (cand_t *)ws; /* V pairs = 2V floats */
-    float mx = logits[argmax(logits, V)];
+    float mx = logits[st_argmax(logits, V)];
     for (int i = 0; i < V; i++) {
         c[i].p = (logits[i] - mx) / sp->temperature;
         c[i].id = (float)i;

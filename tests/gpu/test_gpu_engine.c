@@ -189,6 +189,7 @@ static double rel_l2(const float *a, const float *ref, int n, int *nonfinite) {
  * rounding spread, not for a wrong kernel (an unwritten or mis-indexed output is O(1)). */
 #define SUBLAYER_TOL 1.5e-2
 static int prompt_chunk; /* > 0: run_seq feeds the prompt in chunks of this many tokens (chunked prefill) */
+static int *argmax_out;  /* set: run_seq asks for the argmax of each step's row (st_seq_chunk_t.argmax) */
 static st_status_t run_seq(st_engine_t *e, int *toks, int np, int steps, bool feed, float *logits, int V, double *tp,
                            double *td) {
     int slot;
@@ -198,13 +199,14 @@ static st_status_t run_seq(st_engine_t *e, int *toks, int np, int steps, bool fe
     st_seq_chunk_t ch;
     for (int p0 = 0; s == ST_OK && p0 < np; p0 += prompt_chunk > 0 ? prompt_chunk : np) {
         int n = prompt_chunk > 0 && np - p0 > prompt_chunk ? prompt_chunk : np - p0;
-        ch = (st_seq_chunk_t){.slot = slot, .n_tokens = n, .tokens = toks + p0};
+        ch = (st_seq_chunk_t){.slot = slot, .n_tokens = n, .tokens = toks + p0, .argmax = argmax_out};
         s = st_engine_step(e, &ch, 1, logits);
     }
     double t1 = st_time_sec();
     for (int i = 0; s == ST_OK && i < steps; i++) {
         if (!feed) toks[np + i] = argmax(logits + (size_t)i * V, V);
-        ch = (st_seq_chunk_t){.slot = slot, .n_tokens = 1, .tokens = &toks[np + i]};
+        ch = (st_seq_chunk_t){.slot = slot, .n_tokens = 1, .tokens = &toks[np + i],
+                              .argmax = argmax_out ? argmax_out + i + 1 : NULL};
         s = st_engine_step(e, &ch, 1, logits + (size_t)(i + 1) * V);
     }
     double t2 = st_time_sec();
@@ -350,7 +352,7 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     static trec_t tr;
     memset(&tr, 0, sizeof tr);
     tr.record = true, tr.L = c->n_layers, tr.B = c->attn_res_block;
-    double cp = 0, cd = 0, gp, gd;
+    double cp = 0, cd = 0, gp, gd, gp2, gd2;
     if (cpu_ref) {
         st_engine_t *ec;
         CHECK(st_engine_create(&ec, ck, &o) == ST_OK, "cpu engine: %s", st_err_last());
@@ -370,6 +372,20 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     /* warm-up (module load, cuBLAS heuristics), then the timed unforced pass */
     CHECK(run_seq(eg, toks, np, 2, true, lg, V, &gp, &gd) == ST_OK, "gpu warm-up: %s", st_err_last());
     CHECK(run_seq(eg, toks, np, steps, cpu_ref, lg, V, &gp, &gd) == ST_OK, "gpu run: %s", st_err_last());
+    {
+        /* greedy rows through the device argmax (no logits copied): the ids equal the argmax of the
+         * logits rows of the run above (same tokens fed, same engine) */
+        int *am = malloc(sizeof(int) * (steps + 1)), bad = 0;
+        float *lg2 = malloc(LB);
+        for (int i = 0; i <= steps; i++) am[i] = -1;
+        argmax_out = am;
+        CHECK(run_seq(eg, toks, np, steps, true, lg2, V, &gp2, &gd2) == ST_OK, "gpu argmax run: %s", st_err_last());
+        argmax_out = NULL;
+        for (int i = 0; i <= steps; i++) bad += am[i] != argmax(lg + (size_t)i * V, V);
+        CHECK(bad == 0, "%s: device argmax differs from the logits' argmax at %d of %d steps", preset, bad, steps + 1);
+        printf("RESULT %s_gpu_decode_tok_s_argmax %.1f (batch 1, no logits copied)\n", preset, steps / gd2);
+        free(am), free(lg2);
+    }
     printf("RESULT %s_cpu_prefill_tok_s %.1f (prompt %d)\n", preset, cp > 0 ? np / cp : 0, np);
     printf("RESULT %s_cpu_decode_tok_s %.1f\n", preset, cd > 0 ? steps / cd : 0);
     printf("RESULT %s_gpu_prefill_tok_s %.1f (prompt %d)\n", preset, np / gp, np);

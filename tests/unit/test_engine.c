@@ -2,6 +2,7 @@
  * equal one prefill, batching invariance (bit for bit), errors leave state untouched, capacity
  * limits, quantile routing with thresholds. The golden numerical check is test_golden. */
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -260,6 +261,38 @@ static void test_microbatch(void) {
     st_engine_destroy(e);
 }
 
+/* st_seq_chunk_t.argmax: the argmax of the entry's row (st_sample's greedy rule), ignored with
+ * all_logits; logits of the other entries unchanged. */
+static void test_argmax(void) {
+    st_engine_t *e = mk(3, 64, 64, ST_ROUTE_TOPK);
+    int slots[3], toks[3][9], am[3] = {-7, -7, -7};
+    float *lg = malloc(sizeof(float) * 12 * V), *ref = malloc(sizeof(float) * 12 * V);
+    for (int i = 0; i < 3; i++) {
+        CHECK(st_engine_seq_open(e, &slots[i]) == ST_OK, "open");
+        prompt(toks[i], 9, 40 + i);
+    }
+    /* reference: the same step without argmax (state is rebuilt in fresh slots below) */
+    st_seq_chunk_t c[3] = {{.slot = slots[0], .n_tokens = 9, .tokens = toks[0]},
+                           {.slot = slots[1], .n_tokens = 9, .tokens = toks[1], .all_logits = true},
+                           {.slot = slots[2], .n_tokens = 9, .tokens = toks[2]}};
+    CHECK(st_engine_step(e, c, 3, ref) == ST_OK, "reference step: %s", st_err_last());
+    for (int i = 0; i < 3; i++) {
+        st_engine_seq_close(e, slots[i]);
+        CHECK(st_engine_seq_open(e, &slots[i]) == ST_OK, "reopen");
+        c[i].slot = slots[i];
+        c[i].argmax = &am[i];
+    }
+    CHECK(st_engine_step(e, c, 3, lg) == ST_OK, "argmax step: %s", st_err_last());
+    CHECK(am[0] == st_argmax(ref, V), "entry 0: argmax %d, expected %d", am[0], st_argmax(ref, V));
+    CHECK(am[1] == -7, "entry 1 (all_logits): argmax written (%d)", am[1]);
+    CHECK(am[2] == st_argmax(ref + (size_t)10 * V, V), "entry 2: argmax %d, expected %d", am[2],
+          st_argmax(ref + (size_t)10 * V, V));
+    CHECK(memcmp(lg + V, ref + V, sizeof(float) * 9 * V) == 0, "all_logits rows unchanged");
+    for (int i = 0; i < 3; i++) st_engine_seq_close(e, slots[i]);
+    free(lg), free(ref);
+    st_engine_destroy(e);
+}
+
 int main(void) {
     const char *tmp = getenv("STRATA_TEST_TMP");
     char dir[512];
@@ -276,6 +309,7 @@ int main(void) {
     test_errors();
     test_quantile();
     test_microbatch();
+    test_argmax();
     st_ckpt_close(ck);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

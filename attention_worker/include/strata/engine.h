@@ -43,13 +43,16 @@ int st_engine_seq_len(const st_engine_t *e, int slot); /* tokens consumed so far
 
 /* One step: each entry feeds n_tokens new tokens of one open sequence (a prompt, a prompt piece, or
  * one decode token). Logits are written in entry order: all n_tokens rows when all_logits, else
- * only the last row; each row is vocab floats. Errors (bad slot, token id, capacity) leave every
- * sequence's state unchanged. */
+ * only the last row; each row is vocab floats. argmax (greedy callers; ignored with all_logits):
+ * receives the argmax of the entry's row (ties → the lower id, as st_sample at temperature 0), and
+ * the engine may leave that row of logits unwritten — the GPU engine does, so greedy rows cost no
+ * copy to the host. Errors (bad slot, token id, capacity) leave every sequence's state unchanged. */
 typedef struct {
     int slot;
     int n_tokens;
     const int *tokens;
     bool all_logits;
+    int *argmax;
 } st_seq_chunk_t;
 st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
 

@@ -127,6 +127,8 @@ typedef struct {
 } st_sampling_t;
 /* Returns the chosen id. rng advanced only when sampling (temperature > 0). ws: 2*V floats. */
 int st_sample(const float *logits, int V, const st_sampling_t *sp, st_rng_t *rng, float *ws);
+/* Index of the largest of x[0..V) (ties → the lower index; what st_sample returns when greedy). */
+int st_argmax(const float *x, int V);
 
 #ifdef __cplusplus
 }
