@@ -30,6 +30,28 @@ __device__ __forceinline__ float st_warp_max(float v) {
     return v;
 }
 /* Block sum for blockDim.x a multiple of 32, ≤ 1024; red: 32 floats of shared memory. */
+/* Inclusive prefix sum of x over the block (≤ 1024 threads); wsum: __shared__ int[32]. Every
+ * thread must call it; afterwards (until wsum is reused) wsum[31] holds the block's total. */
+__device__ __forceinline__ int st_block_scan_incl(int x, int *wsum) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) wsum[wid] = x;
+    __syncthreads();
+    if (wid == 0) {
+        int v = lane < (int)(blockDim.x >> 5) ? wsum[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += y;
+        }
+        wsum[lane] = v;
+    }
+    __syncthreads();
+    return x + (wid ? wsum[wid - 1] : 0);
+}
+
 __device__ __forceinline__ float st_block_sum(float v, float *red) {
     int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     v = st_warp_sum(v);

@@ -38,7 +38,6 @@ __global__ void grp_scan_kernel(int *offsets, int *hist, int chunks, int E) {
     __shared__ int carry;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int e0 = 0; e0 < E; e0 += 1024) {
         int e = e0 + threadIdx.x, tot = 0;
         if (e < E)
@@ -47,23 +46,8 @@ __global__ void grp_scan_kernel(int *offsets, int *hist, int chunks, int E) {
                 hist[(size_t)c * E + e] = tot;
                 tot += v;
             }
-        int x = tot;
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) wsum[wid] = x;
-        __syncthreads();
-        if (wid == 0) {
-            int v = wsum[lane];
-            for (int o = 1; o < 32; o <<= 1) {
-                int y = __shfl_up_sync(0xffffffffu, v, o);
-                if (lane >= o) v += y;
-            }
-            wsum[lane] = v;
-        }
-        __syncthreads();
-        if (e < E) offsets[e] = carry + x - tot + (wid ? wsum[wid - 1] : 0);
+        int incl = st_block_scan_incl(tot, wsum);
+        if (e < E) offsets[e] = carry + incl - tot;
         __syncthreads();
         if (threadIdx.x == 0) carry += wsum[31];
         __syncthreads();

@@ -33,28 +33,11 @@ __global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bou
     __shared__ int carry;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int e0 = 0; e0 < E; e0 += 1024) {
         int e = e0 + threadIdx.x;
         int c = e < E ? offsets[e + 1] - offsets[e] : 0;
         int nt = c > 0 && c < big ? (c + FB_M - 1) / FB_M : 0; /* experts ≥ big rows: cuBLAS */
-        int x = nt; /* inclusive warp scan */
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) wsum[wid] = x;
-        __syncthreads();
-        if (wid == 0) {
-            int v = wsum[lane];
-            for (int o = 1; o < 32; o <<= 1) {
-                int y = __shfl_up_sync(0xffffffffu, v, o);
-                if (lane >= o) v += y;
-            }
-            wsum[lane] = v;
-        }
-        __syncthreads();
-        int base = carry + x - nt + (wid ? wsum[wid - 1] : 0);
+        int base = carry + st_block_scan_incl(nt, wsum) - nt;
         for (int j = 0; j < nt && base + j < bound; j++) {
             map[2 * (base + j)] = e;
             map[2 * (base + j) + 1] = offsets[e] + j * FB_M;
@@ -356,30 +339,12 @@ __global__ void ffn_cublas_ptrs_kernel(ffn_ptrs P, const int *offsets, int E, in
     __shared__ int carry;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int e0 = 0; e0 < E; e0 += 1024) {
         int e = e0 + threadIdx.x;
         int r0 = e < E ? offsets[e] : 0, c = e < E ? offsets[e + 1] - r0 : 0;
         int f = c > 0 && c >= big;
-        int xs = f; /* inclusive warp scan */
-        for (int o = 1; o < 32; o <<= 1) {
-            int v = __shfl_up_sync(0xffffffffu, xs, o);
-            if (lane >= o) xs += v;
-        }
-        if (lane == 31) wsum[wid] = xs;
-        __syncthreads();
-        if (wid == 0) {
-            int v = wsum[lane];
-            for (int o = 1; o < 32; o <<= 1) {
-                int u = __shfl_up_sync(0xffffffffu, v, o);
-                if (lane >= o) v += u;
-            }
-            wsum[lane] = v;
-        }
-        __syncthreads();
-        if (f)
-            ffn_ptrs_put(P, carry + xs - 1 + (wid ? wsum[wid - 1] : 0), e, r0, c, x, w1, w3, w2, gu, h, y, y_elt, l,
-                         w, tab);
+        int j = carry + st_block_scan_incl(f, wsum) - 1;
+        if (f) ffn_ptrs_put(P, j, e, r0, c, x, w1, w3, w2, gu, h, y, y_elt, l, w, tab);
         __syncthreads();
         if (threadIdx.x == 0) carry += wsum[31];
         __syncthreads();
