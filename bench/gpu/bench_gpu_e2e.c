@@ -80,19 +80,24 @@ static void report_prof(st_egpu_t *g, const char *what, const st_config_t *c) {
 }
 
 static void run_engine(const st_ckpt_t *ck, bool v1);
+static const char *preset = "small"; /* STRATA_BENCH_PRESET (e.g. k3-mini: K3's layer widths, 4 layers) */
 
 int main(void) {
     (void)bdev;
     bench_init("bench_gpu_e2e", 0);
-    const char *tmp = getenv("STRATA_BENCH_TMP");
+    const char *tmp = getenv("STRATA_BENCH_TMP"), *pe = getenv("STRATA_BENCH_PRESET");
+    if (pe && *pe) preset = pe;
+    st_config_t pc;
+    BK(st_config_preset(&pc, preset));
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/bench-e2e-small-%d", tmp ? tmp : "/tmp", (int)getpid());
-    st_ckpt_init_opts_t io = {.preset = "small", .out_dir = dir, .seed = 5, .dtype = ST_DT_BF16};
+    snprintf(dir, sizeof dir, "%s/bench-e2e-%s-%d", tmp ? tmp : "/tmp", preset, (int)getpid());
+    st_ckpt_init_opts_t io = {.preset = preset, .out_dir = dir, .seed = 5, .dtype = ST_DT_BF16,
+                              .mxfp4_experts = pc.experts_mxfp4};
     double t0 = st_time_sec();
     st_ckpt_t *ck;
     BK(st_ckpt_init(&io));
     BK(st_ckpt_open(&ck, dir));
-    printf("small checkpoint written in %.1f s\n", st_time_sec() - t0);
+    printf("%s checkpoint written in %.1f s\n", preset, st_time_sec() - t0);
     setenv("STRATA_EGPU_PROF", "1", 0); /* STRATA_EGPU_PROF=0: no profile */
     run_engine(ck, false);
     const char *v1 = getenv("STRATA_BENCH_AR_V1");
@@ -141,7 +146,7 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         st_engine_seq_close(eng, slot);
     }
     double tpre = tp[1] < tp[2] ? tp[1] : tp[2];
-    printf("RESULT e2e_small_prefill_8k%s %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", tag,
+    printf("RESULT e2e_%s_prefill_8k%s %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", preset, tag,
            PREFILL / tpre, tpre * 1e3, PREFILL, tp[1] * 1e3, tp[2] * 1e3);
     if (pg) { /* one profiled prefill */
         int slot;
@@ -198,11 +203,11 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         double kv_bytes = (double)B * n_mla * (ctx + 1.0) * (c->kv_lora_rank + c->qk_rope) * 2;
         double lg_bytes = (double)B * V * 4;
         double floor_s = (w_bytes + S_bytes + kv_bytes + lg_bytes) / (b_copy_gbs * 1e9);
-        printf("RESULT e2e_small_decode_b%d%s %.0f tok/s (step %.2f ms mean, %.2f best; ctx %d)\n", B, tag, B / mean,
+        printf("RESULT e2e_%s_decode_b%d%s %.0f tok/s (step %.2f ms mean, %.2f best; ctx %d)\n", preset, B, tag, B / mean,
                mean * 1e3, best * 1e3, ctx);
-        printf("RESULT e2e_small_decode_b%d%s_floor %.3f ms (weights %.1f MB incl. %ld expert-layers, state %.1f MB, "
+        printf("RESULT e2e_%s_decode_b%d%s_floor %.3f ms (weights %.1f MB incl. %ld expert-layers, state %.1f MB, "
                "cache %.1f MB, logits %.1f MB at %.0f GB/s) measured/floor %.1fx\n",
-               B, tag, floor_s * 1e3, w_bytes / 1e6, experts, S_bytes / 1e6, kv_bytes / 1e6, lg_bytes / 1e6, b_copy_gbs,
+               preset, B, tag, floor_s * 1e3, w_bytes / 1e6, experts, S_bytes / 1e6, kv_bytes / 1e6, lg_bytes / 1e6, b_copy_gbs,
                mean / floor_s);
         /* greedy serving: each sequence takes the device argmax, no logits row crosses PCIe */
         greedy = true;
@@ -211,8 +216,8 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         for (int s = 0; s < DEC_STEPS; s++) gtot += step_all(slots, B, tok);
         greedy = false;
         double gmean = gtot / DEC_STEPS, gfloor = floor_s - lg_bytes / (b_copy_gbs * 1e9);
-        printf("RESULT e2e_small_decode_b%d%s_greedy %.0f tok/s (step %.2f ms mean; device argmax, no logits to the "
-               "host) measured/floor %.1fx\n", B, tag, B / gmean, gmean * 1e3, gmean / gfloor);
+        printf("RESULT e2e_%s_decode_b%d%s_greedy %.0f tok/s (step %.2f ms mean; device argmax, no logits to the "
+               "host) measured/floor %.1fx\n", preset, B, tag, B / gmean, gmean * 1e3, gmean / gfloor);
         if (pg) {
             st_egpu_prof_pause(pg, false);
             for (int s = 0; s < PROF_STEPS; s++) step_all(slots, B, tok);
