@@ -914,10 +914,8 @@ static bool run_step(st_engine_t *e, hook_t *hk, phase_t *ph, const char *tag, c
     st_seq_chunk_t ch[8];
     int T = 0;
     for (int i = 0; i < ne; i++) {
-        ch[i].slot = en[i].slot;
-        ch[i].n_tokens = en[i].n;
-        ch[i].tokens = en[i].toks + en[i].start;
-        ch[i].all_logits = en[i].all;
+        ch[i] = (st_seq_chunk_t){.slot = en[i].slot, .n_tokens = en[i].n, .tokens = en[i].toks + en[i].start,
+                                 .all_logits = en[i].all};
         for (int j = 0; j < en[i].n; j++) {
             hk->map[T].ref = en[i].ref;
             hk->map[T].pos = en[i].start + j;
