@@ -30,6 +30,37 @@ __device__ __forceinline__ float st_warp_max(float v) {
     return v;
 }
 /* Block sum for blockDim.x a multiple of 32, ≤ 1024; red: 32 floats of shared memory. */
+/* Asynchronous global → shared copies (cp.async): 16 bytes (L2 only) or 4 bytes; valid false
+ * zero-fills the destination. Then commit the group and wait for all groups. */
+__device__ __forceinline__ void st_cp_async16(void *dst, const void *src, bool valid) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void st_cp_async4(void *dst, const void *src, bool valid) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void st_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void st_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+/* ldmatrix x4 of bf16 8×8 tiles from a shared address (or a shared pointer), plain or transposed */
+__device__ __forceinline__ void st_ldsm4(uint32_t r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void st_ldsm4t(uint32_t r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void st_ldsm4(uint32_t r[4], const st_bf16_t *p) {
+    st_ldsm4(r, (unsigned)__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void st_ldsm4t(uint32_t r[4], const st_bf16_t *p) {
+    st_ldsm4t(r, (unsigned)__cvta_generic_to_shared(p));
+}
+
 /* Inclusive prefix sum of x over the block (≤ 1024 threads); wsum: __shared__ int[32]. Every
  * thread must call it; afterwards (until wsum is reused) wsum[31] holds the block's total. */
 __device__ __forceinline__ int st_block_scan_incl(int x, int *wsum) {

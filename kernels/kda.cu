@@ -233,16 +233,6 @@ template <int NW> struct KdaSmem {
     float Rb[16];
 };
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 template <int NW, typename TO>
 __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(TO *__restrict__ o, const st_bf16_t *__restrict__ q,
@@ -291,26 +281,26 @@ __global__ void __launch_bounds__(NW * 32) kda_chunked_kernel(TO *__restrict__ o
         for (int i = tid; i < 16 * 16; i += NT) {
             int t = i >> 4, ch = (i & 15) * 8;
             size_t src = (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + ch;
-            cp_async16(sm.Rq + t * KD + ch, q + src, t < n);
-            cp_async16(sm.Rk + t * KD + ch, k + src, t < n);
+            st_cp_async16(sm.Rq + t * KD + ch, q + src, t < n);
+            st_cp_async16(sm.Rk + t * KD + ch, k + src, t < n);
         }
         for (int i = tid; i < 16 * 32; i += NT) {
             int t = i >> 5, ch = (i & 31) * 4;
-            cp_async16(sm.Rg + t * KD + ch, g + (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + ch, t < n);
+            st_cp_async16(sm.Rg + t * KD + ch, g + (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + ch, t < n);
         }
         for (int i = tid; i < 16 * (BV / 8); i += NT) {
             int t = i / (BV / 8), ch = (i % (BV / 8)) * 8;
-            cp_async16(sm.Rv + t * BV + ch, v + (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + v0 + ch, t < n);
+            st_cp_async16(sm.Rv + t * BV + ch, v + (tok0 + (t < n ? t : 0)) * HK + (size_t)h * KD + v0 + ch, t < n);
         }
-        if (tid < 16) cp_async4(sm.Rb + tid, beta + (tok0 + (tid < n ? tid : 0)) * H + h, tid < n);
-        cp_async_commit();
+        if (tid < 16) st_cp_async4(sm.Rb + tid, beta + (tok0 + (tid < n ? tid : 0)) * H + h, tid < n);
+        st_cp_async_commit();
     };
     if (L > 0) prefetch(0);
 
     for (int t0 = 0; t0 < L; t0 += 16) {
         const int n = min(16, L - t0);
         const size_t tok0 = (size_t)(bos + t0);
-        cp_async_wait_all();
+        st_cp_async_wait_all();
         __syncthreads(); /* previous tile's shared data fully used; this tile's raw inputs landed */
         /* ---- load: per channel cumulative decay and the scaled q / k copies ---- */
         int far = 0;

@@ -10,10 +10,6 @@
 #define DVL 512
 #define SPLIT_ALIGN 32 /* the caller's split_len must be a multiple of this (API) */
 
-__device__ __forceinline__ void mla_cp16(void *dst, const void *src, bool valid) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
 
 /* ---------------- 64 heads per block, 64-token tiles, softmax in registers ----------------
  * 8 warps (2 warpgroups); warp w owns the 16 heads hg = w & 3 and the half h = w >> 2 (its warpgroup).
@@ -53,16 +49,6 @@ struct MlaSmem2 {
 /* byte offset of (row r, 16-byte chunk c) in a 64-row operand */
 __device__ __forceinline__ unsigned mla_swz(int r, int c) {
     return (unsigned)((c >> 3) * CB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-__device__ __forceinline__ void mla_ldsm4(uint32_t r[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void mla_ldsm4t(uint32_t r[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
 }
 __device__ __forceinline__ void mla_pair_bar(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
 
@@ -145,7 +131,7 @@ __global__ void __launch_bounds__(NT2, 1)
     for (int i = tid; i < NH2 * NCH; i += NT2) {
         int r = i / NCH, c = i % NCH;
         bool ok = h0 + r < H;
-        mla_cp16(sm.Qs + mla_swz(r, c), q + ((size_t)b * H + (ok ? h0 + r : 0)) * DR + c * 8, ok);
+        st_cp_async16(sm.Qs + mla_swz(r, c), q + ((size_t)b * H + (ok ? h0 + r : 0)) * DR + c * 8, ok);
     }
     const int ntiles = (s1 - s0 + TK2 - 1) / TK2;
     const int lr = tid / TPR, lc0 = tid % TPR; /* loader: row lr of the tile, chunks lc0 + TPR·i */
@@ -158,7 +144,7 @@ __global__ void __launch_bounds__(NT2, 1)
 #pragma unroll
         for (int i = 0; i < NCH / TPR; i++) {
             int c = lc0 + TPR * i;
-            mla_cp16(dst + mla_swz(lr, c), row + c * 8, ok);
+            st_cp_async16(dst + mla_swz(lr, c), row + c * 8, ok);
         }
     };
     load_tile(0, 0);
@@ -213,9 +199,9 @@ __global__ void __launch_bounds__(NT2, 1)
 #pragma unroll 4
         for (int kk = 0; kk < DR / 16; kk++) {
             uint32_t a[4], b0[4], b1[4];
-            mla_ldsm4(a, q_base + mla_swz(a_row, kk * 2 + a_chk));
-            mla_ldsm4(b0, kb + mla_swz(b_tok, kk * 2 + b_chk));
-            mla_ldsm4(b1, kb + mla_swz(b_tok + 16, kk * 2 + b_chk));
+            st_ldsm4(a, q_base + mla_swz(a_row, kk * 2 + a_chk));
+            st_ldsm4(b0, kb + mla_swz(b_tok, kk * 2 + b_chk));
+            st_ldsm4(b1, kb + mla_swz(b_tok + 16, kk * 2 + b_chk));
             st_mma16816(s[0], a, b0);
             st_mma16816(s[1], a, b0 + 2);
             st_mma16816(s[2], a, b1);
@@ -271,7 +257,7 @@ __global__ void __launch_bounds__(NT2, 1)
         uint32_t pb[2][4]; /* the partner's P: k-steps 2·(1−half), 2·(1−half)+1 */
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            mla_ldsm4(pb[j], p_base + (unsigned)((p_row * LDP2 + ((1 - half) * 2 + j) * 16 + p_col) * 2));
+            st_ldsm4(pb[j], p_base + (unsigned)((p_row * LDP2 + ((1 - half) * 2 + j) * 16 + p_col) * 2));
 #if MLA_WGMMA
         uint32_t a[4][4];
 #pragma unroll
@@ -292,7 +278,7 @@ __global__ void __launch_bounds__(NT2, 1)
 #pragma unroll
             for (int np = 0; np < 16; np++) {
                 uint32_t bb[4];
-                mla_ldsm4t(bb, kb + mla_swz(ks * 16 + v_tok, v_chk + np * 2));
+                st_ldsm4t(bb, kb + mla_swz(ks * 16 + v_tok, v_chk + np * 2));
                 st_mma16816(acc[np * 2], a, bb);
                 st_mma16816(acc[np * 2 + 1], a, bb + 2);
             }

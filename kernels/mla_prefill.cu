@@ -7,16 +7,6 @@
 #define MP_BM 64 /* queries per block: 4 warps × 16 rows */
 #define MP_BN 64 /* keys per tile */
 
-__device__ __forceinline__ void mp_cp16(void *dst, const void *src, bool valid) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void mp_ldsm4t(uint32_t r[4], const st_bf16_t *p) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 
 /* grid (ceil(T/64), H), 128 threads. smem: Qs [64][DQK+8], Ks [2][64][DQK+8], Vs [2][64][DV+8].
  * Query row r (0..T-1) sits at position n−T+r and sees keys 0..n−T+r. */
@@ -36,7 +26,7 @@ __global__ void __launch_bounds__(128) mla_prefill_kernel(st_bf16_t *__restrict_
     for (int i = tid; i < MP_BM * (DQK / 8); i += 128) {
         int r = i / (DQK / 8), ch = (i % (DQK / 8)) * 8;
         bool ok = q0 + r < T;
-        mp_cp16(Qs + r * LQ + ch, q + ((size_t)(ok ? q0 + r : 0) * H + h) * DQK + ch, ok);
+        st_cp_async16(Qs + r * LQ + ch, q + ((size_t)(ok ? q0 + r : 0) * H + h) * DQK + ch, ok);
     }
     const int kend = min(n, off + q0 + MP_BM); /* keys this block needs */
     const int ntiles = (kend + MP_BN - 1) / MP_BN;
@@ -45,12 +35,12 @@ __global__ void __launch_bounds__(128) mla_prefill_kernel(st_bf16_t *__restrict_
         for (int i = tid; i < MP_BN * (DQK / 8); i += 128) {
             int r = i / (DQK / 8), ch = (i % (DQK / 8)) * 8;
             bool ok = k0 + r < n;
-            mp_cp16(Ks + (buf * MP_BN + r) * LQ + ch, k + ((size_t)(ok ? k0 + r : 0) * H + h) * DQK + ch, ok);
+            st_cp_async16(Ks + (buf * MP_BN + r) * LQ + ch, k + ((size_t)(ok ? k0 + r : 0) * H + h) * DQK + ch, ok);
         }
         for (int i = tid; i < MP_BN * (DV / 8); i += 128) {
             int r = i / (DV / 8), ch = (i % (DV / 8)) * 8;
             bool ok = k0 + r < n;
-            mp_cp16(Vs + (buf * MP_BN + r) * LV + ch, v + ((size_t)(ok ? k0 + r : 0) * H + h) * DV + ch, ok);
+            st_cp_async16(Vs + (buf * MP_BN + r) * LV + ch, v + ((size_t)(ok ? k0 + r : 0) * H + h) * DV + ch, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -135,7 +125,7 @@ __global__ void __launch_bounds__(128) mla_prefill_kernel(st_bf16_t *__restrict_
 #pragma unroll
             for (int c = 0; c < DV / 16; c++) {
                 uint32_t r[4];
-                mp_ldsm4t(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LV + c * 16 + (lane >> 4) * 8);
+                st_ldsm4t(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LV + c * 16 + (lane >> 4) * 8);
                 uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                 st_mma16816(oacc[2 * c], pf[kk], b0);
                 st_mma16816(oacc[2 * c + 1], pf[kk], b1);

@@ -15,16 +15,6 @@
 #define FB_THREADS 256
 #define FB_SMEM (FB_ST * (FB_M + FB_N) * FB_LD * 2)
 
-__device__ __forceinline__ void fb_cp16(void *dst, const void *src, bool valid) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void fb_ldsm4(uint32_t r[4], const st_bf16_t *p) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 
 /* Tile table: one entry per (expert, 128-row tile), map [bound, 2] = (expert, first row); entries
  * past the total are (−1, 0) so surplus blocks exit. One block of 1024 threads. */
@@ -95,7 +85,7 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
             int idx = tid + i * FB_THREADS, r = idx >> 2, ch = (idx & 3) * 8;
             int row = m0 + r;
             bool ok = row < m_end && k0 + ch < K;
-            fb_cp16(As + (st * FB_M + r) * FB_LD + ch, A + (size_t)(ok ? row : m0) * K + (ok ? k0 + ch : 0), ok);
+            st_cp_async16(As + (st * FB_M + r) * FB_LD + ch, A + (size_t)(ok ? row : m0) * K + (ok ? k0 + ch : 0), ok);
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) { /* B: 128 rows × 4 chunks */
@@ -110,7 +100,7 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
                 src = Be1;
             }
             bool ok = n < Nout && k0 + ch < K;
-            fb_cp16(Bs + (st * FB_N + r) * FB_LD + ch, src + (size_t)(ok ? n : 0) * K + (ok ? k0 + ch : 0), ok);
+            st_cp_async16(Bs + (st * FB_N + r) * FB_LD + ch, src + (size_t)(ok ? n : 0) * K + (ok ? k0 + ch : 0), ok);
         }
     };
 
@@ -139,12 +129,12 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
             uint32_t af[4][4], bf[4][2];
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
-                fb_ldsm4(af[mi], Ast + (wm * 64 + mi * 16 + (lane & 15)) * FB_LD + kk + (lane >> 4) * 8);
+                st_ldsm4(af[mi], Ast + (wm * 64 + mi * 16 + (lane & 15)) * FB_LD + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int p = 0; p < 2; p++) {
                 uint32_t r[4];
                 int br = (p ? brow1 : brow0) + (lane & 7) + ((lane >> 4) << 3);
-                fb_ldsm4(r, Bst + br * FB_LD + kk + ((lane >> 3) & 1) * 8);
+                st_ldsm4(r, Bst + br * FB_LD + kk + ((lane >> 3) & 1) * 8);
                 bf[2 * p][0] = r[0], bf[2 * p][1] = r[1], bf[2 * p + 1][0] = r[2], bf[2 * p + 1][1] = r[3];
             }
 #pragma unroll
