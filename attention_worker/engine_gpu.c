@@ -974,7 +974,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     prof_mark(g, ST_EGPU_PROF_KDA);
     CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
-    CK(eg_conv_silu32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
+    CK(st_cuda_conv_silu_f32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
     /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
      * tensor-core tiles take them rounded to bf16 once, here */
     bool rec = dk != 128 || g->kda_rec, chunked = !rec && !mb->all_decode;
@@ -1033,7 +1033,7 @@ static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf
         CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
                                scale));
         size_t rows = (size_t)en->n * H * dv, r0 = (size_t)en->off * H * dv;
-        if (o32) CK(eg_bf16_to_f32(s, o32 + r0, g->dod, rows));
+        if (o32) CK(st_cuda_bf16_to_f32(s, o32 + r0, g->dod, rows));
         else CK(eg_memcpy_async(s, o + r0, g->dod, rows * sizeof(st_bf16_t), 0));
     }
 }
@@ -1073,7 +1073,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_mla_attn(s, mb->olat, g->xsplit >= 2 ? mb->olat_lo : NULL, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                        g->page_size, T, H, R, kvr, scale, NULL, 0));
     } else {
-        CK(eg_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
+        CK(st_cuda_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
         CK(eg_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr,
                            false, T, kvr, nope, H));
         CK(eg_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
@@ -1291,7 +1291,7 @@ static void handoff(st_egpu_mb_t *mb, int l, st_moe_work_t *w) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = &g->s;
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c);
-    CK(eg_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
+    CK(st_cuda_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
     CK(eg_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), 2));
     CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
     CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
@@ -1350,7 +1350,7 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
             prof_mark(g, ST_EGPU_PROF_GEMM);
             if (c->latent > 0 && g->xsplit) { /* z is the experts' GEMM input: bf16, from the split x */
                 CK(lin2(mb, mb->z32, ew, 0.f, mb->xn, mb->xn_lo, d, G->lat_down, T, ew, d));
-                CK(eg_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));
+                CK(st_cuda_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));
             } else if (c->latent > 0) CK(eg_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
             else CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
             gtrace(mb, l, ST_TRACE_MOE_Z, mb->z, true, ew, ew, false);

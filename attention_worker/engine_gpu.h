@@ -96,7 +96,6 @@ st_status_t eg_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, lon
 /* The same with everything fp32 (plain fp32 math): the MLA query absorption. */
 st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x, int ldx,
                            long long sx, const float *W, int ldw, long long sw, bool trans_w, int T, int N, int K, int H);
-st_status_t eg_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n);
 st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind /* 0 d2d, 1 h2d, 2 d2h */);
 st_status_t eg_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes);
 /* partial [T, d] fp32 = E[tok[t]] (E [V, d] bf16) */
@@ -182,11 +181,8 @@ st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16
 st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg,
                            const float *yf, const int *row_of, const float *p, const int *cnt, const float *norm_w,
                            int T, int kc, int l, float eps);
-st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
-/* ---- fp32-activation glue: fp32 in, bf16 out only where a GEMM (or the chunked KDA tiles) reads it ---- */
-/* st_cuda_conv_silu with x, y fp32 */
-st_status_t eg_conv_silu32(const st_gpu_stream_t *s, float *y, const float *x, float *state, const int *slots,
-                           const float *w, const int *cu_seqlens, int B, int T_tot, int C, int K);
+/* ---- fp32-activation glue: fp32 in, bf16 out only where a GEMM (or the chunked KDA tiles) reads it
+ * (conv + SiLU and dtype conversions: st_cuda_conv_silu_f32, st_cuda_f32_to_bf16, kernels_cuda.h) ---- */
 /* eg_kda_prep from fp32 qkv [T, 3P]: q, k (L2-normed), v [T, P] fp32, and the same rounded to bf16
  * into qb, kb, vb unless qb == NULL; beta as eg_kda_prep. */
 st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb,

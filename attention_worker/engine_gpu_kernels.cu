@@ -93,16 +93,6 @@ extern "C" st_status_t eg_sgemm_heads(const st_gpu_stream_t *s, float *y, int ld
                                                      sy, H));
 }
 
-__global__ void f32_to_bf16_kernel(st_bf16_t *d, const float *s, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) d[i] = st_tobf(s[i]);
-}
-extern "C" st_status_t eg_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n) {
-    if (!n) return ST_OK;
-    f32_to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(dst, src, n);
-    return ST_LAUNCH_OK("f32_to_bf16_kernel");
-}
-
 extern "C" st_status_t eg_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int kind) {
     if (!bytes) return ST_OK;
     cudaMemcpyKind k = kind == 1 ? cudaMemcpyHostToDevice : kind == 2 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
@@ -659,63 +649,9 @@ extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, s
     return ST_LAUNCH_OK("moe_combine_kernel");
 }
 
-__global__ void bf16_to_f32_kernel(float *d, const st_bf16_t *s, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) d[i] = st_bf(s[i]);
-}
-extern "C" st_status_t eg_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n) {
-    if (!n) return ST_OK;
-    bf16_to_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(dst, src, n);
-    return ST_LAUNCH_OK("bf16_to_f32_kernel");
-}
-
 /* ------------------------------------------------------------------ fp32-activation glue
  * The engine keeps activations fp32 between kernels and rounds to bf16 only where a tensor-core
  * GEMM (or the chunked KDA kernel's tiles) consumes them; these are the fp32-input glue kernels. */
-/* one thread per (token, channel); reads the old conv state, never writes it (st_cuda_conv_silu) */
-__global__ void conv_silu32_kernel(float *y, const float *x, const float *state, const int *slots, const float *w,
-                                   const int *cu, int B, int T_tot, int C, int K) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T_tot * C) return;
-    int t = (int)(i / C), c = (int)(i % C);
-    int b = st_seq_of(cu, B, t);
-    int pos = t - cu[b];
-    const float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
-    float acc = 0.f;
-    for (int j = 0; j < K; j++) {
-        int p = pos - (K - 1) + j;
-        float xv = p >= 0 ? x[(size_t)(t - (K - 1) + j) * C + c] : st[(size_t)(K - 1 + p) * C + c];
-        acc += w[c * K + j] * xv;
-    }
-    y[i] = acc / (1.f + expf(-acc));
-}
-/* one thread per (sequence, channel): state ← last K-1 inputs (ascending: see kernels/kda.cu) */
-__global__ void conv_state32_kernel(float *state, const int *slots, const float *x, const int *cu, int B, int C, int K) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= B * C) return;
-    int b = i / C, c = i % C;
-    int bos = cu[b], L = cu[b + 1] - bos;
-    float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
-    for (int j = 0; j < K - 1; j++) {
-        int p = L - (K - 1) + j;
-        float v = p >= 0 ? x[(size_t)(bos + p) * C + c] : st[(size_t)(K - 1 + p) * C + c];
-        st[(size_t)j * C + c] = v;
-    }
-}
-extern "C" st_status_t eg_conv_silu32(const st_gpu_stream_t *s, float *y, const float *x, float *state,
-                                      const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot, int C,
-                                      int K) {
-    if (B < 0 || T_tot < 0 || C <= 0 || K < 1 || K > 8)
-        return ST_FAIL(ST_ERR_INVALID_ARG, "eg_conv_silu32: B=%d T=%d C=%d K=%d", B, T_tot, C, K);
-    if (B == 0) return ST_OK;
-    size_t n = (size_t)T_tot * C;
-    if (n)
-        conv_silu32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, x, state, slots, w, cu_seqlens, B,
-                                                                                  T_tot, C, K);
-    if (K > 1) conv_state32_kernel<<<(B * C + 255) / 256, 256, 0, ST_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
-    return ST_LAUNCH_OK("conv_silu32_kernel");
-}
-
 /* one warp per (token, head) */
 __global__ void kda_prep32_kernel(float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb, st_bf16_t *vb,
                                   float *beta, const float *qkv, const float *aux, int ldaux, int boff, int T, int H,

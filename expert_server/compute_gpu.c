@@ -198,7 +198,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), 1));
     CK(es_gpu_copy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *), 1));
     CK(es_gpu_copy_async(&g->s, g->d_in, g->h_in, n * ew * sizeof(float), 1));
-    CK(es_gpu_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
+    CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
     bool situ = c->act == ST_ACT_SITU;
     CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab, g->ew,
                                     g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));

@@ -11,8 +11,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* y [n] bf16 = x [n] fp32, round to nearest even */
-st_status_t es_gpu_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *y, const float *x, size_t n);
 /* cudaMemcpyAsync, h2d 1: host (pinned) → device, 0: device → host (pinned) */
 st_status_t es_gpu_copy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int h2d);
 #ifdef __cplusplus

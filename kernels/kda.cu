@@ -9,9 +9,20 @@
 
 /* ------------------------------------------------------------------ conv + SiLU */
 
+/* Loads and stores of the kernels below in their element type (bf16 or fp32 activations). */
+__device__ __forceinline__ float kd_ld(st_bf16_t h) { return st_bf(h); }
+__device__ __forceinline__ float kd_ld(float f) { return f; }
+__device__ __forceinline__ void kd_st(st_bf16_t *p, float f) { *p = st_tobf(f); }
+__device__ __forceinline__ void kd_st(float *p, float f) { *p = f; }
+/* SiLU of the conv output: bf16 out with the fast exp, fp32 out (the GPU engine's fp32
+ * activations) with the accurate one */
+__device__ __forceinline__ void kd_silu_st(st_bf16_t *p, float a) { *p = st_tobf(a / (1.f + __expf(-a))); }
+__device__ __forceinline__ void kd_silu_st(float *p, float a) { *p = a / (1.f + expf(-a)); }
+
 /* one thread per (token, channel); reads the old conv state, never writes it */
-__global__ void conv_silu_kernel(st_bf16_t *y, const st_bf16_t *x, const float *state, const int *slots,
-                                 const float *w, const int *cu, int B, int T_tot, int C, int K) {
+template <typename T>
+__global__ void conv_silu_kernel(T *y, const T *x, const float *state, const int *slots, const float *w, const int *cu,
+                                 int B, int T_tot, int C, int K) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T_tot * C) return;
     int t = (int)(i / C), c = (int)(i % C);
@@ -21,16 +32,16 @@ __global__ void conv_silu_kernel(st_bf16_t *y, const st_bf16_t *x, const float *
     float acc = 0.f;
     for (int j = 0; j < K; j++) {
         int p = pos - (K - 1) + j;
-        float xv = p >= 0 ? st_bf(x[(size_t)(t - (K - 1) + j) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
+        float xv = p >= 0 ? kd_ld(x[(size_t)(t - (K - 1) + j) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
         acc += w[c * K + j] * xv;
     }
-    y[i] = st_tobf(acc / (1.f + __expf(-acc)));
+    kd_silu_st(y + i, acc);
 }
 
 /* one thread per (sequence, channel): state ← last K-1 inputs, ascending so in-place reads of the
  * old state (index L+j > j) happen before that slot is overwritten. */
-__global__ void conv_state_kernel(float *state, const int *slots, const st_bf16_t *x, const int *cu, int B,
-                                  int C, int K) {
+template <typename T>
+__global__ void conv_state_kernel(float *state, const int *slots, const T *x, const int *cu, int B, int C, int K) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= B * C) return;
     int b = i / C, c = i % C;
@@ -38,22 +49,55 @@ __global__ void conv_state_kernel(float *state, const int *slots, const st_bf16_
     float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
     for (int j = 0; j < K - 1; j++) {
         int p = L - (K - 1) + j;
-        float v = p >= 0 ? st_bf(x[(size_t)(bos + p) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
+        float v = p >= 0 ? kd_ld(x[(size_t)(bos + p) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
         st[(size_t)j * C + c] = v;
     }
+}
+
+template <typename T>
+static st_status_t conv_silu_any(const st_gpu_stream_t *s, T *y, const T *x, float *state, const int *slots,
+                                 const float *w, const int *cu_seqlens, int B, int T_tot, int C, int K) {
+    if (B < 0 || T_tot < 0 || C <= 0 || K < 1 || K > 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "conv_silu: B=%d T=%d C=%d K=%d", B, T_tot, C, K);
+    if (B == 0) return ST_OK;
+    size_t n = (size_t)T_tot * C;
+    if (n) conv_silu_kernel<T><<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, x, state, slots, w, cu_seqlens,
+                                                                                      B, T_tot, C, K);
+    if (K > 1) conv_state_kernel<T><<<(B * C + 255) / 256, 256, 0, ST_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
+    return ST_LAUNCH_OK("conv_silu_kernel");
 }
 
 extern "C" st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x,
                                          float *state, const int *slots, const float *w, const int *cu_seqlens,
                                          int B, int T_tot, int C, int K) {
-    if (B < 0 || T_tot < 0 || C <= 0 || K < 1 || K > 8)
-        return ST_FAIL(ST_ERR_INVALID_ARG, "conv_silu: B=%d T=%d C=%d K=%d", B, T_tot, C, K);
-    if (B == 0) return ST_OK;
-    size_t n = (size_t)T_tot * C;
-    if (n) conv_silu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, x, state, slots, w,
-                                                                                   cu_seqlens, B, T_tot, C, K);
-    if (K > 1) conv_state_kernel<<<(B * C + 255) / 256, 256, 0, ST_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
-    return ST_LAUNCH_OK("conv_silu_kernel");
+    return conv_silu_any(s, y, x, state, slots, w, cu_seqlens, B, T_tot, C, K);
+}
+
+extern "C" st_status_t st_cuda_conv_silu_f32(const st_gpu_stream_t *s, float *y, const float *x, float *state,
+                                             const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot,
+                                             int C, int K) {
+    return conv_silu_any(s, y, x, state, slots, w, cu_seqlens, B, T_tot, C, K);
+}
+
+/* ---------------- dtype conversions (CPU versions: st_f32_to_bf16 / st_bf16_to_f32, RNE) ---------------- */
+__global__ void f32_to_bf16_kernel(st_bf16_t *d, const float *s, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = st_tobf(s[i]);
+}
+__global__ void bf16_to_f32_kernel(float *d, const st_bf16_t *s, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = st_bf(s[i]);
+}
+static unsigned cvt_blocks(size_t n) { return (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536); }
+extern "C" st_status_t st_cuda_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n) {
+    if (!n) return ST_OK;
+    f32_to_bf16_kernel<<<cvt_blocks(n), 256, 0, ST_STREAM(s)>>>(dst, src, n);
+    return ST_LAUNCH_OK("f32_to_bf16_kernel");
+}
+extern "C" st_status_t st_cuda_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n) {
+    if (!n) return ST_OK;
+    bf16_to_f32_kernel<<<cvt_blocks(n), 256, 0, ST_STREAM(s)>>>(dst, src, n);
+    return ST_LAUNCH_OK("bf16_to_f32_kernel");
 }
 
 /* ------------------------------------------------------------------ gate */
@@ -85,10 +129,6 @@ extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, cons
  * state slice (NC/32 · 16 KiB) is read once into registers (all loads issued before use) and written
  * once. NC trades blocks (8192 at N 64, H 32, NC 32) against per-block barrier cost; chosen by
  * kd_decode_nc. */
-__device__ __forceinline__ float kd_ld(st_bf16_t h) { return st_bf(h); }
-__device__ __forceinline__ float kd_ld(float f) { return f; }
-__device__ __forceinline__ void kd_st(st_bf16_t *p, float f) { *p = st_tobf(f); }
-__device__ __forceinline__ void kd_st(float *p, float f) { *p = f; }
 __device__ __forceinline__ void kd_st2(st_bf16_t *p, float a, float b) {
     *reinterpret_cast<uint32_t *>(p) = st_pack_bf2(a, b);
 }

@@ -1,6 +1,7 @@
 /* RMSNorm, per-head L2Norm and the cuBLAS linear vs their CPU versions over odd shapes
  * (one token, odd widths, K3 widths). Tolerance: bf16 output rounding (rel L2 1e-2). */
 #include <math.h>
+#include <string.h>
 
 #include "gpu_test.h"
 #include "strata/kernels.h"
@@ -73,8 +74,43 @@ static void linear_case(int T, int N, int K, bool f32out, uint64_t seed) {
     free(x), free(W), free(ref), free(got), free(xb), free(Wb), free(yb);
 }
 
+/* dtype conversions vs st_f32_to_bf16 / st_bf16_to_f32, bit for bit: random values, rounding ties,
+ * ±0, ±inf, NaN, subnormals, the largest finite values; outputs poisoned (gt_dev) */
+static void convert_case(size_t n, uint64_t seed) {
+    st_rng_t r = {seed};
+    float *x = gt_xmalloc(4 * n), *back = gt_xmalloc(4 * n);
+    uint16_t *ref = gt_xmalloc(2 * n), *got = gt_xmalloc(2 * n);
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u,
+                                       0x80000003u, 0x007fffffu, 0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x3f80c000u};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = i < ST_ARRAY_LEN(special) ? special[i] : (uint32_t)st_rng_next(&r);
+        memcpy(&x[i], &u, 4);
+        ref[i] = st_f32_to_bf16(x[i]);
+    }
+    float *dx = gt_up(x, 4 * n), *dback = gt_dev(4 * n);
+    uint16_t *dy = gt_dev(2 * n);
+    GT_OK(st_cuda_f32_to_bf16(&gt_stream, dy, dx, n));
+    gt_down(got, dy, 2 * n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != ref[i] && !(isnan(x[i]) && (got[i] & 0x7fff) > 0x7f80);
+    CHECK(bad == 0, "f32_to_bf16 n=%zu: %zu of %zu differ from st_f32_to_bf16", n, bad, n);
+    GT_OK(st_cuda_bf16_to_f32(&gt_stream, dback, dy, n));
+    gt_down(back, dback, 4 * n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float e = st_bf16_to_f32(got[i]);
+        bad += memcmp(&e, &back[i], 4) != 0;
+    }
+    CHECK(bad == 0, "bf16_to_f32 n=%zu: %zu of %zu differ from st_bf16_to_f32", n, bad, n);
+    st_gpu_free(dx), st_gpu_free(dback), st_gpu_free(dy);
+    free(x), free(back), free(ref), free(got);
+}
+
 int main(void) {
     gt_init_or_skip("test_gpu_norm_linear");
+    convert_case(12, 1);
+    convert_case(1000, 2);
+    convert_case((size_t)1 << 25, 3); /* more than the kernels' grid: the grid-stride loop */
     static const int Ts[] = {1, 7, 33}, ns[] = {1, 100, 513, 7168};
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 4; j++) rmsnorm_case(Ts[i], ns[j], j & 1, 10 * i + j);

@@ -41,6 +41,12 @@ st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, bool y_f32, const 
 st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, float *state,
                               const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot,
                               int C, int K);
+/* The same with x and y fp32 (the GPU engine's fp32 activations; SiLU with the accurate exp). */
+st_status_t st_cuda_conv_silu_f32(const st_gpu_stream_t *s, float *y, const float *x, float *state, const int *slots,
+                                  const float *w, const int *cu_seqlens, int B, int T_tot, int C, int K);
+/* Element conversions, as st_f32_to_bf16 (round to nearest even) / st_bf16_to_f32. */
+st_status_t st_cuda_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n);
+st_status_t st_cuda_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
 /* Gate: f [T, H*dk] bf16 → g [T, H*dk] fp32. bounded: g = lb·σ(exp(A_log[h])·(f+dt_bias));
  * unbounded: g = −exp(A_log[h])·softplus(f+dt_bias). A_log [H], dt_bias [H*dk] fp32. */
 st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const st_bf16_t *f, const float *A_log,
