@@ -50,6 +50,8 @@ struct st_engine {
     uint64_t tau_version;
     st_route_hook_t hook;
     void *hook_ctx;
+    st_route_observer_t obs;
+    void *obs_ctx;
     st_trace_hook_t trace; /* test-only (engine.h) */
     void *trace_ctx;
     /* step */
@@ -386,6 +388,14 @@ void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx) {
     e->hook_ctx = ctx;
 }
 
+void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx) {
+#ifdef STRATA_WITH_CUDA
+    if (e->gpu) { st_egpu_set_route_observer(e->gpu, fn, ctx); return; }
+#endif
+    e->obs = fn;
+    e->obs_ctx = ctx;
+}
+
 /* ------------------------------------------------------------------ layers */
 
 typedef struct {
@@ -547,6 +557,7 @@ static void route(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t
         }
     }
     if (e->hook) e->hook(e->hook_ctx, l, T, n, b->scores, b->ids, b->cnt, kc);
+    if (e->obs) e->obs(e->obs_ctx, l, T, n, b->scores, b->ids, b->cnt, kc);
     /* weights from the unbiased scores over the final sets (SPEC §7) */
     for (int t = 0; t < T; t++) {
         const float *s = b->scores + (size_t)t * n;
@@ -768,10 +779,46 @@ static void finish_step(st_engine_mb_t *mb) {
     mb->busy = false;
 }
 
-int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
+static int advance_cpu(st_engine_mb_t *mb, st_moe_work_t *work);
+
+bool st_engine_async(const st_engine_t *e) {
 #ifdef STRATA_WITH_CUDA
-    if (mb->gpu) return st_egpu_mb_advance(mb->gpu, work);
+    return e->gpu != NULL;
+#else
+    (void)e;
+    return false;
 #endif
+}
+
+void st_engine_mb_launch(st_engine_mb_t *mb) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) st_egpu_mb_launch(mb->gpu);
+#else
+    (void)mb;
+#endif
+}
+
+bool st_engine_mb_ready(st_engine_mb_t *mb) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) return st_egpu_mb_ready(mb->gpu);
+#endif
+    (void)mb;
+    return true;
+}
+
+int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work) {
+#ifdef STRATA_WITH_CUDA
+    if (mb->gpu) return st_egpu_mb_collect(mb->gpu, work);
+#endif
+    return advance_cpu(mb, work);
+}
+
+int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
+    st_engine_mb_launch(mb);
+    return st_engine_mb_collect(mb, work);
+}
+
+static int advance_cpu(st_engine_mb_t *mb, st_moe_work_t *work) {
     st_engine_t *e = mb->e;
     const st_config_t *c = &e->c;
     st_bufs_t *b = &mb->b;

@@ -103,11 +103,17 @@ struct st_egpu {
     int mla_dmin;
     st_bf16_t *dc, *dY, *dK, *dV, *dod;
     /* routing */
-    float *tau; /* host [L][n] */
+    float *tau;   /* host [L][n] */
+    float *tau_d; /* device copy (quantile routing on the device) */
     bool tau_set;
     uint64_t tau_version;
     st_route_hook_t hook;
     void *hook_ctx;
+    st_route_observer_t obs;
+    void *obs_ctx;
+    /* ordering across micro-batch streams: seq_open's state resets on s (open_ev), and the
+     * engine-wide MLA scratch (mla_ws, the direct-form buffers) that one MLA layer at a time owns */
+    void *open_ev, *mla_ev;
     bool grouped;     /* routed experts through st_cuda_moe_ffn (else per-expert cuBLAS) */
     st_egpu_mb_t *mb; /* st_engine_step's */
     st_engine_stats_t stats;
@@ -120,6 +126,14 @@ typedef struct {
 struct st_egpu_mb {
     st_egpu_t *g;
     bool internal; /* st_engine_step's: experts run inline, no hand-off buffers */
+    /* its stream: the engine's for the internal one, else its own (own), so that micro-batches
+     * overlap; ev marks the end of what launch queued (hand-off copies) */
+    const st_gpu_stream_t *s;
+    st_gpu_stream_t own;
+    void *ev;
+    int pend; /* launched, not collected: 0 none, 1 a hand-off, 2 the step's end (the layers; the head
+               * runs in collect) */
+    st_moe_work_t work; /* the hand-off launch queued */
     st_gpu_arena_t dev, pin;
     /* device step buffers */
     float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
@@ -382,6 +396,8 @@ void st_egpu_destroy(st_egpu_t *g) {
     if (prof_engine == g) prof_engine = NULL;
     for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
     free(g->allocs);
+    eg_events_destroy(&g->open_ev, 1);
+    eg_events_destroy(&g->mla_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
     free(g->L); free(g->layer_slot); free(g->q_attn); free(g->q_mlp); free(g->bq);
     free(g->seq_used); free(g->seq_busy); free(g->seq_len); free(g->free_pages); free(g->seq_npages);
@@ -484,6 +500,9 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
         goto err;
     g->mla_ws_bytes = st_cuda_mla_decode_ws_bytes(M, ST_MAX(c->mla_heads, 1), g->o.max_ctx, MLA_SPLIT);
     if ((s = galloc(g, &g->mla_ws, g->mla_ws_bytes)) != ST_OK) goto err;
+    if ((s = galloc(g, (void **)&g->tau_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float))) != ST_OK ||
+        (s = eg_event_create_sync(&g->open_ev)) != ST_OK || (s = eg_event_create_sync(&g->mla_ev)) != ST_OK)
+        goto err;
     {
         /* MLA direct form for prompt chunks (mla_direct): the prefill kernel's head shapes, bf16 cache */
         int dqk = c->qk_nope + c->qk_rope, dv = c->v_head_dim, H = c->mla_heads;
@@ -581,7 +600,14 @@ void st_egpu_set_thresholds(st_egpu_t *g, const float *tau, uint64_t version) {
         g->tau_set = false;
         return;
     }
-    memcpy(g->tau, tau, (size_t)g->c.n_layers * g->c.n_experts * sizeof(float));
+    size_t bytes = (size_t)g->c.n_layers * g->c.n_experts * sizeof(float);
+    memcpy(g->tau, tau, bytes);
+    /* NOTE: between steps (engine.h), so no micro-batch stream reads tau_d now */
+    if (st_gpu_init(g->o.device) != ST_OK || st_gpu_memcpy_h2d(g->tau_d, tau, bytes) != ST_OK) {
+        st_log_error("gpu engine: thresholds not uploaded (%s); top-k routing until the next set", st_err_last());
+        g->tau_set = false;
+        return;
+    }
     g->tau_set = true;
     g->tau_version = version;
 }
@@ -589,6 +615,11 @@ void st_egpu_set_thresholds(st_egpu_t *g, const float *tau, uint64_t version) {
 void st_egpu_set_route_hook(st_egpu_t *g, st_route_hook_t fn, void *ctx) {
     g->hook = fn;
     g->hook_ctx = ctx;
+}
+
+void st_egpu_set_route_observer(st_egpu_t *g, st_route_observer_t fn, void *ctx) {
+    g->obs = fn;
+    g->obs_ctx = ctx;
 }
 
 void st_egpu_get_stats(const st_egpu_t *g, st_engine_stats_t *out) { *out = g->stats; }
@@ -621,16 +652,16 @@ static void gtrace(st_egpu_mb_t *mb, int l, int pt, void *src, bool bf16, int w,
     int T = mb->T;
     size_t es = bf16 ? 2 : 4, bytes = ((size_t)(T - 1) * ld + w) * es;
     prof_release(g); /* NOTE: before any copy to pageable memory too: such a copy waits for the stream */
-    CK(eg_memcpy_async(&g->s, g->tr_raw, src, bytes, 2));
-    CK(st_gpu_stream_sync(&g->s));
+    CK(eg_memcpy_async(mb->s, g->tr_raw, src, bytes, 2));
+    CK(st_gpu_stream_sync(mb->s));
     for (int t = 0; t < T; t++)
         for (int c = 0; c < w; c++)
             g->tr_f[(size_t)t * w + c] = bf16 ? st_bf16_to_f32(((const st_bf16_t *)g->tr_raw)[(size_t)t * ld + c])
                                               : ((const float *)g->tr_raw)[(size_t)t * ld + c];
     g->trace(g->trace_ctx, l, pt, T, w, g->tr_f);
     if (writable && !bf16 && ld == w) {
-        CK(eg_memcpy_async(&g->s, src, g->tr_f, (size_t)T * w * sizeof(float), 1));
-        CK(st_gpu_stream_sync(&g->s));
+        CK(eg_memcpy_async(mb->s, src, g->tr_f, (size_t)T * w * sizeof(float), 1));
+        CK(st_gpu_stream_sync(mb->s));
     }
 }
 
@@ -783,6 +814,16 @@ static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal) {
     if (!mb) return ST_FAIL(ST_ERR_NO_MEMORY, "micro-batch");
     mb->g = g;
     mb->internal = internal;
+    mb->s = &g->s;
+    if (!internal) {
+        st_status_t se = st_gpu_stream_create(&mb->own);
+        if (se == ST_OK && (se = eg_event_create_sync(&mb->ev)) != ST_OK) st_gpu_stream_destroy(&mb->own);
+        if (se != ST_OK) {
+            free(mb);
+            return se;
+        }
+        mb->s = &mb->own;
+    }
     mb->ents = calloc((size_t)g->o.max_seqs, sizeof(gent_t));
     mb->need = calloc((size_t)g->o.max_batch_tokens + 1, 1);
     if (!mb->need) {
@@ -797,6 +838,10 @@ static st_status_t mb_create(st_egpu_t *g, st_egpu_mb_t **out, bool internal) {
         if (s != ST_OK) st_gpu_arena_cleanup(&mb->dev);
     }
     if (s != ST_OK) {
+        if (!internal) {
+            eg_events_destroy(&mb->ev, 1);
+            st_gpu_stream_destroy(&mb->own);
+        }
         free(mb->ents);
         free(mb->need);
         free(mb);
@@ -814,7 +859,11 @@ st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out) {
 
 void st_egpu_mb_destroy(st_egpu_mb_t *mb) {
     if (!mb) return;
-    st_gpu_stream_sync(&mb->g->s);
+    st_gpu_stream_sync(mb->s);
+    if (!mb->internal) {
+        eg_events_destroy(&mb->ev, 1);
+        st_gpu_stream_destroy(&mb->own);
+    }
     st_gpu_arena_cleanup(&mb->dev);
     st_gpu_arena_cleanup(&mb->pin);
     free(mb->ents);
@@ -911,12 +960,17 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
     mb->nb = 0;
     mb->waiting = false;
     mb->busy = true;
+    mb->pend = 0;
     mb->err = ST_OK;
     mb->t0 = st_time_sec();
     prof_begin(mb);
     prof_mark(g, ST_EGPU_PROF_EMBED);
-    CK(eg_memcpy_async(&g->s, d, h, words * sizeof(int), 1));
-    CK(eg_embed(&g->s, mb->partial, g->embed, mb->d_tok, T, g->c.d));
+    if (mb->s != &g->s) { /* after the state resets of st_egpu_seq_open */
+        CK(eg_event_record(g->open_ev, &g->s));
+        CK(eg_stream_wait(mb->s, g->open_ev));
+    }
+    CK(eg_memcpy_async(mb->s, d, h, words * sizeof(int), 1));
+    CK(eg_embed(mb->s, mb->partial, g->embed, mb->d_tok, T, g->c.d));
     return ST_OK;
 }
 
@@ -926,8 +980,8 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
  * the GEMM reads x to ~16 bits instead of bf16's 8 (2× the GEMM work; comparisons only). */
 static st_status_t lin2(st_egpu_mb_t *mb, float *y, int ldy, float beta, const st_bf16_t *x, const st_bf16_t *xlo,
                         int ldx, const st_bf16_t *W, int T, int N, int K) {
-    st_status_t r = eg_linear(&mb->g->s, y, ldy, true, beta, x, ldx, W, T, N, K);
-    if (r == ST_OK && xlo) r = eg_linear(&mb->g->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
+    st_status_t r = eg_linear(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
+    if (r == ST_OK && xlo) r = eg_linear(mb->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
     return r;
 }
 #define XLO(mb) ((mb)->g->xsplit ? (mb)->xn_lo : NULL)
@@ -941,7 +995,7 @@ static void resnorm(st_egpu_mb_t *mb, st_bf16_t *xn, st_bf16_t *xlo, int q, cons
                     int n_rows, bool head) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int d = c->d;
     st_status_t (*fn)(const st_gpu_stream_t *, st_bf16_t *, st_bf16_t *, const float *, const float *, const float *,
                       const float *, int, int, const float *, const int *, int, int, float, float) =
@@ -964,7 +1018,7 @@ static void resnorm(st_egpu_mb_t *mb, st_bf16_t *xn, st_bf16_t *xlo, int q, cons
 static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
     int ks = g->layer_slot[l];
     prof_mark(g, ST_EGPU_PROF_GEMM);
@@ -1017,7 +1071,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
 static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf16_t *o, float scale) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     if (!g->mla_dmin || mb->all_decode) return;
     int H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope, dv = c->v_head_dim;
     int kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
@@ -1041,9 +1095,10 @@ static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf
 static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int T = mb->T, d = c->d, H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope;
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
+    if (!mb->internal) CK(eg_stream_wait(s, g->mla_ev)); /* the engine-wide MLA scratch: one layer at a time */
     prof_mark(g, ST_EGPU_PROF_GEMM);
     if (c->q_lora_rank > 0) {
         CK(lin2(mb, mb->cq32, c->q_lora_rank, 0.f, mb->xn, XLO(mb), d, G->w_qa, T, c->q_lora_rank, d));
@@ -1108,6 +1163,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
                            (long long)kvw * kvr, true, T, dv, kvr, H));
         mla_direct(mb, G, l, NULL, mb->o, scale);
     }
+    if (!mb->internal) CK(eg_event_record(g->mla_ev, s));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
 }
 
@@ -1119,23 +1175,48 @@ static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down
     prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->h2, 2 * w, 0.f, mb->xn, XLO(mb), d, gu, T, 2 * w, d));
     prof_mark(g, ST_EGPU_PROF_OTHER);
-    CK(eg_glu32(&g->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
+    CK(eg_glu32(mb->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
                 c->situ_beta2));
     prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->partial, d, 1.f, mb->hh, LO(mb, hh_lo), w, down, T, d, w));
 }
 
+/* The route observer (engine.h): the scores come back with the hand-off and the observer runs in
+ * collect (micro-batches); st_engine_step's walk copies and calls it here. */
+static void observe(st_egpu_mb_t *mb, int l) {
+    st_egpu_t *g = mb->g;
+    int T = mb->T, n = g->c.n_experts, kc = g->kcap;
+    if (!g->obs) return;
+    CK(eg_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
+    if (!mb->internal) return;
+    CK(eg_memcpy_async(mb->s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
+    CK(eg_memcpy_async(mb->s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+    prof_release(g);
+    CK(st_gpu_stream_sync(mb->s));
+    g->obs(g->obs_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
+}
+
 static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int T = mb->T, n = c->n_experts, k = c->top_k, kc = g->kcap;
     prof_mark(g, ST_EGPU_PROF_ROUTER);
     CK(lin2(mb, mb->scores, n, 0.f, mb->xn, XLO(mb), c->d, G->router, T, n, c->d));
+    /* quantile thresholds set for this layer and no hook that may rewrite the sets: on the device
+     * (σ in place, the sets and weights), no host round trip */
+    if (g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !g->hook && kc == g->o.k_max &&
+        !isnan(g->tau[(size_t)l * n])) {
+        CK(st_cuda_router_quantile(s, mb->ids, mb->wts, mb->cnt, mb->scores, g->tau_d + (size_t)l * n, T, n, kc,
+                                   c->renormalize, c->routed_scale));
+        observe(mb, l);
+        return;
+    }
     /* σ in place and the top-k choice (used unless quantile thresholds are set) */
     CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, mb->scores, G->router_bias, T, n, k, c->renormalize,
                            c->routed_scale));
-    bool quantile = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set;
+    /* a layer whose thresholds are unset (NaN) routes top-k, as the CPU engine */
+    bool quantile = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !isnan(g->tau[(size_t)l * n]);
     if (quantile || g->hook) {
         if (!quantile) CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, false, 1.f));
         CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
@@ -1166,13 +1247,14 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, c->renormalize,
                            c->routed_scale));
     }
+    observe(mb, l);
 }
 
 /* Routed experts on the device: group by expert, gather, grouped FFN → yg (grouped rows). */
 static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int T = mb->T, kc = g->kcap, E = c->n_experts, ew = st_config_expert_width(c), mi = c->moe_inter;
     bool situ = c->act == ST_ACT_SITU;
     prof_mark(g, ST_EGPU_PROF_EXPERTS);
@@ -1216,7 +1298,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
 static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c), d = c->d;
     const float *yg = mb->local_done ? mb->yg : NULL;
     const float *yf = mb->local_done ? NULL : mb->eout;
@@ -1237,7 +1319,7 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
 static void finish_step(st_egpu_mb_t *mb) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int d = c->d, V = c->vocab, nr = mb->n_rows;
     prof_mark(g, ST_EGPU_PROF_HEAD);
     resnorm(mb, mb->xf, LO(mb, xf_lo), g->q_out, g->final_norm, mb->d_rows, nr, true);
@@ -1285,28 +1367,29 @@ static void finish_step(st_egpu_mb_t *mb) {
     mb->busy = false;
 }
 
-/* Hand-off of layer l's routed tokens: z as fp32, ids and counts into the pinned buffers. */
+/* Hand-off of layer l's routed tokens: z as fp32, ids and counts into the pinned buffers, queued
+ * (collect waits for mb->ev). */
 static void handoff(st_egpu_mb_t *mb, int l, st_moe_work_t *w) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c);
     CK(st_cuda_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
     CK(eg_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), 2));
     CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
     CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
-    CK(st_gpu_stream_sync(s));
+    CK(eg_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
                          .tok_ent = mb->meta_h + T, .out = mb->out_h};
 }
 
-int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
+void st_egpu_mb_launch(st_egpu_mb_t *mb) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
-    const st_gpu_stream_t *s = &g->s;
+    const st_gpu_stream_t *s = mb->s;
     int d = c->d, B = c->attn_res_block, T = mb->T;
     size_t Td = (size_t)T * d;
-    if (!mb->busy) return 0;
+    if (!mb->busy || mb->pend) return;
     if (st_gpu_init(g->o.device) != ST_OK && mb->err == ST_OK) mb->err = ST_ERR_INTERNAL;
     if (mb->waiting) { /* the experts of layer l are back */
         moe_finish(mb, &g->L[mb->l], mb->l);
@@ -1360,15 +1443,42 @@ int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
                 moe_finish(mb, G, l);
                 continue;
             }
-            handoff(mb, l, work);
+            handoff(mb, l, &mb->work);
             mb->waiting = true;
-            return 1;
+            mb->pend = 1;
+            return;
         }
         ffn_add(mb, G->dense_gu, G->dense_down, c->intermediate);
     }
     gtrace(mb, c->n_layers, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
-    finish_step(mb);
-    return 0;
+    if (!mb->internal) CK(eg_event_record(mb->ev, s));
+    mb->pend = 2;
+}
+
+bool st_egpu_mb_ready(st_egpu_mb_t *mb) {
+    return !mb->busy || !mb->pend || mb->internal || eg_event_done(mb->ev);
+}
+
+int st_egpu_mb_collect(st_egpu_mb_t *mb, st_moe_work_t *work) {
+    st_egpu_t *g = mb->g;
+    if (!mb->busy) return 0;
+    if (!mb->pend) st_egpu_mb_launch(mb);
+    int p = mb->pend;
+    mb->pend = 0;
+    if (p == 2) { /* the head: final norm, lm_head, logits or argmax to the caller; synchronises */
+        finish_step(mb);
+        return 0;
+    }
+    if (st_gpu_init(g->o.device) != ST_OK && mb->err == ST_OK) mb->err = ST_ERR_INTERNAL;
+    CK(eg_event_sync(mb->ev));
+    *work = mb->work;
+    if (g->obs) g->obs(g->obs_ctx, mb->l, mb->T, g->c.n_experts, mb->scores_h, mb->ids_h, mb->cnt_h, g->kcap);
+    return 1;
+}
+
+int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work) {
+    st_egpu_mb_launch(mb);
+    return st_egpu_mb_collect(mb, work);
 }
 
 void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work) {

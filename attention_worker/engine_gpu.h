@@ -34,6 +34,10 @@ st_status_t st_egpu_mb_create(st_egpu_t *g, st_egpu_mb_t **out);
 void st_egpu_mb_destroy(st_egpu_mb_t *mb);
 st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
 int st_egpu_mb_advance(st_egpu_mb_t *mb, st_moe_work_t *work);
+void st_egpu_mb_launch(st_egpu_mb_t *mb);
+int st_egpu_mb_collect(st_egpu_mb_t *mb, st_moe_work_t *work);
+bool st_egpu_mb_ready(st_egpu_mb_t *mb);
+void st_egpu_set_route_observer(st_egpu_t *g, st_route_observer_t fn, void *ctx);
 void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work);
 
 /* ---- opt-in per-op GPU timing: STRATA_EGPU_PROF=1 when the engine is created ----
@@ -125,6 +129,13 @@ st_status_t eg_event_record(void *ev, const st_gpu_stream_t *s);
 /* milliseconds from a to b (both completed), or -1 */
 double eg_event_ms(void *a, void *b);
 st_status_t eg_host_alloc(void **p, size_t bytes);
+/* ordering events (no timing) between the engine's streams: *ev created; s waits for ev's last
+ * record (nothing if never recorded); the host waits for it */
+st_status_t eg_event_create_sync(void **ev);
+st_status_t eg_stream_wait(const st_gpu_stream_t *s, void *ev);
+st_status_t eg_event_sync(void *ev);
+/* true once ev's last record completed (or on an error, which the next sync reports) */
+bool eg_event_done(void *ev);
 void eg_host_free(void *p);
 /* Hold the stream until gate[0] != 0 (pinned host word, written by the host) or timeout_ns passed;
  * a timeout adds 1 to gate[1]. */

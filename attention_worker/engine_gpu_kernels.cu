@@ -226,6 +226,19 @@ extern "C" void eg_events_destroy(void **ev, int n) {
 extern "C" st_status_t eg_event_record(void *ev, const st_gpu_stream_t *s) {
     return ST_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, ST_STREAM(s)));
 }
+extern "C" st_status_t eg_event_create_sync(void **ev) {
+    return ST_CUDA_CHECK(cudaEventCreateWithFlags((cudaEvent_t *)ev, cudaEventDisableTiming));
+}
+extern "C" st_status_t eg_stream_wait(const st_gpu_stream_t *s, void *ev) {
+    return ST_CUDA_CHECK(cudaStreamWaitEvent(ST_STREAM(s), (cudaEvent_t)ev, 0));
+}
+extern "C" st_status_t eg_event_sync(void *ev) { return ST_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev)); }
+extern "C" bool eg_event_done(void *ev) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) cudaGetLastError(); /* reported by the sync that follows */
+    return true;
+}
 extern "C" double eg_event_ms(void *a, void *b) {
     float ms = -1.f;
     return cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b) == cudaSuccess ? (double)ms : -1.0;

@@ -28,6 +28,7 @@
 
 #define MAX_SERVERS 64
 #define MAX_MB 4 /* micro-batches in flight per step (--micro-batches) */
+enum { MB_DONE, MB_LAUNCHED, MB_AT_EXPERTS }; /* a micro-batch's state within a step */
 #define MAX_STOP 16
 
 enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
@@ -532,8 +533,41 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     }
 }
 
+/* Whether every reply of micro-batch mb's dispatch has arrived or failed (no wait). */
+static bool replies_in(aw_t *aw, int mb) {
+    st_dispatch_plan_t *p = &aw->plan[mb];
+    bool in = true;
+    pthread_mutex_lock(&aw->mu);
+    for (int s = 0; s < aw->n_srv && in; s++)
+        if (p->n_rows[s] && (aw->pend[mb][s].state == P_QUEUED || aw->pend[mb][s].state == P_SENT)) in = false;
+    pthread_mutex_unlock(&aw->mu);
+    return in;
+}
+
+/* Micro-batch mb's replies → its work item (failed tokens zeroed), then its next layers launched. */
+static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
+    remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
+    for (int t = 0; t < w[mb].T; t++)
+        if (aw->tok_failed[mb][t]) memset(w[mb].out + (size_t)t * w[mb].kc * w[mb].ew, 0, sizeof(float) * (size_t)w[mb].kc * w[mb].ew);
+    aw->hook_mb = mb;
+    st_engine_mb_launch(aw->mbs[mb]);
+}
+
+/* Collect micro-batch mb (waits for its device work) and dispatch its hand-off; returns 1 when its
+ * step is done. */
+static int mb_collect(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256], int *live) {
+    aw->hook_mb = mb;
+    if (st_engine_mb_collect(aw->mbs[mb], &w[mb])) {
+        remote_dispatch(aw, mb, &w[mb], why[mb], sizeof why[mb]);
+        live[mb] = MB_AT_EXPERTS;
+        return 0;
+    }
+    live[mb] = MB_DONE;
+    return 1;
+}
+
 /* Every MoE layer of every micro-batch: count the load, add the scores to the step's summary. */
-static void route_hook(void *ctx, int layer, int T, int n, const float *scores, int *ids, int *cnt, int kmax) {
+static void route_hook(void *ctx, int layer, int T, int n, const float *scores, const int *ids, const int *cnt, int kmax) {
     aw_t *aw = ctx;
     uint32_t *ld = aw->load + (size_t)layer * n;
     for (int t = 0; t < T; t++)
@@ -678,21 +712,50 @@ static void step(aw_t *aw) {
             count[m] = 0;
             continue;
         }
-        live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
-        if (live[m]) remote_dispatch(aw, m, &w[m], why[m], sizeof why[m]);
+        st_engine_mb_launch(aw->mbs[m]);
+        live[m] = MB_LAUNCHED;
     }
-    /* ping-pong: a micro-batch's tokens are at the experts while the others' attention runs */
-    for (int any = 1; any;) {
-        any = 0;
+    /* ping-pong, event-driven: a micro-batch's tokens are at the experts while the others' layers run.
+     * Whichever comes first: a micro-batch whose device work is done (st_engine_mb_ready: always on
+     * the CPU engine, whose work happens in collect) is collected and dispatched; one whose replies
+     * are all in is unpacked and launched again (the GPU engine queues its layers and returns). So
+     * the device always has the next layers queued, the expert servers get each hand-off as soon as
+     * it exists, and the host's packing, unpacking and the PCIe copies overlap the device. */
+    int left = 0, rr = 0;
+    for (int m = 0; m < nmb; m++) left += live[m] != MB_DONE;
+    while (left > 0) {
+        bool moved = false, gpu_busy = false;
         for (int m = 0; m < nmb; m++) {
-            if (!live[m]) continue;
-            remote_finish(aw, m, &w[m], why[m], sizeof why[m]);
-            for (int t = 0; t < w[m].T; t++)
-                if (aw->tok_failed[m][t]) memset(w[m].out + (size_t)t * w[m].kc * w[m].ew, 0, sizeof(float) * (size_t)w[m].kc * w[m].ew);
-            aw->hook_mb = m;
-            live[m] = st_engine_mb_advance(aw->mbs[m], &w[m]);
-            if (live[m]) remote_dispatch(aw, m, &w[m], why[m], sizeof why[m]);
-            any |= live[m];
+            if (live[m] == MB_AT_EXPERTS && replies_in(aw, m)) {
+                mb_resume(aw, m, w, why);
+                live[m] = MB_LAUNCHED;
+                moved = true;
+            }
+            if (live[m] == MB_LAUNCHED && st_engine_mb_ready(aw->mbs[m])) {
+                left -= mb_collect(aw, m, w, why, live);
+                moved = true;
+            }
+            gpu_busy |= live[m] == MB_LAUNCHED;
+        }
+        if (moved) continue;
+        int m = rr;
+        for (int i = 0; i < nmb; i++, m = (m + 1) % nmb)
+            if (live[m] == MB_AT_EXPERTS) break;
+        if (live[m] != MB_AT_EXPERTS) { /* only device work outstanding: wait for the first */
+            for (m = 0; live[m] != MB_LAUNCHED; m++) {}
+            left -= mb_collect(aw, m, w, why, live);
+        } else if (gpu_busy) { /* both kinds outstanding: a short wait for replies, then poll the device */
+            pthread_mutex_lock(&aw->mu);
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_nsec += 20000;
+            if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&aw->cv, &aw->mu, &dl);
+            pthread_mutex_unlock(&aw->mu);
+        } else { /* only replies outstanding: wait (bounded) for the oldest dispatch */
+            mb_resume(aw, m, w, why);
+            live[m] = MB_LAUNCHED;
+            rr = (m + 1) % nmb;
         }
     }
     post_report(aw, nmb);
@@ -1235,7 +1298,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
                            .capacity = (uint32_t)aw->o.max_seqs, .coordinator = aw->o.coordinator,
                            .on_placement = on_placement, .inflight = inflight, .arg = aw,
                            .on_thresholds = aw->o.routing == ST_ROUTE_QUANTILE ? on_thresholds : NULL};
-    st_engine_set_route_hook(aw->e, route_hook, aw);
+    st_engine_set_route_observer(aw->e, route_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);
     uv_signal_init(&aw->loop, &aw->sig_int);

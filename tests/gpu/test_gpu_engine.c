@@ -3,7 +3,8 @@
  * token differs. A first pass runs the GPU's own routing (reported); the checked pass forces the
  * GPU to the CPU's expert choices through the route hook, as SPEC §8 allows, and counts the
  * positions whose choice flipped. Also: the micro-batch hand-off (experts computed on the host),
- * the tiny preset, and k3-mini when STRATA_GPU_K3MINI=1. Exit 77 without a GPU. */
+ * two micro-batches overlapped on their own streams with routing on the device, the tiny preset, and k3-mini when STRATA_GPU_K3MINI=1. Exit 77 without a GPU. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +297,135 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     free(ref);
 }
 
+/* ---- overlapped micro-batches and routing on the device ----
+ * Two sequences as two micro-batches on their own streams, driven in the worker's ping-pong order
+ * (launch returns at once; collect waits for the hand-off; experts on the device), with quantile
+ * thresholds set (odd MoE layers; even ones NaN = top-k) and no hook, so the routing runs on the
+ * device (st_cuda_router_quantile) and the observer sees it after the hand-off lands. Reference:
+ * each sequence alone through st_engine_step with a (read-only) hook, i.e. the host routing path.
+ * The expert sets must be identical, and the logits equal to rounding (1e-4: same kernels and
+ * shapes; a race between the streams or a wrong hand-off shows as O(1)). */
+typedef struct {
+    int *ids[2][MAX_CALLS / 8];
+    int n[2], T, kc, cur, bad;
+    bool record;
+} ovrec_t;
+
+static void ov_cmp(ovrec_t *r, int T, const int *ids, const int *cnt, int kmax) {
+    int q = r->cur, i = r->n[q]++;
+    if (i >= MAX_CALLS / 8 || T != 1 || kmax != r->kc) return;
+    if (r->record) {
+        r->ids[q][i] = malloc(sizeof(int) * (kmax + 1));
+        r->ids[q][i][0] = cnt[0];
+        memcpy(r->ids[q][i] + 1, ids, sizeof(int) * kmax);
+        return;
+    }
+    if (!r->ids[q][i]) return;
+    bool same = r->ids[q][i][0] == cnt[0];
+    for (int k = 0; same && k < cnt[0]; k++) same = r->ids[q][i][1 + k] == ids[k];
+    r->bad += !same;
+}
+static void ov_hook(void *ctx, int layer, int T, int n, const float *scores, int *ids, int *cnt, int kmax) {
+    (void)layer, (void)n, (void)scores;
+    ov_cmp(ctx, T, ids, cnt, kmax);
+}
+static void ov_obs(void *ctx, int layer, int T, int n, const float *scores, const int *ids, const int *cnt, int kmax) {
+    (void)layer, (void)n, (void)scores;
+    ov_cmp(ctx, T, ids, cnt, kmax);
+}
+
+static void test_overlap(const st_ckpt_t *ck, const int *toks, int np, int steps, int V) {
+    const st_config_t *c = st_ckpt_config(ck);
+    st_engine_opts_t o;
+    st_engine_opts_default(&o);
+    o.max_seqs = 4, o.max_batch_tokens = np, o.max_ctx = np + steps + 8, o.device = 0;
+    o.routing = ST_ROUTE_QUANTILE, o.k_max = 2 * c->top_k;
+    st_engine_t *e;
+    if (st_engine_create(&e, ck, &o) != ST_OK) {
+        CHECK(0, "overlap: gpu engine: %s", st_err_last());
+        return;
+    }
+    size_t cells = (size_t)c->n_layers * c->n_experts;
+    float *tau = malloc(cells * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++)
+        for (int x = 0; x < c->n_experts; x++) tau[(size_t)l * c->n_experts + x] = (l & 1) ? 0.5f : NAN;
+    st_engine_set_thresholds(e, tau, 1);
+    int *pr[2] = {malloc(sizeof(int) * (np + steps)), malloc(sizeof(int) * (np + steps))};
+    for (int i = 0; i < np + steps; i++) pr[0][i] = toks[i], pr[1][i] = (toks[i] * 7 + 3) % 256;
+    size_t LB = (size_t)(steps + 1) * V;
+    float *ref[2] = {malloc(LB * sizeof(float)), malloc(LB * sizeof(float))};
+    float *got[2] = {malloc(LB * sizeof(float)), malloc(LB * sizeof(float))};
+    static ovrec_t r;
+    memset(&r, 0, sizeof r);
+    r.kc = o.k_max, r.record = true;
+    st_engine_set_route_hook(e, ov_hook, &r);
+    for (int q = 0; q < 2; q++) { /* reference: alone, host routing (a hook is set), greedy tokens fed */
+        int slot;
+        CHECK(st_engine_seq_open(e, &slot) == ST_OK, "seq open");
+        r.cur = q;
+        for (int i = 0; i <= steps; i++) {
+            if (i > 0) pr[q][np + i - 1] = argmax(ref[q] + (size_t)(i - 1) * V, V);
+            st_seq_chunk_t ch = {.slot = slot, .n_tokens = i ? 1 : np, .tokens = i ? &pr[q][np + i - 1] : pr[q]};
+            CHECK(st_engine_step(e, &ch, 1, ref[q] + (size_t)i * V) == ST_OK, "reference step: %s", st_err_last());
+        }
+        st_engine_seq_close(e, slot);
+    }
+    st_engine_set_route_hook(e, NULL, NULL);
+    st_engine_set_route_observer(e, ov_obs, &r);
+    r.record = false, r.n[0] = r.n[1] = 0;
+    st_engine_mb_t *mb[2];
+    int slot[2], rounds = 0;
+    CHECK(st_engine_mb_create(e, &mb[0]) == ST_OK && st_engine_mb_create(e, &mb[1]) == ST_OK, "mb create: %s",
+          st_err_last());
+    CHECK(st_engine_seq_open(e, &slot[0]) == ST_OK && st_engine_seq_open(e, &slot[1]) == ST_OK, "seq open");
+    for (int i = 0; i <= steps; i++) {
+        st_seq_chunk_t ch[2];
+        enum { DONE, LAUNCHED, AT_EXPERTS } st[2];
+        st_moe_work_t w[2];
+        for (int q = 0; q < 2; q++) {
+            ch[q] = (st_seq_chunk_t){.slot = slot[q], .n_tokens = i ? 1 : np, .tokens = i ? &pr[q][np + i - 1] : pr[q]};
+            CHECK(st_engine_mb_begin(mb[q], &ch[q], 1, got[q] + (size_t)i * V) == ST_OK, "mb begin: %s", st_err_last());
+            st_engine_mb_launch(mb[q]);
+            st[q] = LAUNCHED;
+        }
+        for (int m = 1, left = 2; left > 0; m ^= 1) { /* the worker's order (worker.c step) */
+            if (st[m] == AT_EXPERTS) {
+                st_engine_mb_run_local(mb[m], &w[m]);
+                st_engine_mb_launch(mb[m]);
+                st[m] = LAUNCHED;
+            }
+            int q = m ^ 1;
+            if (st[q] != LAUNCHED) continue;
+            r.cur = q;
+            if (st_engine_mb_collect(mb[q], &w[q])) st[q] = AT_EXPERTS, rounds++;
+            else st[q] = DONE, left--;
+        }
+    }
+    int moe = c->n_layers - c->first_k_dense, bad = 0, nf = 0;
+    double worst = 0;
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i <= steps; i++) {
+            double e2 = rel_l2(got[q] + (size_t)i * V, ref[q] + (size_t)i * V, V, &nf);
+            worst = e2 > worst ? e2 : worst;
+            bad += argmax(got[q] + (size_t)i * V, V) != argmax(ref[q] + (size_t)i * V, V);
+        }
+    printf("overlapped micro-batches (2 streams, device quantile routing) vs one at a time (host routing): rel L2 "
+           "%.2e, greedy tokens differing %d, expert sets differing %d of %d, hand-offs %d\n", worst, bad, r.bad,
+           r.n[0] + r.n[1], rounds);
+    CHECK(rounds == 2 * (steps + 1) * moe, "one hand-off per MoE layer per micro-batch (%d)", rounds);
+    CHECK(r.n[0] == (steps + 1) * moe && r.n[1] == r.n[0], "observer once per MoE layer (%d, %d)", r.n[0], r.n[1]);
+    CHECK(r.bad == 0, "device quantile routing differs from the host's at %d positions", r.bad);
+    CHECK(worst <= 1e-4 && bad == 0 && nf == 0, "overlapped micro-batches: rel L2 %.2e, %d tokens differ", worst, bad);
+    for (int q = 0; q < 2; q++) {
+        st_engine_seq_close(e, slot[q]);
+        st_engine_mb_destroy(mb[q]);
+        free(pr[q]), free(ref[q]), free(got[q]);
+        for (int i = 0; i < MAX_CALLS / 8; i++) free(r.ids[q][i]);
+    }
+    free(tau);
+    st_engine_destroy(e);
+}
+
 /* One GPU pass with the CPU's routing forced and the trace compared (teacher: partial sums forced
  * too). Prints the logits comparison and the per-layer table; returns whether the logits pass.
  * sub_tol > 0 (teacher passes): every sublayer's own error must be within it (SPEC §8: layers
@@ -406,6 +536,7 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
         snprintf(what, sizeof what, "%s teacher-forced", preset);
         traced_pass(eg, &rec, &tr, true, toks, np, steps, lg, lc, V, c, what, false, SUBLAYER_TOL);
         test_handoff(eg, ck, toks, np, V);
+        test_overlap(ck, toks, np, steps, V);
         /* STRATA_GPU_DIAG=1: the same two passes for the precision variants of the engine (split bf16
          * GEMM inputs included: STRATA_EGPU_XSPLIT, engine_gpu.c) */
         static const char *variants[][2] = {{"STRATA_EGPU_MLA32", "1"},

@@ -67,6 +67,14 @@ void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version
 typedef void (*st_route_hook_t)(void *ctx, int layer, int T, int n_experts, const float *scores,
                                 int *ids, int *cnt, int kmax);
 void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx);
+/* Routing observer: read-only, for every MoE layer, with the final sets (after any hook). It lets
+ * the GPU engine route on the device without a host round trip: there the observer of a
+ * micro-batch's layer runs inside st_engine_mb_collect, once the hand-off copies have landed (the
+ * scores come back with them); st_engine_step calls it right after routing. The worker counts
+ * expert load and builds its threshold summaries this way. */
+typedef void (*st_route_observer_t)(void *ctx, int layer, int T, int n_experts, const float *scores,
+                                    const int *ids, const int *cnt, int kmax);
+void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx);
 
 /* ---- test-only trace: per-sublayer comparison of backends (SPEC §8) ----
  * Called at fixed points of the layer walk, in the same order on every backend, with an fp32 host
@@ -117,8 +125,20 @@ void st_engine_mb_destroy(st_engine_mb_t *mb);
  * logits: where the final rows go (as st_engine_step). */
 st_status_t st_engine_mb_begin(st_engine_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
 /* Returns 1 with *work filled when a MoE layer needs its experts (fill work->out, call again), or 0
- * when the step is finished and the logits are written. */
+ * when the step is finished and the logits are written. Same as launch then collect. */
 int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work);
+/* The two halves of advance, so that a driver can overlap micro-batches: launch queues the walk up
+ * to the next MoE hand-off (its device-to-host copies included) or to the step's end, and returns
+ * without waiting for the device (the GPU engine runs each micro-batch on its own stream); collect
+ * waits for what launch queued and returns as advance. The CPU engine computes inside collect
+ * (launch does nothing): st_engine_async says which kind the engine is. Between launch and
+ * collect the micro-batch's work buffers (z, ids, cnt, out) are not to be touched. A collect
+ * without a launch launches first. */
+void st_engine_mb_launch(st_engine_mb_t *mb);
+int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work);
+bool st_engine_async(const st_engine_t *e);
+/* Whether collect would return without waiting for the device (a poll; always true on the CPU). */
+bool st_engine_mb_ready(st_engine_mb_t *mb);
 /* Run one work item on the locally bound experts (not with remote_experts). */
 void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *work);
 
