@@ -3,7 +3,20 @@
  * for up to 64 heads (the cache is read once per 64 heads; H > 64 runs ceil(H/64) head groups, fewer
  * heads are zero-padded), 64-token tiles, QKᵀ and P·C̃ on Hopper wgmma (sm_90a; mma.sync where that is
  * not compiled in), online softmax in registers; a second kernel merges the splits.
+ * Variants (st_cuda_mla_decode_set_variant / STRATA_MLA_DECODE): v2 (default) as below; v3 = v2 + L2
+ * bulk prefetch of the rows 1–3 tiles ahead; v4 = v3 with the gathers done by TMA boxes of 8 rows.
+ * Both pass test_gpu_mla and both are slower on the H200 (2026-11-30: 64 × 32K, H=64: v2 72.3% of
+ * copy, v3 54%, v4 41–47%): issued from the compute warps, the prefetch / TMA instructions delay
+ * warpgroup 0's wgmmas, and 1 KB TMA boxes gather slower than cp.async. Kept for the diagnostics
+ * (gathers only / tensor work only) and as the TMA starting point of a warp-specialised version.
+ * v5 = v4 with TMA boxes of 32 rows (9 × 4 KB per 32 tokens instead of 72 × 1 KB per tile) and no
+ * prefetch: compiled, NOT yet run on a GPU (tests: TEST_MLA_V5=1, bench: BENCH_MLA_V5=1).
  * CPU reference: st_mla_attn_absorbed (kernels/mla.c). */
+#include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_common.cuh"
 
 #define DR 576 /* key width: kv_lora 512 + rope 64 */
@@ -23,7 +36,9 @@
  * tile t+1's paged rows (cp.async) are gathered behind tile t's QKᵀ wgmmas, and tile t's P·C̃ is left in
  * flight until tile t+1's QKᵀ is queued behind it.
  * Measured on the H200 (bench_gpu_mla, 2026-11-30), B=64 ctx=32K H=64: all mma.sync 218 TFLOP/s;
- * wgmma QKᵀ 280; wgmma QKᵀ + P·C̃ 340; + overlaps above 360 (70% of copy). */
+ * wgmma QKᵀ 280; wgmma QKᵀ + P·C̃ 340; + overlaps above 360 (70% of copy). Same shape, later run:
+ * 0.787 ms (72.3% of copy); the gathers alone 0.604 ms (94%), the tensor work alone 0.579 ms (98%):
+ * each half is near the copy time, and what is lost is their overlap (see docs/perf.md). */
 #define TK2 64
 #define NH2 64                /* heads per block */
 #define NT2 256               /* threads per block */
@@ -44,6 +59,7 @@ struct MlaSmem2 {
     unsigned char Ks[2][OPND_BYTES];
     st_bf16_t Ps[4][16 * LDP2];
     float red[8][16];
+    unsigned long long bar[2]; /* v4: TMA completion of K buffer 0 / 1 */
 };
 
 /* byte offset of (row r, 16-byte chunk c) in a 64-row operand */
@@ -105,13 +121,62 @@ __device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t
 }
 #endif
 
+/* L2 prefetch of one cache row (v3): the copy engine pulls the 1152 bytes into L2 without holding
+ * registers or shared memory, so the next tiles stream from HBM while this tile's rows are copied
+ * into shared memory from L2. */
+__device__ __forceinline__ void mla_prefetch_l2(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
+#if MLA_WGMMA
+/* mbarrier helpers (v4's TMA gathers) */
+__device__ __forceinline__ void mla_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mla_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* wait for the phase of parity par to complete. The retry loop lives inside the asm (as CUTLASS does):
+ * a C loop around try_wait is a divergent path to ptxas, which then serialises every wgmma (C7518). */
+__device__ __forceinline__ void mla_bar_wait(unsigned bar, unsigned par) {
+    asm volatile(
+        "{\n.reg .pred p;\nMLA_WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra MLA_WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(par)
+        : "memory");
+}
+__device__ __forceinline__ void mla_tma2d(unsigned dst, const CUtensorMap *tm, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+#endif
+
 /* grid (n_splits, B, ceil(H / 64)), 256 threads. ws_acc [B, H, n_splits, 512] fp32 (unnormalised
- * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p); splits past seqlens[b] write nothing. */
+ * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p); splits past seqlens[b] write nothing.
+ * pf > 0 (v3): the rows of tile t + 1 + pf are prefetched into L2 when tile t + 1's copies are issued,
+ * so HBM always has pf tiles in flight per block beside the tile being copied (v2: pf = 0, one tile
+ * in flight, issued in a burst that drains before the next burst starts).
+ * use_tma = R (v4: R = 8, needs page_size % 8 == 0; v5: R = 32, page_size % 32 == 0): every full
+ * R-row group of a tile (R rows of one page) is copied by the copy engine, 9 TMA boxes of R rows × 64
+ * columns (tensor map tm over the pool as [rows, 576], box R × 64, 128-byte swizzle = the layout
+ * above) completing on the buffer's mbarrier, instead of 4 608 16-byte cp.async per tile from the
+ * threads; the partial last group keeps cp.async (zero fill).
+ * MODE 0: the kernel. Benchmark diagnostics, output undefined: MODE 1 = the same gathers with the
+ * tensor work left out, MODE 2 = the tensor work with the gathers left out (stale K buffers). */
+template <int MODE, bool TMA, bool PF> /* PF / TMA false: v2 exactly (pf, use_tma ignored) */
 __global__ void __launch_bounds__(NT2, 1)
     mla_decode_heads_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
                             const int *__restrict__ block_table, const int *__restrict__ seqlens, int H, int page_size,
                             int max_pages, int split_len, int n_splits, float scale_log2, float *ws_acc,
-                            float *ws_ml) {
+                            float *ws_ml, int pf, const __grid_constant__ CUtensorMap tm, int use_tma) {
     constexpr int TPR = NT2 / TK2; /* loader threads per row */
     extern __shared__ __align__(1024) unsigned char smraw[];
     /* the swizzle pattern repeats every 1024 B: align the operands to that */
@@ -127,6 +192,20 @@ __global__ void __launch_bounds__(NT2, 1)
     const unsigned q_base = (unsigned)__cvta_generic_to_shared(sm.Qs);
     const unsigned k_base0 = (unsigned)__cvta_generic_to_shared(sm.Ks[0]);
     const unsigned p_base = (unsigned)__cvta_generic_to_shared(sm.Ps[hg]);
+    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(&sm.bar[0]);
+#if MLA_WGMMA
+    const bool tma = TMA && use_tma != 0 && MODE != 2;
+    if (tma) {
+        if (tid == 0) {
+            mla_bar_init(bar0, 1), mla_bar_init(bar0 + 8, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
+#else
+    const bool tma = false;
+    (void)use_tma, (void)tm, (void)bar0;
+#endif
 
     for (int i = tid; i < NH2 * NCH; i += NT2) {
         int r = i / NCH, c = i % NCH;
@@ -137,6 +216,23 @@ __global__ void __launch_bounds__(NT2, 1)
     const int lr = tid / TPR, lc0 = tid % TPR; /* loader: row lr of the tile, chunks lc0 + TPR·i */
     auto load_tile = [&](int tt, int buf) {
         const int j = s0 + tt * TK2 + lr;
+        const int gsh = use_tma == 32 ? 5 : 3;                            /* log2 of the TMA group rows */
+        const int nfull = tma ? min(TK2, s1 - (s0 + tt * TK2)) >> gsh : 0; /* groups the TMA copies */
+#if MLA_WGMMA
+        if (tma && w == 0) {
+            const unsigned bar = bar0 + 8 * buf;
+            if (lane == 0) mla_bar_expect(bar, (unsigned)(nfull << gsh) * DR * 2);
+            __syncwarp();
+            if (lane < nfull) {
+                const int j0 = s0 + tt * TK2 + (lane << gsh);
+                const int prow = bt[j0 / page_size] * page_size + j0 % page_size;
+                const unsigned dst = k_base0 + buf * OPND_BYTES + (lane << gsh) * 128;
+#pragma unroll
+                for (int cb = 0; cb < DR / 64; cb++) mla_tma2d(dst + cb * CB_BYTES, &tm, cb * 64, prow, bar);
+            }
+        }
+#endif
+        if ((lr >> gsh) < nfull) return; /* row copied by the TMA */
         const bool ok = j < s1;
         const int jj = ok ? j : s0;
         const st_bf16_t *row = pool + ((size_t)bt[jj / page_size] * page_size + jj % page_size) * DR;
@@ -147,8 +243,16 @@ __global__ void __launch_bounds__(NT2, 1)
             st_cp_async16(dst + mla_swz(lr, c), row + c * 8, ok);
         }
     };
-    load_tile(0, 0);
+    /* L2 prefetch of tile tt's rows: one row per thread of warps 0-1 */
+    auto prefetch_tile = [&](int tt) {
+        const int j = s0 + tt * TK2 + tid;
+        if (tid < TK2 && j < s1)
+            mla_prefetch_l2(pool + ((size_t)bt[j / page_size] * page_size + j % page_size) * DR, DR * 2);
+    };
+    if (MODE != 2) load_tile(0, 0);
     asm volatile("cp.async.commit_group;\n" ::);
+    if (PF)
+        for (int d = 1; d <= pf && d < ntiles; d++) prefetch_tile(d);
 
     float acc[32][4];
 #pragma unroll
@@ -168,7 +272,16 @@ __global__ void __launch_bounds__(NT2, 1)
 #if MLA_WGMMA
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async data → wgmma */
 #endif
+#if MLA_WGMMA
+        if (tma) mla_bar_wait(bar0 + 8 * buf, (tt >> 1) & 1);
+#endif
         __syncthreads(); /* tile tt (and Q) visible */
+        if (MODE == 1) {
+            if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            if (PF && pf > 0 && tt + 1 + pf < ntiles) prefetch_tile(tt + 1 + pf);
+            continue;
+        }
         const unsigned kb = k_base0 + buf * OPND_BYTES;
 
         /* S = Q Kᵀ: 16 heads × 32 tokens per warp */
@@ -190,12 +303,14 @@ __global__ void __launch_bounds__(NT2, 1)
             __syncthreads();
         }
         /* the next tile's gathers overlap the tensor work */
-        if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
+        if (MODE != 2 && tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
         asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if (PF && pf > 0 && tt + 1 + pf < ntiles) prefetch_tile(tt + 1 + pf);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #else
-        if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1); /* P·C̃ below is synchronous: buffer free */
+        if (MODE != 2 && tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1); /* P·C̃ below is synchronous */
         asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if (PF && pf > 0 && tt + 1 + pf < ntiles) prefetch_tile(tt + 1 + pf);
 #pragma unroll 4
         for (int kk = 0; kk < DR / 16; kk++) {
             uint32_t a[4], b0[4], b1[4];
@@ -363,6 +478,66 @@ static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int
 /* Longest split the launcher makes (tokens); see mla_pick_split. */
 #define MLA_SPLIT_CAP 8192
 
+/* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE=2..5,
+ * read once, else MLA_DEFAULT_VARIANT). v2 stays the default: v3/v4 measured slower, v5 not run yet. */
+#define MLA_DEFAULT_VARIANT 2
+#define MLA_DEFAULT_LOOKAHEAD 2
+static int g_mla_variant = 0, g_mla_lookahead = 0;
+
+extern "C" st_status_t st_cuda_mla_decode_set_variant(int variant, int lookahead) {
+    const int av = variant < 0 ? -variant : variant;
+    if (!(variant == 0 || variant == 9 || (av >= 2 && av <= 5)) || lookahead < -1 || lookahead > 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG,
+                       "mla_decode_set_variant: variant %d (0, ±2, ±3, ±4, ±5, 9), lookahead %d (-1..8)",
+                       variant, lookahead);
+    g_mla_variant = variant;
+    g_mla_lookahead = lookahead;
+    return ST_OK;
+}
+
+/* the tensor-map encoder (driver entry point), looked up once; null where unavailable */
+typedef CUresult (*mla_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static mla_encode_fn mla_encoder(void) {
+    static int looked = 0; /* NOTE: idempotent; a race only repeats the query */
+    static mla_encode_fn enc = nullptr;
+    if (!looked) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && fn)
+            enc = (mla_encode_fn)fn;
+        else
+            (void)cudaGetLastError();
+        looked = 1;
+    }
+    return enc;
+}
+
+/* v4/v5's tensor map: the pool as [rows, 576] bf16 (row stride 1152 B), box_rows × 64 columns, 128-byte
+ * swizzle. The row count is not known here; the kernel addresses only rows of pages in the block
+ * table, so the extent is set to 2^31 rows (no bounds check is relied on). */
+static bool mla_pool_map(CUtensorMap *m, const void *pool, int box_rows) {
+    mla_encode_fn enc = mla_encoder();
+    if (!enc) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)DR, (cuuint64_t)1 << 31}, strides[1] = {(cuuint64_t)DR * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(pool), dims, strides, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+static int mla_variant(void) {
+    if (g_mla_variant == 0) {
+        const char *e = getenv("STRATA_MLA_DECODE");
+        int v = e ? atoi(e) : 0;
+        g_mla_variant = (v >= 2 && v <= 5) ? v : MLA_DEFAULT_VARIANT;
+    }
+    return g_mla_variant;
+}
+
 extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const st_bf16_t *q_abs,
                                           const st_bf16_t *pool, const int *block_table, const int *seqlens, int B,
                                           int H, int page_size, int max_pages, int max_ctx, int split_len, float scale,
@@ -386,12 +561,38 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
     if (ns < 1) ns = 1;
     float *ws_acc = (float *)ws, *ws_ml = ws_acc + (size_t)B * H * ns * DVL;
     const size_t smem = sizeof(MlaSmem2) + 1024; /* + slack for the 1024-byte alignment */
-    st_status_t rc = ST_CUDA_CHECK(
-        cudaFuncSetAttribute(mla_decode_heads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int variant = mla_variant();
+    const int av = variant < 0 ? -variant : variant;
+    /* L2 lookahead: v3/v4 default 2 tiles, v5 none (the prefetch measured slower); −1 → none */
+    int pf = 0;
+    if (av == 3 || av == 4 || av == 5)
+        pf = g_mla_lookahead > 0 ? g_mla_lookahead : g_mla_lookahead < 0 || av == 5 ? 0 : MLA_DEFAULT_LOOKAHEAD;
+    CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    /* TMA group rows: v4 8, v5 32 (8 where pages hold a multiple of 8 rows only); where the TMA cannot
+     * take whole groups, v4/v5 run v3's cp.async gathers */
+    const int rows = av == 5 && page_size % 32 == 0 ? 32 : (av == 4 || av == 5) && page_size % 8 == 0 ? 8 : 0;
+    const int use_tma = rows && mla_pool_map(&tm, pool, rows) ? rows : 0;
+    static int told = 0; /* NOTE: once per process, diagnostics only */
+    if (rows && !use_tma && !told) {
+        told = 1;
+        fprintf(stderr, "mla_decode: tensor map unavailable (encoder %s), using cp.async gathers\n",
+                mla_encoder() ? "failed" : "not found");
+    }
+    typedef void (*kern_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int, int,
+                           float, float *, float *, int, const CUtensorMap, int);
+    kern_t kern = mla_decode_heads_kernel<0, false, false>; /* v2 */
+    if (variant == 3 || variant == 4 || variant == 5)
+        kern = use_tma ? mla_decode_heads_kernel<0, true, true> : mla_decode_heads_kernel<0, false, true>;
+    else if (variant == -2) kern = mla_decode_heads_kernel<1, false, false>; /* diagnostics */
+    else if (variant == -3 || variant == -4 || variant == -5)
+        kern = use_tma ? mla_decode_heads_kernel<1, true, true> : mla_decode_heads_kernel<1, false, true>;
+    else if (variant == 9) kern = mla_decode_heads_kernel<2, false, false>;
+    st_status_t rc =
+        ST_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
-    mla_decode_heads_kernel<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H,
-                                                                         page_size, max_pages, sl, ns,
-                                                                         scale * 1.4426950408889634f, ws_acc, ws_ml);
+    kern<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H, page_size, max_pages, sl,
+                                                      ns, scale * 1.4426950408889634f, ws_acc, ws_ml, pf, tm, use_tma);
     rc = ST_LAUNCH_OK("mla_decode_heads_kernel");
     if (rc) return rc;
     mla_decode_combine_kernel<<<dim3(H, B), 128, 0, ST_STREAM(s)>>>(o_lat, ws_acc, ws_ml, seqlens, H, sl, ns);

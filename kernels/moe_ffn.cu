@@ -1,9 +1,12 @@
 /* Latent expert FFN on the GPU, grouped over experts (SPEC §6): y = w2 · act(w1 x, w3 x) for the
  * rows of each expert, as two grouped tensor-core GEMMs (mma.sync m16n8k16 bf16, fp32 accumulate,
  * 4-stage cp.async pipeline, 128×128×32 block tiles) with the SiTU/SiLU-GLU fused into the first
- * GEMM's epilogue; plus MXFP4 → bf16 weight conversion at load. Not wgmma (see docs/perf.md).
+ * GEMM's epilogue; on sm_90 devices optionally (st_cuda_moe_ffn_use_wgmma) the same two GEMMs on
+ * Hopper wgmma fed by TMA (ffn_wg_kernel below); plus MXFP4 → bf16 weight conversion at load.
  * CPU reference: st_ffn per expert (kernels/ffn.c), st_weight_rows_f32 for MXFP4. */
 #include <cublas_v2.h>
+#include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
+#include <stdlib.h>
 
 #include "cuda_common.cuh"
 
@@ -176,10 +179,430 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
         }
 }
 
+/* ---------------- Hopper path: wgmma + TMA, warp-specialised, persistent ----------------
+ * The same two grouped GEMMs on sm_90a: block tile 128 rows × 256 B rows × 64 k, 4-stage ring of
+ * TMA-loaded (128-byte swizzle) A and B tiles guarded by mbarriers; 3 warpgroups: WG 0 the producer
+ * (one thread issues the TMA loads, setmaxnreg 40), WGs 1 and 2 the consumers (setmaxnreg 232), each
+ * 64 rows × 256 columns with wgmma m64n256k16 (fp32 accumulators in registers, 128 per thread).
+ * Blocks are persistent: block b takes tiles b, b + grid, … of (tile-map entry × column tile), so the
+ * producer prefetches the next tile while the consumers run the epilogue. GLU: B rows 0..127 = w1_e
+ * rows n0.., 128..255 = w3_e rows n0.. (n0 = 128·column tile): accumulator n8 block j (gate) pairs
+ * with block j + 16 (up) in the same thread; h = act(gate, up) bf16. Down: 256 output columns of
+ * w2_e. Rows of a 128-row tile past the expert's end are computed (next expert's or TMA zero rows) and
+ * not stored; B rows past Nout likewise; k past K is zero-filled by TMA.
+ * CL = 2: clusters of two blocks take tile-map entries in pairs (2p, 2p+1) at the same column tile;
+ * when both entries are the same expert (they share the B tile) each block loads one half of B
+ * (multicast into both blocks' shared memory), so a 128×256×64 step reads 32 KB from L2 per block
+ * instead of 48 KB (NOTE: 128×256 is the largest tile the registers hold, so the block's traffic per
+ * FLOP is bounded by that; cuBLAS uses clusters the same way). Otherwise each loads all of its own B.
+ * Both blocks' consumers release a stage to both producers (16 arrivals), since either producer may
+ * write into either block's stage; a pair with an odd last entry runs that block on its partner's
+ * tile without storing (keeps the two in step).
+ * Weights stacked [E·Nout, K] (one tensor map each); the table mode (arbitrary per-expert pointers)
+ * stays on the mma.sync kernel above. */
+#define FW_BM 128
+#define FW_BN 256
+#define FW_BK 64
+#define FW_ST 4
+#define FW_THREADS 384
+#define FW_A_BYTES (FW_BM * FW_BK * 2) /* 16 KB */
+#define FW_B_BYTES (FW_BN * FW_BK * 2) /* 32 KB */
+#define FW_SMEM (1024 + FW_ST * (FW_A_BYTES + FW_B_BYTES) + 2 * FW_ST * 8)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FW_ARCH 1
+#else
+#define FW_ARCH 0
+#endif
+
+#if FW_ARCH
+__device__ __forceinline__ uint64_t fw_desc(unsigned addr) { /* K-major, 128B swizzle, 8-row groups 1 KB apart */
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void fw_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fw_bar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* arrive on the barrier at the same offset in the cluster's block `rank` */
+__device__ __forceinline__ void fw_bar_arrive_remote(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+        "r"(rank)
+        : "memory");
+}
+__device__ __forceinline__ void fw_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* wait for the phase of parity par to complete; traps (an error, not a hang) after ~seconds */
+__device__ __forceinline__ void fw_bar_wait(unsigned bar, unsigned par) {
+    for (unsigned n = 0;; n++) {
+        unsigned ok;
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(ok)
+            : "r"(bar), "r"(par)
+            : "memory");
+        if (ok) return;
+        if (n > (1u << 24)) __trap();
+    }
+}
+__device__ __forceinline__ void fw_tma2d(unsigned dst, const CUtensorMap *tm, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+/* the same box into the same offset of every block of the cluster in mask (and their barriers) */
+__device__ __forceinline__ void fw_tma2d_mc(unsigned dst, const CUtensorMap *tm, int c0, int c1, unsigned bar,
+                                            unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+        "{%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+        : "memory");
+}
+__device__ __forceinline__ void fw_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ float fw_tanh(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+/* SPEC §6 activation with the MUFU tanh (rel. error ~2^-11, below h's bf16 rounding); σ(a) = ½ + ½·tanh(a/2) */
+__device__ __forceinline__ float fw_act(float a, float u, int situ, float b1, float b2, float ib1, float ib2) {
+    float sg = fmaf(0.5f, fw_tanh(0.5f * a), 0.5f);
+    return situ ? (b1 * fw_tanh(a * ib1) * sg) * (b2 * fw_tanh(u * ib2)) : a * sg * u;
+}
+/* d[64 × 256] += A[64 × 16] · B[16 × 256], both K-major in 128-byte-swizzled shared memory */
+__device__ __forceinline__ void fw_wgmma_n256(float d[32][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+          "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+          "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+          "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+          "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+          "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(da), "l"(db), "r"(1));
+}
+#endif
+
+/* grid: CL = 1: min(tiles bound · column tiles, SMs) blocks; CL = 2: clusters of 2, an even count.
+ * FW_THREADS threads, FW_SMEM bytes. tmA: A [N, K]; tmB1 (GLU: w1, else w2) and tmB3 (GLU: w3, else
+ * unused) [E·Nout, K]; boxes 64 × 128. */
+template <bool GLU, typename TC, int CL>
+__global__ void __launch_bounds__(FW_THREADS, 1)
+    ffn_wg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB1,
+                  const __grid_constant__ CUtensorMap tmB3, TC *__restrict__ C, const int *__restrict__ offsets,
+                  const int *__restrict__ map, int bound, int Nout, int K, int situ, float b1, float b2) {
+#if FW_ARCH
+    extern __shared__ __align__(1024) unsigned char fw_raw[];
+    const unsigned base0 = (unsigned)__cvta_generic_to_shared(fw_raw);
+    const unsigned sbase = (base0 + 1023) & ~1023u; /* the swizzle repeats every 1024 B */
+    const unsigned sA = sbase, sB = sbase + FW_ST * FW_A_BYTES, sbar = sB + FW_ST * FW_B_BYTES;
+    /* full[s] at sbar + 8s, empty[s] at sbar + 8(FW_ST + s) */
+    const int ncolt = GLU ? (Nout + 127) / 128 : (Nout + 255) / 256;
+    const int ktiles = (K + FW_BK - 1) / FW_BK;
+    const int wg = threadIdx.x >> 7;
+    /* work units: CL = 1 a block walks tiles (entry, column tile); CL = 2 a cluster walks (entry pair,
+     * column tile) */
+    unsigned rank = 0, unit0 = blockIdx.x, nunits = gridDim.x;
+    if (CL == 2) {
+        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(unit0));
+        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(nunits));
+    }
+    const int nent = CL == 2 ? (bound + 1) / 2 : bound; /* entries (or entry pairs) */
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FW_ST; s++) {
+            fw_bar_init(sbar + 8 * s, 1);
+            fw_bar_init(sbar + 8 * (FW_ST + s), 8 * CL); /* lane 0 of each consumer warp (of both blocks) */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (CL == 2) fw_cluster_sync();
+    else __syncthreads();
+    /* unit u → (my entry, column tile, its expert, whether B is shared); false past the last unit */
+    auto unit = [&](unsigned u, int &ent, int &ct, int &e, bool &shared, bool &store) -> bool {
+        const int q = (int)(u / (unsigned)ncolt);
+        ct = (int)(u - (unsigned)q * ncolt);
+        if (q >= nent) return false;
+        if (CL == 1) {
+            ent = q, e = map[2 * q], shared = false, store = true;
+            return e >= 0;
+        }
+        const int e0 = map[4 * q];
+        if (e0 < 0) return false;
+        const int e1 = 2 * q + 1 < bound ? map[4 * q + 2] : -1;
+        shared = e1 == e0;
+        store = rank == 0 || e1 >= 0;
+        ent = store ? 2 * q + (int)rank : 2 * q; /* no second entry: the partner's tile, not stored */
+        e = store && rank ? e1 : e0;
+        return true;
+    };
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x == 0) {
+            int it = 0, ent, ct, e;
+            bool shared, store;
+            for (unsigned u = unit0; unit(u, ent, ct, e, shared, store); u += nunits) {
+                const int m0 = map[2 * ent + 1];
+                int r1, r3;
+                if (GLU) r1 = r3 = e * Nout + ct * 128;
+                else r1 = e * Nout + ct * 256, r3 = r1 + 128;
+                for (int kt = 0; kt < ktiles; kt++, it++) {
+                    const int s = it % FW_ST;
+                    const unsigned ph = (unsigned)(it / FW_ST) & 1;
+                    fw_bar_wait(sbar + 8 * (FW_ST + s), ph ^ 1);
+                    const unsigned full = sbar + 8 * s;
+                    fw_bar_expect(full, FW_A_BYTES + FW_B_BYTES);
+                    const int k0 = kt * FW_BK;
+                    fw_tma2d(sA + s * FW_A_BYTES, &tmA, k0, m0, full);
+                    if (CL == 2 && shared) { /* my half of B into both blocks */
+                        fw_tma2d_mc(sB + s * FW_B_BYTES + rank * (FW_B_BYTES / 2), GLU && rank ? &tmB3 : &tmB1, k0,
+                                    rank ? r3 : r1, full, (unsigned short)3);
+                    } else {
+                        fw_tma2d(sB + s * FW_B_BYTES, &tmB1, k0, r1, full);
+                        fw_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, GLU ? &tmB3 : &tmB1, k0, r3, full);
+                    }
+                }
+            }
+        }
+        if (CL == 2) fw_cluster_sync(); /* neither block leaves while the other may still signal it */
+        return;
+    }
+    /* consumers */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const float ib1 = 1.f / b1, ib2 = 1.f / b2;
+    int it = 0, ent, ct, e;
+    bool shared, store;
+    float acc[32][4];
+    for (unsigned u = unit0; unit(u, ent, ct, e, shared, store); u += nunits) {
+        const int m0 = map[2 * ent + 1], m_end = store ? offsets[e + 1] : m0;
+#pragma unroll
+        for (int j = 0; j < 32; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % FW_ST;
+            fw_bar_wait(sbar + 8 * s, (unsigned)(it / FW_ST) & 1);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            const unsigned a = sA + s * FW_A_BYTES + c * (64 * 128), b = sB + s * FW_B_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < FW_BK / 16; kk++) fw_wgmma_n256(acc, fw_desc(a + kk * 32), fw_desc(b + kk * 32));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (kt > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (lane == 0) {
+                    const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
+                    fw_bar_arrive(eb);
+                    if (CL == 2) fw_bar_arrive_remote(eb, rank ^ 1);
+                }
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lane == 0) {
+            const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
+            fw_bar_arrive(eb);
+            if (CL == 2) fw_bar_arrive_remote(eb, rank ^ 1);
+        }
+        /* epilogue: row of acc[j][q] = 16·warp + g + 8·(q >> 1), column 8j + 2·tq + (q & 1) */
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int row = m0 + c * 64 + warp * 16 + g + hh * 8;
+            if (row >= m_end) continue;
+            if (GLU) {
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const int col = ct * 128 + j * 8 + 2 * tq;
+                    if (col >= Nout) continue;
+                    const float o0 = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
+                    const float o1 = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
+                    fb_st2(C + (size_t)row * Nout + col, o0, o1);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    const int col = ct * 256 + j * 8 + 2 * tq;
+                    if (col >= Nout) continue;
+                    fb_st2(C + (size_t)row * Nout + col, acc[j][2 * hh], acc[j][2 * hh + 1]);
+                }
+            }
+        }
+    }
+    if (CL == 2) fw_cluster_sync();
+#else
+    (void)offsets, (void)map, (void)bound, (void)Nout, (void)K, (void)situ, (void)b1, (void)b2, (void)C;
+    __trap(); /* never launched: the host checks the device before choosing this path */
+#endif
+}
+
 static int ffn_tile_bound(int E, int N, int max_rows) {
     long a = (long)(N + FB_M - 1) / FB_M + E;
     long b = (long)E * ((max_rows + FB_M - 1) / FB_M);
     return (int)(a < b ? a : b);
+}
+
+/* ---------------- choosing the grouped kernels; the Hopper path's host side ---------------- */
+#ifndef FW_DEFAULT
+/* wgmma, single blocks (STRATA_FFN_WGMMA=0: mma.sync). NOTE: the clusters (modes 1, 3) pass the test
+ * but measured slower on the H200 (2026-11-30, bench_gpu_moe_ffn): 322 against 472 TFLOP/s at
+ * E=64 × 512, 418 against 605 at E=16 × 2048; not yet understood (fewer co-resident clusters than
+ * SMs/2? the two blocks' lockstep through the shared stage releases?). */
+#define FW_DEFAULT 2
+#endif
+/* mode 1 takes the cluster kernels when the experts average ≥ this many rows (entry pairs then mostly
+ * share an expert) */
+#ifndef FW_CL2_MIN_AVG_ROWS
+#define FW_CL2_MIN_AVG_ROWS 256
+#endif
+/* hosted paths, default rule (min_rows_cublas 0), wgmma kernels on: 1 → every expert grouped */
+#ifndef FW_HOSTED_GROUPED
+#define FW_HOSTED_GROUPED 1
+#endif
+typedef CUresult (*fw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static int fw_mode = -1; /* -1: not chosen yet; 0: mma.sync; 1: wgmma (clusters by FW_CL2_MIN_AVG_ROWS);
+                          * 2: wgmma, single blocks; 3: wgmma, clusters of 2 */
+static int fw_sms = 0, fw_clusters = 0; /* blocks for CL = 1; co-resident clusters for CL = 2 (0: none) */
+static fw_encode_fn fw_enc = nullptr;
+
+template <typename K>
+static bool fw_attr(K kern) {
+    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM) == cudaSuccess;
+}
+
+/* can the wgmma path run here (compute capability 9.0, the tensor-map encoder, the smem opt-in)? */
+static bool fw_usable(void) {
+    static int ok = -1; /* NOTE: idempotent; a race only repeats the queries */
+    if (ok >= 0) return ok;
+    int dev = 0, major = 0, minor = 0;
+    bool good = cudaGetDevice(&dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&fw_sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && major == 9 &&
+                minor == 0 && fw_sms > 0;
+    if (good) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        good = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                   cudaSuccess &&
+               q == cudaDriverEntryPointSuccess && fn;
+        fw_enc = good ? (fw_encode_fn)fn : nullptr;
+    }
+    if (good)
+        good = fw_attr(ffn_wg_kernel<true, st_bf16_t, 1>) && fw_attr(ffn_wg_kernel<false, st_bf16_t, 1>) &&
+               fw_attr(ffn_wg_kernel<false, float, 1>);
+    fw_clusters = 0;
+    if (good && fw_attr(ffn_wg_kernel<true, st_bf16_t, 2>) && fw_attr(ffn_wg_kernel<false, st_bf16_t, 2>) &&
+        fw_attr(ffn_wg_kernel<false, float, 2>)) {
+        /* how many clusters of 2 fit at once (the persistent grid must all be resident) */
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(2 * (unsigned)fw_sms), cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FW_SMEM;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        int n1 = 0, n2 = 0;
+        if (cudaOccupancyMaxActiveClusters(&n1, ffn_wg_kernel<true, st_bf16_t, 2>, &cfg) == cudaSuccess &&
+            cudaOccupancyMaxActiveClusters(&n2, ffn_wg_kernel<false, float, 2>, &cfg) == cudaSuccess)
+            fw_clusters = n1 < n2 ? n1 : n2;
+    }
+    (void)cudaGetLastError(); /* a failed query leaves no error behind */
+    ok = good;
+    return good;
+}
+
+extern "C" int st_cuda_moe_ffn_use_wgmma(int on) {
+    if (on < 0) {
+        const char *ev = getenv("STRATA_FFN_WGMMA");
+        on = ev && *ev ? atoi(ev) : FW_DEFAULT;
+    }
+    fw_mode = on >= 1 && on <= 3 && fw_usable() ? on : 0;
+    if (fw_mode == 3 && fw_clusters <= 0) fw_mode = 2;
+    const char *gb = getenv("STRATA_FFN_WG_BLOCKS"); /* experiments: blocks per GEMM (default: one per SM) */
+    if (fw_mode && gb && atoi(gb) > 0) fw_sms = atoi(gb);
+    return fw_mode;
+}
+
+/* 2-D bf16 tensor map over rows × cols (row-major, cols % 8 == 0), box 64 cols × 128 rows, 128B swizzle */
+static bool fw_map(CUtensorMap *m, const void *p, size_t rows, int cols) {
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {FW_BK, 128}, es[2] = {1, 1};
+    return fw_enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box, es,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* one GEMM on the wgmma kernel: CL = 1 plain launch, CL = 2 clusters of two (all resident) */
+template <bool GLU, typename TC, int CL>
+static st_status_t fw_gemm(cudaStream_t cs, const CUtensorMap &tA, const CUtensorMap &tB1, const CUtensorMap &tB3,
+                           TC *C, const int *offsets, const int *map, int bound, int Nout, int K, int situ, float b1,
+                           float b2) {
+    const long ncolt = GLU ? (Nout + 127) / 128 : (Nout + 255) / 256;
+    if (CL == 1) {
+        long t = (long)bound * ncolt;
+        int g = (int)(t < fw_sms ? t : fw_sms);
+        ffn_wg_kernel<GLU, TC, 1><<<g, FW_THREADS, FW_SMEM, cs>>>(tA, tB1, tB3, C, offsets, map, bound, Nout, K, situ,
+                                                                  b1, b2);
+        return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu>" : "ffn_wg_kernel<down>");
+    }
+    long t = (long)((bound + 1) / 2) * ncolt;
+    int ncl = (int)(t < fw_clusters ? t : fw_clusters);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(2 * (unsigned)ncl), cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FW_SMEM;
+    cfg.stream = cs, cfg.attrs = at, cfg.numAttrs = 1;
+    st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wg_kernel<GLU, TC, 2>, tA, tB1, tB3, C, offsets, map,
+                                                      bound, Nout, K, situ, b1, b2));
+    if (rc) return rc;
+    return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu, cluster>" : "ffn_wg_kernel<down, cluster>");
+}
+
+/* Both GEMMs on the wgmma kernels (tile map already built). *used = false (nothing launched) if a
+ * tensor map cannot be encoded: the caller runs the mma.sync kernels instead. */
+template <typename TY>
+static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int *map, int bound, const st_bf16_t *x,
+                                 const int *offsets, int E, int N, const st_bf16_t *w1, const st_bf16_t *w3,
+                                 const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, bool *used) {
+    CUtensorMap mx, m1, m3, mh, m2;
+    *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&m1, w1, (size_t)E * w, l) && fw_map(&m3, w3, (size_t)E * w, l) &&
+            fw_map(&mh, h, (size_t)N, w) && fw_map(&m2, w2, (size_t)E * l, w);
+    if (!*used) return ST_OK;
+    const bool cl = fw_clusters > 0 && (fw_mode == 3 || (fw_mode == 1 && (long)N >= (long)FW_CL2_MIN_AVG_ROWS * E));
+    st_status_t rc = cl ? fw_gemm<true, st_bf16_t, 2>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2)
+                        : fw_gemm<true, st_bf16_t, 1>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2);
+    if (rc) return rc;
+    return cl ? fw_gemm<false, TY, 2>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f)
+              : fw_gemm<false, TY, 1>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f);
 }
 
 extern "C" size_t st_cuda_moe_ffn_ws_bytes(int N, int w) {
@@ -216,6 +639,12 @@ static st_status_t ffn_grouped_launch(cudaStream_t cs, TY *y, st_bf16_t *h, int 
     int bound = ffn_tile_bound(E, N, max_rows);
     ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, offsets, E, bound, big);
     if ((rc = ST_LAUNCH_OK("ffn_tile_map_kernel"))) return rc;
+    if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
+    if (fw_mode >= 1 && !tab) { /* stacked weights: the Hopper kernels (table mode: mma.sync below) */
+        bool used = false;
+        rc = ffn_wg_launch<TY>(cs, y, h, map, bound, x, offsets, E, N, w1, w3, w2, l, w, situ, b1, b2, &used);
+        if (rc || used) return rc;
+    }
     ffn_gemm_kernel<true><<<dim3(bound, (w + 63) / 64), FB_THREADS, FB_SMEM, cs>>>(h, x, w1, w3, offsets, map, w, l,
                                                                                    situ, b1, b2, tab, 0);
     if ((rc = ST_LAUNCH_OK("ffn_gemm_kernel<glu>"))) return rc;
@@ -441,6 +870,10 @@ static st_status_t ffn_hosted_impl(const st_gpu_stream_t *s, void *y, bool y_f32
         return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: E=%d l=%d w=%d variant=%d min_rows=%d offsets_host[0]=%d",
                        E, l, w, variant, min_rows_cublas, offsets_host ? offsets_host[0] : -1);
     int N = offsets_host[E], big = min_rows_cublas > 0 ? min_rows_cublas : st_cuda_moe_ffn_cublas_min_rows(l, w);
+    if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
+    /* the default rule on the wgmma kernels with stacked weights: no expert via cuBLAS (NOTE: the
+     * grouped kernel is at least as fast as cuBLAS there, without its ~7 µs per call) */
+    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_mode >= 1 && !tab) big = 0x7fffffff;
     int max_small = 0, nb = 0, max_big = 0;
     for (int e = 0; e < E; e++) {
         int c = offsets_host[e + 1] - offsets_host[e];

@@ -1,11 +1,29 @@
 /* MLA absorbed decode bandwidth: B sequences × ctx tokens of 576-wide bf16 latent rows in 64-row
  * pages, H query heads; KV bytes read per time against the copy ceiling, tensor rate against the
- * cuBLAS bf16 GEMM ceiling, and against the roofline min(copy, GEMM / (2·H·1088/1152 FLOP/B)). */
+ * cuBLAS bf16 GEMM ceiling, and against the roofline min(copy, GEMM / (2·H·1088/1152 FLOP/B)).
+ * Every shape runs each kernel variant (st_cuda_mla_decode_set_variant) in the same process: v2, v3
+ * with L2 lookahead 1–3 tiles, v4 (TMA gathers) with lookahead 0–3, and the diagnostics ("g": the
+ * gathers only; "tensor": the tensor work only); a summary table (% of copy) is printed last.
+ * BENCH_MLA_NO_TMA=1 leaves the v4 variants out; v5 (TMA boxes of 32 rows, not yet run on a GPU)
+ * runs only with BENCH_MLA_V5=1. */
 #include <math.h>
 
 #include "bench_common.h"
 
-static void bench(int B, int ctx, int H, int split) {
+typedef struct {
+    int v, la;
+    const char *name;
+} variant_t;
+static const variant_t VARS[] = {
+    {2, 0, "v2"},       {3, 1, "v3 la1"},     {3, 2, "v3 la2"},     {3, 3, "v3 la3"},     {4, -1, "v4 la0"},
+    {4, 1, "v4 la1"},   {4, 2, "v4 la2"},     {4, 3, "v4 la3"},     {-2, 0, "g v2"},      {-3, 2, "g v3la2"},
+    {-4, -1, "g v4la0"}, {-4, 2, "g v4la2"}, {9, 0, "tensor"},  {5, 0, "v5"},         {-5, 0, "g v5"}};
+#define NV ((int)(sizeof VARS / sizeof VARS[0]))
+#define NSHAPE 13
+static double pct[NSHAPE][NV];
+static int shp[NSHAPE][3];
+
+static void bench(int si, int B, int ctx, int H, int split) {
     const int page = 64, max_pages = ctx / page;
     size_t rows = (size_t)B * ctx, kvb = rows * 576 * 2;
     st_bf16_t *pool = bdev(kvb), *q = bdev((size_t)B * H * 576 * 2), *o = bdev((size_t)B * H * 512 * 2);
@@ -20,28 +38,49 @@ static void bench(int B, int ctx, int H, int split) {
     size_t wsb = st_cuda_mla_decode_ws_bytes(B, H, ctx, split);
     void *ws = bdev(wsb);
     const float sc = 1.f / sqrtf(192.f);
-    double ms;
-    BTIME(ms, 5, st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
-    const double gbs = kvb / (ms * 1e6), tfl = 2.0 * rows * H * (576 + 512) / (ms * 1e9);
-    const double roof = fmin(b_copy_gbs, b_gemm_tflops * 1e3 / (2.0 * H * (576 + 512) / 1152.0));
-    printf("RESULT mla_decode B=%d ctx=%d H=%d split=%d: %.3f ms, %.0f GB/s KV read = %.1f%% of copy, %.1f TFLOP/s = "
-           "%.1f%% of GEMM, %.1f%% of roofline\n",
-           B, ctx, H, split, ms, gbs, 100.0 * gbs / b_copy_gbs, tfl, 100.0 * tfl / b_gemm_tflops, 100.0 * gbs / roof);
+    shp[si][0] = B, shp[si][1] = ctx, shp[si][2] = H;
+    const char *nt = getenv("BENCH_MLA_NO_TMA"), *v5 = getenv("BENCH_MLA_V5");
+    for (int vi = 0; vi < NV; vi++) {
+        pct[si][vi] = NAN;
+        const int av = VARS[vi].v < 0 ? -VARS[vi].v : VARS[vi].v;
+        if (nt && atoi(nt) && (av == 4 || av == 5)) continue;
+        if (av == 5 && !(v5 && atoi(v5))) continue;
+        BK(st_cuda_mla_decode_set_variant(VARS[vi].v, VARS[vi].la));
+        double ms;
+        BTIME(ms, 5, st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
+        const double gbs = kvb / (ms * 1e6), tfl = 2.0 * rows * H * (576 + 512) / (ms * 1e9);
+        const double roof = fmin(b_copy_gbs, b_gemm_tflops * 1e3 / (2.0 * H * (576 + 512) / 1152.0));
+        pct[si][vi] = 100.0 * gbs / b_copy_gbs;
+        printf("RESULT mla_decode [%s] B=%d ctx=%d H=%d split=%d: %.3f ms, %.0f GB/s KV read = %.1f%% of copy, "
+               "%.1f TFLOP/s = %.1f%% of GEMM, %.1f%% of roofline\n",
+               VARS[vi].name, B, ctx, H, split, ms, gbs, pct[si][vi], tfl, 100.0 * tfl / b_gemm_tflops,
+               100.0 * gbs / roof);
+        fflush(stdout);
+    }
+    BK(st_cuda_mla_decode_set_variant(0, 0));
     st_gpu_free(pool), st_gpu_free(q), st_gpu_free(o), st_gpu_free(bt), st_gpu_free(len), st_gpu_free(ws);
     free(hbt), free(hlen);
 }
 
 int main(void) {
     bench_init("bench_gpu_mla", 1);
-    bench(64, 32768, 16, 1024); /* H ≤ 16: 16-head kernel */
-    bench(64, 4096, 16, 256);
-    bench(16, 32768, 64, 1024); /* H > 16: all-heads kernel (split coarsened by the launcher) */
-    bench(64, 4096, 64, 512);
-    bench(64, 32768, 64, 512);
-    bench(128, 4096, 64, 512);
-    bench(128, 32768, 64, 512);
-    bench(64, 4096, 128, 512);
-    bench(64, 32768, 128, 512);
-    bench(128, 32768, 128, 512);
+    static const int S[NSHAPE][4] = {
+        {64, 4096, 16, 256},  {64, 32768, 16, 1024}, {128, 4096, 16, 256},  {128, 32768, 16, 1024},
+        {16, 32768, 64, 1024}, {64, 4096, 64, 512},  {64, 32768, 64, 512},  {128, 4096, 64, 512},
+        {128, 32768, 64, 512}, {64, 4096, 128, 512}, {64, 32768, 128, 512}, {128, 4096, 128, 512},
+        {128, 32768, 128, 512}};
+    for (int i = 0; i < NSHAPE; i++) bench(i, S[i][0], S[i][1], S[i][2], S[i][3]);
+    printf("\nSUMMARY %% of copy (%.0f GB/s, GEMM %.1f TFLOP/s); g = gathers only, tensor = tensor work only\n",
+           b_copy_gbs, b_gemm_tflops);
+    printf("%-15s", "B x ctx, H");
+    for (int v = 0; v < NV; v++) printf(" %7s", VARS[v].name);
+    printf("\n");
+    for (int i = 0; i < NSHAPE; i++) {
+        char t[32];
+        snprintf(t, sizeof t, "%dx%dK H%d", shp[i][0], shp[i][1] / 1024, shp[i][2]);
+        printf("%-15s", t);
+        for (int v = 0; v < NV; v++) printf(" %7.1f", pct[i][v]);
+        printf("\n");
+    }
     return 0;
 }

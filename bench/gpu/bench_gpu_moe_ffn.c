@@ -10,6 +10,9 @@
  * all); argv[2]: the variant of
  * the "default" hosted lines (default: what st_cuda_moe_ffn_hosted uses) */
 static int b_vmask = 0xe, b_dvar = -1;
+/* st_cuda_moe_ffn_use_wgmma modes */
+static const char *b_kname[] = {"mma.sync", "wgmma-auto", "wgmma-1blk", "wgmma-cluster2"};
+static int b_kmask = 0xf; /* argv[3]: which of those modes to time side by side (bit m: mode m) */
 
 /* the hosted path at one configuration: v < 0 → the public wrappers (default variant) */
 typedef struct {
@@ -57,8 +60,18 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     size_t wsb = st_cuda_moe_ffn_ws_bytes(N, w);
     void *ws = bdev(wsb);
     double ms;
-    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
     double fl = 6.0 * N * l * w;
+    /* the grouped path on each implementation of its GEMMs (then back to the default for the rest) */
+    const int dflt = st_cuda_moe_ffn_use_wgmma(-1);
+    for (int mode = 0; mode < 4; mode++) {
+        if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
+        BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+        printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused) kernels=%s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w,
+               b_kname[mode], ms, fl / (ms * 1e9));
+    }
+    st_cuda_moe_ffn_use_wgmma(-1);
+    printf("RESULT moe_ffn grouped kernels by default: %s\n", b_kname[dflt]);
+    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
     printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM ceiling\n", E, tpe,
            l, w, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
     /* the hosted path (row counts on the host): the default (experts with rows·l·w >= 2^30 via cuBLAS),
@@ -70,9 +83,9 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     hosted_ctx_t hc = {x, w1, w3, w2, off, E, l, w, wsh_p, wsh};
     const int dmin = st_cuda_moe_ffn_cublas_min_rows(l, w);
     if ((ms = time_hosted(&hc, y, false, hoff, 0, b_dvar)) > 0)
-        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (default: cuBLAS for experts >= %d rows%s): %.3f ms, %.1f "
-               "TFLOP/s = %.1f%% of GEMM ceiling\n",
-               E, tpe, l, w, dmin, tpe >= dmin ? ": all" : ": none", ms, fl / (ms * 1e9),
+        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (default rule: cuBLAS for experts >= %d rows%s): %.3f ms, "
+               "%.1f TFLOP/s = %.1f%% of GEMM ceiling\n",
+               E, tpe, l, w, dmin, dflt ? ", but none on wgmma" : tpe >= dmin ? ": all" : ": none", ms, fl / (ms * 1e9),
                100.0 * fl / (ms * 1e9) / b_gemm_tflops);
     if ((ms = time_hosted(&hc, y32, true, hoff, 0, b_dvar)) > 0)
         printf("RESULT moe_ffn_hosted_f32out E=%d x %d l=%d w=%d (default): %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, ms,
@@ -89,14 +102,20 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + tpe * (int[]){2, 6, 3, 5}[e % 4] / 4;
     BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
     double fu = 6.0 * hoff[E] * l * w;
-    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, hoff[E], tpe * 3 / 2, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
-    printf("RESULT moe_ffn E=%d x %d l=%d w=%d uneven (0.5/1.5/0.75/1.25x): %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, ms,
-           fu / (ms * 1e9));
+    for (int mode = 0; mode < 4; mode++) {
+        if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
+        BTIME(ms, 20,
+              st_cuda_moe_ffn(&bs, y, x, off, E, hoff[E], tpe * 3 / 2, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+        printf("RESULT moe_ffn E=%d x %d l=%d w=%d uneven (0.5/1.5/0.75/1.25x) kernels=%s: %.3f ms, %.1f TFLOP/s\n",
+               E, tpe, l, w, b_kname[mode], ms, fu / (ms * 1e9));
+    }
+    st_cuda_moe_ffn_use_wgmma(-1);
     for (int minr = 0; minr <= 1024; minr = minr ? 2 * minr : 32) /* 0: the default rule */
         if ((ms = time_hosted(&hc, y, false, hoff, minr, b_dvar)) > 0)
             printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d uneven, cuBLAS for experts >= %d rows%s: %.3f ms, %.1f "
                    "TFLOP/s\n",
-                   E, tpe, l, w, minr ? minr : dmin, minr ? "" : " (default)", ms, fu / (ms * 1e9));
+                   E, tpe, l, w, minr ? minr : dmin, minr ? "" : dflt ? " (default rule: none on wgmma)" : " (default)", ms,
+                   fu / (ms * 1e9));
     for (int v = ST_MOE_CUBLAS_BATCHED; v <= ST_MOE_CUBLAS_PER_EXPERT; v++) {
         if (!(b_vmask >> v & 1)) continue;
         if ((ms = time_hosted(&hc, y, false, hoff, 1, v)) > 0)
@@ -186,6 +205,7 @@ static void bench_mla_prefill(int T, int H) {
 int main(int argc, char **argv) {
     if (argc > 1) b_vmask = (int)strtol(argv[1], NULL, 0);
     if (argc > 2) b_dvar = atoi(argv[2]);
+    if (argc > 3) b_kmask = (int)strtol(argv[3], NULL, 0);
     bench_init("bench_gpu_moe_ffn", 1);
     bench_ffn(64, 128, 1024, 512);
     bench_ffn(64, 512, 1024, 512);

@@ -1,8 +1,11 @@
 /* MLA absorbed decode on the GPU vs st_mla_attn_absorbed over a paged cache (pages shuffled in the
  * pool), head counts that pad the 64-head blocks (1, 7, 16, 20, 48), H = 128 (two 64-head blocks per
  * split), 16-row pages, one-row and empty contexts, a 32K context over many splits, a batch of 128;
- * outputs and workspace start NaN-poisoned. */
+ * 12-row pages (v4 falls back to cp.async); outputs and workspace start NaN-poisoned; every case runs
+ * each kernel variant (v2; v3 with L2 lookahead 1, 2, 5; v4 TMA gathers with lookahead 0, 2, 5; with
+ * TEST_MLA_V5=1 also v5, TMA boxes of 32 rows, lookahead 0 and 2). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "gpu_test.h"
 #include "strata/kernels.h"
@@ -45,13 +48,25 @@ static void mla_case(const int *lens, int B, int H, int page_size, int split_len
     int *d_bt = gt_up(bt, sizeof(int) * B * (max_pages ? max_pages : 1)), *d_len = gt_up(lens, sizeof(int) * B);
     size_t wsb = st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len);
     void *d_ws = gt_dev(wsb);
-    GT_OK(st_cuda_mla_decode(&gt_stream, d_o, d_q, d_pool, d_bt, d_len, B, H, page_size, max_pages, max_ctx, split_len,
-                             scale, d_ws, wsb));
-    gt_down(ob, d_o, 2 * (size_t)B * H * DL);
-    gt_from_bf(got, ob, (size_t)B * H * DL);
-    char what[128];
-    snprintf(what, sizeof what, "mla_decode B=%d H=%d max_ctx=%d page=%d split=%d", B, H, max_ctx, page_size, split_len);
-    st_t_close(what, got, ref, (size_t)B * H * DL, 2e-2, 1e-2);
+    /* every kernel variant against the same reference: v2, v3 (L2 lookahead 2, its default), v3 with
+     * lookahead 1 and 5, v4 (TMA gathers) with lookahead 2, none and 5; outputs and workspace
+     * re-poisoned in between */
+    static const int var[][2] = {{2, 0}, {3, 0}, {3, 1}, {3, 5}, {4, 0}, {4, -1}, {4, 5}, {5, 0}, {5, 2}};
+    const char *v5 = getenv("TEST_MLA_V5"); /* v5 (not yet run on a GPU): opt-in */
+    const int nvar = (int)(sizeof var / sizeof var[0]) - (v5 && atoi(v5) ? 0 : 2);
+    for (int vi = 0; vi < nvar; vi++) {
+        if (vi) gt_poison(d_o, 2 * (size_t)B * H * DL), gt_poison(d_ws, wsb);
+        GT_OK(st_cuda_mla_decode_set_variant(var[vi][0], var[vi][1]));
+        GT_OK(st_cuda_mla_decode(&gt_stream, d_o, d_q, d_pool, d_bt, d_len, B, H, page_size, max_pages, max_ctx,
+                                 split_len, scale, d_ws, wsb));
+        gt_down(ob, d_o, 2 * (size_t)B * H * DL);
+        gt_from_bf(got, ob, (size_t)B * H * DL);
+        char what[160];
+        snprintf(what, sizeof what, "mla_decode v%d/la%d B=%d H=%d max_ctx=%d page=%d split=%d", var[vi][0],
+                 var[vi][1], B, H, max_ctx, page_size, split_len);
+        st_t_close(what, got, ref, (size_t)B * H * DL, 2e-2, 1e-2);
+    }
+    GT_OK(st_cuda_mla_decode_set_variant(0, 0));
     st_gpu_free(d_pool), st_gpu_free(d_q), st_gpu_free(d_o), st_gpu_free(d_bt), st_gpu_free(d_len), st_gpu_free(d_ws);
     free(pool), free(poolb), free(bt), free(q), free(ref), free(got), free(qb), free(ob), free(pages), free(ws);
 }
@@ -71,5 +86,8 @@ int main(void) {
     int l7[128];
     for (int b = 0; b < 128; b++) l7[b] = b == 5 ? 0 : 1 + (b * 37) % 700;
     mla_case(l7, 128, 64, 64, 256, 9); /* batch 128, one empty sequence */
+    static const int l8[] = {1000, 5, 77, 0, 640};
+    mla_case(l8, 5, 64, 12, 64, 10);  /* 12-row pages: no 8-row groups for the TMA */
+    mla_case(l8, 5, 16, 8, 128, 11);  /* 8-row pages: every TMA box from another page */
     return st_test_done();
 }

@@ -341,22 +341,8 @@ static void quantile_case(int T, int n, int kmax, float tau_lo, float tau_hi, bo
     free(s), free(tau), free(w_ref), free(w_got), free(s_host), free(id_ref), free(id_got), free(c_ref), free(c_got);
 }
 
-int main(int argc, char **argv) {
-    gt_init_or_skip("test_gpu_moe_ffn");
-    if (argc > 1) ffn_variant_mask = (int)strtol(argv[1], NULL, 0); /* e.g. 0x4: the strided variant only */
-    CHECK(st_cuda_moe_ffn_cublas_min_rows(2048, 1024) == 512 && st_cuda_moe_ffn_cublas_min_rows(1024, 512) == 2048,
-          "default cuBLAS threshold: %d, %d", st_cuda_moe_ffn_cublas_min_rows(2048, 1024),
-          st_cuda_moe_ffn_cublas_min_rows(1024, 512));
-    dispatch_combine_case(1, 4, 16, 64, false, 1);
-    dispatch_combine_case(37, 8, 64, 520, false, 2);
-    dispatch_combine_case(300, 8, 896, 1024, false, 3);
-    dispatch_combine_case(2000, 16, 128, 72, true, 4);
-    dispatch_combine_case(5, 4, 3, 1100, false, 5);
-    dispatch_combine_case(9, 6, 20, 1102, false, 6); /* l % 4 != 0: scalar combine */
-
-    mxfp4_case(3, 32, 1);
-    mxfp4_case(64, 1024, 2);
-
+/* every FFN case; run once per grouped-GEMM implementation (mma.sync, then Hopper wgmma where usable) */
+static void ffn_cases(void) {
     static const int c1[] = {0, 1, 130, 17};
     ffn_case(4, c1, 64, 32, true, false, 1);
     static const int c2[] = {5, 0, 0, 300, 128, 129, 1, 64};
@@ -377,6 +363,38 @@ int main(int argc, char **argv) {
     int c8[80]; /* 80 distinct counts: more than one chunk of cuBLAS groups (64) when all go to cuBLAS */
     for (int e = 0; e < 80; e++) c8[e] = e % 7 == 3 ? 0 : 1 + e * 4;
     ffn_case(80, c8, 64, 32, true, false, 8);
+    /* partial tiles everywhere: K not a multiple of the 64-wide k step, Nout not a multiple of the
+     * 128/256-column tiles, an exactly-128-row expert, a 1-row one, an empty one, more than 128 rows */
+    static const int c9[] = {128, 1, 0, 257, 64};
+    ffn_case(5, c9, 328, 264, false, false, 9);
+}
+
+int main(int argc, char **argv) {
+    gt_init_or_skip("test_gpu_moe_ffn");
+    if (argc > 1) ffn_variant_mask = (int)strtol(argv[1], NULL, 0); /* e.g. 0x4: the strided variant only */
+    CHECK(st_cuda_moe_ffn_cublas_min_rows(2048, 1024) == 512 && st_cuda_moe_ffn_cublas_min_rows(1024, 512) == 2048,
+          "default cuBLAS threshold: %d, %d", st_cuda_moe_ffn_cublas_min_rows(2048, 1024),
+          st_cuda_moe_ffn_cublas_min_rows(1024, 512));
+    dispatch_combine_case(1, 4, 16, 64, false, 1);
+    dispatch_combine_case(37, 8, 64, 520, false, 2);
+    dispatch_combine_case(300, 8, 896, 1024, false, 3);
+    dispatch_combine_case(2000, 16, 128, 72, true, 4);
+    dispatch_combine_case(5, 4, 3, 1100, false, 5);
+    dispatch_combine_case(9, 6, 20, 1102, false, 6); /* l % 4 != 0: scalar combine */
+
+    mxfp4_case(3, 32, 1);
+    mxfp4_case(64, 1024, 2);
+
+    /* mma.sync; wgmma chosen per call; wgmma single blocks; wgmma clusters of two (where the device
+     * has them) */
+    static const char *kname[] = {"mma.sync", "wgmma (per call)", "wgmma", "wgmma clusters"};
+    for (int mode = 0; mode < 4; mode++) {
+        int got = st_cuda_moe_ffn_use_wgmma(mode);
+        printf("info grouped FFN kernels: %s (asked %s)\n", kname[got], kname[mode]);
+        if (got != mode) continue; /* not a Hopper device (or no clusters): nothing new to test */
+        ffn_cases();
+    }
+    st_cuda_moe_ffn_use_wgmma(-1);
 
     quantile_case(1, 8, 4, 0.4f, 0.6f, true, 1);
     quantile_case(100, 896, 16, 0.85f, 0.95f, true, 2); /* ~8 active of 896 */

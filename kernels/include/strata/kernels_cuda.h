@@ -91,6 +91,15 @@ st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const
                                const st_bf16_t *pool, const int *block_table, const int *seqlens, int B, int H,
                                int page_size, int max_pages, int max_ctx, int split_len, float scale, void *ws,
                                size_t ws_bytes);
+/* Decode kernel variant, process-wide (benchmarks and tests compare them in one run; not
+ * concurrently with decodes): 2 = v2 (the default); 3 = v3 (v2 + L2 prefetch of the cache rows
+ * `lookahead` 64-token tiles ahead: 0 → 2, −1 → none); 4 = v4 (v3 with TMA gathers in 8-row boxes,
+ * pages of a multiple of 8 rows; else as v3); 5 = v5 (TMA boxes of 32 rows where pages hold a
+ * multiple of 32, no prefetch unless lookahead > 0; NOT yet run on a GPU); 0 = the default (env
+ * STRATA_MLA_DECODE=2..5 read at the first call, else 2). v3 and v4 pass test_gpu_mla but are slower
+ * on the H200 (docs/perf.md). Benchmark diagnostics (output undefined): −2 … −5 the same gathers
+ * without the tensor work, 9 the tensor work without the gathers. */
+st_status_t st_cuda_mla_decode_set_variant(int variant, int lookahead);
 
 /* ---------------- MoE side (SPEC §6, §7) and sampling (§9) ---------------- */
 /* h [T, n] bf16 = act(gate [T, n], up [T, n]) with row stride ld_in (both may be halves of one
@@ -162,9 +171,12 @@ st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_
  * Routing rule: an expert with ≥ min_rows_cublas rows runs through cuBLAS, every other non-empty
  * expert through the grouped kernels above; min_rows_cublas 0 → st_cuda_moe_ffn_cublas_min_rows(l, w),
  * the smallest count with rows·l·w ≥ 2^30 (512 rows at l 2048, w 1024; 2048 at l 1024, w 512): below
- * that the ~7 µs host cost of each cuBLAS call outweighs its faster GEMMs. The cuBLAS experts go
- * together: gate and up GEMMs into a [rows, 2w] bf16 buffer (one cublasGemmBatchedEx per run of
- * adjacent experts with equal rows), ONE GLU kernel over all their rows, the down GEMMs (the same).
+ * that the ~7 µs host cost of each cuBLAS call outweighs its faster GEMMs; except when the grouped
+ * GEMMs run on the Hopper wgmma kernels (st_cuda_moe_ffn_use_wgmma, the default on sm_90): then
+ * min_rows_cublas 0 sends no expert to cuBLAS (the wgmma kernels are as fast at every size, measured
+ * on the H200). The cuBLAS experts go together: gate and up GEMMs into a [rows, 2w] bf16 buffer
+ * (one cublasGemmBatchedEx per run of adjacent experts with equal rows), ONE GLU kernel over all
+ * their rows, the down GEMMs (the same).
  * Same result to rounding (gate/up are rounded to bf16 before the activation on the cuBLAS experts).
  * No host sync, no allocation: the pointer arrays cuBLAS reads are written into ws by a kernel.
  * ws: st_cuda_moe_ffn_hosted_ws_bytes(N, w), N = offsets_host[E], 256-byte aligned. */
@@ -199,6 +211,14 @@ st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_
                                       const int *offsets, const int *offsets_host, int E, int min_rows_cublas,
                                       const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l, int w,
                                       bool situ, float b1, float b2, int variant, void *ws, size_t ws_bytes);
+/* Which kernels run the grouped GEMMs of st_cuda_moe_ffn* (and the non-cuBLAS experts of the hosted
+ * paths with stacked weights): 0 → mma.sync; Hopper wgmma + TMA (sm_90 devices only; elsewhere it
+ * stays mma.sync): 1 → chosen per call (clusters of two blocks sharing weight tiles when experts
+ * average enough rows), 2 → single blocks, 3 → clusters of two; −1 → the default (env
+ * STRATA_FFN_WGMMA=0..3 if set, else the built-in default). Returns the choice in effect.
+ * Process-wide; call it before the FFN runs, not concurrently with it (tests and benchmarks compare
+ * them). The table mode always uses mma.sync. */
+int st_cuda_moe_ffn_use_wgmma(int on);
 
 /* ---------------- router, quantile mode (SPEC §7; kernels/router_q.cu) ---------------- */
 /* scores [T, n] fp32: router logits in, σ(logits) out (in place). Expert j active iff s_j ≥ tau[j]
