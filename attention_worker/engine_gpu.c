@@ -19,6 +19,7 @@
 #define LOGIT_ROWS 256    /* lm_head rows per chunk */
 #define EGPU_PROF_EVENTS 4096 /* timing events per profiled step (STRATA_EGPU_PROF) */
 #define EGPU_GATE_NS 200000000LL /* the profiling gate lets go by itself after 200 ms */
+#define EGPU_GRAPHS 32 /* decode step graphs kept (engine_gpu.c graph_step) */
 
 typedef struct {
     float *in_norm, *post_norm; /* [d] */
@@ -82,6 +83,7 @@ struct st_egpu {
     int xsplit;    /* STRATA_EGPU_XSPLIT=1: GEMM inputs as bf16 hi + lo, two passes (see lin2); 2: also the
                     * MLA q_a / ō inputs, fp32 MLA (mla32) and the fp32 recurrence for prompts (kda_rec) */
     bool ar_v1;    /* STRATA_EGPU_AR_V1=1: the first AttnRes kernels (copy + eg_attnres_phase1, eg_resnorm_v1) */
+    bool host_route; /* STRATA_EGPU_HOST_ROUTE=1: quantile routing on the host (one sync per MoE layer; comparisons) */
     /* STRATA_EGPU_PROF=1 (engine_gpu.h): events [EGPU_PROF_EVENTS] and the group each one opens,
      * pinned gate words [2]; pf_step: the step in flight is profiled */
     bool prof, prof_paused, pf_step, pf_gate_held;
@@ -114,6 +116,17 @@ struct st_egpu {
     /* ordering across micro-batch streams: seq_open's state resets on s (open_ev), and the
      * engine-wide MLA scratch (mla_ws, the direct-form buffers) that one MLA layer at a time owns */
     void *open_ev, *mla_ev;
+    /* decode steps of st_engine_step as CUDA graphs (STRATA_EGPU_GRAPHS=0: off): one per (tokens,
+     * MLA split bound), captured at its first step, least recently used replaced; host state of the
+     * micro-batch after the layers (restored on replay) */
+    bool graphs;
+    struct {
+        int T, lb, l, nb, pend;
+        bool local_done;
+        void *exec;
+        uint64_t used;
+    } gr[EGPU_GRAPHS];
+    uint64_t gr_clock;
     bool grouped;     /* routed experts through st_cuda_moe_ffn (else per-expert cuBLAS) */
     st_egpu_mb_t *mb; /* st_engine_step's */
     st_engine_stats_t stats;
@@ -162,6 +175,8 @@ struct st_egpu_mb {
     int *d_tok, *d_tok_ent, *d_tok_pos, *d_rows, *d_cu, *d_slot, *d_len, *d_btab; /* into meta_d */
     bool all_decode;
     int max_len; /* longest sequence of the step (context after it), for the MLA decode split */
+    size_t words; /* step metadata words (meta_h → meta_d) */
+    bool fresh;   /* begun, metadata not yet queued (queue_begin) */
     float *logits;
     int l, nb;
     bool waiting, busy, local_done;
@@ -396,6 +411,7 @@ void st_egpu_destroy(st_egpu_t *g) {
     if (prof_engine == g) prof_engine = NULL;
     for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
     free(g->allocs);
+    for (int i = 0; i < EGPU_GRAPHS; i++) eg_graph_destroy(g->gr[i].exec);
     eg_events_destroy(&g->open_ev, 1);
     eg_events_destroy(&g->mla_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
@@ -432,6 +448,10 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
     if (g->xsplit >= 2) g->mla32 = g->kda_rec = true;
     ev = getenv("STRATA_EGPU_AR_V1");
     g->ar_v1 = ev && atoi(ev) != 0;
+    ev = getenv("STRATA_EGPU_GRAPHS");
+    g->graphs = !ev || atoi(ev) != 0;
+    ev = getenv("STRATA_EGPU_HOST_ROUTE");
+    g->host_route = ev && atoi(ev) != 0;
     ev = getenv("STRATA_EGPU_PROF");
     g->prof = ev && atoi(ev) != 0;
     int kmax = g->o.k_max > 0 ? g->o.k_max : 2 * c->top_k;
@@ -963,15 +983,30 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
     mb->pend = 0;
     mb->err = ST_OK;
     mb->t0 = st_time_sec();
+    mb->words = words;
+    mb->fresh = true;
+    /* decode: the MLA split bound rounded up to a power of two, so a captured step (graph) serves
+     * every context length of its bucket; the kernel reads the real lengths */
+    if (mb->all_decode) {
+        int b = 512;
+        while (b < mb->max_len && b < g->o.max_ctx) b *= 2;
+        mb->max_len = ST_MIN(b, g->o.max_ctx);
+    }
     prof_begin(mb);
+    return ST_OK;
+}
+
+/* The start of a step's device work (in launch, so that a graph captures it): metadata up, embed. */
+static void queue_begin(st_egpu_mb_t *mb) {
+    st_egpu_t *g = mb->g;
     prof_mark(g, ST_EGPU_PROF_EMBED);
     if (mb->s != &g->s) { /* after the state resets of st_egpu_seq_open */
         CK(eg_event_record(g->open_ev, &g->s));
         CK(eg_stream_wait(mb->s, g->open_ev));
     }
-    CK(eg_memcpy_async(mb->s, d, h, words * sizeof(int), 1));
-    CK(eg_embed(mb->s, mb->partial, g->embed, mb->d_tok, T, g->c.d));
-    return ST_OK;
+    CK(eg_memcpy_async(mb->s, mb->meta_d, mb->meta_h, mb->words * sizeof(int), 1));
+    CK(eg_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->T, g->c.d));
+    mb->fresh = false;
 }
 
 /* ------------------------------------------------------------------ layers */
@@ -1205,7 +1240,7 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     CK(lin2(mb, mb->scores, n, 0.f, mb->xn, XLO(mb), c->d, G->router, T, n, c->d));
     /* quantile thresholds set for this layer and no hook that may rewrite the sets: on the device
      * (σ in place, the sets and weights), no host round trip */
-    if (g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !g->hook && kc == g->o.k_max &&
+    if (g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !g->hook && !g->host_route && kc == g->o.k_max &&
         !isnan(g->tau[(size_t)l * n])) {
         CK(st_cuda_router_quantile(s, mb->ids, mb->wts, mb->cnt, mb->scores, g->tau_d + (size_t)l * n, T, n, kc,
                                    c->renormalize, c->routed_scale));
@@ -1390,6 +1425,7 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
     int d = c->d, B = c->attn_res_block, T = mb->T;
     size_t Td = (size_t)T * d;
     if (!mb->busy || mb->pend) return;
+    if (mb->fresh) queue_begin(mb);
     if (st_gpu_init(g->o.device) != ST_OK && mb->err == ST_OK) mb->err = ST_ERR_INTERNAL;
     if (mb->waiting) { /* the experts of layer l are back */
         moe_finish(mb, &g->L[mb->l], mb->l);
@@ -1489,9 +1525,59 @@ void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work) {
     experts_local(mb, &mb->g->L[mb->l]);
 }
 
+/* A decode step's layers as a CUDA graph: the same launches (metadata copy from the pinned buffer,
+ * embedding, every layer with its local experts), which read the step's tokens, slots, lengths and
+ * block tables from device memory, so one capture serves every step with the same token count and
+ * MLA split bound; the head (finish_step) runs after it as usual. Steps with host round trips (a
+ * hook, an observer, the trace, the profile, host routing, per-expert cuBLAS) are not captured.
+ * Returns false (nothing queued) when the step does not qualify or the capture failed (graphs are
+ * then switched off with a warning). */
+void st_egpu_set_graphs(st_egpu_t *g, bool on) { g->graphs = on; }
+
+static bool graph_step(st_egpu_t *g, st_egpu_mb_t *mb) {
+    bool host_route = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && (g->host_route || g->kcap != g->o.k_max);
+    if (!g->graphs || !mb->all_decode || g->hook || g->obs || g->trace || g->pf_step || host_route ||
+        (g->c.n_experts > 0 && !g->grouped))
+        return false;
+    int hit = -1, victim = 0;
+    for (int i = 0; i < EGPU_GRAPHS; i++) {
+        if (g->gr[i].exec && g->gr[i].T == mb->T && g->gr[i].lb == mb->max_len) hit = i;
+        if (g->gr[i].used < g->gr[victim].used) victim = i;
+    }
+    if (hit < 0) {
+        void *exec = NULL;
+        if (eg_capture_begin(mb->s) != ST_OK) {
+            g->graphs = false;
+            return false;
+        }
+        st_egpu_mb_launch(mb);
+        st_status_t se = eg_capture_end(mb->s, &exec);
+        if (se != ST_OK || mb->err != ST_OK || mb->pend != 2) {
+            st_log_warn("gpu engine: decode step graph capture failed (%s); graphs off", st_err_last());
+            eg_graph_destroy(exec);
+            g->graphs = false;
+            /* nothing ran: the walk starts over */
+            mb->err = ST_OK, mb->l = 0, mb->nb = 0, mb->pend = 0, mb->waiting = false, mb->fresh = true;
+            return false;
+        }
+        hit = victim;
+        eg_graph_destroy(g->gr[hit].exec);
+        g->gr[hit].exec = exec;
+        g->gr[hit].T = mb->T, g->gr[hit].lb = mb->max_len;
+        g->gr[hit].l = mb->l, g->gr[hit].nb = mb->nb, g->gr[hit].pend = mb->pend;
+        g->gr[hit].local_done = mb->local_done;
+    }
+    g->gr[hit].used = ++g->gr_clock;
+    CK(eg_graph_launch(g->gr[hit].exec, mb->s));
+    mb->l = g->gr[hit].l, mb->nb = g->gr[hit].nb, mb->pend = g->gr[hit].pend, mb->local_done = g->gr[hit].local_done;
+    mb->waiting = false, mb->fresh = false;
+    return true;
+}
+
 st_status_t st_egpu_step(st_egpu_t *g, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
     if (!g->mb) return ST_FAIL(ST_ERR_INVALID_ARG, "engine: st_engine_step needs local experts");
     TRY(st_egpu_mb_begin(g->mb, seqs, n_seqs, logits));
+    graph_step(g, g->mb);
     st_moe_work_t w;
     while (st_egpu_mb_advance(g->mb, &w)) st_egpu_mb_run_local(g->mb, &w);
     return g->mb->err;

@@ -154,9 +154,11 @@ struct aw {
     uint8_t *qbuf[MAX_MB];
     size_t qcap, qlen[MAX_MB];
     int hook_mb;
+    bool sync_mb; /* STRATA_WORKER_SYNC=1: collect each micro-batch right after its launch (comparisons) */
     uint32_t *load;              /* [n_layers][n_experts] tokens per expert this step */
     uint64_t dispatch_bytes, reply_bytes, messages;
     double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
+    double t_step;                 /* when this step's micro-batches began */
     st_engine_stats_t est;         /* engine stats at the step's start */
     int reports_inflight;        /* loop thread */
 };
@@ -616,9 +618,12 @@ static void post_report(aw_t *aw, int nmb) {
     aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
     st_engine_stats_t now;
     st_engine_get_stats(aw->e, &now);
-    aw->stage[ST_PROTO_STAGE_ATTENTION] = (now.attention - aw->est.attention) + (now.route - aw->est.route) +
-                                          (now.head - aw->est.head) - aw->stage[ST_PROTO_STAGE_THRESHOLDS];
     aw->stage[ST_PROTO_STAGE_COMBINE] = now.combine - aw->est.combine;
+    /* the rest of the step's wall time: the worker's own compute (on a GPU, its waits for the device
+     * too). Not the engine's per-micro-batch times: overlapped micro-batches each span the step. */
+    double att = st_time_sec() - aw->t_step - aw->stage[ST_PROTO_STAGE_DISPATCH] - aw->stage[ST_PROTO_STAGE_WAIT] -
+                 aw->stage[ST_PROTO_STAGE_COMBINE] - aw->stage[ST_PROTO_STAGE_THRESHOLDS];
+    aw->stage[ST_PROTO_STAGE_ATTENTION] = att > 0 ? att : 0;
     r.summaries = sums;
     r.summary_lens = lens;
     r.reply_bytes = aw->reply_bytes;
@@ -700,6 +705,7 @@ static void step(aw_t *aw) {
     memset(aw->load, 0, sizeof(uint32_t) * (size_t)aw->c->n_layers * aw->c->n_experts);
     memset(aw->stage, 0, sizeof aw->stage);
     st_engine_get_stats(aw->e, &aw->est);
+    aw->t_step = st_time_sec();
     for (int m = 0; m < nmb; m++) {
         if (aw->o.routing == ST_ROUTE_QUANTILE)
             st_qsum_begin(aw->qsum[m], aw->qbuf[m], aw->qcap, (uint32_t)st_member_id(aw->mem), aw->step,
@@ -731,7 +737,7 @@ static void step(aw_t *aw) {
                 live[m] = MB_LAUNCHED;
                 moved = true;
             }
-            if (live[m] == MB_LAUNCHED && st_engine_mb_ready(aw->mbs[m])) {
+            if (live[m] == MB_LAUNCHED && (aw->sync_mb || st_engine_mb_ready(aw->mbs[m]))) {
                 left -= mb_collect(aw, m, w, why, live);
                 moved = true;
             }
@@ -1258,6 +1264,8 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (aw->o.micro_batches <= 0) aw->o.micro_batches = 2;
     if (aw->o.micro_batches > MAX_MB) aw->o.micro_batches = MAX_MB;
     if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 64;
+    const char *sv = getenv("STRATA_WORKER_SYNC");
+    aw->sync_mb = sv && atoi(sv) != 0;
     if (!aw->o.expert_timeout_ms) aw->o.expert_timeout_ms = 5000;
     int rc = 1;
     if (st_ckpt_open(&aw->ck, aw->o.ckpt) != ST_OK) goto out;

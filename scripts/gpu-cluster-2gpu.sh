@@ -6,6 +6,9 @@
 #    requests, 16-token prompts, GEN generated tokens each), tokens/s by wall clock and by the
 #    coordinator's mean step time, and the share of step time spent waiting on the expert server
 #    (of it, transfers), from /status deltas.
+# Env: MB=n (--micro-batches), GEN (tokens per request), TAG (label prefix), SKIP_PREFILL=1; any
+# STRATA_* variable reaches the services (e.g. STRATA_WORKER_SYNC=1 STRATA_EGPU_HOST_ROUTE=1 for the
+# synchronous hand-off and host routing, to compare).
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/${GPU_BUILD:-build-gpu5s}/lib:/usr/local/cuda/lib64 UCX_MODULE_DIR=$PWD/${GPU_BUILD:-build-gpu5s}/lib/ucx
 B=$PWD/${GPU_BUILD:-build-gpu5s}/bin
@@ -53,10 +56,12 @@ print(f"RESULT cluster2gpu {lab}: {tok / wall:.0f} tok/s by wall ({n}x({p}+{g}) 
       f"; waiting on the expert server {100 * wait / step:.1f}% of step time (transfers {100 * net / step:.1f}%, expert compute {100 * exp / step:.1f}%)")
 PY
 }
-load "prefill 8K prompt" 1 8192 1
-load "prefill 8K prompt (2nd)" 1 8192 1
-load "decode batch 1" 1 16 "$GEN"
-load "decode batch 32" 32 16 "$GEN"
-load "decode batch 256" 256 16 "$GEN"
+if [ -z "${SKIP_PREFILL:-}" ]; then
+  load "${TAG:-}prefill 8K prompt" 1 8192 1
+  load "${TAG:-}prefill 8K prompt (2nd)" 1 8192 1
+fi
+load "${TAG:-}decode batch 1" 1 16 "$GEN"
+load "${TAG:-}decode batch 32" 32 16 "$GEN"
+load "${TAG:-}decode batch 256" 256 16 "$GEN"
 tail -3 $STRATA_STATE/expert-0.log > $OUT/expert_tail.txt; tail -3 $STRATA_STATE/attn-0.log > $OUT/attn_tail.txt
 timeout 30 $B/strata down

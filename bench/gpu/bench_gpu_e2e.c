@@ -218,6 +218,17 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         double gmean = gtot / DEC_STEPS, gfloor = floor_s - lg_bytes / (b_copy_gbs * 1e9);
         printf("RESULT e2e_%s_decode_b%d%s_greedy %.0f tok/s (step %.2f ms mean; device argmax, no logits to the "
                "host) measured/floor %.1fx\n", preset, B, tag, B / gmean, gmean * 1e3, gmean / gfloor);
+        if (pg) { /* the same without the decode-step graphs (plain launches) */
+            st_egpu_set_graphs(pg, false);
+            greedy = true;
+            step_all(slots, B, tok);
+            double ntot = 0;
+            for (int s = 0; s < DEC_STEPS; s++) ntot += step_all(slots, B, tok);
+            greedy = false;
+            st_egpu_set_graphs(pg, true);
+            printf("RESULT e2e_%s_decode_b%d%s_greedy_no_graphs %.0f tok/s (step %.2f ms mean; graphs: %.2fx)\n", preset,
+                   B, tag, B * DEC_STEPS / ntot, ntot / DEC_STEPS * 1e3, ntot / gtot);
+        }
         if (pg) {
             st_egpu_prof_pause(pg, false);
             for (int s = 0; s < PROF_STEPS; s++) step_all(slots, B, tok);

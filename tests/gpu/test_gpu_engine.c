@@ -516,6 +516,25 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
         printf("RESULT %s_gpu_decode_tok_s_argmax %.1f (batch 1, no logits copied)\n", preset, steps / gd2);
         free(am), free(lg2);
     }
+    {
+        /* decode steps replayed as CUDA graphs (the default) against plain launches: bit-identical */
+        setenv("STRATA_EGPU_GRAPHS", "0", 1);
+        st_engine_t *en;
+        double gp3, gd3;
+        float *lg3 = malloc(LB);
+        if (st_engine_create(&en, ck, &o) == ST_OK) {
+            CHECK(run_seq(en, toks, np, steps, true, lg3, V, &gp3, &gd3) == ST_OK, "gpu run without graphs: %s",
+                  st_err_last());
+            CHECK(!memcmp(lg3, lg, LB), "%s: logits with decode graphs differ from plain launches", preset);
+            printf("RESULT %s_gpu_decode_tok_s_no_graphs %.1f (batch 1; with graphs %.1f)\n", preset, steps / gd3,
+                   steps / gd);
+            st_engine_destroy(en);
+        } else {
+            CHECK(0, "gpu engine without graphs: %s", st_err_last());
+        }
+        unsetenv("STRATA_EGPU_GRAPHS");
+        free(lg3);
+    }
     printf("RESULT %s_cpu_prefill_tok_s %.1f (prompt %d)\n", preset, cp > 0 ? np / cp : 0, np);
     printf("RESULT %s_cpu_decode_tok_s %.1f\n", preset, cd > 0 ? steps / cd : 0);
     printf("RESULT %s_gpu_prefill_tok_s %.1f (prompt %d)\n", preset, np / gp, np);
