@@ -1,6 +1,7 @@
 /* Dispatch / combine bookkeeping of one MoE work item: which rows go to which expert server (grouped
- * by expert, experts ascending, tokens ascending within an expert) and where each reply row lands.
- * Pure logic over preallocated tables; the transport moves the bytes. */
+ * by expert, experts ascending, tokens ascending within an expert), the distinct tokens each server
+ * gets (a token routed to several of its experts travels once: wire.h ST_WIRE_FLAG_UNIQUE_ROWS) and
+ * where each reply row lands. Pure logic over preallocated tables; the transport moves the bytes. */
 #ifndef STRATA_AW_DISPATCH_H
 #define STRATA_AW_DISPATCH_H
 
@@ -16,6 +17,10 @@ typedef struct {
     uint32_t *exp_ids; /* [S][n_experts] ascending */
     uint32_t *offsets; /* [S][n_experts + 1] row offsets per expert */
     int *pair;         /* [S][max_rows] row → t*kc + i of the work item */
+    int *n_uniq;       /* [S] distinct tokens for server s */
+    uint32_t *src;     /* [S][max_rows] row → its distinct token's index */
+    int *utok;         /* [S][max_rows] distinct token index → token t */
+    int *mark;         /* [max_rows] scratch (−1 between builds) */
 } st_dispatch_plan_t;
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
@@ -26,8 +31,8 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
 #define ST_DISPATCH_NONE (-1)
 #define ST_DISPATCH_SKIP (-2)
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
-/* rows of server s → dst [n_rows[s], ew] */
-void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, float *dst);
+/* server s's row sources → src [n_rows[s]] and its distinct token rows → dst [n_uniq[s], ew] */
+void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, float *dst);
 /* reply rows of server s (same order) → w->out */
 void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows);
 

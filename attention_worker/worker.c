@@ -387,14 +387,16 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             continue;
         }
         float *rows;
+        uint32_t *src;
+        /* each distinct token once (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): the server expands them */
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
                                .token_count = (uint32_t)p->n_rows[s], .expert_count = (uint32_t)p->n_exp[s],
-                               .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq};
-        info.payload_bytes = st_wire_payload_bytes(info.token_count, info.expert_count, info.row_width);
-        st_wire_table_encode(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
-                             p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &rows);
-        st_dispatch_pack(p, s, w, rows);
+                               .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq, .unique = (uint32_t)p->n_uniq[s]};
+        info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
+        st_wire_table_encode_unique(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
+                                    p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &src, &rows);
+        st_dispatch_pack(p, s, w, src, rows);
         st_wire_header_encode(&info, &pd->hdr);
         aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
         aw->messages++;
@@ -453,7 +455,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             const uint32_t *ids, *off;
             const float *rows;
             int ok = st_wire_header_decode(&pd->recv.hdr, pd->recv.hdr_len, pd->rlen, &info) == ST_OK &&
-                     st_wire_table_decode(pd->rbuf, &info, &ids, &off, &rows) == ST_OK &&
+                     st_wire_table_decode(pd->rbuf, &info, &ids, &off, NULL, &rows) == ST_OK &&
                      info.token_count == (uint32_t)p->n_rows[s] && info.expert_count == (uint32_t)p->n_exp[s] &&
                      !memcmp(ids, p->exp_ids + (size_t)s * p->n_experts, sizeof(uint32_t) * info.expert_count) &&
                      !memcmp(off, p->offsets + (size_t)s * (p->n_experts + 1), sizeof(uint32_t) * (info.expert_count + 1));
@@ -1184,7 +1186,8 @@ static st_status_t alloc_buffers(aw_t *aw) {
     const st_config_t *c = aw->c;
     int kc = ST_MAX(c->top_k, aw->o.routing == ST_ROUTE_QUANTILE ? (aw->o.k_max > 0 ? aw->o.k_max : 2 * c->top_k) : 0);
     int rows = aw->o.max_batch_tokens * kc, ew = st_config_expert_width(c);
-    aw->pay_cap = st_wire_payload_bytes((uint32_t)rows, (uint32_t)c->n_experts, (uint32_t)ew);
+    /* the largest message either way: a distinct-row dispatch with every row distinct (≥ plain rows) */
+    aw->pay_cap = st_wire_dispatch_bytes((uint32_t)rows, (uint32_t)c->n_experts, (uint32_t)ew, (uint32_t)rows);
     aw->R = 8;
     size_t cells = (size_t)c->n_layers * c->n_experts * aw->R;
     aw->holders = malloc(sizeof(int) * cells);

@@ -17,7 +17,8 @@ st_status_t st_es_compute_init(st_es_compute_t *x, const st_ckpt_t *ck, int max_
     st_weight_t g = {.rows = x->c->moe_inter, .cols = st_config_expert_width(x->c), .dtype = ST_DT_MXFP4};
     st_weight_t d = {.rows = st_config_expert_width(x->c), .cols = x->c->moe_inter, .dtype = ST_DT_MXFP4};
     x->ws = malloc(sizeof(float) * st_ffn_ws_floats(max_rows, &g, &g, &d));
-    if (!x->w || !x->bound || !x->ws) {
+    x->xin = malloc(sizeof(float) * (size_t)max_rows * (size_t)st_config_expert_width(x->c));
+    if (!x->w || !x->bound || !x->ws || !x->xin) {
         st_es_compute_cleanup(x);
         return ST_FAIL(ST_ERR_NO_MEMORY, "expert server compute for %d rows", max_rows);
     }
@@ -28,6 +29,7 @@ void st_es_compute_cleanup(st_es_compute_t *x) {
     free(x->w);
     free(x->bound);
     free(x->ws);
+    free(x->xin);
     memset(x, 0, sizeof *x);
 }
 
@@ -42,7 +44,7 @@ st_status_t st_es_compute_bind(st_es_compute_t *x, int layer, int e) {
 }
 
 st_status_t st_es_compute_run(st_es_compute_t *x, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                              const uint32_t *offsets, const float *rows, float *out) {
+                              const uint32_t *offsets, const float *rows, const uint32_t *src, float *out) {
     const st_config_t *c = x->c;
     int ew = st_config_expert_width(c);
     if (layer < 0 || layer >= x->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
@@ -57,8 +59,14 @@ st_status_t st_es_compute_run(st_es_compute_t *x, int layer, uint32_t n_exp, con
         int n = (int)(offsets[k + 1] - offsets[k]);
         if (n == 0) continue;
         const st_expert_weights_t *w = &x->w[(size_t)layer * x->n_experts + expert_ids[k]];
-        st_ffn(out + (size_t)offsets[k] * ew, rows + (size_t)offsets[k] * ew, n, &w->gate, &w->up, &w->down, c->act,
-               c->situ_beta1, c->situ_beta2, x->ws);
+        const float *in = rows + (size_t)offsets[k] * ew;
+        if (src) { /* this expert's rows from the distinct ones */
+            for (int r = 0; r < n; r++)
+                memcpy(x->xin + (size_t)r * ew, rows + (size_t)src[offsets[k] + r] * ew, sizeof(float) * (size_t)ew);
+            in = x->xin;
+        }
+        st_ffn(out + (size_t)offsets[k] * ew, in, n, &w->gate, &w->up, &w->down, c->act, c->situ_beta1, c->situ_beta2,
+               x->ws);
     }
     return ST_OK;
 }

@@ -167,7 +167,7 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, float *out) {
+                          const uint32_t *offsets, const float *rows, const uint32_t *src, float *out) {
     const st_config_t *c = g->c;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
     if (n_exp > (uint32_t)g->n_experts)
@@ -190,7 +190,9 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
         const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
         g->h_tab[3 * k] = w, g->h_tab[3 * k + 1] = w + me, g->h_tab[3 * k + 2] = w + 2 * me;
     }
-    memcpy(g->h_in, rows, n * ew * sizeof(float));
+    if (!src) memcpy(g->h_in, rows, n * ew * sizeof(float));
+    else /* distinct rows expanded into the grouped order */
+        for (size_t r = 0; r < n; r++) memcpy(g->h_in + r * ew, rows + (size_t)src[r] * ew, ew * sizeof(float));
 #define CK(call)                                                                                                       \
     do {                                                                                                               \
         if ((s = (call)) != ST_OK) return s;                                                                           \

@@ -62,9 +62,9 @@ struct es {
 /* ---------------------------------------------------------------- compute thread */
 
 static void compute_one(es_t *es, slot_t *s) {
-    const uint32_t *ids, *off;
+    const uint32_t *ids, *off, *src;
     const float *rows;
-    s->result = st_wire_table_decode(s->in, &s->info, &ids, &off, &rows);
+    s->result = st_wire_table_decode(s->in, &s->info, &ids, &off, &src, &rows);
     if (s->result != ST_OK) {
         snprintf(s->err, sizeof s->err, "malformed dispatch table: %s", st_err_last());
         return;
@@ -79,7 +79,8 @@ static void compute_one(es_t *es, slot_t *s) {
             float *out_rows;
             s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
             if (s->result == ST_OK)
-                s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows, out_rows);
+                s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows, src,
+                                          out_rows);
         }
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
@@ -91,7 +92,8 @@ static void compute_one(es_t *es, slot_t *s) {
         float *out_rows;
         s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
         if (s->result == ST_OK)
-            s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, ids, off, rows, out_rows);
+            s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, ids, off, rows, src,
+                                          out_rows);
     }
     if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
 }
@@ -131,6 +133,7 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
 
 static void send_reply(es_t *es, slot_t *s) {
     st_wire_info_t r = s->info;
+    r.unique = 0; /* replies carry one row per (token, expert) */
     const void *payload = s->out;
     size_t len;
     if (s->result == ST_OK) {
@@ -312,7 +315,9 @@ int st_es_run(const st_es_opts_t *opts) {
 #endif
     } else if (st_es_compute_init(&es->cx, es->ck, es->o.max_rows) != ST_OK)
         goto out_ck;
-    es->cap = st_wire_payload_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts, (uint32_t)st_config_expert_width(c));
+    /* the largest dispatch: distinct rows, every row distinct (≥ plain rows and ≥ the reply) */
+    es->cap = st_wire_dispatch_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts,
+                                     (uint32_t)st_config_expert_width(c), (uint32_t)es->o.max_rows);
     es->slots = calloc((size_t)es->o.slots, sizeof(slot_t));
     es->q_in = calloc((size_t)es->o.slots, sizeof(int));
     es->q_out = calloc((size_t)es->o.slots, sizeof(int));

@@ -2,6 +2,7 @@
  * field of an arriving header is checked before anyone indexes with it. */
 #include "strata/wire.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ _Static_assert(offsetof(st_wire_header_t, row_width) == 36, "byte map: row_width
 _Static_assert(offsetof(st_wire_header_t, seq) == 40, "byte map: seq");
 _Static_assert(offsetof(st_wire_header_t, payload_bytes) == 48, "byte map: payload_bytes");
 _Static_assert(offsetof(st_wire_header_t, status) == 56, "byte map: status");
-_Static_assert(offsetof(st_wire_header_t, compute_us) == 60, "byte map: compute_us");
+_Static_assert(offsetof(st_wire_header_t, aux) == 60, "byte map: aux");
 
 size_t st_wire_table_bytes(uint32_t expert_count) {
     size_t b = ((size_t)expert_count * 2 + 1) * sizeof(uint32_t);
@@ -31,9 +32,23 @@ static int shape_ok(uint32_t tokens, uint32_t experts, uint32_t width) {
     return tokens <= ST_WIRE_MAX_TOKENS && experts <= ST_WIRE_MAX_EXPERTS && width <= ST_WIRE_MAX_ROW_WIDTH;
 }
 
+static size_t src_bytes(uint32_t tokens) {
+    return ((size_t)tokens * sizeof(uint32_t) + ST_WIRE_ALIGN - 1) / ST_WIRE_ALIGN * ST_WIRE_ALIGN;
+}
+
 /* NOTE: the bounds keep tokens * width * 4 below 2^40, so no overflow on 64-bit size_t. */
-static size_t payload_of(uint32_t tokens, uint32_t experts, uint32_t width) {
+static size_t payload_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique) {
+    if (unique) return st_wire_table_bytes(experts) + src_bytes(tokens) + (size_t)unique * width * sizeof(float);
     return st_wire_table_bytes(experts) + (size_t)tokens * width * sizeof(float);
+}
+
+size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique) {
+    if (!shape_ok(token_count, expert_count, row_width) || unique > token_count) {
+        ST_FAIL(ST_ERR_INVALID_ARG, "wire: shape %u tokens (%u distinct) x %u experts x %u width exceeds limits",
+                token_count, unique, expert_count, row_width);
+        return 0;
+    }
+    return payload_of(token_count, expert_count, row_width, unique);
 }
 
 size_t st_wire_payload_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width) {
@@ -42,7 +57,7 @@ size_t st_wire_payload_bytes(uint32_t token_count, uint32_t expert_count, uint32
                 expert_count, row_width);
         return 0;
     }
-    return payload_of(token_count, expert_count, row_width);
+    return payload_of(token_count, expert_count, row_width, 0);
 }
 
 /* Shared checks of encode and decode; returns a static reason or NULL. */
@@ -53,12 +68,14 @@ static const char *info_problem(const st_wire_info_t *in) {
         if (!shape_ok(in->token_count, in->expert_count, in->row_width)) return "counts exceed limits";
         if (in->token_count > 0 && in->expert_count == 0) return "tokens without experts";
         if (in->row_width == 0 && in->token_count > 0) return "zero row width";
-        if (in->payload_bytes != payload_of(in->token_count, in->expert_count, in->row_width))
+        if (in->unique && (in->kind != ST_WIRE_KIND_DISPATCH || in->unique > in->token_count))
+            return "distinct rows only on a dispatch, at most one per row";
+        if (in->payload_bytes != payload_of(in->token_count, in->expert_count, in->row_width, in->unique))
             return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
         return NULL;
     case ST_WIRE_KIND_ERROR:
-        if (in->token_count || in->expert_count || in->row_width) return "error reply with counts";
+        if (in->token_count || in->expert_count || in->row_width || in->unique) return "error reply with counts";
         if (in->payload_bytes > ST_WIRE_MAX_ERROR_TEXT) return "error text too long";
         if (in->status >= 0) return "error reply without a negative status";
         return NULL;
@@ -78,7 +95,7 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .step = info->step,
         .layer = info->layer,
         .micro_batch = info->micro_batch,
-        .flags = 0,
+        .flags = (uint16_t)(info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0),
         .source_id = info->source_id,
         .token_count = info->token_count,
         .expert_count = info->expert_count,
@@ -86,7 +103,7 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .seq = info->seq,
         .payload_bytes = info->payload_bytes,
         .status = (int32_t)info->status,
-        .compute_us = info->kind == ST_WIRE_KIND_COMBINE ? info->compute_us : 0,
+        .aux = info->kind == ST_WIRE_KIND_COMBINE ? info->compute_us : info->unique,
     };
     *out = h;
     return ST_OK;
@@ -100,9 +117,10 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
     if (h.magic != ST_WIRE_MAGIC) return ST_FAIL(ST_ERR_PROTOCOL, "wire: bad magic 0x%08x", h.magic);
     if (h.version != ST_WIRE_VERSION)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
-    if (h.flags != 0 || (h.compute_us != 0 && h.kind != ST_WIRE_KIND_COMBINE))
-        return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, compute_us %u on kind %u)", h.flags,
-                       h.compute_us, h.kind);
+    bool uniq = h.kind == ST_WIRE_KIND_DISPATCH && h.flags == ST_WIRE_FLAG_UNIQUE_ROWS;
+    if ((h.flags != 0 && !uniq) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, aux %u on kind %u)", h.flags, h.aux,
+                       h.kind);
     if (h.payload_bytes != payload_len)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu says %llu payload bytes, %zu arrived",
                        (unsigned long long)h.seq, (unsigned long long)h.payload_bytes, payload_len);
@@ -118,7 +136,8 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         .seq = h.seq,
         .payload_bytes = h.payload_bytes,
         .status = (st_status_t)h.status,
-        .compute_us = h.compute_us,
+        .compute_us = h.kind == ST_WIRE_KIND_COMBINE ? h.aux : 0,
+        .unique = uniq ? h.aux : 0,
     };
     const char *why = info_problem(&in);
     if (why)
@@ -154,8 +173,20 @@ st_status_t st_wire_table_encode(void *payload, uint32_t expert_count, const uin
     return ST_OK;
 }
 
+st_status_t st_wire_table_encode_unique(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
+                                        const uint32_t *offsets, uint32_t token_count, uint32_t **src, float **rows) {
+    float *after;
+    st_status_t s = st_wire_table_encode(payload, expert_count, expert_ids, offsets, token_count, &after);
+    if (s != ST_OK) return s;
+    uint8_t *p = (uint8_t *)after;
+    memset(p + (size_t)token_count * 4, 0, src_bytes(token_count) - (size_t)token_count * 4);
+    *src = (uint32_t *)p;
+    *rows = (float *)(p + src_bytes(token_count));
+    return ST_OK;
+}
+
 st_status_t st_wire_table_decode(const void *payload, const st_wire_info_t *info, const uint32_t **expert_ids,
-                                 const uint32_t **offsets, const float **rows) {
+                                 const uint32_t **offsets, const uint32_t **src, const float **rows) {
     if (info->kind != ST_WIRE_KIND_DISPATCH && info->kind != ST_WIRE_KIND_COMBINE)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: kind %d has no table", (unsigned long long)info->seq,
                        (int)info->kind);
@@ -174,8 +205,25 @@ st_status_t st_wire_table_decode(const void *payload, const st_wire_info_t *info
     size_t used = ((size_t)info->expert_count * 2 + 1) * 4;
     for (size_t i = used; i < st_wire_table_bytes(info->expert_count); i++)
         if (p[i]) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero table padding", (unsigned long long)info->seq);
+    const uint8_t *after = p + st_wire_table_bytes(info->expert_count);
+    if (info->unique) {
+        if (!src)
+            return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: distinct-row dispatch where plain rows are expected",
+                           (unsigned long long)info->seq);
+        const uint32_t *sr = (const uint32_t *)after;
+        for (uint32_t r = 0; r < info->token_count; r++)
+            if (sr[r] >= info->unique)
+                return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: row %u names distinct row %u of %u",
+                               (unsigned long long)info->seq, info->source_id, r, sr[r], info->unique);
+        for (size_t i = (size_t)info->token_count * 4; i < src_bytes(info->token_count); i++)
+            if (after[i]) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", (unsigned long long)info->seq);
+        *src = sr;
+        after += src_bytes(info->token_count);
+    } else if (src) {
+        *src = NULL;
+    }
     *expert_ids = ids;
     *offsets = off;
-    *rows = (const float *)(p + st_wire_table_bytes(info->expert_count));
+    *rows = (const float *)after;
     return ST_OK;
 }

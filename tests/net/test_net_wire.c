@@ -1,4 +1,5 @@
-/* Wire header and offsets table: encode → decode round trip, then every corrupted field rejected. */
+/* Wire header and offsets table: encode → decode round trip, then every corrupted field rejected;
+ * the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,7 +48,8 @@ int main(void) {
     /* every field corrupted */
     size_t pl = in.payload_bytes;
     expect_reject(&h, pl, 0, 4, 0x57525454, "magic");
-    expect_reject(&h, pl, 4, 2, 2, "version");
+    expect_reject(&h, pl, 4, 2, 1, "version 1 (before distinct-row dispatches)");
+    expect_reject(&h, pl, 4, 2, 3, "version 3");
     expect_reject(&h, pl, 4, 2, 0, "version 0");
     expect_reject(&h, pl, 6, 2, 0, "kind 0");
     expect_reject(&h, pl, 6, 2, 4, "kind 4");
@@ -62,7 +64,7 @@ int main(void) {
     expect_reject(&h, pl, 36, 4, ST_WIRE_MAX_ROW_WIDTH + 1, "row_width over limit");
     expect_reject(&h, pl, 48, 8, pl + 4, "payload_bytes field");
     expect_reject(&h, pl, 56, 4, (uint32_t)-40, "status on data message");
-    expect_reject(&h, pl, 60, 4, 1, "compute_us on a dispatch");
+    expect_reject(&h, pl, 60, 4, 1, "aux on a plain dispatch");
     CHECK(st_wire_header_decode(&h, 64, pl - 1, &out) == ST_ERR_PROTOCOL, "short payload");
     CHECK(st_wire_header_decode(&h, 64, pl + 1, &out) == ST_ERR_PROTOCOL, "long payload");
     CHECK(st_wire_header_decode(&h, 63, pl, &out) == ST_ERR_PROTOCOL, "short header");
@@ -101,7 +103,7 @@ int main(void) {
     for (int i = 0; i < 80; i++) rows[i] = (float)i;
     const uint32_t *dids, *doff;
     const float *drows;
-    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, &drows) == ST_OK, "table decode");
+    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, NULL, &drows) == ST_OK, "table decode");
     CHECK(dids[2] == 700 && doff[3] == 10 && drows[79] == 79.0f, "table views");
     uint32_t *t = (uint32_t *)payload;
     struct { int idx; uint32_t v; const char *what; } cases[] = {
@@ -111,20 +113,58 @@ int main(void) {
     for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
         uint32_t save = t[cases[i].idx];
         t[cases[i].idx] = cases[i].v;
-        CHECK(st_wire_table_decode(payload, &in, &dids, &doff, &drows) == ST_ERR_PROTOCOL, "table: %s accepted",
+        CHECK(st_wire_table_decode(payload, &in, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "table: %s accepted",
               cases[i].what);
         t[cases[i].idx] = save;
     }
-    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, &drows) == ST_OK, "table restored");
-    CHECK(st_wire_table_decode((uint8_t *)payload + 1, &in, &dids, &doff, &drows) == ST_ERR_PROTOCOL, "misaligned");
+    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, NULL, &drows) == ST_OK, "table restored");
+    CHECK(st_wire_table_decode((uint8_t *)payload + 1, &in, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "misaligned");
     uint32_t bad_off[4] = {0, 5, 4, 10};
     CHECK(st_wire_table_encode(payload, 3, ids, bad_off, 10, NULL) == ST_ERR_INVALID_ARG, "encode bad offsets");
     st_wire_info_t ei = er;
     ei.payload_bytes = 12;
-    CHECK(st_wire_table_decode(payload, &ei, &dids, &doff, &drows) == ST_ERR_PROTOCOL, "table on error kind");
+    CHECK(st_wire_table_decode(payload, &ei, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "table on error kind");
     /* empty dispatch: zero tokens, zero experts */
     st_wire_info_t empty = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = st_wire_payload_bytes(0, 0, 8)};
     CHECK(st_wire_header_encode(&empty, &h) == ST_OK && st_wire_header_decode(&h, 64, 16, &out) == ST_OK, "empty");
     free(payload);
+
+    /* distinct rows: 10 rows from 4 distinct, sources after the table, then the rows */
+    st_wire_info_t un = dispatch_info();
+    un.unique = 4;
+    un.payload_bytes = st_wire_dispatch_bytes(un.token_count, un.expert_count, un.row_width, un.unique);
+    CHECK(un.payload_bytes == 32 + 48 + 4 * 8 * 4, "distinct-row payload bytes %llu", (unsigned long long)un.payload_bytes);
+    CHECK(st_wire_dispatch_bytes(10, 3, 8, 0) == in.payload_bytes, "no distinct rows = plain rows");
+    CHECK(st_wire_dispatch_bytes(10, 3, 8, 11) == 0, "more distinct rows than rows refused");
+    CHECK(st_wire_header_encode(&un, &h) == ST_OK, "encode distinct");
+    CHECK(((const uint8_t *)&h)[22] == ST_WIRE_FLAG_UNIQUE_ROWS, "flag on the wire");
+    CHECK(st_wire_header_decode(&h, 64, un.payload_bytes, &out) == ST_OK && out.unique == 4 && out.compute_us == 0,
+          "decode distinct");
+    size_t upl = un.payload_bytes;
+    expect_reject(&h, upl, 60, 4, 0, "distinct flag without a count");
+    expect_reject(&h, upl, 60, 4, 11, "more distinct rows than rows");
+    expect_reject(&h, upl, 60, 4, 5, "distinct count vs payload");
+    expect_reject(&h, upl, 22, 2, 2, "unknown flag");
+    st_wire_info_t uc = un;
+    uc.kind = ST_WIRE_KIND_COMBINE;
+    CHECK(st_wire_header_encode(&uc, &h) == ST_ERR_INVALID_ARG, "distinct rows on a reply refused");
+    float *up = aligned_alloc(16, upl);
+    uint32_t *src;
+    CHECK(st_wire_table_encode_unique(up, 3, ids, off, 10, &src, &rows) == ST_OK, "distinct table encode");
+    CHECK((uint8_t *)src == (uint8_t *)up + 32 && (uint8_t *)rows == (uint8_t *)up + 80, "layout");
+    for (uint32_t r = 0; r < 10; r++) src[r] = r % 4;
+    for (int i = 0; i < 32; i++) rows[i] = (float)i;
+    const uint32_t *dsrc;
+    CHECK(st_wire_table_decode(up, &un, &dids, &doff, &dsrc, &drows) == ST_OK && dsrc[9] == 1 && drows[31] == 31.0f,
+          "distinct decode");
+    CHECK(st_wire_table_decode(up, &un, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "distinct where plain expected");
+    src[3] = 4;
+    CHECK(st_wire_table_decode(up, &un, &dids, &doff, &dsrc, &drows) == ST_ERR_PROTOCOL, "source out of range");
+    src[3] = 3;
+    src[10] = 1; /* padding after the sources */
+    CHECK(st_wire_table_decode(up, &un, &dids, &doff, &dsrc, &drows) == ST_ERR_PROTOCOL, "nonzero source padding");
+    src[10] = 0;
+    CHECK(st_wire_table_decode(up, &in, &dids, &doff, &dsrc, &drows) == ST_OK && dsrc == NULL, "plain gives no sources");
+    free(up);
     return st_test_done();
 }

@@ -1,7 +1,9 @@
 /* The data path without the network: a step whose MoE work is split by the dispatch plan over
- * three "expert servers" (each its own st_es_compute over the same checkpoint), packed, computed
- * and unpacked, gives bit-for-bit the logits of the one-process engine. Identity experts give the
- * input back (round trip), and a missing expert flags exactly its tokens. */
+ * three "expert servers" (each its own st_es_compute over the same checkpoint), packed (each
+ * server's distinct tokens once, with the row sources), computed and unpacked, gives bit-for-bit
+ * the logits of the one-process engine; the server's result from distinct rows equals the one from
+ * the expanded rows. Identity experts give the input back (round trip), and a missing expert flags
+ * exactly its tokens. */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -56,6 +58,9 @@ int main(void) {
     st_dispatch_plan_t plan;
     CHECK(st_dispatch_plan_init(&plan, S, n, 64) == ST_OK, "plan");
     float *msg = malloc(sizeof(float) * 64 * ew), *rep = malloc(sizeof(float) * 64 * ew);
+    float *flat = malloc(sizeof(float) * 64 * ew), *rep2 = malloc(sizeof(float) * 64 * ew);
+    uint32_t src[64];
+    int distinct_ok = 1, shared = 0;
 
     int ra, rb;
     st_engine_seq_open(remote, &ra);
@@ -73,15 +78,27 @@ int main(void) {
         st_dispatch_plan_build(&plan, &w, server_of, failed);
         for (int s = 0; s < S; s++) {
             if (!plan.n_rows[s]) continue;
-            st_dispatch_pack(&plan, s, &w, msg);
+            st_dispatch_pack(&plan, s, &w, src, msg);
+            /* distinct tokens: each once, and every row's source is its own token */
+            int nu = plan.n_uniq[s];
+            shared += plan.n_rows[s] - nu;
+            for (int u = 0; u < nu; u++)
+                for (int v = 0; v < u; v++) distinct_ok &= memcmp(msg + (size_t)u * ew, msg + (size_t)v * ew, sizeof(float) * ew) != 0;
+            for (int r = 0; r < plan.n_rows[s]; r++) {
+                distinct_ok &= src[r] < (uint32_t)nu;
+                memcpy(flat + (size_t)r * ew, msg + (size_t)src[r] * ew, sizeof(float) * ew);
+            }
             /* identity round trip first: the rows come back where their tokens are */
-            st_dispatch_unpack(&plan, s, &w, msg);
+            st_dispatch_unpack(&plan, s, &w, flat);
             for (int r = 0; r < plan.n_rows[s]; r++) {
                 int pr = plan.pair[s * plan.max_rows + r];
                 round_trip_ok &= !memcmp(w.out + (size_t)pr * ew, w.z + (size_t)(pr / w.kc) * ew, sizeof(float) * ew);
             }
             const uint32_t *ids = plan.exp_ids + (size_t)s * n, *off = plan.offsets + (size_t)s * (n + 1);
-            CHECK(st_es_compute_run(&srv[s], w.layer, (uint32_t)plan.n_exp[s], ids, off, msg, rep) == ST_OK, "run");
+            CHECK(st_es_compute_run(&srv[s], w.layer, (uint32_t)plan.n_exp[s], ids, off, msg, src, rep) == ST_OK, "run");
+            CHECK(st_es_compute_run(&srv[s], w.layer, (uint32_t)plan.n_exp[s], ids, off, flat, NULL, rep2) == ST_OK,
+                  "run, expanded rows");
+            CHECK(!memcmp(rep, rep2, sizeof(float) * (size_t)plan.n_rows[s] * ew), "distinct rows == expanded rows");
             st_dispatch_unpack(&plan, s, &w, rep);
         }
     }
@@ -89,6 +106,8 @@ int main(void) {
     for (int t = 0; t < N0 + N1; t++) anyfail |= failed[t];
     CHECK(!anyfail, "no token failed");
     CHECK(round_trip_ok, "dispatch → identity → combine gives the input back");
+    CHECK(distinct_ok, "each server's distinct rows are distinct and every source is in range");
+    CHECK(shared > 0, "tokens with several experts on one server travel once (%d rows saved)", shared);
     CHECK(layers == c->n_layers - c->first_k_dense, "one work item per MoE layer");
     CHECK(memcmp(ref, got, sizeof(float) * (N0 + N1) * V) == 0, "split over 3 servers == one-process engine (bitwise)");
 
@@ -115,13 +134,13 @@ int main(void) {
     CHECK(right && f2[0], "tokens of a missing expert are flagged, others not");
     st_es_compute_t *x = &srv[0];
     uint32_t bad_ids[1] = {(uint32_t)n + 3}, bad_off[2] = {0, 1};
-    CHECK(st_es_compute_run(x, 1, 1, bad_ids, bad_off, msg, rep) == ST_ERR_INVALID_ARG, "unknown expert rejected");
+    CHECK(st_es_compute_run(x, 1, 1, bad_ids, bad_off, msg, NULL, rep) == ST_ERR_INVALID_ARG, "unknown expert rejected");
 
     st_engine_mb_destroy(mb);
     st_engine_mb_destroy(mb2);
     st_dispatch_plan_cleanup(&plan);
     for (int s = 0; s < S; s++) st_es_compute_cleanup(&srv[s]);
-    free(msg); free(rep); free(ref); free(got);
+    free(msg); free(rep); free(flat); free(rep2); free(ref); free(got);
     st_engine_destroy(local);
     st_engine_destroy(remote);
     st_ckpt_close(ck);

@@ -10,7 +10,7 @@
  *     8   8  step           decode step of the sender
  *    16   4  layer          MoE layer index (0-based)
  *    20   2  micro_batch    micro-batch of the step
- *    22   2  flags          reserved, must be 0
+ *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS or 0; otherwise 0
  *    24   4  source_id      sender's member id (low 32 bits of the coordinator id)
  *    28   4  token_count    rows in the payload (sum over experts)
  *    32   4  expert_count   experts in the offsets table
@@ -18,8 +18,9 @@
  *    40   8  seq            sender's sequence number; a reply echoes the dispatch's
  *    48   8  payload_bytes  exact length of the AM payload
  *    56   4  status         error reply: st_status_t (negative); otherwise 0
- *    60   4  compute_us     COMBINE: time the dispatch spent at the expert server (queued +
- *                            computed), µs; otherwise 0
+ *    60   4  aux            COMBINE: time the dispatch spent at the expert server (queued +
+ *                            computed), µs; DISPATCH with ST_WIRE_FLAG_UNIQUE_ROWS: the number of
+ *                            distinct rows carried (1 ≤ unique ≤ token_count); otherwise 0
  *
  * Payload of DISPATCH and COMBINE (offsets table, then rows):
  *   [expert_count]     uint32 expert ids, strictly ascending
@@ -29,6 +30,12 @@
  *   [token_count, row_width] fp32 row-major, grouped by expert in table order.
  *   A dispatch carries input rows; the combine reply carries, in the same order, one output row per
  *   (token, expert) pair: weighting and the sum over experts happen at the attention worker.
+ * DISPATCH with ST_WIRE_FLAG_UNIQUE_ROWS (a token routed to several experts of one server travels
+ * once, as DeepEP dispatches one copy per rank): after the table,
+ *   [token_count]      uint32 sources: grouped row r is distinct row src[r] (< unique)
+ *   zero padding up to a multiple of 16 bytes
+ *   [unique, row_width] fp32 row-major distinct rows.
+ *   The reply is the same COMBINE as above (token_count rows).
  * Payload of ERROR: payload_bytes of UTF-8 text (not NUL-terminated); token/expert counts are 0.
  */
 #ifndef STRATA_WIRE_H
@@ -44,7 +51,8 @@ extern "C" {
 #endif
 
 #define ST_WIRE_MAGIC 0x57525453u /* "STRW" little-endian */
-#define ST_WIRE_VERSION 1u
+#define ST_WIRE_VERSION 2u /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches */
+#define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
 #define ST_WIRE_HEADER_BYTES 64u
 #define ST_WIRE_ALIGN 16u
 #define ST_WIRE_MAX_TOKENS (1u << 20)
@@ -79,7 +87,7 @@ typedef struct {
     uint64_t seq;
     uint64_t payload_bytes;
     int32_t status;
-    uint32_t compute_us;
+    uint32_t aux;
 } st_wire_header_t;
 
 /* Decoded header fields. */
@@ -96,6 +104,7 @@ typedef struct {
     uint64_t payload_bytes;
     st_status_t status;  /* ERROR only */
     uint32_t compute_us; /* COMBINE only: µs the dispatch spent at the server (queue + compute) */
+    uint32_t unique;     /* DISPATCH only: distinct rows (ST_WIRE_FLAG_UNIQUE_ROWS), 0 = plain rows */
 } st_wire_info_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */
@@ -104,6 +113,8 @@ size_t st_wire_table_bytes(uint32_t expert_count);
 /* Exact payload bytes for a DISPATCH/COMBINE of this shape; 0 with ST_FAIL when a count exceeds
  * its ST_WIRE_MAX_* bound. */
 size_t st_wire_payload_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width);
+/* The same for a DISPATCH with unique distinct rows (ST_WIRE_FLAG_UNIQUE_ROWS; 0 = plain rows). */
+size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique);
 
 /* Fill *out from info (payload_bytes included). Checks kind and bounds, and for DISPATCH/COMBINE
  * that payload_bytes equals st_wire_payload_bytes(). */
@@ -118,12 +129,18 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
  * are checked like on decode. Returns the pointer to the first row (payload + table bytes). */
 st_status_t st_wire_table_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
                                  const uint32_t *offsets, uint32_t token_count, float **rows);
+/* The same for a unique-rows DISPATCH: also zeroes the padding after the sources and returns where
+ * the caller writes them (*src [token_count]) and the distinct rows (*rows [unique, width]). */
+st_status_t st_wire_table_encode_unique(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
+                                        const uint32_t *offsets, uint32_t token_count, uint32_t **src, float **rows);
 
 /* Validate the table of a decoded DISPATCH/COMBINE payload (4-byte aligned) and give views into it:
  * expert_ids [expert_count], offsets [expert_count + 1], rows [token_count, row_width]. The views
- * point into payload and own nothing. */
+ * point into payload and own nothing. A unique-rows DISPATCH (info->unique > 0) also gives *src
+ * [token_count] (each checked < unique) and rows [unique, row_width]; src NULL refuses such a
+ * payload; *src is NULL for plain rows. */
 st_status_t st_wire_table_decode(const void *payload, const st_wire_info_t *info, const uint32_t **expert_ids,
-                                 const uint32_t **offsets, const float **rows);
+                                 const uint32_t **offsets, const uint32_t **src, const float **rows);
 
 #ifdef __cplusplus
 }
