@@ -3,14 +3,14 @@
  * for up to 64 heads (the cache is read once per 64 heads; H > 64 runs ceil(H/64) head groups, fewer
  * heads are zero-padded), 64-token tiles, QKᵀ and P·C̃ on Hopper wgmma (sm_90a; mma.sync where that is
  * not compiled in), online softmax in registers; a second kernel merges the splits.
- * Variants (st_cuda_mla_decode_set_variant / STRATA_MLA_DECODE): v2 (default) as below; v3 = v2 + L2
- * bulk prefetch of the rows 1–3 tiles ahead; v4 = v3 with the gathers done by TMA boxes of 8 rows.
- * Both pass test_gpu_mla and both are slower on the H200 (2026-11-30: 64 × 32K, H=64: v2 72.3% of
- * copy, v3 54%, v4 41–47%): issued from the compute warps, the prefetch / TMA instructions delay
- * warpgroup 0's wgmmas, and 1 KB TMA boxes gather slower than cp.async. Kept for the diagnostics
- * (gathers only / tensor work only) and as the TMA starting point of a warp-specialised version.
- * v5 = v4 with TMA boxes of 32 rows (9 × 4 KB per 32 tokens instead of 72 × 1 KB per tile) and no
- * prefetch: compiled, NOT yet run on a GPU (tests: TEST_MLA_V5=1, bench: BENCH_MLA_V5=1).
+ * Variants (st_cuda_mla_decode_set_variant / STRATA_MLA_DECODE): v2 as below; v5 = v2 with the full
+ * 32-row groups of a tile gathered by TMA (9 boxes of 32 rows × 64 columns, issued by warp 0) instead of
+ * cp.async; v6 = warp-specialised: a producer warpgroup issues every load (TMA boxes of 32 rows, cp.async
+ * where a page or the split's end cuts a group) into the two K buffers through full/empty mbarriers,
+ * two consumer warpgroups run v2's tensor work and softmax, a persistent grid walks all (split,
+ * sequence, head group) items. The default is MLA_DEFAULT_VARIANT below (measured figures there).
+ * Removed after measuring (2026-11-30, slower than v2 at every shape): v3 (v2 + L2 bulk prefetch of
+ * the rows 1–3 tiles ahead) and v4 (TMA boxes of 8 rows from warp 0); see docs/perf.md.
  * CPU reference: st_mla_attn_absorbed (kernels/mla.c). */
 #include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
 #include <stdio.h>
@@ -59,7 +59,7 @@ struct MlaSmem2 {
     unsigned char Ks[2][OPND_BYTES];
     st_bf16_t Ps[4][16 * LDP2];
     float red[8][16];
-    unsigned long long bar[2]; /* v4: TMA completion of K buffer 0 / 1 */
+    unsigned long long bar[2]; /* v5: TMA completion of K buffer 0 / 1 */
 };
 
 /* byte offset of (row r, 16-byte chunk c) in a 64-row operand */
@@ -121,19 +121,8 @@ __device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t
 }
 #endif
 
-/* L2 prefetch of one cache row (v3): the copy engine pulls the 1152 bytes into L2 without holding
- * registers or shared memory, so the next tiles stream from HBM while this tile's rows are copied
- * into shared memory from L2. */
-__device__ __forceinline__ void mla_prefetch_l2(const void *p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p, (void)bytes;
-#endif
-}
-
 #if MLA_WGMMA
-/* mbarrier helpers (v4's TMA gathers) */
+/* mbarrier helpers (v5's and v6's TMA gathers) */
 __device__ __forceinline__ void mla_bar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -141,7 +130,8 @@ __device__ __forceinline__ void mla_bar_expect(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 /* wait for the phase of parity par to complete. The retry loop lives inside the asm (as CUTLASS does):
- * a C loop around try_wait is a divergent path to ptxas, which then serialises every wgmma (C7518). */
+ * a C loop around try_wait is a divergent path to ptxas, which then serialises every wgmma (C7518).
+ * Where the wait sits between wgmmas in flight (v6's consumers) even this loop does: use mla_bar_wait_u. */
 __device__ __forceinline__ void mla_bar_wait(unsigned bar, unsigned par) {
     asm volatile(
         "{\n.reg .pred p;\nMLA_WAIT_%=:\n"
@@ -161,22 +151,19 @@ __device__ __forceinline__ void mla_tma2d(unsigned dst, const CUtensorMap *tm, i
 
 /* grid (n_splits, B, ceil(H / 64)), 256 threads. ws_acc [B, H, n_splits, 512] fp32 (unnormalised
  * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p); splits past seqlens[b] write nothing.
- * pf > 0 (v3): the rows of tile t + 1 + pf are prefetched into L2 when tile t + 1's copies are issued,
- * so HBM always has pf tiles in flight per block beside the tile being copied (v2: pf = 0, one tile
- * in flight, issued in a burst that drains before the next burst starts).
- * use_tma = R (v4: R = 8, needs page_size % 8 == 0; v5: R = 32, page_size % 32 == 0): every full
- * R-row group of a tile (R rows of one page) is copied by the copy engine, 9 TMA boxes of R rows × 64
- * columns (tensor map tm over the pool as [rows, 576], box R × 64, 128-byte swizzle = the layout
- * above) completing on the buffer's mbarrier, instead of 4 608 16-byte cp.async per tile from the
- * threads; the partial last group keeps cp.async (zero fill).
+ * use_tma = 32 (v5, pages of a multiple of 32 rows): every full 32-row group of a tile (32 rows of one
+ * page) is copied by the copy engine, 9 TMA boxes of 32 rows × 64 columns (tensor map tm over the pool
+ * as [rows, 576], box 32 × 64, 128-byte swizzle = the layout above) completing on the buffer's
+ * mbarrier, issued by warp 0, instead of 2 304 16-byte cp.async per 32 rows from the threads; the
+ * partial last group keeps cp.async (zero fill).
  * MODE 0: the kernel. Benchmark diagnostics, output undefined: MODE 1 = the same gathers with the
  * tensor work left out, MODE 2 = the tensor work with the gathers left out (stale K buffers). */
-template <int MODE, bool TMA, bool PF> /* PF / TMA false: v2 exactly (pf, use_tma ignored) */
+template <int MODE, bool TMA> /* TMA false: v2 (use_tma ignored) */
 __global__ void __launch_bounds__(NT2, 1)
     mla_decode_heads_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
                             const int *__restrict__ block_table, const int *__restrict__ seqlens, int H, int page_size,
                             int max_pages, int split_len, int n_splits, float scale_log2, float *ws_acc,
-                            float *ws_ml, int pf, const __grid_constant__ CUtensorMap tm, int use_tma) {
+                            float *ws_ml, const __grid_constant__ CUtensorMap tm, int use_tma) {
     constexpr int TPR = NT2 / TK2; /* loader threads per row */
     extern __shared__ __align__(1024) unsigned char smraw[];
     /* the swizzle pattern repeats every 1024 B: align the operands to that */
@@ -216,7 +203,7 @@ __global__ void __launch_bounds__(NT2, 1)
     const int lr = tid / TPR, lc0 = tid % TPR; /* loader: row lr of the tile, chunks lc0 + TPR·i */
     auto load_tile = [&](int tt, int buf) {
         const int j = s0 + tt * TK2 + lr;
-        const int gsh = use_tma == 32 ? 5 : 3;                            /* log2 of the TMA group rows */
+        constexpr int gsh = 5;                                            /* log2 of the TMA group rows */
         const int nfull = tma ? min(TK2, s1 - (s0 + tt * TK2)) >> gsh : 0; /* groups the TMA copies */
 #if MLA_WGMMA
         if (tma && w == 0) {
@@ -243,16 +230,8 @@ __global__ void __launch_bounds__(NT2, 1)
             st_cp_async16(dst + mla_swz(lr, c), row + c * 8, ok);
         }
     };
-    /* L2 prefetch of tile tt's rows: one row per thread of warps 0-1 */
-    auto prefetch_tile = [&](int tt) {
-        const int j = s0 + tt * TK2 + tid;
-        if (tid < TK2 && j < s1)
-            mla_prefetch_l2(pool + ((size_t)bt[j / page_size] * page_size + j % page_size) * DR, DR * 2);
-    };
     if (MODE != 2) load_tile(0, 0);
     asm volatile("cp.async.commit_group;\n" ::);
-    if (PF)
-        for (int d = 1; d <= pf && d < ntiles; d++) prefetch_tile(d);
 
     float acc[32][4];
 #pragma unroll
@@ -279,7 +258,6 @@ __global__ void __launch_bounds__(NT2, 1)
         if (MODE == 1) {
             if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
             asm volatile("cp.async.commit_group;\n" ::: "memory");
-            if (PF && pf > 0 && tt + 1 + pf < ntiles) prefetch_tile(tt + 1 + pf);
             continue;
         }
         const unsigned kb = k_base0 + buf * OPND_BYTES;
@@ -305,12 +283,10 @@ __global__ void __launch_bounds__(NT2, 1)
         /* the next tile's gathers overlap the tensor work */
         if (MODE != 2 && tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
         asm volatile("cp.async.commit_group;\n" ::: "memory");
-        if (PF && pf > 0 && tt + 1 + pf < ntiles) prefetch_tile(tt + 1 + pf);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #else
         if (MODE != 2 && tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1); /* P·C̃ below is synchronous */
         asm volatile("cp.async.commit_group;\n" ::: "memory");
-        if (PF && pf > 0 && tt + 1 + pf < ntiles) prefetch_tile(tt + 1 + pf);
 #pragma unroll 4
         for (int kk = 0; kk < DR / 16; kk++) {
             uint32_t a[4], b0[4], b1[4];
@@ -429,6 +405,319 @@ __global__ void __launch_bounds__(NT2, 1)
     }
 }
 
+/* ---------------- v6: warp-specialised, producer warpgroup + two consumer warpgroups ----------------
+ * 384 threads. Warpgroup 0 (the producer, setmaxnreg.dec 40) issues every global load: Q once, then
+ * each 64-token tile's cache rows with cp.async into one of the two K buffers, completing per half
+ * tile (32 rows) on full[buf][half] through cp.async.mbarrier.arrive.noinc; before refilling a buffer
+ * it waits on empty[buf]. It reads the page table for a tile before that wait, so the lookups overlap
+ * the consumers' work. Warpgroups 1–2 (the consumers, setmaxnreg.inc 232) run v2's tensor work and
+ * softmax unchanged (consumer warpgroup h scores tokens [32h, 32h+32) with wgmma m64n32, the pair of
+ * warps of a head group swaps maxima and P through shared memory, then warpgroup h accumulates P·C̃ for
+ * dims [256h, 256h+256) with wgmma m64n256): they only wait on "full" (their own half before QKᵀ, the
+ * other half before P·C̃) and arrive on "empty" (one arrive per warp, once the buffer's P·C̃ is done),
+ * so no load or page-table read sits in their issue stream. Two 64-token buffers are the most that fit
+ * beside Q (3 × 73.7 KB of the 227 KB).
+ * MODE 1 (benchmark diagnostic, output undefined): the same producer, consumers only wait and release. */
+#define NT6 384
+struct MlaSmem6 {
+    unsigned char Qs[OPND_BYTES];
+    unsigned char Ks[2][OPND_BYTES];
+    st_bf16_t Ps[4][16 * LDP2];
+    float red[8][16];
+    unsigned long long full[2][2], empty[2], qfull, qempty;
+};
+
+#if MLA_WGMMA
+__device__ __forceinline__ void mla_bar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* arrive on bar where p holds, predicated (no branch around it: a divergent path near the wgmmas makes
+ * ptxas serialise them, C7518) */
+__device__ __forceinline__ void mla_bar_arrive_if(unsigned bar, bool p) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %1, 0;\n@q mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+                 "r"((int)p)
+                 : "memory");
+}
+/* wait as mla_bar_wait, for code between wgmmas: the retry loop's condition is a warp vote, so ptxas sees a
+ * warp-uniform branch (a per-thread one, even inside the asm, serialises every wgmma of the kernel: C7518) */
+__device__ __forceinline__ void mla_bar_wait_u(unsigned bar, unsigned par) {
+    uint32_t ok;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(par)
+                     : "memory");
+    } while (!__all_sync(0xffffffffu, ok));
+}
+/* predicated global store of two floats (branch-free, as mla_bar_arrive_if) */
+__device__ __forceinline__ void mla_st2_if(float *p, float a, float b, bool ok) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q st.global.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(p), "f"(a),
+                 "f"(b), "r"((int)ok)
+                 : "memory");
+}
+/* one arrive on bar when all of this thread's earlier cp.async have landed (count not incremented) */
+__device__ __forceinline__ void mla_cp_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/* the same, with the pending count incremented first (a barrier whose count does not include us) */
+__device__ __forceinline__ void mla_cp_arrive_inc(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+#endif
+
+/* grid: any number of CTAs (persistent: ≤ one per SM), 384 threads; CTA c takes the work items
+ * c, c + gridDim.x, … of the B × n_splits × G items (head group fastest: the head groups of one split
+ * read its rows close in time, from L2 for the second); items whose split holds no rows
+ * are skipped by every warp alike. The tile counter gt and the item counter it run on across items, so
+ * the producer loads the next item's Q (once the consumers' last QKᵀ of the item is done: qempty) and
+ * first tiles while the consumers finish the item's last P·C̃ and write its partials. */
+template <int MODE>
+__global__ void __launch_bounds__(NT6, 1)
+    mla_decode_ws_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
+                         const int *__restrict__ block_table, const int *__restrict__ seqlens, int B, int H,
+                         int page_size, int max_pages, int split_len, int n_splits, float scale_log2, float *ws_acc,
+                         float *ws_ml, const __grid_constant__ CUtensorMap tm, int use_tma) {
+#if MLA_WGMMA
+    extern __shared__ __align__(1024) unsigned char smraw[];
+    unsigned char *smal = smraw + ((1024 - ((unsigned)__cvta_generic_to_shared(smraw) & 1023)) & 1023);
+    MlaSmem6 &sm = *reinterpret_cast<MlaSmem6 *>(smal);
+    const int G = (H + NH2 - 1) / NH2, nitems = n_splits * B * G;
+    const unsigned q_base = (unsigned)__cvta_generic_to_shared(sm.Qs);
+    const unsigned k_base0 = (unsigned)__cvta_generic_to_shared(sm.Ks[0]);
+    const unsigned full0 = (unsigned)__cvta_generic_to_shared(&sm.full[0][0]); /* full[buf][h]: + 16 buf + 8 h */
+    const unsigned empty0 = (unsigned)__cvta_generic_to_shared(&sm.empty[0]);  /* empty[buf]: + 8 buf */
+    const unsigned qfull = (unsigned)__cvta_generic_to_shared(&sm.qfull);
+    const unsigned qempty = (unsigned)__cvta_generic_to_shared(&sm.qempty);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int i = 0; i < 4; i++) mla_bar_init(full0 + 8 * i, 1); /* the TMA issuer, or thread 0 after all */
+        mla_bar_init(empty0, 8), mla_bar_init(empty0 + 8, 8);         /* one per consumer warp */
+        mla_bar_init(qfull, 128), mla_bar_init(qempty, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    /* the warpgroup index, broadcast so that ptxas knows it is warp-uniform (else the consumers' code is a
+     * divergent path and every wgmma is serialised, C7518) */
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (wg == 0) { /* ---- producer ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        const int lr = tid >> 2, lc = tid & 3; /* tiles: rows lr and lr + 32 (one per half), chunks lc + 4i */
+        int gt = 0, it = 0;
+        for (int idx = blockIdx.x; idx < nitems; idx += gridDim.x) {
+            const int h0 = idx % G * NH2, split = idx / G % n_splits, b = idx / (G * n_splits);
+            const int s0 = split * split_len, s1 = min(seqlens[b], s0 + split_len);
+            if (s0 >= s1) continue;
+            const int ntiles = (s1 - s0 + TK2 - 1) / TK2;
+            const int *bt = block_table + (size_t)b * max_pages;
+            if (it > 0) mla_bar_wait(qempty, (it - 1) & 1); /* the previous item's QKᵀ is done */
+            { /* Q: row tid >> 1, chunks (tid & 1) + 2i */
+                const int r = tid >> 1;
+                const bool ok = h0 + r < H;
+                const st_bf16_t *src = q + ((size_t)b * H + (ok ? h0 + r : 0)) * DR;
+#pragma unroll 4
+                for (int c = tid & 1; c < NCH; c += 2) st_cp_async16(sm.Qs + mla_swz(r, c), src + c * 8, ok);
+                mla_cp_arrive(qfull);
+            }
+            for (int tt = 0; tt < ntiles; tt++, gt++) {
+                const int buf = gt & 1;
+                const int t0 = s0 + tt * TK2;
+                const int j0 = t0 + lr, j1 = j0 + 32;
+                const bool ok0 = j0 < s1, ok1 = j1 < s1;
+                const int jj0 = ok0 ? j0 : s0, jj1 = ok1 ? j1 : s0;
+                /* page-table reads before the wait, so they overlap it */
+                const int prow0 = bt[jj0 / page_size] * page_size + jj0 % page_size;
+                const int prow1 = bt[jj1 / page_size] * page_size + jj1 % page_size;
+                if (gt >= 2) mla_bar_wait(empty0 + 8 * buf, ((gt >> 1) + 1) & 1); /* tile gt − 2 released */
+                const unsigned kb = k_base0 + buf * OPND_BYTES;
+#pragma unroll 1
+                for (int hh = 0; hh < 2; hh++) {
+                    const unsigned fb = full0 + 16 * buf + 8 * hh;
+                    const int th = t0 + 32 * hh;
+                    if (th >= s1) { /* nothing of this half: zeros (P·C̃ reads them with p = 0) */
+                        for (int i = 0; i < NCH / 4; i++)
+                            st_cp_async16(sm.Ks[buf] + mla_swz(lr + 32 * hh, lc + 4 * i), pool, false);
+                        mla_cp_arrive_inc(fb);
+                        asm volatile("bar.sync 6, 128;\n" ::: "memory");
+                        mla_bar_arrive_if(fb, tid == 0);
+                    } else if (use_tma && th + 32 <= s1) { /* 32 rows of one page: 9 TMA boxes */
+                        if (tid == 0) {
+                            const int pr = bt[th / page_size] * page_size + th % page_size;
+                            mla_bar_expect(fb, 32 * DR * 2);
+                            const unsigned dst = kb + 32 * hh * 128;
+#pragma unroll
+                            for (int cb = 0; cb < DR / 64; cb++) mla_tma2d(dst + cb * CB_BYTES, &tm, cb * 64, pr, fb);
+                        }
+                    } else { /* cp.async, zero fill past s1 */
+                        const st_bf16_t *row = pool + (size_t)(hh ? prow1 : prow0) * DR;
+                        const bool ok = hh ? ok1 : ok0;
+#pragma unroll 6
+                        for (int i = 0; i < NCH / 4; i++)
+                            st_cp_async16(sm.Ks[buf] + mla_swz(lr + 32 * hh, lc + 4 * i), row + (lc + 4 * i) * 8, ok);
+                        mla_cp_arrive_inc(fb);
+                        asm volatile("bar.sync 6, 128;\n" ::: "memory"); /* every increment before the arrive */
+                        mla_bar_arrive_if(fb, tid == 0);
+                    }
+                }
+                /* keep the producer warps within one tile of each other: in the TMA path only thread 0
+                 * works, and a warp that fell 2 phases behind would wait on an aliased parity of
+                 * empty[buf] forever (2026-11-30: g v6 hung at 128 × 32K without this) */
+                asm volatile("bar.sync 6, 128;\n" ::: "memory");
+            }
+            it++;
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    /* ---- consumers: warp w (0..7) owns heads hg = w & 3 (16 each) and the half h = w >> 2 ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int ct = tid - 128, w = ct >> 5, lane = ct & 31, gq = lane >> 2, tq = lane & 3;
+    const int hg = w & 3, half = w >> 2;
+    const unsigned p_base = (unsigned)__cvta_generic_to_shared(sm.Ps[hg]);
+    const int p_row = (lane & 7) + ((lane >> 3) & 1) * 8, p_col = (lane >> 4) * 8; /* P, A operand */
+    int gt = 0, it = 0;
+    for (int idx = blockIdx.x; idx < nitems; idx += gridDim.x) {
+        const int h0 = idx % G * NH2, split = idx / G % n_splits, b = idx / (G * n_splits);
+        /* broadcast: ptxas must see the tile loop's bounds as warp-uniform (C7518, as above) */
+        const int s0 = split * split_len, s1 = min(__shfl_sync(0xffffffffu, seqlens[b], 0), s0 + split_len);
+        if (s0 >= s1) continue;
+        const int ntiles = (s1 - s0 + TK2 - 1) / TK2;
+        float acc[32][4];
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gq, gq+8; m in log2 units */
+        mla_bar_wait_u(qfull, it & 1);
+        for (int tt = 0; tt < ntiles; tt++, gt++) {
+            const int buf = gt & 1;
+            const unsigned par = (gt >> 1) & 1;
+            if (MODE == 1) {
+                mla_bar_wait_u(full0 + 16 * buf, par);
+                mla_bar_wait_u(full0 + 16 * buf + 8, par);
+                __syncwarp();
+                mla_bar_arrive_if(empty0 + 8 * buf, lane == 0);
+                mla_bar_arrive_if(qempty, lane == 0 && tt == ntiles - 1);
+                continue;
+            }
+            mla_bar_wait_u(full0 + 16 * buf + 8 * half, par);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async data → wgmma */
+            const unsigned kb = k_base0 + buf * OPND_BYTES;
+            float s[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < DR / 16; kk++) {
+                const unsigned off = (kk >> 2) * CB_BYTES + (kk & 3) * 32;
+                mla_wgmma_n32(s, mla_desc(q_base + off, 16, 1024), mla_desc(kb + off + half * 32 * 128, 16, 1024));
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (tt > 0) { /* P·C̃ of the previous tile done in this warp: release its buffer */
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                __syncwarp();
+                mla_bar_arrive_if(empty0 + 8 * (buf ^ 1), lane == 0);
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            mla_bar_arrive_if(qempty, lane == 0 && tt == ntiles - 1); /* the item's last read of Q is done */
+            /* online softmax in registers (base 2), as v2 */
+            const int tok0 = s0 + tt * TK2 + half * 32;
+            const bool fullt = tok0 + 32 <= s1;
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const bool ok = fullt || tok0 + nt * 8 + tq * 2 + (e & 1) < s1;
+                    s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
+                    if (e < 2) mx0 = fmaxf(mx0, s[nt][e]);
+                    else mx1 = fmaxf(mx1, s[nt][e]);
+                }
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+            }
+            if (tq == 0) sm.red[w][gq] = mx0, sm.red[w][gq + 8] = mx1;
+            mla_pair_bar(1 + hg);
+            mx0 = fmaxf(mx0, sm.red[w ^ 4][gq]);
+            mx1 = fmaxf(mx1, sm.red[w ^ 4][gq + 8]);
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); /* finite: every tile holds a row */
+            const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+            m0 = mn0, m1 = mn1;
+            uint32_t pa[2][4];
+            float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float p0 = exp2f(s[nt][0] - mn0), p1 = exp2f(s[nt][1] - mn0);
+                const float p2 = exp2f(s[nt][2] - mn1), p3 = exp2f(s[nt][3] - mn1);
+                ps0 += p0 + p1, ps1 += p2 + p3;
+                const uint32_t lo = st_pack_bf2(p0, p1), hi = st_pack_bf2(p2, p3);
+                pa[nt >> 1][(nt & 1) * 2 + 0] = lo;
+                pa[nt >> 1][(nt & 1) * 2 + 1] = hi;
+                st_bf16_t *pr = sm.Ps[hg] + gq * LDP2 + half * 32 + nt * 8 + tq * 2;
+                *reinterpret_cast<uint32_t *>(pr) = lo;
+                *reinterpret_cast<uint32_t *>(pr + 8 * LDP2) = hi;
+            }
+            l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+            if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+                for (int i = 0; i < 32; i++) acc[i][0] *= al0, acc[i][1] *= al0, acc[i][2] *= al1, acc[i][3] *= al1;
+            }
+            mla_pair_bar(1 + hg);
+            uint32_t pb[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                st_ldsm4(pb[j], p_base + (unsigned)((p_row * LDP2 + ((1 - half) * 2 + j) * 16 + p_col) * 2));
+            uint32_t a[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) a[ks][i] = (ks >> 1) == half ? pa[ks & 1][i] : pb[ks & 1][i];
+            mla_bar_wait_u(full0 + 16 * buf + 8 * (half ^ 1), par); /* the partner half's rows */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                mla_wgmma_n256_rs(acc, a[ks], mla_desc(kb + half * 4 * CB_BYTES + ks * 16 * 128, CB_BYTES, 1024));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); /* waited for in the next tile */
+        }
+        if (MODE != 1) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncwarp();
+            mla_bar_arrive_if(empty0 + 8 * ((gt - 1) & 1), lane == 0); /* the item's last tile */
+        }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+        }
+        asm volatile("bar.sync 5, 256;\n" ::: "memory"); /* the consumers only: red is free */
+        if (tq == 0) sm.red[w][gq] = l0, sm.red[w][gq + 8] = l1;
+        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+        const float LN2 = 0.69314718055994531f;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = gq + hf * 8, h = h0 + hg * 16 + r;
+            const bool hok = h < H; /* padded heads: predicated stores, no branch near the accumulators */
+            float *dst = ws_acc + (((size_t)b * H + (hok ? h : 0)) * n_splits + split) * DVL + half * 256;
+#pragma unroll
+            for (int nt = 0; nt < 32; nt++) mla_st2_if(dst + nt * 8 + tq * 2, acc[nt][hf * 2], acc[nt][hf * 2 + 1], hok);
+            if (hok && half == 0 && tq == 0) {
+                float *ml = ws_ml + (((size_t)b * H + h) * n_splits + split) * 2;
+                ml[0] = (hf ? m1 : m0) * LN2;
+                ml[1] = sm.red[w][r] + sm.red[w ^ 4][r];
+            }
+        }
+        asm volatile("bar.sync 5, 256;\n" ::: "memory"); /* red read by the partner before the next item */
+        it++;
+    }
+#else
+    (void)q, (void)pool, (void)block_table, (void)seqlens, (void)B, (void)H, (void)page_size, (void)max_pages;
+    (void)split_len, (void)n_splits, (void)scale_log2, (void)ws_acc, (void)ws_ml, (void)tm, (void)use_tma;
+    __trap(); /* the launcher runs v2 where wgmma is not compiled in */
+#endif
+}
+
 /* grid (H, B), 128 threads × 4 dims: o = Σ_s e^{m_s−M} acc_s / Σ_s e^{m_s−M} l_s */
 __global__ void mla_decode_combine_kernel(st_bf16_t *o, const float *ws_acc, const float *ws_ml, const int *seqlens,
                                           int H, int split_len, int n_splits) {
@@ -478,20 +767,22 @@ static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int
 /* Longest split the launcher makes (tokens); see mla_pick_split. */
 #define MLA_SPLIT_CAP 8192
 
-/* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE=2..5,
- * read once, else MLA_DEFAULT_VARIANT). v2 stays the default: v3/v4 measured slower, v5 not run yet. */
+/* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE=2, 5 or
+ * 6, read once, else MLA_DEFAULT_VARIANT). g_mla_grid: v6's grid (0 = one CTA per SM).
+ * H200, 2026-11-30 (% of copy, v2 / v5 / v6): 64×32K H64 71.8 / 73.5 / 77.3, 64×32K H16 72.9 / 76.2 /
+ * 82.3, 64×4K H64 59.6 / 61.7 / 65.0; v6 fastest at every shape measured and passed test_gpu_mla, but
+ * its producer barrier that fixes a hang (see the kernel) was added after that run: v2 stays the
+ * default until v6 runs test_gpu_mla + bench_gpu_mla once more; then make it 6. */
 #define MLA_DEFAULT_VARIANT 2
-#define MLA_DEFAULT_LOOKAHEAD 2
-static int g_mla_variant = 0, g_mla_lookahead = 0;
+static int g_mla_variant = 0, g_mla_grid = 0;
 
-extern "C" st_status_t st_cuda_mla_decode_set_variant(int variant, int lookahead) {
+extern "C" st_status_t st_cuda_mla_decode_set_variant(int variant, int grid) {
     const int av = variant < 0 ? -variant : variant;
-    if (!(variant == 0 || variant == 9 || (av >= 2 && av <= 5)) || lookahead < -1 || lookahead > 8)
-        return ST_FAIL(ST_ERR_INVALID_ARG,
-                       "mla_decode_set_variant: variant %d (0, ±2, ±3, ±4, ±5, 9), lookahead %d (-1..8)",
-                       variant, lookahead);
+    if (!(variant == 0 || variant == 9 || av == 2 || av == 5 || av == 6) || grid < -1 || grid > 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "mla_decode_set_variant: variant %d (0, ±2, ±5, ±6, 9), grid %d (-1..8)",
+                       variant, grid);
     g_mla_variant = variant;
-    g_mla_lookahead = lookahead;
+    g_mla_grid = grid;
     return ST_OK;
 }
 
@@ -516,7 +807,7 @@ static mla_encode_fn mla_encoder(void) {
     return enc;
 }
 
-/* v4/v5's tensor map: the pool as [rows, 576] bf16 (row stride 1152 B), box_rows × 64 columns, 128-byte
+/* v5/v6's tensor map: the pool as [rows, 576] bf16 (row stride 1152 B), box_rows × 64 columns, 128-byte
  * swizzle. The row count is not known here; the kernel addresses only rows of pages in the block
  * table, so the extent is set to 2^31 rows (no bounds check is relied on). */
 static bool mla_pool_map(CUtensorMap *m, const void *pool, int box_rows) {
@@ -533,7 +824,7 @@ static int mla_variant(void) {
     if (g_mla_variant == 0) {
         const char *e = getenv("STRATA_MLA_DECODE");
         int v = e ? atoi(e) : 0;
-        g_mla_variant = (v >= 2 && v <= 5) ? v : MLA_DEFAULT_VARIANT;
+        g_mla_variant = (v == 2 || v == 5 || v == 6) ? v : MLA_DEFAULT_VARIANT;
     }
     return g_mla_variant;
 }
@@ -563,15 +854,10 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
     const size_t smem = sizeof(MlaSmem2) + 1024; /* + slack for the 1024-byte alignment */
     const int variant = mla_variant();
     const int av = variant < 0 ? -variant : variant;
-    /* L2 lookahead: v3/v4 default 2 tiles, v5 none (the prefetch measured slower); −1 → none */
-    int pf = 0;
-    if (av == 3 || av == 4 || av == 5)
-        pf = g_mla_lookahead > 0 ? g_mla_lookahead : g_mla_lookahead < 0 || av == 5 ? 0 : MLA_DEFAULT_LOOKAHEAD;
     CUtensorMap tm;
     memset(&tm, 0, sizeof tm);
-    /* TMA group rows: v4 8, v5 32 (8 where pages hold a multiple of 8 rows only); where the TMA cannot
-     * take whole groups, v4/v5 run v3's cp.async gathers */
-    const int rows = av == 5 && page_size % 32 == 0 ? 32 : (av == 4 || av == 5) && page_size % 8 == 0 ? 8 : 0;
+    /* v5: TMA boxes of 32 rows where pages hold a multiple of 32 rows; else v2's cp.async gathers */
+    const int rows = av == 5 && page_size % 32 == 0 ? 32 : 0;
     const int use_tma = rows && mla_pool_map(&tm, pool, rows) ? rows : 0;
     static int told = 0; /* NOTE: once per process, diagnostics only */
     if (rows && !use_tma && !told) {
@@ -580,20 +866,42 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
                 mla_encoder() ? "failed" : "not found");
     }
     typedef void (*kern_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int, int,
-                           float, float *, float *, int, const CUtensorMap, int);
-    kern_t kern = mla_decode_heads_kernel<0, false, false>; /* v2 */
-    if (variant == 3 || variant == 4 || variant == 5)
-        kern = use_tma ? mla_decode_heads_kernel<0, true, true> : mla_decode_heads_kernel<0, false, true>;
-    else if (variant == -2) kern = mla_decode_heads_kernel<1, false, false>; /* diagnostics */
-    else if (variant == -3 || variant == -4 || variant == -5)
-        kern = use_tma ? mla_decode_heads_kernel<1, true, true> : mla_decode_heads_kernel<1, false, true>;
-    else if (variant == 9) kern = mla_decode_heads_kernel<2, false, false>;
-    st_status_t rc =
-        ST_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                           float, float *, float *, const CUtensorMap, int);
+    kern_t kern = mla_decode_heads_kernel<0, false>; /* v2 */
+    if (variant == 5 && use_tma) kern = mla_decode_heads_kernel<0, true>;
+    else if (variant == -2 || (variant == -5 && !use_tma)) kern = mla_decode_heads_kernel<1, false>; /* diagnostics */
+    else if (variant == -5) kern = mla_decode_heads_kernel<1, true>;
+    else if (variant == 9) kern = mla_decode_heads_kernel<2, false>;
+    st_status_t rc;
+    if (av == 6) { /* v6: warp-specialised (producer warpgroup + two consumer warpgroups) */
+        typedef void (*kern6_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int,
+                                int, int, float, float *, float *, const CUtensorMap, int);
+        kern6_t k6 = variant > 0 ? mla_decode_ws_kernel<0> : mla_decode_ws_kernel<1>;
+        const size_t smem6 = sizeof(MlaSmem6) + 1024;
+        rc = ST_CUDA_CHECK(cudaFuncSetAttribute(k6, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem6));
+        if (rc) return rc;
+        /* persistent: one CTA per SM over all items; g_mla_grid −1: one CTA per item (diagnostic), k > 0:
+         * k CTAs (tests: many items per CTA) */
+        const long nitems = (long)ns * B * G;
+        const long want = g_mla_grid < 0 ? nitems : g_mla_grid > 0 ? g_mla_grid : nsm;
+        const int grid = (int)(want < nitems ? want : nitems);
+        /* TMA boxes of 32 rows where pages hold a multiple of 32 rows (else, and for the partial last 32
+         * rows of a split, cp.async from the producer warpgroup) */
+        const int tma6 = page_size % 32 == 0 && mla_pool_map(&tm, pool, 32);
+        if (page_size % 32 == 0 && !tma6 && !told) {
+            told = 1;
+            fprintf(stderr, "mla_decode: tensor map unavailable, v6 gathers with cp.async\n");
+        }
+        k6<<<grid, NT6, smem6, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, B, H, page_size, max_pages, sl, ns,
+                                               scale * 1.4426950408889634f, ws_acc, ws_ml, tm, tma6);
+        rc = ST_LAUNCH_OK("mla_decode_ws_kernel");
+    } else {
+    rc = ST_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (rc) return rc;
     kern<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H, page_size, max_pages, sl,
-                                                      ns, scale * 1.4426950408889634f, ws_acc, ws_ml, pf, tm, use_tma);
+                                                      ns, scale * 1.4426950408889634f, ws_acc, ws_ml, tm, use_tma);
     rc = ST_LAUNCH_OK("mla_decode_heads_kernel");
+    }
     if (rc) return rc;
     mla_decode_combine_kernel<<<dim3(H, B), 128, 0, ST_STREAM(s)>>>(o_lat, ws_acc, ws_ml, seqlens, H, sl, ns);
     return ST_LAUNCH_OK("mla_decode_combine_kernel");

@@ -6,6 +6,8 @@
  * CPU reference: st_ffn per expert (kernels/ffn.c), st_weight_rows_f32 for MXFP4. */
 #include <cublas_v2.h>
 #include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
+#include <cuda_fp16.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "cuda_common.cuh"
@@ -198,8 +200,11 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
  * Both blocks' consumers release a stage to both producers (16 arrivals), since either producer may
  * write into either block's stage; a pair with an odd last entry runs that block on its partner's
  * tile without storing (keeps the two in step).
- * Weights stacked [E·Nout, K] (one tensor map each); the table mode (arbitrary per-expert pointers)
- * stays on the mma.sync kernel above. */
+ * Weights stacked [E·Nout, K] (one tensor map each, expert e's rows at e·Nout), or the table mode
+ * (tmt != nullptr: arbitrary per-expert pointers): per-expert tensor maps [Nout, K] in global memory,
+ * built on the device by ffn_tmap_kernel each call, acquired by the producer at each expert change.
+ * Optional (flags): programmatic dependent launch between the two GEMMs, the f16x2 activation;
+ * neither measured faster (2026-11-30), so both off by default. */
 #define FW_BM 128
 #define FW_BN 256
 #define FW_BK 64
@@ -226,8 +231,20 @@ __device__ __forceinline__ void fw_bar_init(unsigned bar, unsigned count) {
 __device__ __forceinline__ void fw_bar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* arrive on the barrier at the same offset in the cluster's block `rank` */
+/* arrive on the barrier at the same offset in the cluster's block `rank`, default semantics
+ * (release at CTA scope, as CUTLASS's ClusterBarrier::arrive): enough to order this warpgroup's
+ * completed wgmma reads of a stage before the partner's TMA refills it.
+ * NOTE: the .release.cluster form measured 25-30% slower on the H200 (2026-11-30: clusters 407 vs
+ * 1blk 571 TFLOP/s at E=16 x 2048, with or without multicast; a cluster-scope fence per k step) */
 __device__ __forceinline__ void fw_bar_arrive_remote(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+        "r"(rank)
+        : "memory");
+}
+/* the round-1 form (diagnostics: FW_F_REL_CLUSTER) */
+__device__ __forceinline__ void fw_bar_arrive_remote_rc(unsigned bar, unsigned rank) {
     asm volatile(
         "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
@@ -279,6 +296,37 @@ __device__ __forceinline__ float fw_act(float a, float u, int situ, float b1, fl
     float sg = fmaf(0.5f, fw_tanh(0.5f * a), 0.5f);
     return situ ? (b1 * fw_tanh(a * ib1) * sg) * (b2 * fw_tanh(u * ib2)) : a * sg * u;
 }
+/* the same for two outputs with the MUFU tanh on f16 pairs (half the MUFU work; f16 precision, about
+ * that of h's bf16 rounding; the test passes with it); arguments saturate at ±65504 (tanh ±1) */
+__device__ __forceinline__ uint32_t fw_tanh_h2(float x0, float x1) {
+    uint32_t h, y;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(x1), "f"(x0));
+    asm("tanh.approx.f16x2 %0, %1;\n" : "=r"(y) : "r"(h));
+    return y;
+}
+__device__ __forceinline__ float2 fw_h2f(uint32_t v) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+}
+__device__ __forceinline__ void fw_act2(float a0, float a1, float u0, float u1, int situ, float b1, float b2,
+                                        float ib1, float ib2, float &o0, float &o1) {
+    const float2 ts = fw_h2f(fw_tanh_h2(0.5f * a0, 0.5f * a1));
+    const float s0 = fmaf(0.5f, ts.x, 0.5f), s1 = fmaf(0.5f, ts.y, 0.5f);
+    if (situ) {
+        const float2 ta = fw_h2f(fw_tanh_h2(a0 * ib1, a1 * ib1)), tu = fw_h2f(fw_tanh_h2(u0 * ib2, u1 * ib2));
+        const float bb = b1 * b2;
+        o0 = bb * ta.x * s0 * tu.x, o1 = bb * ta.y * s1 * tu.y;
+    } else {
+        o0 = a0 * s0 * u0, o1 = a1 * s1 * u1;
+    }
+}
+/* programmatic dependent launch (the down GEMM's blocks start while the gate/up GEMM drains) */
+__device__ __forceinline__ void fw_pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void fw_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+/* a tensor map in global memory written by another kernel (the table mode's per-expert maps): make it
+ * visible to the TMA unit before the first copy through it */
+__device__ __forceinline__ void fw_tmap_acquire(const CUtensorMap *m) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)m) : "memory");
+}
 /* d[64 × 256] += A[64 × 16] · B[16 × 256], both K-major in 128-byte-swizzled shared memory */
 __device__ __forceinline__ void fw_wgmma_n256(float d[32][4], uint64_t da, uint64_t db) {
     asm volatile(
@@ -316,11 +364,18 @@ __device__ __forceinline__ void fw_wgmma_n256(float d[32][4], uint64_t da, uint6
 /* grid: CL = 1: min(tiles bound · column tiles, SMs) blocks; CL = 2: clusters of 2, an even count.
  * FW_THREADS threads, FW_SMEM bytes. tmA: A [N, K]; tmB1 (GLU: w1, else w2) and tmB3 (GLU: w3, else
  * unused) [E·Nout, K]; boxes 64 × 128. */
+/* FW_F_*: the flags argument */
+#define FW_F_PDL_WAIT 1 /* launched as a programmatic dependent: wait for the previous grid before reading */
+#define FW_F_PDL_TRIG 2 /* let the next grid (launched as a programmatic dependent) start early */
+#define FW_F_ACT16 4    /* GLU epilogue with tanh.approx.f16x2 */
+#define FW_F_NO_MC 8    /* CL = 2: no multicast (each block loads its own B; diagnostics) */
+#define FW_F_REL_CLUSTER 16 /* CL = 2: release the partner's stages with .release.cluster (round 1; diagnostics) */
 template <bool GLU, typename TC, int CL>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     ffn_wg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB1,
                   const __grid_constant__ CUtensorMap tmB3, TC *__restrict__ C, const int *__restrict__ offsets,
-                  const int *__restrict__ map, int bound, int Nout, int K, int situ, float b1, float b2) {
+                  const int *__restrict__ map, int bound, int Nout, int K, int situ, float b1, float b2,
+                  const CUtensorMap *__restrict__ tmt, int flags) {
 #if FW_ARCH
     extern __shared__ __align__(1024) unsigned char fw_raw[];
     const unsigned base0 = (unsigned)__cvta_generic_to_shared(fw_raw);
@@ -348,6 +403,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     if (CL == 2) fw_cluster_sync();
     else __syncthreads();
+    if (flags & FW_F_PDL_TRIG) fw_pdl_trigger();
+    if (flags & FW_F_PDL_WAIT) fw_pdl_wait(); /* h (the A operand) is the previous grid's output */
     /* unit u → (my entry, column tile, its expert, whether B is shared); false past the last unit */
     auto unit = [&](unsigned u, int &ent, int &ct, int &e, bool &shared, bool &store) -> bool {
         const int q = (int)(u / (unsigned)ncolt);
@@ -360,7 +417,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         const int e0 = map[4 * q];
         if (e0 < 0) return false;
         const int e1 = 2 * q + 1 < bound ? map[4 * q + 2] : -1;
-        shared = e1 == e0;
+        shared = e1 == e0 && !(flags & FW_F_NO_MC);
         store = rank == 0 || e1 >= 0;
         ent = store ? 2 * q + (int)rank : 2 * q; /* no second entry: the partner's tile, not stored */
         e = store && rank ? e1 : e0;
@@ -369,13 +426,22 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x == 0) {
-            int it = 0, ent, ct, e;
+            int it = 0, ent, ct, e, e_prev = -1;
             bool shared, store;
+            const CUtensorMap *pB1 = &tmB1, *pB3 = GLU ? &tmB3 : &tmB1;
             for (unsigned u = unit0; unit(u, ent, ct, e, shared, store); u += nunits) {
                 const int m0 = map[2 * ent + 1];
+                /* stacked weights: expert e's rows start at e·Nout; table mode: its own maps [Nout, K] */
+                const int rb = tmt ? 0 : e * Nout;
+                if (tmt && e != e_prev) {
+                    pB1 = tmt + 3 * e + (GLU ? 0 : 2), pB3 = GLU ? tmt + 3 * e + 1 : pB1;
+                    fw_tmap_acquire(pB1);
+                    if (GLU) fw_tmap_acquire(pB3);
+                    e_prev = e;
+                }
                 int r1, r3;
-                if (GLU) r1 = r3 = e * Nout + ct * 128;
-                else r1 = e * Nout + ct * 256, r3 = r1 + 128;
+                if (GLU) r1 = r3 = rb + ct * 128;
+                else r1 = rb + ct * 256, r3 = r1 + 128;
                 for (int kt = 0; kt < ktiles; kt++, it++) {
                     const int s = it % FW_ST;
                     const unsigned ph = (unsigned)(it / FW_ST) & 1;
@@ -385,11 +451,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                     const int k0 = kt * FW_BK;
                     fw_tma2d(sA + s * FW_A_BYTES, &tmA, k0, m0, full);
                     if (CL == 2 && shared) { /* my half of B into both blocks */
-                        fw_tma2d_mc(sB + s * FW_B_BYTES + rank * (FW_B_BYTES / 2), GLU && rank ? &tmB3 : &tmB1, k0,
+                        fw_tma2d_mc(sB + s * FW_B_BYTES + rank * (FW_B_BYTES / 2), rank ? pB3 : pB1, k0,
                                     rank ? r3 : r1, full, (unsigned short)3);
                     } else {
-                        fw_tma2d(sB + s * FW_B_BYTES, &tmB1, k0, r1, full);
-                        fw_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, GLU ? &tmB3 : &tmB1, k0, r3, full);
+                        fw_tma2d(sB + s * FW_B_BYTES, pB1, k0, r1, full);
+                        fw_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, pB3, k0, r3, full);
                     }
                 }
             }
@@ -401,6 +467,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const float ib1 = 1.f / b1, ib2 = 1.f / b2;
+    const bool act16 = (flags & FW_F_ACT16) != 0, relc = (flags & FW_F_REL_CLUSTER) != 0;
     int it = 0, ent, ct, e;
     bool shared, store;
     float acc[32][4];
@@ -421,7 +488,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 if (lane == 0) {
                     const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
                     fw_bar_arrive(eb);
-                    if (CL == 2) fw_bar_arrive_remote(eb, rank ^ 1);
+                    if (CL == 2) {
+                        if (relc) fw_bar_arrive_remote_rc(eb, rank ^ 1);
+                        else fw_bar_arrive_remote(eb, rank ^ 1);
+                    }
                 }
             }
         }
@@ -429,7 +499,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         if (lane == 0) {
             const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
             fw_bar_arrive(eb);
-            if (CL == 2) fw_bar_arrive_remote(eb, rank ^ 1);
+            if (CL == 2) {
+                if (relc) fw_bar_arrive_remote_rc(eb, rank ^ 1);
+                else fw_bar_arrive_remote(eb, rank ^ 1);
+            }
         }
         /* epilogue: row of acc[j][q] = 16·warp + g + 8·(q >> 1), column 8j + 2·tq + (q & 1) */
 #pragma unroll
@@ -441,8 +514,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 for (int j = 0; j < 16; j++) {
                     const int col = ct * 128 + j * 8 + 2 * tq;
                     if (col >= Nout) continue;
-                    const float o0 = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
-                    const float o1 = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
+                    float o0, o1;
+                    if (act16) {
+                        fw_act2(acc[j][2 * hh], acc[j][2 * hh + 1], acc[j + 16][2 * hh], acc[j + 16][2 * hh + 1], situ,
+                                b1, b2, ib1, ib2, o0, o1);
+                    } else {
+                        o0 = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
+                        o1 = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
+                    }
                     fb_st2(C + (size_t)row * Nout + col, o0, o1);
                 }
             } else {
@@ -457,7 +536,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     if (CL == 2) fw_cluster_sync();
 #else
-    (void)offsets, (void)map, (void)bound, (void)Nout, (void)K, (void)situ, (void)b1, (void)b2, (void)C;
+    (void)offsets, (void)map, (void)bound, (void)Nout, (void)K, (void)situ, (void)b1, (void)b2, (void)C, (void)tmt,
+        (void)flags;
     __trap(); /* never launched: the host checks the device before choosing this path */
 #endif
 }
@@ -470,10 +550,12 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 
 /* ---------------- choosing the grouped kernels; the Hopper path's host side ---------------- */
 #ifndef FW_DEFAULT
-/* wgmma, single blocks (STRATA_FFN_WGMMA=0: mma.sync). NOTE: the clusters (modes 1, 3) pass the test
- * but measured slower on the H200 (2026-11-30, bench_gpu_moe_ffn): 322 against 472 TFLOP/s at
- * E=64 × 512, 418 against 605 at E=16 × 2048; not yet understood (fewer co-resident clusters than
- * SMs/2? the two blocks' lockstep through the shared stage releases?). */
+/* wgmma, single blocks (STRATA_FFN_WGMMA=0: mma.sync). NOTE: the clusters (modes 1, 3) pass the test;
+ * round 1 measured them 25-30% slower, which was the .release.cluster remote arrivals (a cluster-scope
+ * fence per k step; 66 clusters were resident). With CUTLASS's plain remote arrive they are on par
+ * with single blocks, not faster (H200, 2026-11-30, bench_gpu_moe_ffn variants: 256/420/521-553
+ * against 264-271/429-461/550-551 TFLOP/s at the three peer shapes), with or without the B multicast:
+ * so L2→SM traffic is not what bounds the kernel at these shapes. */
 #define FW_DEFAULT 2
 #endif
 /* mode 1 takes the cluster kernels when the experts average ≥ this many rows (entry pairs then mostly
@@ -491,6 +573,23 @@ typedef CUresult (*fw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
 static int fw_mode = -1; /* -1: not chosen yet; 0: mma.sync; 1: wgmma (clusters by FW_CL2_MIN_AVG_ROWS);
                           * 2: wgmma, single blocks; 3: wgmma, clusters of 2 */
 static int fw_sms = 0, fw_clusters = 0; /* blocks for CL = 1; co-resident clusters for CL = 2 (0: none) */
+static int fw_clusters_q = 0;            /* what the occupancy query said (fw_clusters: maybe overridden) */
+/* FW_F_* flags of both GEMMs (PDL between them, f16x2 activation, no multicast); the table mode on the
+ * wgmma kernels (per-expert tensor maps built on the device each call). Env (read at each
+ * st_cuda_moe_ffn_use_wgmma call): STRATA_FFN_PDL, STRATA_FFN_ACT16, STRATA_FFN_NO_MC,
+ * STRATA_FFN_CL_RELEASE, STRATA_FFN_WG_TABLE (0/1), STRATA_FFN_CLUSTERS (count), STRATA_FFN_VERBOSE.
+ * NOTE: PDL and the f16x2 activation pass the test but measured no faster (H200, 2026-11-30: single
+ * blocks 264/461/551 TFLOP/s; + PDL 270/444/533; + f16x2 activation 270/436/530): off. */
+#ifndef FW_DEFAULT_PDL
+#define FW_DEFAULT_PDL 0
+#endif
+#ifndef FW_DEFAULT_ACT16
+#define FW_DEFAULT_ACT16 0
+#endif
+#ifndef FW_DEFAULT_TABLE
+#define FW_DEFAULT_TABLE 1 /* passed test_gpu_moe_ffn on the H200 (2026-11-30, every wgmma mode) */
+#endif
+static int fw_pdl = FW_DEFAULT_PDL, fw_act16 = FW_DEFAULT_ACT16, fw_nomc = 0, fw_table = FW_DEFAULT_TABLE, fw_relc = 0;
 static fw_encode_fn fw_enc = nullptr;
 
 template <typename K>
@@ -534,6 +633,7 @@ static bool fw_usable(void) {
             cudaOccupancyMaxActiveClusters(&n2, ffn_wg_kernel<false, float, 2>, &cfg) == cudaSuccess)
             fw_clusters = n1 < n2 ? n1 : n2;
     }
+    fw_clusters_q = fw_clusters;
     (void)cudaGetLastError(); /* a failed query leaves no error behind */
     ok = good;
     return good;
@@ -548,6 +648,18 @@ extern "C" int st_cuda_moe_ffn_use_wgmma(int on) {
     if (fw_mode == 3 && fw_clusters <= 0) fw_mode = 2;
     const char *gb = getenv("STRATA_FFN_WG_BLOCKS"); /* experiments: blocks per GEMM (default: one per SM) */
     if (fw_mode && gb && atoi(gb) > 0) fw_sms = atoi(gb);
+    const char *gc = getenv("STRATA_FFN_CLUSTERS"); /* experiments: clusters per GEMM (default: the query's) */
+    fw_clusters = fw_clusters_q > 0 && gc && atoi(gc) > 0 ? atoi(gc) : fw_clusters_q;
+    /* variants of the wgmma kernels, read at each call (tests and benchmarks set them before) */
+    const char *ev;
+    fw_pdl = (ev = getenv("STRATA_FFN_PDL")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_PDL;
+    fw_act16 = (ev = getenv("STRATA_FFN_ACT16")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_ACT16;
+    fw_nomc = (ev = getenv("STRATA_FFN_NO_MC")) && *ev ? atoi(ev) != 0 : 0;
+    fw_relc = (ev = getenv("STRATA_FFN_CL_RELEASE")) && *ev ? atoi(ev) != 0 : 0;
+    fw_table = (ev = getenv("STRATA_FFN_WG_TABLE")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_TABLE;
+    if ((ev = getenv("STRATA_FFN_VERBOSE")) && *ev && atoi(ev))
+        fprintf(stderr, "ffn: mode %d, %d blocks, %d co-resident clusters of 2, pdl %d, act16 %d, no-mc %d, table %d\n",
+                fw_mode, fw_sms, fw_clusters, fw_pdl, fw_act16, fw_nomc, fw_table);
     return fw_mode;
 }
 
@@ -560,49 +672,109 @@ static bool fw_map(CUtensorMap *m, const void *p, size_t rows, int cols) {
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* one GEMM on the wgmma kernel: CL = 1 plain launch, CL = 2 clusters of two (all resident) */
+/* one GEMM on the wgmma kernel: CL = 1 one block per SM at most, CL = 2 clusters of two (all
+ * resident); pdl: launched as a programmatic dependent of the previous kernel in the stream (the
+ * kernel waits for it before reading anything) */
 template <bool GLU, typename TC, int CL>
 static st_status_t fw_gemm(cudaStream_t cs, const CUtensorMap &tA, const CUtensorMap &tB1, const CUtensorMap &tB3,
                            TC *C, const int *offsets, const int *map, int bound, int Nout, int K, int situ, float b1,
-                           float b2) {
+                           float b2, const CUtensorMap *tmt, int flags) {
     const long ncolt = GLU ? (Nout + 127) / 128 : (Nout + 255) / 256;
-    if (CL == 1) {
-        long t = (long)bound * ncolt;
-        int g = (int)(t < fw_sms ? t : fw_sms);
-        ffn_wg_kernel<GLU, TC, 1><<<g, FW_THREADS, FW_SMEM, cs>>>(tA, tB1, tB3, C, offsets, map, bound, Nout, K, situ,
-                                                                  b1, b2);
-        return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu>" : "ffn_wg_kernel<down>");
-    }
-    long t = (long)((bound + 1) / 2) * ncolt;
-    int ncl = (int)(t < fw_clusters ? t : fw_clusters);
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(2 * (unsigned)ncl), cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FW_SMEM;
-    cfg.stream = cs, cfg.attrs = at, cfg.numAttrs = 1;
-    st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wg_kernel<GLU, TC, 2>, tA, tB1, tB3, C, offsets, map,
-                                                      bound, Nout, K, situ, b1, b2));
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (CL == 2) {
+        long t = (long)((bound + 1) / 2) * ncolt;
+        int ncl = (int)(t < fw_clusters ? t : fw_clusters);
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 2, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
+        na++;
+        cfg.gridDim = dim3(2 * (unsigned)ncl);
+    } else {
+        long t = (long)bound * ncolt;
+        cfg.gridDim = dim3((unsigned)(t < fw_sms ? t : fw_sms));
+    }
+    if (flags & FW_F_PDL_WAIT) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FW_SMEM;
+    cfg.stream = cs, cfg.attrs = at, cfg.numAttrs = (unsigned)na;
+    st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wg_kernel<GLU, TC, CL>, tA, tB1, tB3, C, offsets, map,
+                                                      bound, Nout, K, situ, b1, b2, tmt, flags));
     if (rc) return rc;
-    return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu, cluster>" : "ffn_wg_kernel<down, cluster>");
+    return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu>" : "ffn_wg_kernel<down>");
+}
+
+/* Table mode: the per-expert tensor maps tm [E][3] (w1_e, w3_e [w, l]; w2_e [l, w]) from the device
+ * pointer table, each a copy of the template of its shape with the global address replaced
+ * (tensormap.replace in shared memory, then copied out with the tensormap proxy release; the GEMM
+ * kernels acquire each map before their first copy through it). One warp per map; a weight pointer
+ * that is not 16-byte aligned (TMA's rule) traps. */
+__global__ void __launch_bounds__(128) ffn_tmap_kernel(CUtensorMap *__restrict__ tm,
+                                                       const st_bf16_t *const *__restrict__ tab, int E,
+                                                       const __grid_constant__ CUtensorMap t13,
+                                                       const __grid_constant__ CUtensorMap t2) {
+#if FW_ARCH
+    __shared__ __align__(128) CUtensorMap sm[4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = blockIdx.x * 4 + warp;
+    if (i >= 3 * E) return; /* whole warps */
+    const int k = i % 3;
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(k == 2 ? &t2 : &t13);
+    reinterpret_cast<uint32_t *>(&sm[warp])[lane] = src[lane];
+    __syncwarp();
+    const uint64_t p = (uint64_t)tab[i];
+    if (p & 15) __trap();
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(&sm[warp]);
+    if (lane == 0)
+        asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(sa), "l"(p)
+                     : "memory");
+    __syncwarp();
+    asm volatile(
+        "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n" ::"l"(
+            (uint64_t)(tm + i)),
+        "r"(sa)
+        : "memory");
+#else
+    (void)tm, (void)tab, (void)E;
+    __trap();
+#endif
 }
 
 /* Both GEMMs on the wgmma kernels (tile map already built). *used = false (nothing launched) if a
- * tensor map cannot be encoded: the caller runs the mma.sync kernels instead. */
+ * tensor map cannot be encoded: the caller runs the mma.sync kernels instead. Table mode (tab): the
+ * per-expert maps go into tmt ([E][3], 128-byte aligned), built by ffn_tmap_kernel first. */
 template <typename TY>
 static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int *map, int bound, const st_bf16_t *x,
                                  const int *offsets, int E, int N, const st_bf16_t *w1, const st_bf16_t *w3,
-                                 const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, bool *used) {
+                                 const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2,
+                                 const st_bf16_t *const *tab, CUtensorMap *tmt, bool *used) {
     CUtensorMap mx, m1, m3, mh, m2;
-    *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&m1, w1, (size_t)E * w, l) && fw_map(&m3, w3, (size_t)E * w, l) &&
-            fw_map(&mh, h, (size_t)N, w) && fw_map(&m2, w2, (size_t)E * l, w);
+    if (tab) /* templates: one expert's shapes at some aligned address (replaced per expert) */
+        *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&mh, h, (size_t)N, w) && fw_map(&m1, h, (size_t)w, l) &&
+                fw_map(&m2, h, (size_t)l, w);
+    else
+        *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&m1, w1, (size_t)E * w, l) &&
+                fw_map(&m3, w3, (size_t)E * w, l) && fw_map(&mh, h, (size_t)N, w) &&
+                fw_map(&m2, w2, (size_t)E * l, w);
     if (!*used) return ST_OK;
+    st_status_t rc;
+    if (tab) {
+        ffn_tmap_kernel<<<(3 * E + 3) / 4, 128, 0, cs>>>(tmt, tab, E, m1, m2);
+        if ((rc = ST_LAUNCH_OK("ffn_tmap_kernel"))) return rc;
+        m3 = m1;
+    } else {
+        tmt = nullptr;
+    }
     const bool cl = fw_clusters > 0 && (fw_mode == 3 || (fw_mode == 1 && (long)N >= (long)FW_CL2_MIN_AVG_ROWS * E));
-    st_status_t rc = cl ? fw_gemm<true, st_bf16_t, 2>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2)
-                        : fw_gemm<true, st_bf16_t, 1>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2);
+    const int f = (fw_act16 ? FW_F_ACT16 : 0) | (fw_nomc ? FW_F_NO_MC : 0) | (fw_relc ? FW_F_REL_CLUSTER : 0);
+    const int f1 = f | (fw_pdl ? FW_F_PDL_TRIG : 0), f2 = f | (fw_pdl ? FW_F_PDL_WAIT : 0);
+    rc = cl ? fw_gemm<true, st_bf16_t, 2>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2, tmt, f1)
+            : fw_gemm<true, st_bf16_t, 1>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2, tmt, f1);
     if (rc) return rc;
-    return cl ? fw_gemm<false, TY, 2>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f)
-              : fw_gemm<false, TY, 1>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f);
+    return cl ? fw_gemm<false, TY, 2>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f, tmt, f2)
+              : fw_gemm<false, TY, 1>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f, tmt, f2);
 }
 
 extern "C" size_t st_cuda_moe_ffn_ws_bytes(int N, int w) {
@@ -633,16 +805,18 @@ template <typename TY>
 static st_status_t ffn_grouped_launch(cudaStream_t cs, TY *y, st_bf16_t *h, int *map, const st_bf16_t *x,
                                       const int *offsets, int E, int N, int max_rows, int big, const st_bf16_t *w1,
                                       const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
-                                      float b2, const st_bf16_t *const *tab = nullptr) {
+                                      float b2, const st_bf16_t *const *tab = nullptr, CUtensorMap *tmt = nullptr) {
     st_status_t rc = ffn_set_attrs();
     if (rc) return rc;
     int bound = ffn_tile_bound(E, N, max_rows);
     ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, offsets, E, bound, big);
     if ((rc = ST_LAUNCH_OK("ffn_tile_map_kernel"))) return rc;
     if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
-    if (fw_mode >= 1 && !tab) { /* stacked weights: the Hopper kernels (table mode: mma.sync below) */
+    /* the Hopper kernels: stacked weights, or the table mode with room for its tensor maps */
+    if (fw_mode >= 1 && (!tab || (fw_table && tmt))) {
         bool used = false;
-        rc = ffn_wg_launch<TY>(cs, y, h, map, bound, x, offsets, E, N, w1, w3, w2, l, w, situ, b1, b2, &used);
+        rc = ffn_wg_launch<TY>(cs, y, h, map, bound, x, offsets, E, N, w1, w3, w2, l, w, situ, b1, b2, tab, tmt,
+                               &used);
         if (rc || used) return rc;
     }
     ffn_gemm_kernel<true><<<dim3(bound, (w + 63) / 64), FB_THREADS, FB_SMEM, cs>>>(h, x, w1, w3, offsets, map, w, l,
@@ -732,6 +906,8 @@ static ffn_ptrs ffn_ptrs_carve(void *p) {
     return P;
 }
 #define FH_PTR_BYTES ((size_t)9 * FH_MAXE * sizeof(void *) + (size_t)2 * FH_MAXE * sizeof(int))
+/* the table mode's per-expert tensor maps on the wgmma kernels: [FH_MAXE][3] CUtensorMap */
+#define FH_TM_BYTES ((size_t)3 * FH_MAXE * sizeof(CUtensorMap))
 
 /* big expert j = expert e, rows r0 .. r0+c-1: its problems' pointers and its row range */
 __host__ __device__ inline void ffn_ptrs_put(const ffn_ptrs &P, int j, int e, int r0, int c, const st_bf16_t *x,
@@ -854,9 +1030,10 @@ static st_status_t ffn_cublas_phase(cublasHandle_t hd, int variant, int phase, c
 }
 
 extern "C" size_t st_cuda_moe_ffn_hosted_ws_bytes(int N, int w) {
-    /* [h + tile map: st_cuda_moe_ffn_ws_bytes][gu [N, 2w] bf16][pointer arrays, row ranges], each
-     * region 256-byte aligned (NOTE: the GLU kernel reads gu with 16-byte loads) */
-    return FH_ALIGN(st_cuda_moe_ffn_ws_bytes(N, w)) + FH_ALIGN((size_t)N * 2 * w * 2) + FH_PTR_BYTES;
+    /* [h + tile map: st_cuda_moe_ffn_ws_bytes][gu [N, 2w] bf16][pointer arrays, row ranges][table
+     * mode's tensor maps], each region 256-byte aligned (NOTE: the GLU kernel reads gu with 16-byte
+     * loads; FH_PTR_BYTES is a multiple of 256) */
+    return FH_ALIGN(st_cuda_moe_ffn_ws_bytes(N, w)) + FH_ALIGN((size_t)N * 2 * w * 2) + FH_PTR_BYTES + FH_TM_BYTES;
 }
 
 static st_status_t ffn_hosted_impl(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
@@ -871,9 +1048,10 @@ static st_status_t ffn_hosted_impl(const st_gpu_stream_t *s, void *y, bool y_f32
                        E, l, w, variant, min_rows_cublas, offsets_host ? offsets_host[0] : -1);
     int N = offsets_host[E], big = min_rows_cublas > 0 ? min_rows_cublas : st_cuda_moe_ffn_cublas_min_rows(l, w);
     if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
-    /* the default rule on the wgmma kernels with stacked weights: no expert via cuBLAS (NOTE: the
-     * grouped kernel is at least as fast as cuBLAS there, without its ~7 µs per call) */
-    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_mode >= 1 && !tab) big = 0x7fffffff;
+    /* the default rule on the wgmma kernels (stacked weights, or the table mode on them): no expert
+     * via cuBLAS (NOTE: the grouped kernel is at least as fast as cuBLAS there, without its ~7 µs per
+     * call) */
+    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_mode >= 1 && (!tab || fw_table)) big = 0x7fffffff;
     int max_small = 0, nb = 0, max_big = 0;
     for (int e = 0; e < E; e++) {
         int c = offsets_host[e + 1] - offsets_host[e];
@@ -889,13 +1067,14 @@ static st_status_t ffn_hosted_impl(const st_gpu_stream_t *s, void *y, bool y_f32
     int *map = (int *)((uint8_t *)ws + (((size_t)N * w * 2 + 255) & ~(size_t)255));
     st_bf16_t *gu = (st_bf16_t *)((uint8_t *)ws + FH_ALIGN(st_cuda_moe_ffn_ws_bytes(N, w)));
     ffn_ptrs P = ffn_ptrs_carve((uint8_t *)gu + FH_ALIGN((size_t)N * 2 * w * 2));
+    CUtensorMap *tmt = (CUtensorMap *)((uint8_t *)gu + FH_ALIGN((size_t)N * 2 * w * 2) + FH_PTR_BYTES);
     cudaStream_t cs = ST_STREAM(s);
     st_status_t rc;
     if (max_small > 0) {
         rc = y_f32 ? ffn_grouped_launch<float>(cs, (float *)y, h, map, x, offsets, E, N, max_small, big, w1, w3, w2, l,
-                                               w, situ, b1, b2, tab)
+                                               w, situ, b1, b2, tab, tmt)
                    : ffn_grouped_launch<st_bf16_t>(cs, (st_bf16_t *)y, h, map, x, offsets, E, N, max_small, big, w1,
-                                                   w3, w2, l, w, situ, b1, b2, tab);
+                                                   w3, w2, l, w, situ, b1, b2, tab, tmt);
         if (rc) return rc;
     }
     if (!nb) return ST_OK;

@@ -1,23 +1,21 @@
 /* MLA absorbed decode bandwidth: B sequences × ctx tokens of 576-wide bf16 latent rows in 64-row
  * pages, H query heads; KV bytes read per time against the copy ceiling, tensor rate against the
  * cuBLAS bf16 GEMM ceiling, and against the roofline min(copy, GEMM / (2·H·1088/1152 FLOP/B)).
- * Every shape runs each kernel variant (st_cuda_mla_decode_set_variant) in the same process: v2, v3
- * with L2 lookahead 1–3 tiles, v4 (TMA gathers) with lookahead 0–3, and the diagnostics ("g": the
- * gathers only; "tensor": the tensor work only); a summary table (% of copy) is printed last.
- * BENCH_MLA_NO_TMA=1 leaves the v4 variants out; v5 (TMA boxes of 32 rows, not yet run on a GPU)
- * runs only with BENCH_MLA_V5=1. */
+ * Every shape runs each kernel variant (st_cuda_mla_decode_set_variant) in the same process: v2, v5
+ * (TMA gathers from warp 0), v6 (warp-specialised, persistent; "1/it": one CTA per work item) and the
+ * diagnostics ("g": the gathers only; "tensor": v2's tensor work only); a summary table (% of copy) is
+ * printed last. BENCH_MLA_NO_V6=1 leaves v6 out. */
 #include <math.h>
 
 #include "bench_common.h"
 
 typedef struct {
-    int v, la;
+    int v, grid;
     const char *name;
 } variant_t;
-static const variant_t VARS[] = {
-    {2, 0, "v2"},       {3, 1, "v3 la1"},     {3, 2, "v3 la2"},     {3, 3, "v3 la3"},     {4, -1, "v4 la0"},
-    {4, 1, "v4 la1"},   {4, 2, "v4 la2"},     {4, 3, "v4 la3"},     {-2, 0, "g v2"},      {-3, 2, "g v3la2"},
-    {-4, -1, "g v4la0"}, {-4, 2, "g v4la2"}, {9, 0, "tensor"},  {5, 0, "v5"},         {-5, 0, "g v5"}};
+static const variant_t VARS[] = {{2, 0, "v2"},      {5, 0, "v5"},       {6, 0, "v6"},     {6, -1, "v6 1/it"},
+                                 {-2, 0, "g v2"},    {-5, 0, "g v5"},    {-6, 0, "g v6"},  {-6, -1, "g6 1/it"},
+                                 {9, 0, "tensor"}};
 #define NV ((int)(sizeof VARS / sizeof VARS[0]))
 #define NSHAPE 13
 static double pct[NSHAPE][NV];
@@ -39,13 +37,12 @@ static void bench(int si, int B, int ctx, int H, int split) {
     void *ws = bdev(wsb);
     const float sc = 1.f / sqrtf(192.f);
     shp[si][0] = B, shp[si][1] = ctx, shp[si][2] = H;
-    const char *nt = getenv("BENCH_MLA_NO_TMA"), *v5 = getenv("BENCH_MLA_V5");
+    const char *n6 = getenv("BENCH_MLA_NO_V6");
     for (int vi = 0; vi < NV; vi++) {
         pct[si][vi] = NAN;
         const int av = VARS[vi].v < 0 ? -VARS[vi].v : VARS[vi].v;
-        if (nt && atoi(nt) && (av == 4 || av == 5)) continue;
-        if (av == 5 && !(v5 && atoi(v5))) continue;
-        BK(st_cuda_mla_decode_set_variant(VARS[vi].v, VARS[vi].la));
+        if (av == 6 && n6 && atoi(n6)) continue;
+        BK(st_cuda_mla_decode_set_variant(VARS[vi].v, VARS[vi].grid));
         double ms;
         BTIME(ms, 5, st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
         const double gbs = kvb / (ms * 1e6), tfl = 2.0 * rows * H * (576 + 512) / (ms * 1e9);

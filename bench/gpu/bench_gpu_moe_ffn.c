@@ -2,6 +2,7 @@
  * peer shapes (bench/gpu/peers.py prints the peer in the same run), grouping / gather / combine /
  * quantile router times, MLA causal prefill TFLOP/s; next to the copy and GEMM ceilings. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench_common.h"
@@ -13,6 +14,113 @@ static int b_vmask = 0xe, b_dvar = -1;
 /* st_cuda_moe_ffn_use_wgmma modes */
 static const char *b_kname[] = {"mma.sync", "wgmma-auto", "wgmma-1blk", "wgmma-cluster2"};
 static int b_kmask = 0xf; /* argv[3]: which of those modes to time side by side (bit m: mode m) */
+/* argv[4]: sections (bit 0: the FFN paths as before, 1: the wgmma variants (PDL, f16x2 activation,
+ * clusters), 2: the table mode (st_cuda_moe_ffn_table_f32out) on wgmma vs before, 3: dispatch and MLA
+ * prefill) */
+static int b_smask = 0xf;
+
+/* a wgmma variant (the environment st_cuda_moe_ffn_use_wgmma reads); "" → the default */
+static int wg_variant(int mode, const char *pdl, const char *act16, const char *nomc, const char *clusters,
+                      const char *table) {
+    setenv("STRATA_FFN_PDL", pdl, 1), setenv("STRATA_FFN_ACT16", act16, 1), setenv("STRATA_FFN_NO_MC", nomc, 1);
+    setenv("STRATA_FFN_CLUSTERS", clusters, 1), setenv("STRATA_FFN_WG_TABLE", table, 1);
+    return st_cuda_moe_ffn_use_wgmma(mode);
+}
+
+static void bench_ffn_variants(int E, int tpe, int l, int w) {
+    int N = E * tpe;
+    st_bf16_t *x = bdev((size_t)N * l * 2), *y = bdev((size_t)N * l * 2);
+    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
+    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)N * l, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    int *hoff = malloc(sizeof(int) * (E + 1));
+    for (int e = 0; e <= E; e++) hoff[e] = e * tpe;
+    int *off = bdev(sizeof(int) * (E + 1));
+    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
+    size_t wsb = st_cuda_moe_ffn_ws_bytes(N, w);
+    void *ws = bdev(wsb);
+    double ms, fl = 6.0 * N * l * w;
+    static const struct {
+        int mode;
+        const char *pdl, *act16, *nomc, *relc, *what;
+    } v[] = {
+        {2, "", "", "", "", "1blk"},
+        {2, "1", "", "", "", "1blk+pdl"},
+        {2, "", "1", "", "", "1blk+act16"},
+        {3, "", "", "", "", "cluster2"},
+        {3, "", "", "1", "", "cluster2-nomc"},
+        {3, "", "", "", "1", "cluster2 with .release.cluster arrivals (round 1)"},
+        {3, "", "", "1", "1", "cluster2-nomc with .release.cluster arrivals (round 1)"},
+        {3, "1", "", "", "", "cluster2+pdl"},
+        {3, "", "1", "", "", "cluster2+act16"},
+        {1, "", "", "", "", "auto"},
+        {2, "", "", "", "", "1blk (again)"},
+        {3, "", "", "", "", "cluster2 (again)"},
+    };
+    for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) {
+        setenv("STRATA_FFN_CL_RELEASE", v[i].relc, 1);
+        if (wg_variant(v[i].mode, v[i].pdl, v[i].act16, v[i].nomc, "", "") != v[i].mode) continue;
+        BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+        printf("RESULT moe_ffn E=%d x %d l=%d w=%d variant %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, v[i].what, ms,
+               fl / (ms * 1e9));
+    }
+    setenv("STRATA_FFN_CL_RELEASE", "", 1);
+    wg_variant(-1, "", "", "", "", "");
+    st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
+        st_gpu_free(ws);
+    free(hoff);
+}
+
+/* the table mode (the expert server's call): the stacked weights through a pointer table, fp32 y,
+ * default rule; per-expert tensor maps on wgmma vs mma.sync + cuBLAS (before); even and uneven counts */
+static void bench_ffn_table(int E, int tpe, int l, int w) {
+    int N = E * tpe * 3 / 2;
+    st_bf16_t *x = bdev((size_t)N * l * 2);
+    float *y = bdev((size_t)N * l * 4);
+    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
+    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)N * l, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    const st_bf16_t **tab = malloc(sizeof *tab * 3 * E);
+    for (int e = 0; e < E; e++)
+        tab[3 * e] = w1 + (size_t)e * w * l, tab[3 * e + 1] = w3 + (size_t)e * w * l,
+                tab[3 * e + 2] = w2 + (size_t)e * l * w;
+    const st_bf16_t **d_tab = bdev(sizeof *tab * 3 * E);
+    BK(st_gpu_memcpy_h2d((void *)d_tab, tab, sizeof *tab * 3 * E));
+    int *hoff = malloc(sizeof(int) * (E + 1));
+    int *off = bdev(sizeof(int) * (E + 1));
+    size_t wsb = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
+    void *ws = bdev(wsb);
+    for (int uneven = 0; uneven < 2; uneven++) {
+        hoff[0] = 0;
+        for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + (uneven ? tpe * (int[]){2, 6, 3, 5}[e % 4] / 4 : tpe);
+        BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
+        double fl = 6.0 * hoff[E] * l * w, ms;
+        static const char *vn[] = {"before (mma.sync + cuBLAS by the default rule)", "wgmma (per-expert tensor maps)",
+                                   "wgmma clusters (per-expert tensor maps)"};
+        for (int on = 2; on >= 0; on--) {
+            if (wg_variant(on == 2 ? 3 : -1, "", "", "", "", on ? "1" : "0") != 3 && on == 2) continue;
+            st_status_t rc =
+                st_cuda_moe_ffn_table_f32out(&bs, y, x, off, hoff, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsb);
+            if (rc == ST_OK) rc = st_gpu_stream_sync(&bs);
+            if (rc != ST_OK) {
+                printf("RESULT moe_ffn_table FAILED: %s\n", st_err_last());
+                continue;
+            }
+            BTIME(ms, 20,
+                  st_cuda_moe_ffn_table_f32out(&bs, y, x, off, hoff, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsb));
+            printf("RESULT moe_ffn_table_f32out E=%d x %d l=%d w=%d%s, %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w,
+                   uneven ? " uneven (0.5/1.5/0.75/1.25x)" : "", vn[on], ms, fl / (ms * 1e9));
+        }
+    }
+    wg_variant(-1, "", "", "", "", "");
+    st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
+        st_gpu_free(ws), st_gpu_free((void *)d_tab);
+    free(hoff), free(tab);
+}
 
 /* the hosted path at one configuration: v < 0 → the public wrappers (default variant) */
 typedef struct {
@@ -206,13 +314,20 @@ int main(int argc, char **argv) {
     if (argc > 1) b_vmask = (int)strtol(argv[1], NULL, 0);
     if (argc > 2) b_dvar = atoi(argv[2]);
     if (argc > 3) b_kmask = (int)strtol(argv[3], NULL, 0);
+    if (argc > 4) b_smask = (int)strtol(argv[4], NULL, 0);
     bench_init("bench_gpu_moe_ffn", 1);
-    bench_ffn(64, 128, 1024, 512);
-    bench_ffn(64, 512, 1024, 512);
-    bench_ffn(16, 2048, 2048, 1024);
-    bench_dispatch(256, 16, 896, 1024);
-    bench_dispatch(8192, 16, 896, 1024);
-    bench_mla_prefill(4096, 16);
-    bench_mla_prefill(8192, 16);
+    static const int shp[3][4] = {{64, 128, 1024, 512}, {64, 512, 1024, 512}, {16, 2048, 2048, 1024}};
+    for (int i = 0; i < 3; i++)
+        if (b_smask & 1) bench_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+    for (int i = 0; i < 3; i++)
+        if (b_smask & 2) bench_ffn_variants(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+    for (int i = 0; i < 3; i++)
+        if (b_smask & 4) bench_ffn_table(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+    if (b_smask & 8) {
+        bench_dispatch(256, 16, 896, 1024);
+        bench_dispatch(8192, 16, 896, 1024);
+        bench_mla_prefill(4096, 16);
+        bench_mla_prefill(8192, 16);
+    }
     return 0;
 }

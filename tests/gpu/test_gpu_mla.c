@@ -1,9 +1,10 @@
 /* MLA absorbed decode on the GPU vs st_mla_attn_absorbed over a paged cache (pages shuffled in the
  * pool), head counts that pad the 64-head blocks (1, 7, 16, 20, 48), H = 128 (two 64-head blocks per
  * split), 16-row pages, one-row and empty contexts, a 32K context over many splits, a batch of 128;
- * 12-row pages (v4 falls back to cp.async); outputs and workspace start NaN-poisoned; every case runs
- * each kernel variant (v2; v3 with L2 lookahead 1, 2, 5; v4 TMA gathers with lookahead 0, 2, 5; with
- * TEST_MLA_V5=1 also v5, TMA boxes of 32 rows, lookahead 0 and 2). */
+ * 12- and 8-row pages (no 32-row TMA groups: v5 / v6 use cp.async); outputs and workspace start
+ * NaN-poisoned; every case runs each kernel variant: v2; v5 (TMA gathers in 32-row boxes); v6
+ * (warp-specialised) on its persistent grid, one CTA per item, and 1 or 3 CTAs (many items per CTA,
+ * empty splits skipped in between). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -48,12 +49,10 @@ static void mla_case(const int *lens, int B, int H, int page_size, int split_len
     int *d_bt = gt_up(bt, sizeof(int) * B * (max_pages ? max_pages : 1)), *d_len = gt_up(lens, sizeof(int) * B);
     size_t wsb = st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len);
     void *d_ws = gt_dev(wsb);
-    /* every kernel variant against the same reference: v2, v3 (L2 lookahead 2, its default), v3 with
-     * lookahead 1 and 5, v4 (TMA gathers) with lookahead 2, none and 5; outputs and workspace
+    /* every kernel variant (variant, v6 grid) against the same reference; outputs and workspace
      * re-poisoned in between */
-    static const int var[][2] = {{2, 0}, {3, 0}, {3, 1}, {3, 5}, {4, 0}, {4, -1}, {4, 5}, {5, 0}, {5, 2}};
-    const char *v5 = getenv("TEST_MLA_V5"); /* v5 (not yet run on a GPU): opt-in */
-    const int nvar = (int)(sizeof var / sizeof var[0]) - (v5 && atoi(v5) ? 0 : 2);
+    static const int var[][2] = {{2, 0}, {5, 0}, {6, 0}, {6, -1}, {6, 1}, {6, 3}, {0, 0}};
+    const int nvar = (int)(sizeof var / sizeof var[0]);
     for (int vi = 0; vi < nvar; vi++) {
         if (vi) gt_poison(d_o, 2 * (size_t)B * H * DL), gt_poison(d_ws, wsb);
         GT_OK(st_cuda_mla_decode_set_variant(var[vi][0], var[vi][1]));
@@ -62,7 +61,7 @@ static void mla_case(const int *lens, int B, int H, int page_size, int split_len
         gt_down(ob, d_o, 2 * (size_t)B * H * DL);
         gt_from_bf(got, ob, (size_t)B * H * DL);
         char what[160];
-        snprintf(what, sizeof what, "mla_decode v%d/la%d B=%d H=%d max_ctx=%d page=%d split=%d", var[vi][0],
+        snprintf(what, sizeof what, "mla_decode v%d/grid%d B=%d H=%d max_ctx=%d page=%d split=%d", var[vi][0],
                  var[vi][1], B, H, max_ctx, page_size, split_len);
         st_t_close(what, got, ref, (size_t)B * H * DL, 2e-2, 1e-2);
     }

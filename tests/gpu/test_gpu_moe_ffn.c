@@ -386,14 +386,33 @@ int main(int argc, char **argv) {
     mxfp4_case(64, 1024, 2);
 
     /* mma.sync; wgmma chosen per call; wgmma single blocks; wgmma clusters of two (where the device
-     * has them) */
+     * has them); the table mode on the wgmma kernels too (per-expert tensor maps built on the device);
+     * then the wgmma variants: programmatic dependent launch between the two GEMMs + the f16x2
+     * activation, and clusters without multicast on a forced cluster count (read at each
+     * st_cuda_moe_ffn_use_wgmma call) */
     static const char *kname[] = {"mma.sync", "wgmma (per call)", "wgmma", "wgmma clusters"};
-    for (int mode = 0; mode < 4; mode++) {
-        int got = st_cuda_moe_ffn_use_wgmma(mode);
-        printf("info grouped FFN kernels: %s (asked %s)\n", kname[got], kname[mode]);
-        if (got != mode) continue; /* not a Hopper device (or no clusters): nothing new to test */
+    static const struct {
+        int mode;
+        const char *pdl, *act16, *nomc, *clusters, *what;
+    } pass[] = {
+        {0, "", "", "", "", ""},
+        {1, "", "", "", "", ""},
+        {2, "", "", "", "", ""},
+        {3, "", "", "", "", ""},
+        {2, "1", "1", "", "", " + PDL + f16x2 activation"},
+        {3, "1", "1", "1", "66", " + PDL + f16x2 activation, no multicast, 66 clusters"},
+    };
+    if (!getenv("STRATA_FFN_WG_TABLE")) setenv("STRATA_FFN_WG_TABLE", "1", 1); /* STRATA_FFN_WG_TABLE=0: as before */
+    for (int i = 0; i < (int)(sizeof pass / sizeof pass[0]); i++) {
+        setenv("STRATA_FFN_PDL", pass[i].pdl, 1), setenv("STRATA_FFN_ACT16", pass[i].act16, 1);
+        setenv("STRATA_FFN_NO_MC", pass[i].nomc, 1), setenv("STRATA_FFN_CLUSTERS", pass[i].clusters, 1);
+        int got = st_cuda_moe_ffn_use_wgmma(pass[i].mode);
+        printf("info grouped FFN kernels: %s%s (asked %s)\n", kname[got], pass[i].what, kname[pass[i].mode]);
+        if (got != pass[i].mode) continue; /* not a Hopper device (or no clusters): nothing new to test */
         ffn_cases();
     }
+    unsetenv("STRATA_FFN_PDL"), unsetenv("STRATA_FFN_ACT16"), unsetenv("STRATA_FFN_NO_MC");
+    unsetenv("STRATA_FFN_CLUSTERS");
     st_cuda_moe_ffn_use_wgmma(-1);
 
     quantile_case(1, 8, 4, 0.4f, 0.6f, true, 1);

@@ -92,14 +92,13 @@ st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const
                                int page_size, int max_pages, int max_ctx, int split_len, float scale, void *ws,
                                size_t ws_bytes);
 /* Decode kernel variant, process-wide (benchmarks and tests compare them in one run; not
- * concurrently with decodes): 2 = v2 (the default); 3 = v3 (v2 + L2 prefetch of the cache rows
- * `lookahead` 64-token tiles ahead: 0 → 2, −1 → none); 4 = v4 (v3 with TMA gathers in 8-row boxes,
- * pages of a multiple of 8 rows; else as v3); 5 = v5 (TMA boxes of 32 rows where pages hold a
- * multiple of 32, no prefetch unless lookahead > 0; NOT yet run on a GPU); 0 = the default (env
- * STRATA_MLA_DECODE=2..5 read at the first call, else 2). v3 and v4 pass test_gpu_mla but are slower
- * on the H200 (docs/perf.md). Benchmark diagnostics (output undefined): −2 … −5 the same gathers
- * without the tensor work, 9 the tensor work without the gathers. */
-st_status_t st_cuda_mla_decode_set_variant(int variant, int lookahead);
+ * concurrently with decodes): 2 = v2; 5 = v5 (v2 with TMA gathers in 32-row boxes where pages hold a
+ * multiple of 32 rows); 6 = v6 (warp-specialised: producer warpgroup with TMA / cp.async gathers, two
+ * consumer warpgroups, persistent grid); 0 = the default (env STRATA_MLA_DECODE=2, 5 or 6 read at the
+ * first call, else the default in kernels/mla.cu). grid: v6's CTA count (0 = one per SM, −1 = one per
+ * work item, k = 1..8 CTAs: tests). Benchmark diagnostics (output undefined): −2, −5, −6 the same
+ * gathers without the tensor work, 9 v2's tensor work without the gathers. */
+st_status_t st_cuda_mla_decode_set_variant(int variant, int grid);
 
 /* ---------------- MoE side (SPEC §6, §7) and sampling (§9) ---------------- */
 /* h [T, n] bf16 = act(gate [T, n], up [T, n]) with row stride ld_in (both may be halves of one
@@ -200,7 +199,10 @@ st_status_t st_cuda_moe_ffn_hosted_f32out(const st_gpu_stream_t *s, float *y, co
 /* The same as st_cuda_moe_ffn_hosted_f32out with each expert's weights anywhere on the device: tab
  * (device) [E][3] = {w1 [w, l], w3 [w, l], w2 [l, w]} of expert e (the expert server binds experts
  * one by one). One call for a whole dispatch: the grouped kernels read the table per tile, the
- * cuBLAS pointer arrays are built from it (batched variant). */
+ * cuBLAS pointer arrays are built from it (batched variant). On the Hopper wgmma kernels (the default
+ * on sm_90) one small kernel first builds a TMA tensor map per expert weight from tab inside ws (no
+ * host encode per expert, nothing to prepare at bind time), and min_rows_cublas 0 sends no expert to
+ * cuBLAS; each tab pointer must then be 16-byte aligned (the kernel traps otherwise). */
 st_status_t st_cuda_moe_ffn_table_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
                                          const int *offsets_host, int E, int min_rows_cublas,
                                          const st_bf16_t *const *tab, int l, int w, bool situ, float b1, float b2,
@@ -217,7 +219,10 @@ st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_
  * average enough rows), 2 → single blocks, 3 → clusters of two; −1 → the default (env
  * STRATA_FFN_WGMMA=0..3 if set, else the built-in default). Returns the choice in effect.
  * Process-wide; call it before the FFN runs, not concurrently with it (tests and benchmarks compare
- * them). The table mode always uses mma.sync. */
+ * them). The table mode (st_cuda_moe_ffn_table_f32out) runs on the same kernels: per-expert tensor
+ * maps are built on the device from tab each call (into ws; each weight pointer must be 16-byte
+ * aligned), no host work per expert; env STRATA_FFN_WG_TABLE=0 puts it back on mma.sync (+ cuBLAS
+ * for big experts by the default rule). */
 int st_cuda_moe_ffn_use_wgmma(int on);
 
 /* ---------------- router, quantile mode (SPEC §7; kernels/router_q.cu) ---------------- */
