@@ -113,9 +113,10 @@ struct st_egpu {
     void *hook_ctx;
     st_route_observer_t obs;
     void *obs_ctx;
-    /* ordering across micro-batch streams: seq_open's state resets on s (open_ev), and the
-     * engine-wide MLA scratch (mla_ws, the direct-form buffers) that one MLA layer at a time owns */
-    void *open_ev, *mla_ev;
+    /* ordering across micro-batch streams: seq_open's state resets on s (open_ev); the compute of
+     * the micro-batches in launch order (chain_ev, see chain_wait), so that an early micro-batch's
+     * hand-off is ready early and the copies run beside the next one's compute */
+    void *open_ev, *chain_ev;
     /* decode steps of st_engine_step as CUDA graphs (STRATA_EGPU_GRAPHS=0: off): one per (tokens,
      * MLA split bound), captured at its first step, least recently used replaced; host state of the
      * micro-batch after the layers (restored on replay) */
@@ -413,7 +414,7 @@ void st_egpu_destroy(st_egpu_t *g) {
     free(g->allocs);
     for (int i = 0; i < EGPU_GRAPHS; i++) eg_graph_destroy(g->gr[i].exec);
     eg_events_destroy(&g->open_ev, 1);
-    eg_events_destroy(&g->mla_ev, 1);
+    eg_events_destroy(&g->chain_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
     free(g->L); free(g->layer_slot); free(g->q_attn); free(g->q_mlp); free(g->bq);
     free(g->seq_used); free(g->seq_busy); free(g->seq_len); free(g->free_pages); free(g->seq_npages);
@@ -521,7 +522,7 @@ st_status_t st_egpu_create(st_egpu_t **out, const st_ckpt_t *ck, const st_engine
     g->mla_ws_bytes = st_cuda_mla_decode_ws_bytes(M, ST_MAX(c->mla_heads, 1), g->o.max_ctx, MLA_SPLIT);
     if ((s = galloc(g, &g->mla_ws, g->mla_ws_bytes)) != ST_OK) goto err;
     if ((s = galloc(g, (void **)&g->tau_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float))) != ST_OK ||
-        (s = eg_event_create_sync(&g->open_ev)) != ST_OK || (s = eg_event_create_sync(&g->mla_ev)) != ST_OK)
+        (s = eg_event_create_sync(&g->open_ev)) != ST_OK || (s = eg_event_create_sync(&g->chain_ev)) != ST_OK)
         goto err;
     {
         /* MLA direct form for prompt chunks (mla_direct): the prefill kernel's head shapes, bf16 cache */
@@ -996,6 +997,20 @@ st_status_t st_egpu_mb_begin(st_egpu_mb_t *mb, const st_seq_chunk_t *seqs, int n
     return ST_OK;
 }
 
+/* Micro-batches (not st_engine_step's) run their compute one after another in launch order: each
+ * launch's compute starts after the previous launch's (chain_wait, after its host-to-device
+ * copies are queued) and ends with chain_record (before its device-to-host copies are queued).
+ * Concurrent chunks would finish together and reach the expert servers together, leaving both
+ * sides idle in turn; in order, the first hand-off is ready after one chunk, and each micro-batch's
+ * copies overlap the next one's compute. It also keeps the engine-wide MLA scratch (mla_ws, the
+ * direct-form buffers) to one micro-batch at a time. */
+static void chain_wait(st_egpu_mb_t *mb) {
+    if (!mb->internal) CK(eg_stream_wait(mb->s, mb->g->chain_ev));
+}
+static void chain_record(st_egpu_mb_t *mb) {
+    if (!mb->internal) CK(eg_event_record(mb->g->chain_ev, mb->s));
+}
+
 /* The start of a step's device work (in launch, so that a graph captures it): metadata up, embed. */
 static void queue_begin(st_egpu_mb_t *mb) {
     st_egpu_t *g = mb->g;
@@ -1005,6 +1020,7 @@ static void queue_begin(st_egpu_mb_t *mb) {
         CK(eg_stream_wait(mb->s, g->open_ev));
     }
     CK(eg_memcpy_async(mb->s, mb->meta_d, mb->meta_h, mb->words * sizeof(int), 1));
+    chain_wait(mb);
     CK(eg_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->T, g->c.d));
     mb->fresh = false;
 }
@@ -1133,7 +1149,6 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_gpu_stream_t *s = mb->s;
     int T = mb->T, d = c->d, H = c->mla_heads, nope = c->qk_nope, rope = c->qk_rope, dqk = nope + rope;
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->layer_slot[l];
-    if (!mb->internal) CK(eg_stream_wait(s, g->mla_ev)); /* the engine-wide MLA scratch: one layer at a time */
     prof_mark(g, ST_EGPU_PROF_GEMM);
     if (c->q_lora_rank > 0) {
         CK(lin2(mb, mb->cq32, c->q_lora_rank, 0.f, mb->xn, XLO(mb), d, G->w_qa, T, c->q_lora_rank, d));
@@ -1198,7 +1213,6 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
                            (long long)kvw * kvr, true, T, dv, kvr, H));
         mla_direct(mb, G, l, NULL, mb->o, scale);
     }
-    if (!mb->internal) CK(eg_event_record(g->mla_ev, s));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
 }
 
@@ -1339,6 +1353,7 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const float *yf = mb->local_done ? NULL : mb->eout;
     prof_mark(g, ST_EGPU_PROF_COMBINE);
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
+    chain_wait(mb);
     if (c->latent > 0) {
         CK(eg_moe_combine(s, mb->un, LO(mb, un_lo), NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
                           c->rms_eps));
@@ -1409,6 +1424,7 @@ static void handoff(st_egpu_mb_t *mb, int l, st_moe_work_t *w) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = mb->s;
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c);
+    chain_record(mb);
     CK(st_cuda_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
     CK(eg_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), 2));
     CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
@@ -1487,6 +1503,7 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
         ffn_add(mb, G->dense_gu, G->dense_down, c->intermediate);
     }
     gtrace(mb, c->n_layers, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
+    chain_record(mb);
     if (!mb->internal) CK(eg_event_record(mb->ev, s));
     mb->pend = 2;
 }

@@ -769,11 +769,11 @@ static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int
 
 /* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE=2, 5 or
  * 6, read once, else MLA_DEFAULT_VARIANT). g_mla_grid: v6's grid (0 = one CTA per SM).
- * H200, 2026-11-30 (% of copy, v2 / v5 / v6): 64×32K H64 71.8 / 73.5 / 77.3, 64×32K H16 72.9 / 76.2 /
- * 82.3, 64×4K H64 59.6 / 61.7 / 65.0; v6 fastest at every shape measured and passed test_gpu_mla, but
- * its producer barrier that fixes a hang (see the kernel) was added after that run: v2 stays the
- * default until v6 runs test_gpu_mla + bench_gpu_mla once more; then make it 6. */
-#define MLA_DEFAULT_VARIANT 2
+ * H200, 2026-11-30, the final code (% of copy, v2 / v5 / v6): 64×32K H64 71.8 / 75.2 / 75.6, 128×32K
+ * H64 69.5 / 66.7 / 75.5, 64×32K H16 74.0 / 75.6 / 81.9, 64×4K H64 59.9 / 62.0 / 65.5, 64×32K H128
+ * 35.0 / 33.4 / 41.7 (428 TFLOP/s); v6 fastest at every shape, test_gpu_mla passed (every variant)
+ * and test_gpu_engine ran with it (docs/perf.md). */
+#define MLA_DEFAULT_VARIANT 6
 static int g_mla_variant = 0, g_mla_grid = 0;
 
 extern "C" st_status_t st_cuda_mla_decode_set_variant(int variant, int grid) {
