@@ -68,6 +68,58 @@ __device__ __forceinline__ unsigned mla_swz(int r, int c) {
 }
 __device__ __forceinline__ void mla_pair_bar(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
 
+/* The online softmax of one 64-token tile (base 2) for a warp's 16 heads × 32 tokens s (tokens from
+ * tok0; those ≥ s1 masked): the pair's row maxima through sm.red, running max m and sum l of rows gq
+ * and gq + 8 updated, acc rescaled when a maximum moved, and P as this warp's A fragments pa (k-steps
+ * 2·half, 2·half + 1) and into sm.Ps for the partner warp (the caller's pair barrier publishes it).
+ * v2 and v6 share it. */
+template <class Smem>
+__device__ __forceinline__ void mla_tile_softmax(float (&s)[4][4], float (&acc)[32][4], uint32_t (&pa)[2][4],
+                                                 float &m0, float &m1, float &l0, float &l1, Smem &sm, int tok0,
+                                                 int s1, float scale_log2, int w, int hg, int half, int gq, int tq) {
+    const bool full = tok0 + 32 <= s1;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const bool ok = full || tok0 + nt * 8 + tq * 2 + (e & 1) < s1;
+            s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
+            if (e < 2) mx0 = fmaxf(mx0, s[nt][e]);
+            else mx1 = fmaxf(mx1, s[nt][e]);
+        }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+    }
+    if (tq == 0) sm.red[w][gq] = mx0, sm.red[w][gq + 8] = mx1;
+    mla_pair_bar(1 + hg);
+    mx0 = fmaxf(mx0, sm.red[w ^ 4][gq]);
+    mx1 = fmaxf(mx1, sm.red[w ^ 4][gq + 8]);
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); /* finite: every tile holds a row */
+    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+    m0 = mn0, m1 = mn1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        const float p0 = exp2f(s[nt][0] - mn0), p1 = exp2f(s[nt][1] - mn0);
+        const float p2 = exp2f(s[nt][2] - mn1), p3 = exp2f(s[nt][3] - mn1);
+        ps0 += p0 + p1, ps1 += p2 + p3;
+        const uint32_t lo = st_pack_bf2(p0, p1), hi = st_pack_bf2(p2, p3);
+        pa[nt >> 1][(nt & 1) * 2 + 0] = lo;
+        pa[nt >> 1][(nt & 1) * 2 + 1] = hi;
+        st_bf16_t *pr = sm.Ps[hg] + gq * LDP2 + half * 32 + nt * 8 + tq * 2;
+        *reinterpret_cast<uint32_t *>(pr) = lo;
+        *reinterpret_cast<uint32_t *>(pr + 8 * LDP2) = hi;
+    }
+    l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* skipped when no row max of the warp moved */
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[i][0] *= al0, acc[i][1] *= al0, acc[i][2] *= al1, acc[i][3] *= al1;
+    }
+}
+
 #if MLA_WGMMA
 /* smem matrix descriptor, 128-byte swizzle: K-major operands use lbo 16 (unused), sbo 1024 (8-row
  * groups); N-major ones lbo = the 64-column block stride, sbo 1024 (8-row groups along K) */
@@ -92,31 +144,9 @@ __device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        ST_WG_D256_LIST
         "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
-          "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
-          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
-          "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
-          "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
-          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
-          "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
-          "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
-          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : ST_WG_D256_OPS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 #endif
@@ -299,50 +329,8 @@ __global__ void __launch_bounds__(NT2, 1)
             st_mma16816(s[3], a, b1 + 2);
         }
 #endif
-        /* online softmax in registers (base 2) */
-        const int tok0 = s0 + tt * TK2 + half * 32;
-        const bool full = tok0 + 32 <= s1;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const bool ok = full || tok0 + nt * 8 + tq * 2 + (e & 1) < s1;
-                s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
-                if (e < 2) mx0 = fmaxf(mx0, s[nt][e]);
-                else mx1 = fmaxf(mx1, s[nt][e]);
-            }
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-        }
-        if (tq == 0) sm.red[w][gq] = mx0, sm.red[w][gq + 8] = mx1;
-        mla_pair_bar(1 + hg);
-        mx0 = fmaxf(mx0, sm.red[w ^ 4][gq]);
-        mx1 = fmaxf(mx1, sm.red[w ^ 4][gq + 8]);
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); /* finite: every tile holds a row */
-        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-        m0 = mn0, m1 = mn1;
         uint32_t pa[2][4]; /* own P as A fragments of k-steps 2·half, 2·half+1 */
-        float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const float p0 = exp2f(s[nt][0] - mn0), p1 = exp2f(s[nt][1] - mn0);
-            const float p2 = exp2f(s[nt][2] - mn1), p3 = exp2f(s[nt][3] - mn1);
-            ps0 += p0 + p1, ps1 += p2 + p3;
-            const uint32_t lo = st_pack_bf2(p0, p1), hi = st_pack_bf2(p2, p3);
-            pa[nt >> 1][(nt & 1) * 2 + 0] = lo;
-            pa[nt >> 1][(nt & 1) * 2 + 1] = hi;
-            st_bf16_t *pr = sm.Ps[hg] + gq * LDP2 + half * 32 + nt * 8 + tq * 2;
-            *reinterpret_cast<uint32_t *>(pr) = lo;
-            *reinterpret_cast<uint32_t *>(pr + 8 * LDP2) = hi;
-        }
-        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
-        if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* skipped when no row max of the warp moved */
-#pragma unroll
-            for (int i = 0; i < 32; i++) acc[i][0] *= al0, acc[i][1] *= al0, acc[i][2] *= al1, acc[i][3] *= al1;
-        }
+        mla_tile_softmax(s, acc, pa, m0, m1, l0, l1, sm, s0 + tt * TK2 + half * 32, s1, scale_log2, w, hg, half, gq, tq);
         mla_pair_bar(1 + hg);
         /* acc (16 heads × dims [256·half, +256)) += P · C̃ */
         uint32_t pb[2][4]; /* the partner's P: k-steps 2·(1−half), 2·(1−half)+1 */
@@ -619,50 +607,9 @@ __global__ void __launch_bounds__(NT6, 1)
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             mla_bar_arrive_if(qempty, lane == 0 && tt == ntiles - 1); /* the item's last read of Q is done */
-            /* online softmax in registers (base 2), as v2 */
-            const int tok0 = s0 + tt * TK2 + half * 32;
-            const bool fullt = tok0 + 32 <= s1;
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const bool ok = fullt || tok0 + nt * 8 + tq * 2 + (e & 1) < s1;
-                    s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
-                    if (e < 2) mx0 = fmaxf(mx0, s[nt][e]);
-                    else mx1 = fmaxf(mx1, s[nt][e]);
-                }
-#pragma unroll
-            for (int o = 1; o <= 2; o <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-            }
-            if (tq == 0) sm.red[w][gq] = mx0, sm.red[w][gq + 8] = mx1;
-            mla_pair_bar(1 + hg);
-            mx0 = fmaxf(mx0, sm.red[w ^ 4][gq]);
-            mx1 = fmaxf(mx1, sm.red[w ^ 4][gq + 8]);
-            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); /* finite: every tile holds a row */
-            const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-            m0 = mn0, m1 = mn1;
             uint32_t pa[2][4];
-            float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const float p0 = exp2f(s[nt][0] - mn0), p1 = exp2f(s[nt][1] - mn0);
-                const float p2 = exp2f(s[nt][2] - mn1), p3 = exp2f(s[nt][3] - mn1);
-                ps0 += p0 + p1, ps1 += p2 + p3;
-                const uint32_t lo = st_pack_bf2(p0, p1), hi = st_pack_bf2(p2, p3);
-                pa[nt >> 1][(nt & 1) * 2 + 0] = lo;
-                pa[nt >> 1][(nt & 1) * 2 + 1] = hi;
-                st_bf16_t *pr = sm.Ps[hg] + gq * LDP2 + half * 32 + nt * 8 + tq * 2;
-                *reinterpret_cast<uint32_t *>(pr) = lo;
-                *reinterpret_cast<uint32_t *>(pr + 8 * LDP2) = hi;
-            }
-            l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
-            if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
-#pragma unroll
-                for (int i = 0; i < 32; i++) acc[i][0] *= al0, acc[i][1] *= al0, acc[i][2] *= al1, acc[i][3] *= al1;
-            }
+            mla_tile_softmax(s, acc, pa, m0, m1, l0, l1, sm, s0 + tt * TK2 + half * 32, s1, scale_log2, w, hg, half, gq,
+                             tq);
             mla_pair_bar(1 + hg);
             uint32_t pb[2][4];
 #pragma unroll
