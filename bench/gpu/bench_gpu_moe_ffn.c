@@ -27,20 +27,46 @@ static int wg_variant(int mode, const char *pdl, const char *act16, const char *
     return st_cuda_moe_ffn_use_wgmma(mode);
 }
 
+/* the buffers of one FFN shape: x, y [E·tpe, l] bf16 (x uniform in ±1), stacked w1, w3 [E, w, l] and
+ * w2 [E, l, w] (±0.03), equal row counts (hoff on the host, off on the device), the grouped
+ * workspace */
+typedef struct {
+    st_bf16_t *x, *y, *w1, *w3, *w2;
+    int *hoff, *off;
+    void *ws;
+    size_t wsb;
+} ffn_bufs_t;
+
+static void ffn_bufs_init(ffn_bufs_t *b, int E, int tpe, int l, int w) {
+    int N = E * tpe;
+    b->x = bdev((size_t)N * l * 2), b->y = bdev((size_t)N * l * 2);
+    b->w1 = bdev((size_t)E * w * l * 2), b->w3 = bdev((size_t)E * w * l * 2), b->w2 = bdev((size_t)E * l * w * 2);
+    BK(st_cuda_fill_uniform(&bs, b->x, true, (size_t)N * l, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, b->w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, b->w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, b->w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    b->hoff = malloc(sizeof(int) * (E + 1));
+    for (int e = 0; e <= E; e++) b->hoff[e] = e * tpe;
+    b->off = bdev(sizeof(int) * (E + 1));
+    BK(st_gpu_memcpy_h2d(b->off, b->hoff, sizeof(int) * (E + 1)));
+    b->wsb = st_cuda_moe_ffn_ws_bytes(N, w);
+    b->ws = bdev(b->wsb);
+}
+
+static void ffn_bufs_free(ffn_bufs_t *b) {
+    st_gpu_free(b->x), st_gpu_free(b->y), st_gpu_free(b->w1), st_gpu_free(b->w3), st_gpu_free(b->w2);
+    st_gpu_free(b->off), st_gpu_free(b->ws);
+    free(b->hoff);
+}
+
 static void bench_ffn_variants(int E, int tpe, int l, int w) {
     int N = E * tpe;
-    st_bf16_t *x = bdev((size_t)N * l * 2), *y = bdev((size_t)N * l * 2);
-    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
-    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)N * l, -1.f, 1.f, 1));
-    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
-    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
-    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
-    int *hoff = malloc(sizeof(int) * (E + 1));
-    for (int e = 0; e <= E; e++) hoff[e] = e * tpe;
-    int *off = bdev(sizeof(int) * (E + 1));
-    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
-    size_t wsb = st_cuda_moe_ffn_ws_bytes(N, w);
-    void *ws = bdev(wsb);
+    ffn_bufs_t b;
+    ffn_bufs_init(&b, E, tpe, l, w);
+    st_bf16_t *x = b.x, *y = b.y, *w1 = b.w1, *w3 = b.w3, *w2 = b.w2;
+    int *off = b.off;
+    size_t wsb = b.wsb;
+    void *ws = b.ws;
     double ms, fl = 6.0 * N * l * w;
     static const struct {
         int mode;
@@ -68,9 +94,7 @@ static void bench_ffn_variants(int E, int tpe, int l, int w) {
     }
     setenv("STRATA_FFN_CL_RELEASE", "", 1);
     wg_variant(-1, "", "", "", "", "");
-    st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
-        st_gpu_free(ws);
-    free(hoff);
+    ffn_bufs_free(&b);
 }
 
 /* the table mode (the expert server's call): the stacked weights through a pointer table, fp32 y,
@@ -155,18 +179,12 @@ static double time_hosted(const hosted_ctx_t *c, void *y, bool f32, const int *h
 
 static void bench_ffn(int E, int tpe, int l, int w) {
     int N = E * tpe;
-    st_bf16_t *x = bdev((size_t)N * l * 2), *y = bdev((size_t)N * l * 2);
-    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
-    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)N * l, -1.f, 1.f, 1));
-    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
-    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
-    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
-    int *hoff = malloc(sizeof(int) * (E + 1));
-    for (int e = 0; e <= E; e++) hoff[e] = e * tpe;
-    int *off = bdev(sizeof(int) * (E + 1));
-    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
-    size_t wsb = st_cuda_moe_ffn_ws_bytes(N, w);
-    void *ws = bdev(wsb);
+    ffn_bufs_t b;
+    ffn_bufs_init(&b, E, tpe, l, w);
+    st_bf16_t *x = b.x, *y = b.y, *w1 = b.w1, *w3 = b.w3, *w2 = b.w2;
+    int *hoff = b.hoff, *off = b.off;
+    size_t wsb = b.wsb;
+    void *ws = b.ws;
     double ms;
     double fl = 6.0 * N * l * w;
     /* the grouped path on each implementation of its GEMMs (then back to the default for the rest) */
@@ -252,9 +270,7 @@ static void bench_ffn(int E, int tpe, int l, int w) {
                "TFLOP/s\n",
                E, tpe, l, w, ms, fl / (ms * 1e9));
     st_gpu_free(wsh_p), st_gpu_free(y32);
-    st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
-        st_gpu_free(ws);
-    free(hoff);
+    ffn_bufs_free(&b);
 }
 
 static void bench_dispatch(int T, int k, int E, int l) {
