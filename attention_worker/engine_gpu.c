@@ -1189,28 +1189,25 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
             CK(eg_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                            g->page_size, T, H, R, kvr, scale, g->mla_dmin ? mb->d_cu : NULL, g->mla_dmin));
     }
-    if (c->mla_output_gate) { /* o = W_UV ō ⊙ σ(gate), both fp32, rounded once for o_proj */
-        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
-                           (long long)kvw * kvr, true, T, dv, kvr, H));
+    const st_bf16_t *w_uv = G->w_kvb + (size_t)nope * kvr;
+    if (c->mla_output_gate || g->xsplit) { /* o = W_UV ō in fp32, then ⊙ σ(gate) or split; rounded once */
+        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true,
+                           T, dv, kvr, H));
         if (g->xsplit >= 2)
-            CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
-                                   (long long)kvw * kvr, true, T, dv, kvr, H));
+            CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr,
+                                   true, T, dv, kvr, H));
         mla_direct(mb, G, l, mb->o32, NULL, scale);
-        prof_mark(g, ST_EGPU_PROF_GEMM);
-        CK(lin2(mb, mb->gate, H * dv, 0.f, mb->xn, XLO(mb), d, G->w_mg, T, H * dv, d));
-        prof_mark(g, ST_EGPU_PROF_MLA);
-        CK(eg_mul_sigmoid32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, (size_t)T * H * dv));
-    } else if (g->xsplit) {
-        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
-                           (long long)kvw * kvr, true, T, dv, kvr, H));
-        if (g->xsplit >= 2)
-            CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
-                                   (long long)kvw * kvr, true, T, dv, kvr, H));
-        mla_direct(mb, G, l, mb->o32, NULL, scale);
-        CK(eg_split_bf16(s, mb->o, mb->o_lo, mb->o32, (size_t)T * H * dv));
+        if (c->mla_output_gate) {
+            prof_mark(g, ST_EGPU_PROF_GEMM);
+            CK(lin2(mb, mb->gate, H * dv, 0.f, mb->xn, XLO(mb), d, G->w_mg, T, H * dv, d));
+            prof_mark(g, ST_EGPU_PROF_MLA);
+            CK(eg_mul_sigmoid32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, (size_t)T * H * dv));
+        } else {
+            CK(eg_split_bf16(s, mb->o, mb->o_lo, mb->o32, (size_t)T * H * dv));
+        }
     } else {
-        CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, G->w_kvb + (size_t)nope * kvr, kvr,
-                           (long long)kvw * kvr, true, T, dv, kvr, H));
+        CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true, T,
+                           dv, kvr, H));
         mla_direct(mb, G, l, NULL, mb->o, scale);
     }
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
