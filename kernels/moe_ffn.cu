@@ -236,20 +236,15 @@ __device__ __forceinline__ void fw_bar_arrive(unsigned bar) {
  * completed wgmma reads of a stage before the partner's TMA refills it.
  * NOTE: the .release.cluster form measured 25-30% slower on the H200 (2026-11-30: clusters 407 vs
  * 1blk 571 TFLOP/s at E=16 x 2048, with or without multicast; a cluster-scope fence per k step) */
-__device__ __forceinline__ void fw_bar_arrive_remote(unsigned bar, unsigned rank) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-        "r"(rank)
-        : "memory");
-}
-/* the round-1 form (diagnostics: FW_F_REL_CLUSTER) */
-__device__ __forceinline__ void fw_bar_arrive_remote_rc(unsigned bar, unsigned rank) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-        "r"(rank)
-        : "memory");
+__device__ __forceinline__ void fw_bar_arrive_remote(unsigned bar, unsigned rank, bool rel_cluster) {
+    if (rel_cluster) /* the round-1 form (diagnostics: FW_F_REL_CLUSTER) */
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
+                     : "memory");
+    else
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
+                     : "memory");
 }
 __device__ __forceinline__ void fw_bar_expect(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -467,8 +462,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                     const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
                     fw_bar_arrive(eb);
                     if (CL == 2) {
-                        if (relc) fw_bar_arrive_remote_rc(eb, rank ^ 1);
-                        else fw_bar_arrive_remote(eb, rank ^ 1);
+                        fw_bar_arrive_remote(eb, rank ^ 1, relc);
                     }
                 }
             }
@@ -478,8 +472,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
             fw_bar_arrive(eb);
             if (CL == 2) {
-                if (relc) fw_bar_arrive_remote_rc(eb, rank ^ 1);
-                else fw_bar_arrive_remote(eb, rank ^ 1);
+                fw_bar_arrive_remote(eb, rank ^ 1, relc);
             }
         }
         /* epilogue: row of acc[j][q] = 16·warp + g + 8·(q >> 1), column 8j + 2·tq + (q & 1) */
