@@ -137,6 +137,17 @@ __device__ __forceinline__ void mla_wgmma_n32(float d[4][4], uint64_t da, uint64
           "+f"(d[3][2]), "+f"(d[3][3])
         : "l"(da), "l"(db), "r"(1));
 }
+/* S (16 heads × 32 tokens per warp) += Q Kᵀ of this warp's token half of the tile at kb: the wgmmas
+ * queued and committed as one group (v2 and v6) */
+__device__ __forceinline__ void mla_qk_issue(float (&s)[4][4], unsigned q_base, unsigned kb, int half) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < DR / 16; kk++) {
+        const unsigned off = (kk >> 2) * CB_BYTES + (kk & 3) * 32;
+        mla_wgmma_n32(s, mla_desc(q_base + off, 16, 1024), mla_desc(kb + off + half * 32 * 128, 16, 1024));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 /* d[64 × 256] += A[64 × 16] · B[16 × 256]: A from registers (per warp the mma.sync A fragment of its
  * 16 rows), B in shared memory N-major (128-byte swizzle: 64-column blocks LBO apart, 8-row groups SBO
  * apart) */
@@ -297,13 +308,7 @@ __global__ void __launch_bounds__(NT2, 1)
 #pragma unroll
         for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #if MLA_WGMMA
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < DR / 16; kk++) {
-            const unsigned off = (kk >> 2) * CB_BYTES + (kk & 3) * 32;
-            mla_wgmma_n32(s, mla_desc(q_base + off, 16, 1024), mla_desc(kb + off + half * 32 * 128, 16, 1024));
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        mla_qk_issue(s, q_base, kb, half);
         if (tt > 0) {
             /* P·C̃ of tile tt−1 (still in flight, ahead of these QKᵀ wgmmas) must be done in every
              * warp before its buffer takes tile tt+1 */
@@ -593,13 +598,7 @@ __global__ void __launch_bounds__(NT6, 1)
             float s[4][4];
 #pragma unroll
             for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < DR / 16; kk++) {
-                const unsigned off = (kk >> 2) * CB_BYTES + (kk & 3) * 32;
-                mla_wgmma_n32(s, mla_desc(q_base + off, 16, 1024), mla_desc(kb + off + half * 32 * 128, 16, 1024));
-            }
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            mla_qk_issue(s, q_base, kb, half);
             if (tt > 0) { /* P·C̃ of the previous tile done in this warp: release its buffer */
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
                 __syncwarp();
