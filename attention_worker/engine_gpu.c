@@ -1031,8 +1031,8 @@ static void queue_begin(st_egpu_mb_t *mb) {
  * the GEMM reads x to ~16 bits instead of bf16's 8 (2× the GEMM work; comparisons only). */
 static st_status_t lin2(st_egpu_mb_t *mb, float *y, int ldy, float beta, const st_bf16_t *x, const st_bf16_t *xlo,
                         int ldx, const st_bf16_t *W, int T, int N, int K) {
-    st_status_t r = eg_linear(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
-    if (r == ST_OK && xlo) r = eg_linear(mb->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
+    st_status_t r = st_cuda_linear_ex(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
+    if (r == ST_OK && xlo) r = st_cuda_linear_ex(mb->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
     return r;
 }
 #define XLO(mb) ((mb)->g->xsplit ? (mb)->xn_lo : NULL)
@@ -1075,9 +1075,15 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->qkv, 3 * P, 0.f, mb->xn, XLO(mb), d, G->w_qkv, T, 3 * P, d));
     CK(lin2(mb, mb->aux, G->naux, 0.f, mb->xn, XLO(mb), d, G->w_aux, T, G->naux, d));
-    CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
-    prof_mark(g, ST_EGPU_PROF_KDA);
-    CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
+    if (T <= 64 && c->f_rank <= 256) { /* decode: the low-rank f_b product and the gate in one kernel */
+        prof_mark(g, ST_EGPU_PROF_KDA);
+        CK(eg_kda_gate_fb32(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
+                            c->gate_bounded, c->gate_lower_bound));
+    } else {
+        CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
+        prof_mark(g, ST_EGPU_PROF_KDA);
+        CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
+    }
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
     CK(st_cuda_conv_silu_f32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
     /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
@@ -1103,8 +1109,8 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
     prof_mark(g, ST_EGPU_PROF_GEMM);
     if (G->w_gb) { /* low rank: g_b (g_a x); g_a x is a GEMM input, so bf16 */
-        CK(eg_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
-        CK(eg_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
+        CK(st_cuda_linear_ex(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
+        CK(st_cuda_linear_ex(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
     } else {
         CK(lin2(mb, mb->gate, P, 0.f, mb->xn, XLO(mb), d, G->w_g, T, P, d));
     }
@@ -1133,7 +1139,7 @@ static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf
         int n = en->pos0 + en->n;
         const int *bt = mb->d_btab + ((size_t)m * mb->n_seqs + i) * g->pps;
         CK(eg_mla_gather(s, g->dc, g->kv_pool, bt, g->page_size, n, R));
-        CK(eg_linear(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
+        CK(st_cuda_linear_ex(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
         CK(eg_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
         CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
                                scale));
@@ -1258,41 +1264,41 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
         observe(mb, l);
         return;
     }
-    /* σ in place and the top-k choice (used unless quantile thresholds are set) */
-    CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, mb->scores, G->router_bias, T, n, k, c->renormalize,
-                           c->routed_scale));
     /* a layer whose thresholds are unset (NaN) routes top-k, as the CPU engine */
     bool quantile = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !isnan(g->tau[(size_t)l * n]);
-    if (quantile || g->hook) {
-        if (!quantile) CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, false, 1.f));
-        CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
-        CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
-        CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
-        prof_release(g); /* pinned copies: asynchronous */
-        CK(st_gpu_stream_sync(s));
-        if (quantile) {
-            int km = g->o.k_max;
-            /* ids [T, k_max] then restrided to [T, kc]; the weights are recomputed on the device */
-            float *wtmp = malloc((size_t)T * km * sizeof(float) + 4);
-            if (!wtmp) {
-                if (mb->err == ST_OK) mb->err = ST_FAIL(ST_ERR_NO_MEMORY, "quantile routing");
-                return;
-            }
-            st_route_quantile(mb->ids_h, wtmp, mb->cnt_h, mb->scores_h, g->tau + (size_t)l * n, T, n, km,
-                              c->renormalize, c->routed_scale);
-            free(wtmp);
-            if (km != kc)
-                for (int t = T - 1; t >= 0; t--) memmove(mb->ids_h + (size_t)t * kc, mb->ids_h + (size_t)t * km, (size_t)km * sizeof(int));
-        }
-        if (g->hook) g->hook(g->hook_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
-        CK(eg_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), 1));
-        CK(eg_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), 1));
-        CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, NULL, 0, 0, mb->scores, T, n, kc, c->renormalize,
-                           c->routed_scale));
-    } else {
-        CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, c->renormalize,
-                           c->routed_scale));
+    if (!quantile && !g->hook) { /* σ in place and the top-k sets, weights and counts: one kernel */
+        CK(st_cuda_router_topk(s, mb->ids, mb->wts, kc, mb->cnt, mb->scores, G->router_bias, T, n, k, c->renormalize,
+                               c->routed_scale));
+        observe(mb, l);
+        return;
     }
+    CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, k, NULL, mb->scores, G->router_bias, T, n, k, c->renormalize,
+                           c->routed_scale));
+    if (!quantile) CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, false, 1.f));
+    CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
+    CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
+    CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+    prof_release(g); /* pinned copies: asynchronous */
+    CK(st_gpu_stream_sync(s));
+    if (quantile) {
+        int km = g->o.k_max;
+        /* ids [T, k_max] then restrided to [T, kc]; the weights are recomputed on the device */
+        float *wtmp = malloc((size_t)T * km * sizeof(float) + 4);
+        if (!wtmp) {
+            if (mb->err == ST_OK) mb->err = ST_FAIL(ST_ERR_NO_MEMORY, "quantile routing");
+            return;
+        }
+        st_route_quantile(mb->ids_h, wtmp, mb->cnt_h, mb->scores_h, g->tau + (size_t)l * n, T, n, km,
+                          c->renormalize, c->routed_scale);
+        free(wtmp);
+        if (km != kc)
+            for (int t = T - 1; t >= 0; t--) memmove(mb->ids_h + (size_t)t * kc, mb->ids_h + (size_t)t * km, (size_t)km * sizeof(int));
+    }
+    if (g->hook) g->hook(g->hook_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
+    CK(eg_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), 1));
+    CK(eg_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), 1));
+    CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, NULL, 0, 0, mb->scores, T, n, kc, c->renormalize,
+                       c->routed_scale));
     observe(mb, l);
 }
 
@@ -1324,16 +1330,16 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
-        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
+        CK(st_cuda_linear_ex(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w1 + e * es, cj, mi, ew));
-        CK(eg_linear(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
+        CK(st_cuda_linear_ex(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w3 + e * es, cj, mi, ew));
     }
     if (N > 0) CK(eg_glu32(s, mb->he, NULL, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
-        CK(eg_linear(s, mb->yg + (size_t)r0 * ew, ew, true, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
+        CK(st_cuda_linear_ex(s, mb->yg + (size_t)r0 * ew, ew, true, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
                      ew, mi));
     }
     }
@@ -1483,7 +1489,7 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
             if (c->latent > 0 && g->xsplit) { /* z is the experts' GEMM input: bf16, from the split x */
                 CK(lin2(mb, mb->z32, ew, 0.f, mb->xn, mb->xn_lo, d, G->lat_down, T, ew, d));
                 CK(st_cuda_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));
-            } else if (c->latent > 0) CK(eg_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
+            } else if (c->latent > 0) CK(st_cuda_linear_ex(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
             else CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
             gtrace(mb, l, ST_TRACE_MOE_Z, mb->z, true, ew, ew, false);
             mb->local_done = false;
@@ -1546,7 +1552,13 @@ void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work) {
  * hook, an observer, the trace, the profile, host routing, per-expert cuBLAS) are not captured.
  * Returns false (nothing queued) when the step does not qualify or the capture failed (graphs are
  * then switched off with a warning). */
-void st_egpu_set_graphs(st_egpu_t *g, bool on) { g->graphs = on; }
+void st_egpu_set_graphs(st_egpu_t *g, bool on) {
+    g->graphs = on;
+    for (int i = 0; i < EGPU_GRAPHS; i++) { /* the next steps capture again, with the kernels chosen then */
+        eg_graph_destroy(g->gr[i].exec);
+        g->gr[i].exec = NULL;
+    }
+}
 
 static bool graph_step(st_egpu_t *g, st_egpu_mb_t *mb) {
     bool host_route = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && (g->host_route || g->kcap != g->o.k_max);

@@ -73,22 +73,23 @@ typedef struct {
 const char *st_egpu_prof_name(int group);
 st_egpu_t *st_egpu_prof_engine(void);
 void st_egpu_prof_pause(st_egpu_t *g, bool paused);
-/* decode-step graphs on or off (benchmarks; the default is on unless STRATA_EGPU_GRAPHS=0) */
+/* decode-step graphs on or off (benchmarks; the default is on unless STRATA_EGPU_GRAPHS=0); drops the
+ * captured graphs, so the next steps capture the kernels chosen then */
 void st_egpu_set_graphs(st_egpu_t *g, bool on);
 /* the sums since the last take (then reset) */
 void st_egpu_prof_take(st_egpu_t *g, st_egpu_prof_t *out);
 
 /* ---- glue kernels (engine_gpu_kernels.cu); asynchronous on s, device pointers unless noted ---- */
-/* y [T, N] (row stride ldy; fp32 if y_f32 else bf16) = beta·y + x [T, K] (row stride ldx) · Wᵀ,
- * W [N, K] bf16 row-major; fp32 accumulation. beta ∈ {0, 1} (1 only with fp32 y: residual adds). */
-st_status_t eg_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
-                      int ldx, const st_bf16_t *W, int T, int N, int K);
 /* y [T, N] (ldy) = x [T, K] (ldx) · Wᵀ, all fp32 (W [N, K] row-major); plain fp32 math. */
 st_status_t eg_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x, int ldx, const float *W, int T, int N,
                      int K);
 /* KDA decay gate in place on fp32 f [T, H*dk] (st_kda_gate). */
 st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T, int H,
                           int dk, bool bounded, float lb);
+/* Decode form: g [T, H*dk] = gate(aux[:, :R] (row stride naux) · w_fbᵀ + dt_bias), w_fb [H*dk, R]
+ * fp32, R ≤ 256: eg_sgemm and eg_kda_gate32 in one launch. */
+st_status_t eg_kda_gate_fb32(const st_gpu_stream_t *s, float *g, const float *aux, int naux, const float *w_fb, int R,
+                             const float *A_log, const float *dt_bias, int T, int H, int dk, bool bounded, float lb);
 /* Per head h < H: y_h [T, N] (at y + h·sy, row stride ldy) = x_h [T, K] (x + h·sx, ldx) · op(W_h),
  * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16 in,
  * y bf16 or fp32 (y_f32). */

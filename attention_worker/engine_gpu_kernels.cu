@@ -25,18 +25,6 @@ __device__ __forceinline__ st_bf16_t eg_split(float v, st_bf16_t *lo) {
 }
 
 /* ------------------------------------------------------------------ cuBLAS */
-extern "C" st_status_t eg_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
-                                 const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
-    if (T < 0 || N <= 0 || K <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "eg_linear: T=%d N=%d K=%d", T, N, K);
-    if (T == 0) return ST_OK;
-    const float one = 1.f;
-    // NOTE: column-major view: yᵀ (N×T, ld ldy) = Wᵀᵀ … as in kernels/linear.cu, with strides.
-    return ST_CUBLAS_CHECK(cublasGemmEx((cublasHandle_t)s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W,
-                                        CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta, y,
-                                        y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
-}
-
 extern "C" st_status_t eg_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x, int ldx, const float *W,
                                 int T, int N, int K) {
     if (T <= 0) return ST_OK;
@@ -59,6 +47,48 @@ extern "C" st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const f
     if (!n) return ST_OK;
     kda_gate32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(g, A_log, dt_bias, n, H, dk, bounded, lb);
     return ST_LAUNCH_OK("kda_gate32_kernel");
+}
+
+/* Decode form of f_b + gate: one warp per channel hc holds w_fb's row hc in registers (f_rank ≤ 256)
+ * and, for each token, g[t, hc] = gate(aux[t, :f_rank] · w_fb[hc] + dt_bias[hc]): the low-rank
+ * GEMM and the gate in one launch (fp32 throughout, like eg_sgemm + kda_gate32_kernel). */
+#define GATE_FB_MAXR 256
+__global__ void kda_gate_fb32_kernel(float *g, const float *aux, int naux, const float *w_fb, int R,
+                                     const float *A_log, const float *dt_bias, int T, int P, int dk, int bounded,
+                                     float lb) {
+    int hc = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (hc >= P) return;
+    float wv[GATE_FB_MAXR / 32];
+#pragma unroll
+    for (int i = 0; i < GATE_FB_MAXR / 32; i++) {
+        int k = lane + 32 * i;
+        wv[i] = k < R ? w_fb[(size_t)hc * R + k] : 0.f;
+    }
+    float a = expf(A_log[hc / dk]), bias = dt_bias[hc];
+    for (int t = 0; t < T; t++) {
+        const float *x = aux + (size_t)t * naux;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < GATE_FB_MAXR / 32; i++) {
+            int k = lane + 32 * i;
+            if (k < R) sum += x[k] * wv[i];
+        }
+        sum = st_warp_sum(sum);
+        if (lane == 0) {
+            float u = sum + bias;
+            g[(size_t)t * P + hc] = bounded ? lb / (1.f + expf(-a * u)) : -a * (u > 20.f ? u : log1pf(expf(u)));
+        }
+    }
+}
+extern "C" st_status_t eg_kda_gate_fb32(const st_gpu_stream_t *s, float *g, const float *aux, int naux,
+                                        const float *w_fb, int R, const float *A_log, const float *dt_bias, int T,
+                                        int H, int dk, bool bounded, float lb) {
+    int P = H * dk;
+    if (T <= 0) return ST_OK;
+    if (R > GATE_FB_MAXR) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_gate_fb32: f_rank %d > %d", R, GATE_FB_MAXR);
+    kda_gate_fb32_kernel<<<(unsigned)((P + 7) / 8), 256, 0, ST_STREAM(s)>>>(g, aux, naux, w_fb, R, A_log, dt_bias, T,
+                                                                         P, dk, bounded, lb);
+    return ST_LAUNCH_OK("kda_gate_fb32_kernel");
 }
 
 extern "C" st_status_t eg_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,

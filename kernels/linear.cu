@@ -1,17 +1,153 @@
-/* Linear layer on the GPU: y = x·Wᵀ through cuBLAS (bf16 in, fp32 accumulate). CPU: kernels/linear.c. */
+/* Linear layer on the GPU: y = x·Wᵀ, bf16 in, fp32 accumulate. cuBLAS, and for decode-sized T
+ * (≤ ST_CUDA_SKINNY_MAX_T tokens) a skinny kernel that streams W once at close to the copy
+ * bandwidth. CPU: kernels/linear.c. */
 #include <cublas_v2.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 
+/* ------------------------------------------------------------------ skinny (decode) linear
+ * One block per 16 rows of W (the mma's M), SK_WARPS warps splitting K in 32-wide steps, all of a
+ * warp's W loads issued before its MMAs. Tokens are the mma's N (8 per n-tile, NT tiles).
+ * NOTE: k is permuted consistently in A and B, so both load 16 contiguous bytes per thread: thread
+ * (g = lane/4, c = lane%4) loads W rows n0+g and n0+g+8 and x row t at k = kb + 8c .. kb + 8c + 7;
+ * elements 0–3 feed the first m16n8k16 (slots 2c, 2c+1 and 2c+8, 2c+9), elements 4–7 the second.
+ * The warps' partial sums meet in shared memory and are added in warp order: deterministic. */
+#define SK_WARPS 8
+
+/* 16 bytes through the read-only path, zeros where !ok. volatile: the loads stay in program order
+ * with the (volatile) MMAs, so a group's loads are all in flight before its first MMA. */
+__device__ __forceinline__ uint4 sk_ld(const void *p, bool ok) {
+    uint4 v;
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+                 " mov.b32 %3, 0;\n @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "r"((int)ok));
+    return v;
+}
+
+/* NOTE: every load of a group of U k-steps (W and x) is issued before its MMAs, so a group costs one
+ * memory round trip; U·(2 + NT) 16-byte registers per thread bound U. */
+template <int NT, bool F32>
+__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(void *y, int ldy, float beta, const st_bf16_t *x,
+                                                               int ldx, const st_bf16_t *W, int T, int N, int K) {
+    constexpr int U = NT >= 8 ? 2 : 4;
+    __shared__ float red[SK_WARPS][16][NT * 8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int nw = blockDim.x >> 5, n0 = blockIdx.x * 16;
+    const int steps = (K + 31) >> 5, s0 = warp * steps / nw, s1 = (warp + 1) * steps / nw;
+    /* rows past N read row N-1 (their sums are not stored); tokens past T read zeros */
+    const uint4 *w0 = (const uint4 *)(W + (size_t)min(n0 + g, N - 1) * K);
+    const uint4 *w1 = (const uint4 *)(W + (size_t)min(n0 + g + 8, N - 1) * K);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int st = s0; st < s1; st += U) {
+        uint4 a0[U], a1[U], b[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int k = (st + u) * 32 + 8 * c;
+            bool ok = st + u < s1 && k < K;
+            a0[u] = sk_ld(w0 + (ok ? k >> 3 : 0), ok);
+            a1[u] = sk_ld(w1 + (ok ? k >> 3 : 0), ok);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                int t = j * 8 + g;
+                b[u][j] = sk_ld(x + (ok && t < T ? (size_t)t * ldx + k : 0), ok && t < T);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            uint32_t A0[4] = {a0[u].x, a1[u].x, a0[u].y, a1[u].y}, A1[4] = {a0[u].z, a1[u].z, a0[u].w, a1[u].w};
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint32_t B0[2] = {b[u][j].x, b[u][j].y}, B1[2] = {b[u][j].z, b[u][j].w};
+                st_mma16816(acc[j], A0, B0);
+                st_mma16816(acc[j], A1, B1);
+            }
+        }
+    }
+    /* c[0..1] = C[row g][tokens 2c, 2c+1], c[2..3] = C[row g+8][same tokens] */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        red[warp][g][j * 8 + 2 * c] = acc[j][0];
+        red[warp][g][j * 8 + 2 * c + 1] = acc[j][1];
+        red[warp][g + 8][j * 8 + 2 * c] = acc[j][2];
+        red[warp][g + 8][j * 8 + 2 * c + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * NT * 8; i += blockDim.x) {
+        int r = i & 15, t = i >> 4, n = n0 + r;
+        if (t >= T || n >= N) continue;
+        float v = 0.f;
+        for (int w = 0; w < nw; w++) v += red[w][r][t];
+        size_t o = (size_t)t * ldy + n;
+        if (F32) {
+            float *yp = (float *)y;
+            yp[o] = beta != 0.f ? beta * yp[o] + v : v;
+        } else {
+            st_bf16_t *yp = (st_bf16_t *)y;
+            yp[o] = st_tobf(beta != 0.f ? beta * st_bf(yp[o]) + v : v);
+        }
+    }
+}
+
+static int skinny_on = -1; /* -1: not read yet (STRATA_SKINNY) */
+extern "C" void st_cuda_linear_skinny_enable(bool on) { skinny_on = on; }
+
+extern "C" bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K) {
+    if (skinny_on < 0) {
+        const char *e = getenv("STRATA_SKINNY");
+        skinny_on = !(e && !strcmp(e, "0"));
+    }
+    return skinny_on && T >= 1 && T <= ST_CUDA_SKINNY_MAX_T && N >= 1 && K >= 8 && K % 8 == 0 && ldx % 8 == 0 && ldx >= K &&
+           ((uintptr_t)x & 15) == 0 && ((uintptr_t)W & 15) == 0;
+}
+
+template <int NT>
+static void skinny_launch(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
+                          int ldx, const st_bf16_t *W, int T, int N, int K) {
+    int steps = (K + 31) / 32, nw = steps < SK_WARPS ? steps : SK_WARPS;
+    dim3 grid((unsigned)((N + 15) / 16)), block(32 * nw);
+    if (y_f32) skinny_kernel<NT, true><<<grid, block, 0, ST_STREAM(s)>>>(y, ldy, beta, x, ldx, W, T, N, K);
+    else skinny_kernel<NT, false><<<grid, block, 0, ST_STREAM(s)>>>(y, ldy, beta, x, ldx, W, T, N, K);
+}
+
+extern "C" st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
+                                             const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
+    if (!st_cuda_linear_skinny_ok(x, ldx, W, T, N, K) || ldy < N)
+        return ST_FAIL(ST_ERR_INVALID_ARG,
+                       "linear_skinny: T=%d (1..%d) N=%d K=%d (multiple of 8) ldx=%d ldy=%d, x and W 16-byte aligned",
+                       T, ST_CUDA_SKINNY_MAX_T, N, K, ldx, ldy);
+    if (T <= 8) skinny_launch<1>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
+    else if (T <= 16) skinny_launch<2>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
+    else if (T <= 32) skinny_launch<4>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
+    else skinny_launch<8>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
+    return ST_LAUNCH_OK("skinny_kernel");
+}
+
+/* ------------------------------------------------------------------ cuBLAS */
+extern "C" st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
+                                         const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
+    if (T < 0 || N <= 0 || K <= 0 || ldx < K || ldy < N)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "linear: T=%d N=%d K=%d ldx=%d ldy=%d", T, N, K, ldx, ldy);
+    if (T == 0) return ST_OK;
+    /* NOTE: where the skinny kernel is faster (bench_gpu_linear, H200): up to 16 tokens and W up to 8M
+     * elements, 1.3–2.1× over cuBLAS there; each 16-row block re-reads x, so from 32 tokens on, and
+     * for large W (LM head, K3 widths) cuBLAS wins. */
+    if (T <= 16 && (size_t)N * K <= ((size_t)8 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K))
+        return st_cuda_linear_skinny(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
+    const float one = 1.f;
+    // NOTE: cuBLAS is column-major. Row-major W [N,K] is col-major Wᵀ (K×N); row-major y [T,N] is
+    // col-major yᵀ (N×T) = W · xᵀ, so C(N×T) = op_T(Wbuf) · xbuf with lda = K, ldb = ldx, ldc = ldy.
+    return ST_CUBLAS_CHECK(cublasGemmEx((cublasHandle_t)s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W,
+                                        CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta, y,
+                                        y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+}
+
 extern "C" st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
                                       const st_bf16_t *W, int T, int N, int K) {
-    if (T < 0 || N <= 0 || K <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "linear: T=%d N=%d K=%d", T, N, K);
-    if (T == 0) return ST_OK;
-    const float one = 1.f, zero = 0.f;
-    // NOTE: cuBLAS is column-major. Row-major W [N,K] is col-major Wᵀ (K×N); row-major y [T,N] is
-    // col-major yᵀ (N×T) = W · xᵀ, so C(N×T) = op_T(Wbuf) · xbuf with lda = ldb = K, ldc = N.
-    return ST_CUBLAS_CHECK(cublasGemmEx((cublasHandle_t)s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W,
-                                        CUDA_R_16BF, K, x, CUDA_R_16BF, K, &zero, y,
-                                        y_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
+    return st_cuda_linear_ex(s, y, N, y_f32, 0.f, x, K, W, T, N, K);
 }

@@ -22,56 +22,86 @@ extern "C" st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, const
     return ST_LAUNCH_OK("glu_kernel");
 }
 
-/* one warp per token; k rounds of warp argmax over s+bias (ties → lower id), selected ids kept in
- * registers of lane 0 then sorted ascending. s [T, n] fp32 logits → sigmoid written back. */
+/* One warp per token. Each lane keeps its experts' biased scores (j = lane + 32 i, i < NPL) in
+ * registers; k rounds of warp argmax over the untaken ones (ties → lower id); lane r keeps the r-th
+ * choice, and the choices are written in ascending id order by rank. s [T, n] fp32 logits → sigmoid
+ * written back. NPL = 0: any n, scores re-read from s each round (n > 1024). */
 #define TOPK_MAX 32
-__global__ void router_topk_kernel(int *ids, float *w, float *s, const float *bias, int T, int n, int k, int renorm,
-                                   float scale) {
+template <int NPL>
+__global__ void router_topk_kernel(int *ids, float *w, int ld, int *cnt, float *s, const float *bias, int T, int n,
+                                   int k, int renorm, float scale) {
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
     float *st = s + (size_t)t * n;
-    for (int j = lane; j < n; j += 32) st[j] = 1.f / (1.f + expf(-st[j]));
+    constexpr int R = NPL ? NPL : 1;
+    float v[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) v[i] = -INFINITY;
+    if (NPL) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            int j = lane + 32 * i;
+            if (j < n) {
+                float x = 1.f / (1.f + expf(-st[j]));
+                st[j] = x;
+                v[i] = x + (bias ? bias[j] : 0.f);
+            }
+        }
+    } else {
+        for (int j = lane; j < n; j += 32) st[j] = 1.f / (1.f + expf(-st[j]));
+    }
     __syncwarp();
-    int sel[TOPK_MAX];
-    float sum = 0.f;
+    uint32_t taken = 0; /* NPL: bit i = expert lane + 32 i chosen */
+    int mine = 0x7fffffff;
     for (int r = 0; r < k; r++) {
         float best = -INFINITY;
         int bid = 0x7fffffff;
-        for (int j = lane; j < n; j += 32) {
-            bool taken = false;
-            for (int q = 0; q < r; q++) taken |= sel[q] == j;
-            if (taken) continue;
-            float v = st[j] + (bias ? bias[j] : 0.f);
-            if (v > best || (v == best && j < bid)) best = v, bid = j;
+        if (NPL) {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                int j = lane + 32 * i;
+                if (j < n && !(taken >> i & 1) && (bid == 0x7fffffff || v[i] > best)) best = v[i], bid = j;
+            }
+        } else {
+            for (int j0 = 0; j0 < n; j0 += 32) { /* the same trip count in every lane (shuffles) */
+                int j = j0 + lane;
+                bool tk = j >= n;
+                for (int q = 0; q < r; q++) tk |= __shfl_sync(0xffffffffu, mine, q) == j;
+                float x = tk ? 0.f : st[j] + (bias ? bias[j] : 0.f);
+                if (!tk && (bid == 0x7fffffff || x > best)) best = x, bid = j;
+            }
         }
         for (int o = 16; o > 0; o >>= 1) {
             float ob = __shfl_xor_sync(0xffffffffu, best, o);
             int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-            if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
+            if (oi != 0x7fffffff && (bid == 0x7fffffff || ob > best || (ob == best && oi < bid))) best = ob, bid = oi;
         }
-        sel[r] = bid;
-        sum += st[bid];
+        if (NPL && (bid & 31) == lane) taken |= 1u << (bid >> 5);
+        if (lane == r) mine = bid;
     }
-    if (lane == 0) {
-        for (int a = 1; a < k; a++) /* insertion sort, ascending id */
-            for (int b = a; b > 0 && sel[b - 1] > sel[b]; b--) {
-                int x = sel[b];
-                sel[b] = sel[b - 1];
-                sel[b - 1] = x;
-            }
-        for (int r = 0; r < k; r++) {
-            ids[(size_t)t * k + r] = sel[r];
-            w[(size_t)t * k + r] = (renorm ? st[sel[r]] / (sum + 1e-20f) : st[sel[r]]) * scale;
-        }
+    float ms = lane < k ? st[mine] : 0.f, sum = ms;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    int rank = 0;
+    for (int q = 0; q < k; q++) rank += __shfl_sync(0xffffffffu, mine, q) < mine;
+    if (lane < k) {
+        ids[(size_t)t * ld + rank] = mine;
+        w[(size_t)t * ld + rank] = (renorm ? ms / (sum + 1e-20f) : ms) * scale;
     }
+    for (int i = k + lane; i < ld; i += 32) w[(size_t)t * ld + i] = 0.f;
+    if (cnt && lane == 0) cnt[t] = k;
 }
 
-extern "C" st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, float *scores,
-                                           const float *bias, int T, int n, int k, bool renorm, float scale) {
-    if (T < 0 || n <= 0 || k <= 0 || k > TOPK_MAX || k > n)
-        return ST_FAIL(ST_ERR_INVALID_ARG, "router_topk: T=%d n=%d k=%d (k ≤ %d)", T, n, k, TOPK_MAX);
+extern "C" st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, int ld, int *cnt,
+                                           float *scores, const float *bias, int T, int n, int k, bool renorm,
+                                           float scale) {
+    if (T < 0 || n <= 0 || k <= 0 || k > TOPK_MAX || k > n || ld < k)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "router_topk: T=%d n=%d k=%d ld=%d (k ≤ %d, k ≤ ld)", T, n, k, ld, TOPK_MAX);
     if (!T) return ST_OK;
-    router_topk_kernel<<<(T + 3) / 4, 128, 0, ST_STREAM(s)>>>(ids, w, scores, bias, T, n, k, renorm, scale);
+    dim3 grid((T + 3) / 4), block(128);
+    if (n <= 64) router_topk_kernel<2><<<grid, block, 0, ST_STREAM(s)>>>(ids, w, ld, cnt, scores, bias, T, n, k, renorm, scale);
+    else if (n <= 256) router_topk_kernel<8><<<grid, block, 0, ST_STREAM(s)>>>(ids, w, ld, cnt, scores, bias, T, n, k, renorm, scale);
+    else if (n <= 1024) router_topk_kernel<32><<<grid, block, 0, ST_STREAM(s)>>>(ids, w, ld, cnt, scores, bias, T, n, k, renorm, scale);
+    else router_topk_kernel<0><<<grid, block, 0, ST_STREAM(s)>>>(ids, w, ld, cnt, scores, bias, T, n, k, renorm, scale);
     return ST_LAUNCH_OK("router_topk_kernel");
 }
 

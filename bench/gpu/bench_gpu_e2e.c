@@ -7,7 +7,8 @@
  * profiled decode steps: where the time goes, and Block AttnRes's share of the layer time
  * (phase 1 + push, plus the fused norms' time over a plain RMSNorm of the same rows). The timed
  * figures come from unprofiled steps. STRATA_BENCH_AR_V1=1 repeats everything with the first AttnRes
- * kernels (STRATA_EGPU_AR_V1). */
+ * kernels (STRATA_EGPU_AR_V1). STRATA_BENCH_NCU_BATCH=B: only decode at batch B, with one greedy step
+ * inside the profiler range (`ncu --profile-from-start off`: each kernel of a decode step). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include "bench_common.h"
 #include "strata/base.h"
 #include "strata/engine.h"
+#include "strata/gpu.h"
+#include "strata/kernels_cuda.h"
 #include "strata/model.h"
 
 #define PREFILL 8192
@@ -135,8 +138,10 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
     for (int i = 0; i < PREFILL; i++) prompt[i] = (int)(st_rng_next(&rng) % 256);
 
     /* prefill: one 8K prompt (a warm-up one first: cuBLAS heuristics, module load) */
-    double tp[3];
-    for (int r = 0; r < 3; r++) {
+    const char *ncu = getenv("STRATA_BENCH_NCU_BATCH");
+    int ncu_b = ncu ? atoi(ncu) : 0;
+    double tp[3] = {1, 1, 1};
+    for (int r = 0; r < (ncu_b ? 0 : 3); r++) {
         int slot;
         BK(st_engine_seq_open(eng, &slot));
         st_seq_chunk_t ch = {.slot = slot, .n_tokens = PREFILL, .tokens = prompt};
@@ -146,9 +151,10 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         st_engine_seq_close(eng, slot);
     }
     double tpre = tp[1] < tp[2] ? tp[1] : tp[2];
-    printf("RESULT e2e_%s_prefill_8k%s %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", preset, tag,
+    if (!ncu_b)
+        printf("RESULT e2e_%s_prefill_8k%s %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", preset, tag,
            PREFILL / tpre, tpre * 1e3, PREFILL, tp[1] * 1e3, tp[2] * 1e3);
-    if (pg) { /* one profiled prefill */
+    if (pg && !ncu_b) { /* one profiled prefill */
         int slot;
         BK(st_engine_seq_open(eng, &slot));
         st_seq_chunk_t ch = {.slot = slot, .n_tokens = PREFILL, .tokens = prompt};
@@ -166,6 +172,7 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
     hit.used = calloc((size_t)c->n_layers * c->n_experts, 1);
     for (int bi = 0; bi < 3; bi++) {
         int B = batches[bi];
+        if (ncu_b && B != ncu_b) continue;
         int slots[256], tok[256];
         for (int i = 0; i < B; i++) BK(st_engine_seq_open(eng, &slots[i]));
         /* prompts of DEC_PROMPT tokens, up to 64 sequences per step */
@@ -179,6 +186,16 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         for (int i = 0; i < B; i++) tok[i] = prompt[i];
         step_all(slots, B, tok); /* warm-up */
         step_all(slots, B, tok);
+        if (ncu_b) { /* one greedy step (its graph captured by the warm-up) inside the profiler's range */
+            greedy = true;
+            step_all(slots, B, tok);
+            st_gpu_profiler(true);
+            step_all(slots, B, tok);
+            st_gpu_profiler(false);
+            greedy = false;
+            for (int i = 0; i < B; i++) st_engine_seq_close(eng, slots[i]);
+            continue;
+        }
         /* one step with the routing recorded: the experts a step touches */
         memset(hit.used, 0, (size_t)c->n_layers * c->n_experts);
         st_engine_set_route_hook(eng, hit_hook, &hit);
@@ -228,6 +245,18 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
             st_egpu_set_graphs(pg, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_no_graphs %.0f tok/s (step %.2f ms mean; graphs: %.2fx)\n", preset,
                    B, tag, B * DEC_STEPS / ntot, ntot / DEC_STEPS * 1e3, ntot / gtot);
+            /* the same (graphs) with every linear layer on cuBLAS: what the skinny kernel is worth */
+            st_cuda_linear_skinny_enable(false);
+            st_egpu_set_graphs(pg, true);
+            greedy = true;
+            step_all(slots, B, tok);
+            double ctot = 0;
+            for (int s = 0; s < DEC_STEPS; s++) ctot += step_all(slots, B, tok);
+            greedy = false;
+            st_cuda_linear_skinny_enable(true);
+            st_egpu_set_graphs(pg, true);
+            printf("RESULT e2e_%s_decode_b%d%s_greedy_cublas_linear %.0f tok/s (step %.2f ms mean; skinny linear: %.2fx)\n",
+                   preset, B, tag, B * DEC_STEPS / ctot, ctot / DEC_STEPS * 1e3, ctot / gtot);
         }
         if (pg) {
             st_egpu_prof_pause(pg, false);

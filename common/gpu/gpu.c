@@ -3,6 +3,7 @@
 #include "strata/gpu.h"
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,10 @@ void st_gpu_describe(char *buf, size_t n) {
     }
     snprintf(buf, n, "%s, sm_%d%d, %d SMs, %.1f GiB, L2 %d MiB", p.name, p.major, p.minor,
              p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), p.l2CacheSize >> 20);
+}
+
+void st_gpu_profiler(bool on) {
+    if ((on ? cudaProfilerStart() : cudaProfilerStop()) != cudaSuccess) (void)cudaGetLastError();
 }
 
 st_status_t st_gpu_stream_create(st_gpu_stream_t *s) {

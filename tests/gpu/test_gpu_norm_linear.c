@@ -74,6 +74,52 @@ static void linear_case(int T, int N, int K, bool f32out, uint64_t seed) {
     free(x), free(W), free(ref), free(got), free(xb), free(Wb), free(yb);
 }
 
+/* The skinny (decode) linear, or st_cuda_linear_ex where it does not apply: y (row stride ldy) =
+ * beta·y + x (row stride ldx) · Wᵀ vs the CPU, fp32 or bf16 out; the pad between rows stays untouched. */
+static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, int pady, uint64_t seed) {
+    st_rng_t r = {seed};
+    int ldx = K + padx, ldy = N + pady;
+    size_t ny = (size_t)T * ldy;
+    float *x = gt_xmalloc(4 * (size_t)T * K), *W = gt_xmalloc(4 * (size_t)N * K), *ref = gt_xmalloc(4 * (size_t)T * N),
+          *y0 = gt_xmalloc(4 * ny), *got = gt_xmalloc(4 * ny), *gotc = gt_xmalloc(4 * (size_t)T * N);
+    uint16_t *xb = gt_xmalloc(2 * (size_t)T * ldx), *Wb = gt_xmalloc(2 * (size_t)N * K), *yb = gt_xmalloc(2 * ny);
+    float *xt = gt_xmalloc(4 * (size_t)T * ldx);
+    gt_randn_bf(xt, xb, (size_t)T * ldx, 1.f, &r);
+    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * K, xt + (size_t)t * ldx, 4 * (size_t)K);
+    gt_randn_bf(W, Wb, (size_t)N * K, 1.f / sqrtf((float)K), &r);
+    for (size_t i = 0; i < ny; i++) { /* y before: bf16-exact values (beta = 1 adds to them) */
+        uint16_t h = st_f32_to_bf16((float)st_rng_normal(&r));
+        y0[i] = st_bf16_to_f32(h), yb[i] = h;
+    }
+    st_weight_t w = {.dtype = ST_DT_F32, .rows = N, .cols = K, .data = W};
+    st_linear_ref(ref, x, &w, T);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) ref[(size_t)t * N + n] += beta * y0[(size_t)t * ldy + n];
+    uint16_t *dx = gt_up(xb, 2 * (size_t)T * ldx), *dW = gt_up(Wb, 2 * (size_t)N * K);
+    void *dy = f32out ? gt_up(y0, 4 * ny) : gt_up(yb, 2 * ny);
+    bool fits = T <= ST_CUDA_SKINNY_MAX_T && K % 8 == 0 && ldx % 8 == 0;
+    CHECK(st_cuda_linear_skinny_ok(dx, ldx, dW, T, N, K) == fits, "skinny_ok T=%d K=%d ldx=%d", T, K, ldx);
+    /* the kernel itself wherever it applies (st_cuda_linear_ex uses it only up to 16 tokens) */
+    if (fits) GT_OK(st_cuda_linear_skinny(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
+    else GT_OK(st_cuda_linear_ex(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
+    if (f32out) gt_down(got, dy, 4 * ny);
+    else {
+        gt_down(yb, dy, 2 * ny);
+        gt_from_bf(got, yb, ny);
+    }
+    size_t moved = 0; /* the pad columns between rows keep their values */
+    for (int t = 0; t < T; t++)
+        for (int n = N; n < ldy; n++) moved += memcmp(&got[(size_t)t * ldy + n], &y0[(size_t)t * ldy + n], 4) != 0;
+    for (int t = 0; t < T; t++) memcpy(gotc + (size_t)t * N, got + (size_t)t * ldy, 4 * (size_t)N);
+    char what[128];
+    snprintf(what, sizeof what, "skinny linear T=%d N=%d K=%d out=%s beta=%g ldx=%d ldy=%d", T, N, K,
+             f32out ? "f32" : "bf16", beta, ldx, ldy);
+    CHECK(moved == 0, "%s: %zu pad elements written", what, moved);
+    st_t_close(what, gotc, ref, (size_t)T * N, f32out ? 1e-4 : 1e-2, 1e-3);
+    st_gpu_free(dx), st_gpu_free(dW), st_gpu_free(dy);
+    free(x), free(xt), free(W), free(ref), free(y0), free(got), free(gotc), free(xb), free(Wb), free(yb);
+}
+
 /* dtype conversions vs st_f32_to_bf16 / st_bf16_to_f32, bit for bit: random values, rounding ties,
  * ±0, ±inf, NaN, subnormals, the largest finite values; outputs poisoned (gt_dev) */
 static void convert_case(size_t n, uint64_t seed) {
@@ -121,5 +167,25 @@ int main(void) {
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 3; k++) linear_case(lt[i], ln[j], lk[k], (i + j + k) & 1, 100 + 9 * i + 3 * j + k);
+    /* skinny kernel: every token-tile width (1, 2, 4, 8 n-tiles) and its edges, rows not a multiple of
+     * 16, K not a multiple of 32 and K split over 1..8 warps, strides, accumulate, bf16 out; T = 65
+     * goes to cuBLAS through st_cuda_linear_ex */
+    static const int st[] = {1, 5, 8, 9, 16, 17, 32, 33, 64, 65};
+    static const int sn[][2] = {{1, 8}, {15, 24}, {16, 40}, {100, 1000}, {1024, 1024}, {3000, 7168}};
+    int ci = 0;
+    for (size_t i = 0; i < ST_ARRAY_LEN(st); i++)
+        for (size_t j = 0; j < ST_ARRAY_LEN(sn); j++, ci++)
+            skinny_case(st[i], sn[j][0], sn[j][1], ci % 3 != 1, ci % 4 == 2 ? 1.f : 0.f, ci % 5 == 3 ? 8 : 0,
+                        ci % 7 == 4 ? 3 : 0, 500 + ci);
+    /* not applicable (K not a multiple of 8; a misaligned x): a clear error from the kernel itself,
+     * and st_cuda_linear_ex falls back to cuBLAS */
+    {
+        void *d = gt_dev(4096);
+        CHECK(st_cuda_linear_skinny(&gt_stream, d, 4, true, 0.f, d, 12, d, 2, 4, 12) == ST_ERR_INVALID_ARG,
+              "skinny K=12 rejected");
+        CHECK(!st_cuda_linear_skinny_ok((char *)d + 8, 16, d, 2, 4, 16), "skinny misaligned x rejected");
+        st_gpu_free(d);
+    }
+    skinny_case(3, 40, 20, true, 0.f, 0, 0, 900);
     return st_test_done();
 }

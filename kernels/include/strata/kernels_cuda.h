@@ -26,11 +26,27 @@ st_status_t st_cuda_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf1
 /* in place, per head: x [T, H, dh] bf16 ← x / sqrt(Σx² + eps) */
 st_status_t st_cuda_l2norm_heads(const st_gpu_stream_t *s, st_bf16_t *x, int T, int H, int dh, float eps);
 
-/* ---------------- linear (cuBLAS) ---------------- */
+/* ---------------- linear ---------------- */
 /* y [T, N] = x [T, K] · Wᵀ, W [N, K] bf16 row-major; fp32 accumulation. y bf16 (y_f32 false) or
- * fp32 (y_f32 true). Uses s's cuBLAS handle and workspace. */
+ * fp32 (y_f32 true). Uses s's cuBLAS handle and workspace, or the skinny kernel (below) when it
+ * applies. */
 st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
                            const st_bf16_t *W, int T, int N, int K);
+/* The same with strides and an accumulate: y [T, N] (row stride ldy) = beta·y + x (row stride ldx)
+ * · Wᵀ (beta 0: y is not read). Up to 16 tokens with W up to 8M elements (where it was measured
+ * faster) runs the skinny kernel, anything else cuBLAS. */
+st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
+                              int ldx, const st_bf16_t *W, int T, int N, int K);
+/* Skinny linear for 1..ST_CUDA_SKINNY_MAX_T tokens: streams W once (tensor cores, K split over the
+ * warps of a block and summed in a fixed order, so results are deterministic); cuBLAS picks
+ * latency-bound tiles for the small decode shapes. Needs K and ldx multiples of 8 and x, W
+ * 16-byte aligned (st_cuda_linear_skinny_ok); st_cuda_linear_skinny_enable(false) sends everything
+ * to cuBLAS (comparisons; also env STRATA_SKINNY=0). */
+#define ST_CUDA_SKINNY_MAX_T 64
+bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K);
+st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
+                                  const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K);
+void st_cuda_linear_skinny_enable(bool on);
 
 /* ---------------- KDA (SPEC §3) ---------------- */
 /* Depthwise causal conv (kernel K ≤ 4) + SiLU over a variable-length batch.
@@ -105,11 +121,12 @@ st_status_t st_cuda_mla_decode_set_variant(int variant, int grid);
  * [T, 2n] buffer); situ: (b1·tanh(a/b1)·σ(a))·(b2·tanh(u/b2)), else SiLU(a)·u. fp32 math. */
 st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, const st_bf16_t *gate, const st_bf16_t *up, int T,
                         int n, int ld_in, bool situ, float b1, float b2);
-/* scores [T, n] fp32: router logits in, σ(logits) out (in place). ids [T, k] int32 ascending per
- * token, w [T, k] fp32: top-k of σ + bias (bias [n] or NULL; ties → lower id), weights from the
- * unbiased scores, renormalised if renorm, times scale. k ≤ 32. */
-st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, float *scores, const float *bias,
-                                int T, int n, int k, bool renorm, float scale);
+/* scores [T, n] fp32: router logits in, σ(logits) out (in place). ids [T, ld] int32 (ld ≥ k; the
+ * first k of each row, ascending), w [T, ld] fp32 (zeros past k): top-k of σ + bias (bias [n] or
+ * NULL; ties → lower id), weights from the unbiased scores, renormalised if renorm, times scale;
+ * cnt [T] (or NULL) ← k. k ≤ 32. */
+st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, int ld, int *cnt, float *scores,
+                                const float *bias, int T, int n, int k, bool renorm, float scale);
 /* Greedy sampling: ids [T] int32 = argmax of logits [T, V] fp32 (ties → lower id). */
 st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const float *logits, int T, int V);
 

@@ -4,6 +4,7 @@
 #ifndef STRATA_GPU_H
 #define STRATA_GPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,8 @@ int st_gpu_device_count(void);
 st_status_t st_gpu_init(int dev);
 /* Human-readable device line ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") into buf. */
 void st_gpu_describe(char *buf, size_t n);
+/* Marks the range an external profiler records (`ncu --profile-from-start off`): start, then stop. */
+void st_gpu_profiler(bool on);
 
 /* A stream with its own cuBLAS handle and cuBLAS workspace (allocated once at create, so GEMMs on
  * this stream never allocate). The fields are opaque CUDA handles stored as void*. */

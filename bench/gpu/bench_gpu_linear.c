@@ -1,0 +1,39 @@
+/* Decode-sized linear layers: the skinny kernel vs cuBLAS (st_cuda_linear_ex with the skinny kernel
+ * off) on the shapes of the `small` trunk, its LM head and K3-sized projections, T = 1 … 64 tokens.
+ * Each timed call reads a different copy of W (copies totalling ≥ 256 MB, more than the L2), so the
+ * figures are from HBM; GB/s counts W's bytes, next to the copy ceiling measured in the same run. */
+#include "bench_common.h"
+
+int main(void) {
+    bench_init("bench_gpu_linear", 0);
+    static const int shapes[][2] = {{3072, 1024}, {1024, 1024}, {512, 1024}, {64, 1024}, {1024, 512},
+                                    {1024, 1536}, {32768, 1024}, {4096, 7168}, {7168, 4096}};
+    static const int Ts[] = {1, 8, 16, 32, 64};
+    printf("%6s %6s %3s | %9s %8s | %9s %8s | %s\n", "N", "K", "T", "skinny us", "GB/s", "cuBLAS us", "GB/s",
+           "speed-up");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int N = shapes[i][0], K = shapes[i][1];
+        size_t wb = (size_t)N * K * 2;
+        int copies = (int)(((size_t)256 << 20) / wb) + 1;
+        st_bf16_t *W = bdev(wb * copies), *x = bdev((size_t)64 * K * 2);
+        float *y = bdev((size_t)64 * N * 4);
+        BK(st_gpu_memset(W, 0x3c, wb * copies)); /* bf16 0x3c3c ≈ 0.0115: finite */
+        BK(st_gpu_memset(x, 0x3c, (size_t)64 * K * 2));
+        for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) {
+            int T = Ts[j], c = 0;
+            double ms[2];
+            for (int v = 0; v < 2; v++) {
+                st_cuda_linear_skinny_enable(v == 0);
+                BTIME(ms[v], copies,
+                      st_cuda_linear_ex(&bs, y, N, true, 0.f, x, K, W + (size_t)(c++ % copies) * N * K, T, N, K));
+            }
+            st_cuda_linear_skinny_enable(true);
+            printf("%6d %6d %3d | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", N, K, T, ms[0] * 1e3, wb / ms[0] / 1e6,
+                   ms[1] * 1e3, wb / ms[1] / 1e6, ms[1] / ms[0]);
+            printf("RESULT linear_skinny_N%d_K%d_T%d %.2f us (%.0f GB/s, %.0f%% of copy) cublas %.2f us: %.2fx\n", N, K,
+                   T, ms[0] * 1e3, wb / ms[0] / 1e6, 100.0 * wb / ms[0] / 1e6 / b_copy_gbs, ms[1] * 1e3, ms[1] / ms[0]);
+        }
+        st_gpu_free(W), st_gpu_free(x), st_gpu_free(y);
+    }
+    return 0;
+}
