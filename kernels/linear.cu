@@ -16,8 +16,7 @@
  * The warps' partial sums meet in shared memory and are added in warp order: deterministic. */
 #define SK_WARPS 8
 
-/* 16 bytes through the read-only path, zeros where !ok. volatile: the loads stay in program order
- * with the (volatile) MMAs, so a group's loads are all in flight before its first MMA. */
+/* 16 bytes through the read-only path, zeros where !ok (a predicated load, no branch) */
 __device__ __forceinline__ uint4 sk_ld(const void *p, bool ok) {
     uint4 v;
     asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
@@ -27,8 +26,10 @@ __device__ __forceinline__ uint4 sk_ld(const void *p, bool ok) {
     return v;
 }
 
-/* NOTE: every load of a group of U k-steps (W and x) is issued before its MMAs, so a group costs one
- * memory round trip; U·(2 + NT) 16-byte registers per thread bound U. */
+/* NOTE: all loads of a group of U k-steps (W and x) are written before its MMAs, so a group costs
+ * about one memory round trip; U·(2 + NT) 16-byte registers per thread bound U. Measured: blocks of
+ * 2–4 row blocks sharing x through L1, with K split over a cluster and reduced through distributed
+ * shared memory, were no faster at 16–64 tokens (the time there is not x's L2 traffic). */
 template <int NT, bool F32>
 __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(void *y, int ldy, float beta, const st_bf16_t *x,
                                                                int ldx, const st_bf16_t *W, int T, int N, int K) {

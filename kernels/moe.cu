@@ -79,12 +79,19 @@ __global__ void router_topk_kernel(int *ids, float *w, int ld, int *cnt, float *
         if (NPL && (bid & 31) == lane) taken |= 1u << (bid >> 5);
         if (lane == r) mine = bid;
     }
-    float ms = lane < k ? st[mine] : 0.f, sum = ms;
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     int rank = 0;
     for (int q = 0; q < k; q++) rank += __shfl_sync(0xffffffffu, mine, q) < mine;
+    int *row = ids + (size_t)t * ld;
+    if (lane < k) row[rank] = mine;
+    __syncwarp();
+    /* NOTE: the sum in ascending id order, one after another, as the engine's route_finish (the
+     * weights after a routing hook): bit-identical weights on both paths */
+    float sum = 0.f;
+    if (lane == 0)
+        for (int i = 0; i < k; i++) sum += st[row[i]];
+    sum = __shfl_sync(0xffffffffu, sum, 0);
     if (lane < k) {
-        ids[(size_t)t * ld + rank] = mine;
+        float ms = st[mine];
         w[(size_t)t * ld + rank] = (renorm ? ms / (sum + 1e-20f) : ms) * scale;
     }
     for (int i = k + lane; i < ld; i += 32) w[(size_t)t * ld + i] = 0.f;

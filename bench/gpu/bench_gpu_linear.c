@@ -1,5 +1,5 @@
-/* Decode-sized linear layers: the skinny kernel vs cuBLAS (st_cuda_linear_ex with the skinny kernel
- * off) on the shapes of the `small` trunk, its LM head and K3-sized projections, T = 1 … 64 tokens.
+/* Decode-sized linear layers: the skinny kernel (st_cuda_linear_skinny) vs cuBLAS (st_cuda_linear_ex
+ * with the skinny kernel off) on the shapes of the `small` trunk, its LM head and K3-sized projections, T = 1 … 64 tokens.
  * Each timed call reads a different copy of W (copies totalling ≥ 256 MB, more than the L2), so the
  * figures are from HBM; GB/s counts W's bytes, next to the copy ceiling measured in the same run. */
 #include "bench_common.h"
@@ -22,11 +22,9 @@ int main(void) {
         for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) {
             int T = Ts[j], c = 0;
             double ms[2];
-            for (int v = 0; v < 2; v++) {
-                st_cuda_linear_skinny_enable(v == 0);
-                BTIME(ms[v], copies,
-                      st_cuda_linear_ex(&bs, y, N, true, 0.f, x, K, W + (size_t)(c++ % copies) * N * K, T, N, K));
-            }
+            BTIME(ms[0], copies, st_cuda_linear_skinny(&bs, y, N, true, 0.f, x, K, W + (size_t)(c++ % copies) * N * K, T, N, K));
+            st_cuda_linear_skinny_enable(false);
+            BTIME(ms[1], copies, st_cuda_linear_ex(&bs, y, N, true, 0.f, x, K, W + (size_t)(c++ % copies) * N * K, T, N, K));
             st_cuda_linear_skinny_enable(true);
             printf("%6d %6d %3d | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", N, K, T, ms[0] * 1e3, wb / ms[0] / 1e6,
                    ms[1] * 1e3, wb / ms[1] / 1e6, ms[1] / ms[0]);
