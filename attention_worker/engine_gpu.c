@@ -412,7 +412,7 @@ void st_egpu_destroy(st_egpu_t *g) {
     if (prof_engine == g) prof_engine = NULL;
     for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
     free(g->allocs);
-    for (int i = 0; i < EGPU_GRAPHS; i++) eg_graph_destroy(g->gr[i].exec);
+    for (int i = 0; i < EGPU_GRAPHS; i++) st_gpu_graph_destroy(g->gr[i].exec);
     eg_events_destroy(&g->open_ev, 1);
     eg_events_destroy(&g->chain_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
@@ -1555,7 +1555,7 @@ void st_egpu_mb_run_local(st_egpu_mb_t *mb, const st_moe_work_t *work) {
 void st_egpu_set_graphs(st_egpu_t *g, bool on) {
     g->graphs = on;
     for (int i = 0; i < EGPU_GRAPHS; i++) { /* the next steps capture again, with the kernels chosen then */
-        eg_graph_destroy(g->gr[i].exec);
+        st_gpu_graph_destroy(g->gr[i].exec);
         g->gr[i].exec = NULL;
     }
 }
@@ -1572,29 +1572,29 @@ static bool graph_step(st_egpu_t *g, st_egpu_mb_t *mb) {
     }
     if (hit < 0) {
         void *exec = NULL;
-        if (eg_capture_begin(mb->s) != ST_OK) {
+        if (st_gpu_capture_begin(mb->s) != ST_OK) {
             g->graphs = false;
             return false;
         }
         st_egpu_mb_launch(mb);
-        st_status_t se = eg_capture_end(mb->s, &exec);
+        st_status_t se = st_gpu_capture_end(mb->s, &exec);
         if (se != ST_OK || mb->err != ST_OK || mb->pend != 2) {
             st_log_warn("gpu engine: decode step graph capture failed (%s); graphs off", st_err_last());
-            eg_graph_destroy(exec);
+            st_gpu_graph_destroy(exec);
             g->graphs = false;
             /* nothing ran: the walk starts over */
             mb->err = ST_OK, mb->l = 0, mb->nb = 0, mb->pend = 0, mb->waiting = false, mb->fresh = true;
             return false;
         }
         hit = victim;
-        eg_graph_destroy(g->gr[hit].exec);
+        st_gpu_graph_destroy(g->gr[hit].exec);
         g->gr[hit].exec = exec;
         g->gr[hit].T = mb->T, g->gr[hit].lb = mb->max_len;
         g->gr[hit].l = mb->l, g->gr[hit].nb = mb->nb, g->gr[hit].pend = mb->pend;
         g->gr[hit].local_done = mb->local_done;
     }
     g->gr[hit].used = ++g->gr_clock;
-    CK(eg_graph_launch(g->gr[hit].exec, mb->s));
+    CK(st_gpu_graph_launch(g->gr[hit].exec, mb->s));
     mb->l = g->gr[hit].l, mb->nb = g->gr[hit].nb, mb->pend = g->gr[hit].pend, mb->local_done = g->gr[hit].local_done;
     mb->waiting = false, mb->fresh = false;
     return true;

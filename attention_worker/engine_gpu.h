@@ -139,11 +139,6 @@ st_status_t eg_stream_wait(const st_gpu_stream_t *s, void *ev);
 st_status_t eg_event_sync(void *ev);
 /* true once ev's last record completed (or on an error, which the next sync reports) */
 bool eg_event_done(void *ev);
-/* stream capture into a graph (relaxed mode) → *exec, an instantiated graph; launch; destroy (NULL ok) */
-st_status_t eg_capture_begin(const st_gpu_stream_t *s);
-st_status_t eg_capture_end(const st_gpu_stream_t *s, void **exec);
-st_status_t eg_graph_launch(void *exec, const st_gpu_stream_t *s);
-void eg_graph_destroy(void *exec);
 void eg_host_free(void *p);
 /* Hold the stream until gate[0] != 0 (pinned host word, written by the host) or timeout_ns passed;
  * a timeout adds 1 to gate[1]. */

@@ -263,23 +263,6 @@ extern "C" st_status_t eg_stream_wait(const st_gpu_stream_t *s, void *ev) {
     return ST_CUDA_CHECK(cudaStreamWaitEvent(ST_STREAM(s), (cudaEvent_t)ev, 0));
 }
 extern "C" st_status_t eg_event_sync(void *ev) { return ST_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev)); }
-extern "C" st_status_t eg_capture_begin(const st_gpu_stream_t *s) {
-    return ST_CUDA_CHECK(cudaStreamBeginCapture(ST_STREAM(s), cudaStreamCaptureModeRelaxed));
-}
-extern "C" st_status_t eg_capture_end(const st_gpu_stream_t *s, void **exec) {
-    cudaGraph_t graph = NULL;
-    *exec = NULL;
-    st_status_t rc = ST_CUDA_CHECK(cudaStreamEndCapture(ST_STREAM(s), &graph));
-    if (rc == ST_OK) rc = ST_CUDA_CHECK(cudaGraphInstantiate((cudaGraphExec_t *)exec, graph, 0));
-    if (graph) cudaGraphDestroy(graph);
-    return rc;
-}
-extern "C" st_status_t eg_graph_launch(void *exec, const st_gpu_stream_t *s) {
-    return ST_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, ST_STREAM(s)));
-}
-extern "C" void eg_graph_destroy(void *exec) {
-    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
-}
 extern "C" bool eg_event_done(void *ev) {
     cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
     if (e == cudaErrorNotReady) return false;

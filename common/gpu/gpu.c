@@ -47,6 +47,24 @@ void st_gpu_describe(char *buf, size_t n) {
              p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024), p.l2CacheSize >> 20);
 }
 
+st_status_t st_gpu_capture_begin(const st_gpu_stream_t *s) {
+    return ST_CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)s->stream, cudaStreamCaptureModeRelaxed));
+}
+st_status_t st_gpu_capture_end(const st_gpu_stream_t *s, void **exec) {
+    cudaGraph_t graph = NULL;
+    *exec = NULL;
+    st_status_t rc = ST_CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)s->stream, &graph));
+    if (rc == ST_OK) rc = ST_CUDA_CHECK(cudaGraphInstantiate((cudaGraphExec_t *)exec, graph, 0));
+    if (graph) cudaGraphDestroy(graph);
+    return rc;
+}
+st_status_t st_gpu_graph_launch(void *exec, const st_gpu_stream_t *s) {
+    return ST_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)s->stream));
+}
+void st_gpu_graph_destroy(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 void st_gpu_profiler(bool on) {
     if ((on ? cudaProfilerStart() : cudaProfilerStop()) != cudaSuccess) (void)cudaGetLastError();
 }

@@ -34,6 +34,12 @@ typedef struct {
 st_status_t st_gpu_stream_create(st_gpu_stream_t *s);
 void st_gpu_stream_destroy(st_gpu_stream_t *s);
 st_status_t st_gpu_stream_sync(const st_gpu_stream_t *s);
+/* CUDA graphs: capture what is queued on s (relaxed mode) between begin and end into an executable
+ * graph (*exec), launch it on a stream, destroy it (NULL is fine). */
+st_status_t st_gpu_capture_begin(const st_gpu_stream_t *s);
+st_status_t st_gpu_capture_end(const st_gpu_stream_t *s, void **exec);
+st_status_t st_gpu_graph_launch(void *exec, const st_gpu_stream_t *s);
+void st_gpu_graph_destroy(void *exec);
 
 /* Error conversion: log once with context, record in st_err_last, return ST_ERR_DEVICE (or ST_OK
  * when err == 0). cuda_err is a cudaError_t, cublas_err a cublasStatus_t. */
