@@ -3,14 +3,16 @@
  * for up to 64 heads (the cache is read once per 64 heads; H > 64 runs ceil(H/64) head groups, fewer
  * heads are zero-padded), 64-token tiles, QKᵀ and P·C̃ on Hopper wgmma (sm_90a; mma.sync where that is
  * not compiled in), online softmax in registers; a second kernel merges the splits.
- * Variants (st_cuda_mla_decode_set_variant / STRATA_MLA_DECODE): v2 as below; v5 = v2 with the full
- * 32-row groups of a tile gathered by TMA (9 boxes of 32 rows × 64 columns, issued by warp 0) instead of
- * cp.async; v6 = warp-specialised: a producer warpgroup issues every load (TMA boxes of 32 rows, cp.async
- * where a page or the split's end cuts a group) into the two K buffers through full/empty mbarriers,
- * two consumer warpgroups run v2's tensor work and softmax, a persistent grid walks all (split,
- * sequence, head group) items. The default is MLA_DEFAULT_VARIANT below (measured figures there).
- * Removed after measuring (2026-11-30, slower than v2 at every shape): v3 (v2 + L2 bulk prefetch of
- * the rows 1–3 tiles ahead) and v4 (TMA boxes of 8 rows from warp 0); see docs/perf.md.
+ * Variants (st_cuda_mla_decode_set_variant / STRATA_MLA_DECODE): v2 as below; v6 = warp-specialised:
+ * a producer warpgroup issues every load (TMA boxes of 32 rows, cp.async where a page or the split's
+ * end cuts a group) into the two K buffers through full/empty mbarriers, two consumer warpgroups run
+ * v2's tensor work and softmax, a persistent grid walks all (split, sequence, head group) items.
+ * The default is MLA_DEFAULT_VARIANT below.
+ * Removed after measuring (2026-11-30, see docs/perf.md): v3 (v2 + L2 prefetch from the compute warps)
+ * and v4 (TMA boxes of 8 rows), slower than v2 everywhere; v5 (v2 + 32-row TMA boxes from warp 0) and
+ * v8 (FlashMLA's seesaw: one warpgroup scores a 64-token tile with m64n64, P shared through shared
+ * memory), slower than v6 everywhere; v7 (v6 + an L2 bulk prefetch of a later tile from the producer
+ * + the combine as a programmatic dependent), no faster than v6 at every H = 64 shape.
  * CPU reference: st_mla_attn_absorbed (kernels/mla.c). */
 #include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
 #include <stdio.h>
@@ -59,7 +61,6 @@ struct MlaSmem2 {
     unsigned char Ks[2][OPND_BYTES];
     st_bf16_t Ps[4][16 * LDP2];
     float red[8][16];
-    unsigned long long bar[2]; /* v5: TMA completion of K buffer 0 / 1 */
 };
 
 /* byte offset of (row r, 16-byte chunk c) in a 64-row operand */
@@ -163,7 +164,7 @@ __device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t
 #endif
 
 #if MLA_WGMMA
-/* mbarrier helpers (v5's and v6's TMA gathers) */
+/* mbarrier helpers (v6's gathers) */
 __device__ __forceinline__ void mla_bar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -192,19 +193,14 @@ __device__ __forceinline__ void mla_tma2d(unsigned dst, const CUtensorMap *tm, i
 
 /* grid (n_splits, B, ceil(H / 64)), 256 threads. ws_acc [B, H, n_splits, 512] fp32 (unnormalised
  * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p); splits past seqlens[b] write nothing.
- * use_tma = 32 (v5, pages of a multiple of 32 rows): every full 32-row group of a tile (32 rows of one
- * page) is copied by the copy engine, 9 TMA boxes of 32 rows × 64 columns (tensor map tm over the pool
- * as [rows, 576], box 32 × 64, 128-byte swizzle = the layout above) completing on the buffer's
- * mbarrier, issued by warp 0, instead of 2 304 16-byte cp.async per 32 rows from the threads; the
- * partial last group keeps cp.async (zero fill).
  * MODE 0: the kernel. Benchmark diagnostics, output undefined: MODE 1 = the same gathers with the
  * tensor work left out, MODE 2 = the tensor work with the gathers left out (stale K buffers). */
-template <int MODE, bool TMA> /* TMA false: v2 (use_tma ignored) */
+template <int MODE>
 __global__ void __launch_bounds__(NT2, 1)
     mla_decode_heads_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
                             const int *__restrict__ block_table, const int *__restrict__ seqlens, int H, int page_size,
                             int max_pages, int split_len, int n_splits, float scale_log2, float *ws_acc,
-                            float *ws_ml, const __grid_constant__ CUtensorMap tm, int use_tma) {
+                            float *ws_ml) {
     constexpr int TPR = NT2 / TK2; /* loader threads per row */
     extern __shared__ __align__(1024) unsigned char smraw[];
     /* the swizzle pattern repeats every 1024 B: align the operands to that */
@@ -220,20 +216,6 @@ __global__ void __launch_bounds__(NT2, 1)
     const unsigned q_base = (unsigned)__cvta_generic_to_shared(sm.Qs);
     const unsigned k_base0 = (unsigned)__cvta_generic_to_shared(sm.Ks[0]);
     const unsigned p_base = (unsigned)__cvta_generic_to_shared(sm.Ps[hg]);
-    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(&sm.bar[0]);
-#if MLA_WGMMA
-    const bool tma = TMA && use_tma != 0 && MODE != 2;
-    if (tma) {
-        if (tid == 0) {
-            mla_bar_init(bar0, 1), mla_bar_init(bar0 + 8, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        __syncthreads();
-    }
-#else
-    const bool tma = false;
-    (void)use_tma, (void)tm, (void)bar0;
-#endif
 
     for (int i = tid; i < NH2 * NCH; i += NT2) {
         int r = i / NCH, c = i % NCH;
@@ -244,23 +226,6 @@ __global__ void __launch_bounds__(NT2, 1)
     const int lr = tid / TPR, lc0 = tid % TPR; /* loader: row lr of the tile, chunks lc0 + TPR·i */
     auto load_tile = [&](int tt, int buf) {
         const int j = s0 + tt * TK2 + lr;
-        constexpr int gsh = 5;                                            /* log2 of the TMA group rows */
-        const int nfull = tma ? min(TK2, s1 - (s0 + tt * TK2)) >> gsh : 0; /* groups the TMA copies */
-#if MLA_WGMMA
-        if (tma && w == 0) {
-            const unsigned bar = bar0 + 8 * buf;
-            if (lane == 0) mla_bar_expect(bar, (unsigned)(nfull << gsh) * DR * 2);
-            __syncwarp();
-            if (lane < nfull) {
-                const int j0 = s0 + tt * TK2 + (lane << gsh);
-                const int prow = bt[j0 / page_size] * page_size + j0 % page_size;
-                const unsigned dst = k_base0 + buf * OPND_BYTES + (lane << gsh) * 128;
-#pragma unroll
-                for (int cb = 0; cb < DR / 64; cb++) mla_tma2d(dst + cb * CB_BYTES, &tm, cb * 64, prow, bar);
-            }
-        }
-#endif
-        if ((lr >> gsh) < nfull) return; /* row copied by the TMA */
         const bool ok = j < s1;
         const int jj = ok ? j : s0;
         const st_bf16_t *row = pool + ((size_t)bt[jj / page_size] * page_size + jj % page_size) * DR;
@@ -291,9 +256,6 @@ __global__ void __launch_bounds__(NT2, 1)
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #if MLA_WGMMA
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async data → wgmma */
-#endif
-#if MLA_WGMMA
-        if (tma) mla_bar_wait(bar0 + 8 * buf, (tt >> 1) & 1);
 #endif
         __syncthreads(); /* tile tt (and Q) visible */
         if (MODE == 1) {
@@ -527,7 +489,9 @@ __global__ void __launch_bounds__(NT6, 1)
                 for (int hh = 0; hh < 2; hh++) {
                     const unsigned fb = full0 + 16 * buf + 8 * hh;
                     const int th = t0 + 32 * hh;
-                    if (th >= s1) { /* nothing of this half: zeros (P·C̃ reads them with p = 0) */
+                    if (MODE == 2) { /* diagnostic: no gathers, the consumers read stale buffers */
+                        mla_bar_arrive_if(fb, tid == 0);
+                    } else if (th >= s1) { /* nothing of this half: zeros (P·C̃ reads them with p = 0) */
                         for (int i = 0; i < NCH / 4; i++)
                             st_cp_async16(sm.Ks[buf] + mla_swz(lr + 32 * hh, lc + 4 * i), pool, false);
                         mla_cp_arrive_inc(fb);
@@ -713,19 +677,24 @@ static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int
 /* Longest split the launcher makes (tokens); see mla_pick_split. */
 #define MLA_SPLIT_CAP 8192
 
-/* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE=2, 5 or
- * 6, read once, else MLA_DEFAULT_VARIANT). g_mla_grid: v6's grid (0 = one CTA per SM).
- * H200, 2026-11-30, the final code (% of copy, v2 / v5 / v6): 64×32K H64 71.8 / 75.2 / 75.6, 128×32K
- * H64 69.5 / 66.7 / 75.5, 64×32K H16 74.0 / 75.6 / 81.9, 64×4K H64 59.9 / 62.0 / 65.5, 64×32K H128
- * 35.0 / 33.4 / 41.7 (428 TFLOP/s); v6 fastest at every shape, test_gpu_mla passed (every variant)
- * and test_gpu_engine ran with it (docs/perf.md). */
+/* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE, read
+ * once, else MLA_DEFAULT_VARIANT). g_mla_grid: v6's grid (0 = one CTA per SM).
+ * H200, 2026-11-30, round 2's final code (% of copy, v2 / v6): 64×32K H64 71.8 / 75.6, 128×32K H64
+ * 69.5 / 75.5, 64×32K H16 74.0 / 81.9, 64×4K H64 59.9 / 65.5, 64×32K H128 35.0 / 41.7 (428 TFLOP/s);
+ * Round 3 (v7, v8: no faster than v6 at every H = 64 shape; removed): docs/perf.md. */
 #define MLA_DEFAULT_VARIANT 6
 static int g_mla_variant = 0, g_mla_grid = 0;
 
+/* a known variant: 2, 6 (or their negatives: gathers only), 9 / 69 (v2's / v6's tensor work only) */
+static bool mla_variant_ok(int v) {
+    const int av = v < 0 ? -v : v;
+    return v == 9 || v == 69 || av == 2 || av == 6;
+}
+
 extern "C" st_status_t st_cuda_mla_decode_set_variant(int variant, int grid) {
-    const int av = variant < 0 ? -variant : variant;
-    if (!(variant == 0 || variant == 9 || av == 2 || av == 5 || av == 6) || grid < -1 || grid > 8)
-        return ST_FAIL(ST_ERR_INVALID_ARG, "mla_decode_set_variant: variant %d (0, ±2, ±5, ±6, 9), grid %d (-1..8)",
+    if (!(variant == 0 || mla_variant_ok(variant)) || grid < -1 || grid > 8)
+        return ST_FAIL(ST_ERR_INVALID_ARG,
+                       "mla_decode_set_variant: variant %d (0, ±2, ±6, 9, 69), grid %d (-1..8)",
                        variant, grid);
     g_mla_variant = variant;
     g_mla_grid = grid;
@@ -753,7 +722,7 @@ static mla_encode_fn mla_encoder(void) {
     return enc;
 }
 
-/* v5/v6's tensor map: the pool as [rows, 576] bf16 (row stride 1152 B), box_rows × 64 columns, 128-byte
+/* v6's tensor map: the pool as [rows, 576] bf16 (row stride 1152 B), box_rows × 64 columns, 128-byte
  * swizzle. The row count is not known here; the kernel addresses only rows of pages in the block
  * table, so the extent is set to 2^31 rows (no bounds check is relied on). */
 static bool mla_pool_map(CUtensorMap *m, const void *pool, int box_rows) {
@@ -770,7 +739,7 @@ static int mla_variant(void) {
     if (g_mla_variant == 0) {
         const char *e = getenv("STRATA_MLA_DECODE");
         int v = e ? atoi(e) : 0;
-        g_mla_variant = (v == 2 || v == 5 || v == 6) ? v : MLA_DEFAULT_VARIANT;
+        g_mla_variant = v > 0 && v != 9 && v != 69 && mla_variant_ok(v) ? v : MLA_DEFAULT_VARIANT;
     }
     return g_mla_variant;
 }
@@ -797,32 +766,27 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
     int ns = (max_ctx + sl - 1) / sl;
     if (ns < 1) ns = 1;
     float *ws_acc = (float *)ws, *ws_ml = ws_acc + (size_t)B * H * ns * DVL;
-    const size_t smem = sizeof(MlaSmem2) + 1024; /* + slack for the 1024-byte alignment */
     const int variant = mla_variant();
     const int av = variant < 0 ? -variant : variant;
-    CUtensorMap tm;
-    memset(&tm, 0, sizeof tm);
-    /* v5: TMA boxes of 32 rows where pages hold a multiple of 32 rows; else v2's cp.async gathers */
-    const int rows = av == 5 && page_size % 32 == 0 ? 32 : 0;
-    const int use_tma = rows && mla_pool_map(&tm, pool, rows) ? rows : 0;
-    static int told = 0; /* NOTE: once per process, diagnostics only */
-    if (rows && !use_tma && !told) {
-        told = 1;
-        fprintf(stderr, "mla_decode: tensor map unavailable (encoder %s), using cp.async gathers\n",
-                mla_encoder() ? "failed" : "not found");
-    }
-    typedef void (*kern_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int, int,
-                           float, float *, float *, const CUtensorMap, int);
-    kern_t kern = mla_decode_heads_kernel<0, false>; /* v2 */
-    if (variant == 5 && use_tma) kern = mla_decode_heads_kernel<0, true>;
-    else if (variant == -2 || (variant == -5 && !use_tma)) kern = mla_decode_heads_kernel<1, false>; /* diagnostics */
-    else if (variant == -5) kern = mla_decode_heads_kernel<1, true>;
-    else if (variant == 9) kern = mla_decode_heads_kernel<2, false>;
     st_status_t rc;
-    if (av == 6) { /* v6: warp-specialised (producer warpgroup + two consumer warpgroups) */
+    if (av == 2 || variant == 9) { /* v2 (and its diagnostics) */
+        typedef void (*kern_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int,
+                               int, float, float *, float *);
+        const kern_t kern = variant == 9    ? mla_decode_heads_kernel<2>
+                            : variant == -2 ? mla_decode_heads_kernel<1>
+                                            : mla_decode_heads_kernel<0>;
+        const size_t smem = sizeof(MlaSmem2) + 1024; /* + slack for the 1024-byte alignment */
+        rc = ST_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (rc) return rc;
+        kern<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H, page_size, max_pages,
+                                                          sl, ns, scale * 1.4426950408889634f, ws_acc, ws_ml);
+        rc = ST_LAUNCH_OK("mla_decode_heads_kernel");
+    } else { /* v6: warp-specialised */
         typedef void (*kern6_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int,
                                 int, int, float, float *, float *, const CUtensorMap, int);
-        kern6_t k6 = variant > 0 ? mla_decode_ws_kernel<0> : mla_decode_ws_kernel<1>;
+        const kern6_t k6 = variant == 69 ? mla_decode_ws_kernel<2>
+                           : variant > 0 ? mla_decode_ws_kernel<0>
+                                         : mla_decode_ws_kernel<1>;
         const size_t smem6 = sizeof(MlaSmem6) + 1024;
         rc = ST_CUDA_CHECK(cudaFuncSetAttribute(k6, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem6));
         if (rc) return rc;
@@ -833,20 +797,18 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
         const int grid = (int)(want < nitems ? want : nitems);
         /* TMA boxes of 32 rows where pages hold a multiple of 32 rows (else, and for the partial last 32
          * rows of a split, cp.async from the producer warpgroup) */
+        CUtensorMap tm;
+        memset(&tm, 0, sizeof tm);
         const int tma6 = page_size % 32 == 0 && mla_pool_map(&tm, pool, 32);
+        static int told = 0; /* NOTE: once per process, diagnostics only */
         if (page_size % 32 == 0 && !tma6 && !told) {
             told = 1;
-            fprintf(stderr, "mla_decode: tensor map unavailable, v6 gathers with cp.async\n");
+            fprintf(stderr, "mla_decode: tensor map unavailable (encoder %s), gathers with cp.async\n",
+                    mla_encoder() ? "failed" : "not found");
         }
         k6<<<grid, NT6, smem6, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, B, H, page_size, max_pages, sl, ns,
                                                scale * 1.4426950408889634f, ws_acc, ws_ml, tm, tma6);
         rc = ST_LAUNCH_OK("mla_decode_ws_kernel");
-    } else {
-    rc = ST_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (rc) return rc;
-    kern<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H, page_size, max_pages, sl,
-                                                      ns, scale * 1.4426950408889634f, ws_acc, ws_ml, tm, use_tma);
-    rc = ST_LAUNCH_OK("mla_decode_heads_kernel");
     }
     if (rc) return rc;
     mla_decode_combine_kernel<<<dim3(H, B), 128, 0, ST_STREAM(s)>>>(o_lat, ws_acc, ws_ml, seqlens, H, sl, ns);

@@ -1,10 +1,10 @@
 /* MLA absorbed decode on the GPU vs st_mla_attn_absorbed over a paged cache (pages shuffled in the
  * pool), head counts that pad the 64-head blocks (1, 7, 16, 20, 48), H = 128 (two 64-head blocks per
  * split), 16-row pages, one-row and empty contexts, a 32K context over many splits, a batch of 128;
- * 12- and 8-row pages (no 32-row TMA groups: v5 / v6 use cp.async); outputs and workspace start
- * NaN-poisoned; every case runs each kernel variant: v2; v5 (TMA gathers in 32-row boxes); v6
- * (warp-specialised) on its persistent grid, one CTA per item, and 1 or 3 CTAs (many items per CTA,
- * empty splits skipped in between). */
+ * 12- and 8-row pages (no 32-row TMA groups: v6 uses cp.async); outputs and workspace start
+ * NaN-poisoned; every case runs each kernel variant: v2; v6 (warp-specialised) on its persistent grid,
+ * one CTA per item, and 1 or 3 CTAs (many items per CTA, empty splits skipped in between); the
+ * default once more captured into a CUDA graph and replayed (as the engine runs it). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -49,20 +49,29 @@ static void mla_case(const int *lens, int B, int H, int page_size, int split_len
     int *d_bt = gt_up(bt, sizeof(int) * B * (max_pages ? max_pages : 1)), *d_len = gt_up(lens, sizeof(int) * B);
     size_t wsb = st_cuda_mla_decode_ws_bytes(B, H, max_ctx, split_len);
     void *d_ws = gt_dev(wsb);
-    /* every kernel variant (variant, v6 grid) against the same reference; outputs and workspace
-     * re-poisoned in between */
-    static const int var[][2] = {{2, 0}, {5, 0}, {6, 0}, {6, -1}, {6, 1}, {6, 3}, {0, 0}};
+    /* every kernel variant (variant, v6 grid, captured into a graph or not) against the same
+     * reference; outputs and workspace re-poisoned in between */
+    static const int var[][3] = {{2, 0, 0}, {6, 0, 0}, {6, -1, 0}, {6, 1, 0}, {6, 3, 0}, {0, 0, 0}, {0, 0, 1}};
     const int nvar = (int)(sizeof var / sizeof var[0]);
     for (int vi = 0; vi < nvar; vi++) {
-        if (vi) gt_poison(d_o, 2 * (size_t)B * H * DL), gt_poison(d_ws, wsb);
+        gt_poison(d_o, 2 * (size_t)B * H * DL), gt_poison(d_ws, wsb);
         GT_OK(st_cuda_mla_decode_set_variant(var[vi][0], var[vi][1]));
+        const bool graph = var[vi][2] != 0; /* captured into a graph (as the engine runs it), replayed twice */
+        void *ge = NULL;
+        if (graph) GT_OK(st_gpu_capture_begin(&gt_stream));
         GT_OK(st_cuda_mla_decode(&gt_stream, d_o, d_q, d_pool, d_bt, d_len, B, H, page_size, max_pages, max_ctx,
                                  split_len, scale, d_ws, wsb));
+        if (graph) {
+            GT_OK(st_gpu_capture_end(&gt_stream, &ge));
+            for (int r = 0; r < 2; r++) GT_OK(st_gpu_graph_launch(ge, &gt_stream));
+            GT_OK(st_gpu_stream_sync(&gt_stream));
+            st_gpu_graph_destroy(ge);
+        }
         gt_down(ob, d_o, 2 * (size_t)B * H * DL);
         gt_from_bf(got, ob, (size_t)B * H * DL);
         char what[160];
-        snprintf(what, sizeof what, "mla_decode v%d/grid%d B=%d H=%d max_ctx=%d page=%d split=%d", var[vi][0],
-                 var[vi][1], B, H, max_ctx, page_size, split_len);
+        snprintf(what, sizeof what, "mla_decode v%d/grid%d%s B=%d H=%d max_ctx=%d page=%d split=%d", var[vi][0],
+                 var[vi][1], graph ? " (graph)" : "", B, H, max_ctx, page_size, split_len);
         st_t_close(what, got, ref, (size_t)B * H * DL, 2e-2, 1e-2);
     }
     GT_OK(st_cuda_mla_decode_set_variant(0, 0));

@@ -108,12 +108,12 @@ st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const
                                int page_size, int max_pages, int max_ctx, int split_len, float scale, void *ws,
                                size_t ws_bytes);
 /* Decode kernel variant, process-wide (benchmarks and tests compare them in one run; not
- * concurrently with decodes): 2 = v2; 5 = v5 (v2 with TMA gathers in 32-row boxes where pages hold a
- * multiple of 32 rows); 6 = v6 (warp-specialised: producer warpgroup with TMA / cp.async gathers, two
- * consumer warpgroups, persistent grid); 0 = the default (env STRATA_MLA_DECODE=2, 5 or 6 read at the
- * first call, else the default in kernels/mla.cu). grid: v6's CTA count (0 = one per SM, −1 = one per
- * work item, k = 1..8 CTAs: tests). Benchmark diagnostics (output undefined): −2, −5, −6 the same
- * gathers without the tensor work, 9 v2's tensor work without the gathers. */
+ * concurrently with decodes): 2 = v2; 6 = v6 (warp-specialised: producer warpgroup with TMA /
+ * cp.async gathers, two consumer warpgroups, persistent grid); 0 = the default (env
+ * STRATA_MLA_DECODE=2 or 6 read at the first call, else the default in kernels/mla.cu). grid: v6's
+ * CTA count (0 = one per SM, −1 = one per work item, k = 1..8 CTAs: tests). Benchmark diagnostics
+ * (output undefined): −2, −6 the same gathers without the tensor work; 9 / 69 v2's / v6's tensor
+ * work without the gathers. */
 st_status_t st_cuda_mla_decode_set_variant(int variant, int grid);
 
 /* ---------------- MoE side (SPEC §6, §7) and sampling (§9) ---------------- */
