@@ -216,8 +216,13 @@ static st_status_t run_seq(st_engine_t *e, int *toks, int np, int steps, bool fe
     return s;
 }
 
+/* A greedy token that differs where the CPU's own top two logits are within NEAR_TIE times the step's
+ * RMS logit error is a near-tie: any rounding may flip it (random checkpoints have flat logits; at the
+ * SPEC's 2e-2 relative L2, ~5% of steps of Gaussian logits flip, docs/perf.md). A flip at a wider gap
+ * is not explained by the measured error and fails on its own. */
+#define NEAR_TIE 4.0
 static bool compare(const char *what, const float *gpu, const float *cpu, int steps, int V, double tol, bool check) {
-    int mism = 0, nonfin = 0;
+    int mism = 0, nonfin = 0, wide = 0;
     double worst = 0;
     printf("%s: rel L2 per step:", what);
     for (int i = 0; i <= steps; i++) {
@@ -227,16 +232,23 @@ static bool compare(const char *what, const float *gpu, const float *cpu, int st
         int ag = argmax(gpu + (size_t)i * V, V), ac = argmax(cpu + (size_t)i * V, V);
         if (ag != ac) { /* how close the CPU's top two were (a near-tie flips on any rounding) */
             const float *cr = cpu + (size_t)i * V, *gr = gpu + (size_t)i * V;
-            printf(" [step %d: cpu top %d %.5f, gpu top %d %.5f; cpu logit of gpu's top %.5f, gpu logit of cpu's top %.5f]",
-                   i, ac, cr[ac], ag, gr[ag], cr[ag], gr[ac]);
+            double se = 0;
+            for (int v = 0; v < V; v++) se += ((double)gr[v] - cr[v]) * ((double)gr[v] - cr[v]);
+            se = sqrt(se / V);
+            double gap = (double)cr[ac] - cr[ag];
+            wide += gap > NEAR_TIE * se;
+            printf(" [step %d: cpu top %d %.5f, gpu top %d %.5f; cpu logit of gpu's top %.5f, gpu logit of cpu's top %.5f;"
+                   " cpu gap %.2e = %.2f x the RMS logit error %.2e]",
+                   i, ac, cr[ac], ag, gr[ag], cr[ag], gr[ac], gap, gap / (se > 0 ? se : 1), se);
         }
         mism += ag != ac;
     }
-    printf("\n%s: worst rel L2 %.3e (tolerance %.0e), greedy tokens differing %d of %d, non-finite %d\n", what, worst,
-           tol, mism, steps + 1, nonfin);
+    printf("\n%s: worst rel L2 %.3e (tolerance %.0e), greedy tokens differing %d of %d (%d beyond near-ties of %.0f x "
+           "the RMS logit error), non-finite %d\n", what, worst, tol, mism, steps + 1, wide, NEAR_TIE, nonfin);
     if (check) {
         CHECK(worst <= tol, "%s: rel L2 %.3e > %.0e", what, worst, tol);
         CHECK(mism == 0, "%s: %d greedy tokens differ", what, mism);
+        CHECK(wide == 0, "%s: %d greedy tokens differ beyond a near-tie", what, wide);
         CHECK(nonfin == 0, "%s: %d non-finite logits", what, nonfin);
     }
     return worst <= tol && mism == 0 && nonfin == 0;
