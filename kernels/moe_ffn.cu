@@ -1,12 +1,12 @@
 /* Latent expert FFN on the GPU, grouped over experts (SPEC §6): y = w2 · act(w1 x, w3 x) for the
  * rows of each expert, as two grouped tensor-core GEMMs (mma.sync m16n8k16 bf16, fp32 accumulate,
  * 4-stage cp.async pipeline, 128×128×32 block tiles) with the SiTU/SiLU-GLU fused into the first
- * GEMM's epilogue; on sm_90 devices optionally (st_cuda_moe_ffn_use_wgmma) the same two GEMMs on
- * Hopper wgmma fed by TMA (ffn_wg_kernel below); plus MXFP4 → bf16 weight conversion at load.
+ * GEMM's epilogue; on sm_90 devices (st_cuda_moe_ffn_use_wgmma, the default there) the same two GEMMs
+ * on Hopper wgmma fed by TMA (ffn_wg_kernel: cooperative consumers; ffn_wgp_kernel: ping-pong
+ * consumers, both GEMMs in one launch, for small experts); plus MXFP4 → bf16 weight conversion at load.
  * CPU reference: st_ffn per expert (kernels/ffn.c), st_weight_rows_f32 for MXFP4. */
 #include <cublas_v2.h>
 #include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
-#include <cuda_fp16.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,8 +22,10 @@
 
 
 /* Tile table: one entry per (expert, 128-row tile), map [bound, 2] = (expert, first row); entries
- * past the total are (−1, 0) so surplus blocks exit. One block of 1024 threads. */
-__global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bound, int big) {
+ * past the total are (−1, 0) so surplus blocks exit; map[2·bound] = the number of entries; cnt [bound]
+ * zeroed (the fused ping-pong kernel's counters). One block of 1024 threads. */
+#define FFN_MAP_INTS(N) (2 * ((N + FB_M - 1) / FB_M + 1 + 4096)) /* ints of ws for the map */
+__global__ void ffn_tile_map_kernel(int *map, int *cnt, const int *offsets, int E, int bound, int big) {
     __shared__ int wsum[32];
     __shared__ int carry;
     if (threadIdx.x == 0) carry = 0;
@@ -42,6 +44,8 @@ __global__ void ffn_tile_map_kernel(int *map, const int *offsets, int E, int bou
         __syncthreads();
     }
     for (int i = carry + threadIdx.x; i < bound; i += blockDim.x) map[2 * i] = -1, map[2 * i + 1] = 0;
+    for (int i = threadIdx.x; i < bound; i += blockDim.x) cnt[i] = 0;
+    if (threadIdx.x == 0) map[2 * bound] = carry < bound ? carry : bound;
 }
 
 /* C[rows of expert e, cols] = A[rows, K] · B_eᵀ, A row-major [N, K] bf16, B_e row-major [Nout, K].
@@ -192,19 +196,13 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
  * with block j + 16 (up) in the same thread; h = act(gate, up) bf16. Down: 256 output columns of
  * w2_e. Rows of a 128-row tile past the expert's end are computed (next expert's or TMA zero rows) and
  * not stored; B rows past Nout likewise; k past K is zero-filled by TMA.
- * CL = 2: clusters of two blocks take tile-map entries in pairs (2p, 2p+1) at the same column tile;
- * when both entries are the same expert (they share the B tile) each block loads one half of B
- * (multicast into both blocks' shared memory), so a 128×256×64 step reads 32 KB from L2 per block
- * instead of 48 KB (NOTE: 128×256 is the largest tile the registers hold, so the block's traffic per
- * FLOP is bounded by that; cuBLAS uses clusters the same way). Otherwise each loads all of its own B.
- * Both blocks' consumers release a stage to both producers (16 arrivals), since either producer may
- * write into either block's stage; a pair with an odd last entry runs that block on its partner's
- * tile without storing (keeps the two in step).
+ * (Clusters of two blocks sharing B tiles by TMA multicast, and the GLU on tanh.approx.f16x2, were
+ * variants here until round 3: never faster at the peer shapes (H200, 2026-11-30), so removed.)
  * Weights stacked [E·Nout, K] (one tensor map each, expert e's rows at e·Nout), or the table mode
  * (tmt != nullptr: arbitrary per-expert pointers): per-expert tensor maps [Nout, K] in global memory,
  * built on the device by ffn_tmap_kernel each call, acquired by the producer at each expert change.
- * Optional (flags): programmatic dependent launch between the two GEMMs, the f16x2 activation;
- * neither measured faster (2026-11-30), so both off by default. */
+ * Optional (flags): programmatic dependent launch between the two GEMMs (not measured faster,
+ * 2026-11-30: off by default). */
 #define FW_BM 128
 #define FW_BN 256
 #define FW_BK 64
@@ -231,21 +229,6 @@ __device__ __forceinline__ void fw_bar_init(unsigned bar, unsigned count) {
 __device__ __forceinline__ void fw_bar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* arrive on the barrier at the same offset in the cluster's block `rank`, default semantics
- * (release at CTA scope, as CUTLASS's ClusterBarrier::arrive): enough to order this warpgroup's
- * completed wgmma reads of a stage before the partner's TMA refills it.
- * NOTE: the .release.cluster form measured 25-30% slower on the H200 (2026-11-30: clusters 407 vs
- * 1blk 571 TFLOP/s at E=16 x 2048, with or without multicast; a cluster-scope fence per k step) */
-__device__ __forceinline__ void fw_bar_arrive_remote(unsigned bar, unsigned rank, bool rel_cluster) {
-    if (rel_cluster) /* the round-1 form (diagnostics: FW_F_REL_CLUSTER) */
-        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
-                     : "memory");
-    else
-        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
-                     : "memory");
-}
 __device__ __forceinline__ void fw_bar_expect(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -269,18 +252,6 @@ __device__ __forceinline__ void fw_tma2d(unsigned dst, const CUtensorMap *tm, in
         "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
-/* the same box into the same offset of every block of the cluster in mask (and their barriers) */
-__device__ __forceinline__ void fw_tma2d_mc(unsigned dst, const CUtensorMap *tm, int c0, int c1, unsigned bar,
-                                            unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
-        "{%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-        : "memory");
-}
-__device__ __forceinline__ void fw_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
 __device__ __forceinline__ float fw_tanh(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -291,27 +262,45 @@ __device__ __forceinline__ float fw_act(float a, float u, int situ, float b1, fl
     float sg = fmaf(0.5f, fw_tanh(0.5f * a), 0.5f);
     return situ ? (b1 * fw_tanh(a * ib1) * sg) * (b2 * fw_tanh(u * ib2)) : a * sg * u;
 }
-/* the same for two outputs with the MUFU tanh on f16 pairs (half the MUFU work; f16 precision, about
- * that of h's bf16 rounding; the test passes with it); arguments saturate at ±65504 (tanh ±1) */
-__device__ __forceinline__ uint32_t fw_tanh_h2(float x0, float x1) {
-    uint32_t h, y;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(x1), "f"(x0));
-    asm("tanh.approx.f16x2 %0, %1;\n" : "=r"(y) : "r"(h));
-    return y;
+/* Epilogue stores with 16-byte vectors. In the wgmma accumulator layout lane tq of a quad holds 2
+ * columns (8j + 2tq, +1) of each n8 block j of its row, so a plain store writes 4 (or 8) bytes and a
+ * warp's store touches 8 rows × 16 bytes. fw_quad_t transposes 4 consecutive blocks within the quad:
+ * afterwards lane tq holds all 8 columns of block tq (w[k]: lane k's pair), written with one 16-byte
+ * store (two for fp32): a quarter of the store instructions, each writing whole 32-byte sectors.
+ * All 32 lanes must call these (shuffles); ok: this lane's row and block are stored. */
+__device__ __forceinline__ void fw_quad_t(const uint32_t v[4], uint32_t w[4], int tq) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        /* round r: lane t reads v_s[t] from lane s = (t + r) & 3, i.e. lane s sends v[(s − r) & 3] */
+        const int ks = (tq - r) & 3, s = (tq + r) & 3;
+        uint32_t send = v[0];
+        send = ks == 1 ? v[1] : send;
+        send = ks == 2 ? v[2] : send;
+        send = ks == 3 ? v[3] : send;
+        const uint32_t got = r ? __shfl_sync(0xffffffffu, send, (int)((threadIdx.x & 28) | s)) : send;
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = s == k ? got : w[k];
+    }
 }
-__device__ __forceinline__ float2 fw_h2f(uint32_t v) {
-    return __half22float2(*reinterpret_cast<const __half2 *>(&v));
+__device__ __forceinline__ void fw_st_quad(st_bf16_t *p, const float a[4], const float b[4], bool ok, int tq) {
+    uint32_t v[4], w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = st_pack_bf2(a[k], b[k]);
+    fw_quad_t(v, w, tq);
+    if (ok) *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
-__device__ __forceinline__ void fw_act2(float a0, float a1, float u0, float u1, int situ, float b1, float b2,
-                                        float ib1, float ib2, float &o0, float &o1) {
-    const float2 ts = fw_h2f(fw_tanh_h2(0.5f * a0, 0.5f * a1));
-    const float s0 = fmaf(0.5f, ts.x, 0.5f), s1 = fmaf(0.5f, ts.y, 0.5f);
-    if (situ) {
-        const float2 ta = fw_h2f(fw_tanh_h2(a0 * ib1, a1 * ib1)), tu = fw_h2f(fw_tanh_h2(u0 * ib2, u1 * ib2));
-        const float bb = b1 * b2;
-        o0 = bb * ta.x * s0 * tu.x, o1 = bb * ta.y * s1 * tu.y;
-    } else {
-        o0 = a0 * s0 * u0, o1 = a1 * s1 * u1;
+__device__ __forceinline__ void fw_st_quad(float *p, const float a[4], const float b[4], bool ok, int tq) {
+    uint32_t va[4], vb[4], wa[4] = {0, 0, 0, 0}, wb[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; k++) va[k] = __float_as_uint(a[k]), vb[k] = __float_as_uint(b[k]);
+    fw_quad_t(va, wa, tq);
+    fw_quad_t(vb, wb, tq);
+    if (ok) {
+        float4 *q = reinterpret_cast<float4 *>(p);
+        q[0] = make_float4(__uint_as_float(wa[0]), __uint_as_float(wb[0]), __uint_as_float(wa[1]),
+                           __uint_as_float(wb[1]));
+        q[1] = make_float4(__uint_as_float(wa[2]), __uint_as_float(wb[2]), __uint_as_float(wa[3]),
+                           __uint_as_float(wb[3]));
     }
 }
 /* programmatic dependent launch (the down GEMM's blocks start while the gate/up GEMM drains) */
@@ -334,16 +323,13 @@ __device__ __forceinline__ void fw_wgmma_n256(float d[32][4], uint64_t da, uint6
 }
 #endif
 
-/* grid: CL = 1: min(tiles bound · column tiles, SMs) blocks; CL = 2: clusters of 2, an even count.
- * FW_THREADS threads, FW_SMEM bytes. tmA: A [N, K]; tmB1 (GLU: w1, else w2) and tmB3 (GLU: w3, else
- * unused) [E·Nout, K]; boxes 64 × 128. */
+/* grid: min(tiles bound · column tiles, SMs) blocks of FW_THREADS threads, FW_SMEM bytes. tmA: A [N, K];
+ * tmB1 (GLU: w1, else w2) and tmB3 (GLU: w3, else unused) [E·Nout, K]; boxes 64 × 128. */
 /* FW_F_*: the flags argument */
 #define FW_F_PDL_WAIT 1 /* launched as a programmatic dependent: wait for the previous grid before reading */
 #define FW_F_PDL_TRIG 2 /* let the next grid (launched as a programmatic dependent) start early */
-#define FW_F_ACT16 4    /* GLU epilogue with tanh.approx.f16x2 */
-#define FW_F_NO_MC 8    /* CL = 2: no multicast (each block loads its own B; diagnostics) */
-#define FW_F_REL_CLUSTER 16 /* CL = 2: release the partner's stages with .release.cluster (round 1; diagnostics) */
-template <bool GLU, typename TC, int CL>
+#define FW_F_VEC 4      /* epilogue stores of 16 bytes (fw_st_quad; C 16-byte aligned) */
+template <bool GLU, typename TC>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     ffn_wg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB1,
                   const __grid_constant__ CUtensorMap tmB3, TC *__restrict__ C, const int *__restrict__ offsets,
@@ -358,51 +344,31 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int ncolt = GLU ? (Nout + 127) / 128 : (Nout + 255) / 256;
     const int ktiles = (K + FW_BK - 1) / FW_BK;
     const int wg = threadIdx.x >> 7;
-    /* work units: CL = 1 a block walks tiles (entry, column tile); CL = 2 a cluster walks (entry pair,
-     * column tile) */
-    unsigned rank = 0, unit0 = blockIdx.x, nunits = gridDim.x;
-    if (CL == 2) {
-        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(unit0));
-        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(nunits));
-    }
-    const int nent = CL == 2 ? (bound + 1) / 2 : bound; /* entries (or entry pairs) */
     if (threadIdx.x == 0) {
         for (int s = 0; s < FW_ST; s++) {
             fw_bar_init(sbar + 8 * s, 1);
-            fw_bar_init(sbar + 8 * (FW_ST + s), 8 * CL); /* lane 0 of each consumer warp (of both blocks) */
+            fw_bar_init(sbar + 8 * (FW_ST + s), 8); /* lane 0 of each consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (CL == 2) fw_cluster_sync();
-    else __syncthreads();
+    __syncthreads();
     if (flags & FW_F_PDL_TRIG) fw_pdl_trigger();
     if (flags & FW_F_PDL_WAIT) fw_pdl_wait(); /* h (the A operand) is the previous grid's output */
-    /* unit u → (my entry, column tile, its expert, whether B is shared); false past the last unit */
-    auto unit = [&](unsigned u, int &ent, int &ct, int &e, bool &shared, bool &store) -> bool {
+    /* work unit u (block b takes b, b + grid, …) → (tile-map entry, column tile, its expert); false past
+     * the last one */
+    auto unit = [&](unsigned u, int &ent, int &ct, int &e) -> bool {
         const int q = (int)(u / (unsigned)ncolt);
         ct = (int)(u - (unsigned)q * ncolt);
-        if (q >= nent) return false;
-        if (CL == 1) {
-            ent = q, e = map[2 * q], shared = false, store = true;
-            return e >= 0;
-        }
-        const int e0 = map[4 * q];
-        if (e0 < 0) return false;
-        const int e1 = 2 * q + 1 < bound ? map[4 * q + 2] : -1;
-        shared = e1 == e0 && !(flags & FW_F_NO_MC);
-        store = rank == 0 || e1 >= 0;
-        ent = store ? 2 * q + (int)rank : 2 * q; /* no second entry: the partner's tile, not stored */
-        e = store && rank ? e1 : e0;
-        return true;
+        if (q >= bound) return false;
+        ent = q, e = map[2 * q];
+        return e >= 0;
     };
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x == 0) {
             int it = 0, ent, ct, e, e_prev = -1;
-            bool shared, store;
             const CUtensorMap *pB1 = &tmB1, *pB3 = GLU ? &tmB3 : &tmB1;
-            for (unsigned u = unit0; unit(u, ent, ct, e, shared, store); u += nunits) {
+            for (unsigned u = blockIdx.x; unit(u, ent, ct, e); u += gridDim.x) {
                 const int m0 = map[2 * ent + 1];
                 /* stacked weights: expert e's rows start at e·Nout; table mode: its own maps [Nout, K] */
                 const int rb = tmt ? 0 : e * Nout;
@@ -423,29 +389,21 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                     fw_bar_expect(full, FW_A_BYTES + FW_B_BYTES);
                     const int k0 = kt * FW_BK;
                     fw_tma2d(sA + s * FW_A_BYTES, &tmA, k0, m0, full);
-                    if (CL == 2 && shared) { /* my half of B into both blocks */
-                        fw_tma2d_mc(sB + s * FW_B_BYTES + rank * (FW_B_BYTES / 2), rank ? pB3 : pB1, k0,
-                                    rank ? r3 : r1, full, (unsigned short)3);
-                    } else {
-                        fw_tma2d(sB + s * FW_B_BYTES, pB1, k0, r1, full);
-                        fw_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, pB3, k0, r3, full);
-                    }
+                    fw_tma2d(sB + s * FW_B_BYTES, pB1, k0, r1, full);
+                    fw_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, pB3, k0, r3, full);
                 }
             }
         }
-        if (CL == 2) fw_cluster_sync(); /* neither block leaves while the other may still signal it */
         return;
     }
     /* consumers */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const float ib1 = 1.f / b1, ib2 = 1.f / b2;
-    const bool act16 = (flags & FW_F_ACT16) != 0, relc = (flags & FW_F_REL_CLUSTER) != 0;
     int it = 0, ent, ct, e;
-    bool shared, store;
     float acc[32][4];
-    for (unsigned u = unit0; unit(u, ent, ct, e, shared, store); u += nunits) {
-        const int m0 = map[2 * ent + 1], m_end = store ? offsets[e + 1] : m0;
+    for (unsigned u = blockIdx.x; unit(u, ent, ct, e); u += gridDim.x) {
+        const int m0 = map[2 * ent + 1], m_end = offsets[e + 1];
 #pragma unroll
         for (int j = 0; j < 32; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
         for (int kt = 0; kt < ktiles; kt++, it++) {
@@ -458,24 +416,36 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (kt > 0) {
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (lane == 0) {
-                    const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
-                    fw_bar_arrive(eb);
-                    if (CL == 2) {
-                        fw_bar_arrive_remote(eb, rank ^ 1, relc);
-                    }
-                }
+                if (lane == 0) fw_bar_arrive(sbar + 8 * (FW_ST + (it - 1) % FW_ST));
             }
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        if (lane == 0) {
-            const unsigned eb = sbar + 8 * (FW_ST + (it - 1) % FW_ST);
-            fw_bar_arrive(eb);
-            if (CL == 2) {
-                fw_bar_arrive_remote(eb, rank ^ 1, relc);
-            }
-        }
+        if (lane == 0) fw_bar_arrive(sbar + 8 * (FW_ST + (it - 1) % FW_ST));
         /* epilogue: row of acc[j][q] = 16·warp + g + 8·(q >> 1), column 8j + 2·tq + (q & 1) */
+        if (flags & FW_F_VEC) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int row = m0 + c * 64 + warp * 16 + g + hh * 8;
+                const bool rok = row < m_end;
+#pragma unroll
+                for (int jg = 0; jg < (GLU ? 4 : 8); jg++) {
+                    float o0[4], o1[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const int j = 4 * jg + k;
+                        if (GLU) {
+                            o0[k] = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
+                            o1[k] = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
+                        } else {
+                            o0[k] = acc[j][2 * hh], o1[k] = acc[j][2 * hh + 1];
+                        }
+                    }
+                    const int col = ct * (GLU ? 128 : 256) + 32 * jg + 8 * tq;
+                    fw_st_quad(C + (size_t)row * Nout + col, o0, o1, rok && col < Nout, tq);
+                }
+            }
+            continue;
+        }
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int row = m0 + c * 64 + warp * 16 + g + hh * 8;
@@ -485,14 +455,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 for (int j = 0; j < 16; j++) {
                     const int col = ct * 128 + j * 8 + 2 * tq;
                     if (col >= Nout) continue;
-                    float o0, o1;
-                    if (act16) {
-                        fw_act2(acc[j][2 * hh], acc[j][2 * hh + 1], acc[j + 16][2 * hh], acc[j + 16][2 * hh + 1], situ,
-                                b1, b2, ib1, ib2, o0, o1);
-                    } else {
-                        o0 = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
-                        o1 = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
-                    }
+                    const float o0 = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
+                    const float o1 = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
                     fb_st2(C + (size_t)row * Nout + col, o0, o1);
                 }
             } else {
@@ -505,10 +469,309 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             }
         }
     }
-    if (CL == 2) fw_cluster_sync();
 #else
     (void)offsets, (void)map, (void)bound, (void)Nout, (void)K, (void)situ, (void)b1, (void)b2, (void)C, (void)tmt,
         (void)flags;
+    __trap(); /* never launched: the host checks the device before choosing this path */
+#endif
+}
+
+/* ---------------- ping-pong consumers, both GEMMs in one launch (mode 5, ffn_wgp_kernel) ----------------
+ * The same GEMMs with the CUTLASS "ping-pong" schedule: each consumer warpgroup owns a whole
+ * 128 × 128 tile (two wgmma m64n128k16 per k16: rows 0..63 and 64..127 of A against the same B; 128
+ * fp32 accumulators per thread as before), and the two warpgroups take the block's tiles in turn
+ * (tile i of the block → warpgroup i % 2). The producer fills the ring in tile order, so while one
+ * warpgroup runs its epilogue (GLU + stores) the other's MMAs keep the tensor cores busy, and the ring
+ * never drains at a tile switch. A pair of mbarriers (turn[c], one arrival) orders the warpgroups:
+ * warpgroup c starts waiting on tile i's stages only after the other has seen every stage of tile
+ * i − 1 full (after issuing its last MMAs), so no consumer ever waits on a stage two phases ahead
+ * (parity waits cannot tell those apart). 6-stage ring of 32 KB (A 128 × 64, B 128 × 64). GLU: B
+ * rows 0..63 = w1_e rows n0.., 64..127 = w3_e rows n0.. (n0 = 64·column tile; boxes 64 × 64):
+ * accumulator n8 block j (gate) pairs with j + 8 (up); h = act(gate, up) bf16, 64 columns a tile.
+ * Down: 128 output columns of w2_e. Both GEMMs run in one persistent launch: every GLU tile first,
+ * then every down tile; a down tile's producer waits until all GLU tiles of its tile-map entry are
+ * stored (cnt[entry] == GLU column tiles; the GLU epilogue counts with a release after its stores).
+ * Everything else (tile map, rows past the expert's end, table mode's per-expert tensor maps) as
+ * ffn_wg_kernel. (Round 3 also measured these kernels as two launches, and a hybrid of gate/up on
+ * ffn_wg_kernel + down on these, in two launches or fused: none won anywhere, so removed.) */
+#define FP_ST 6
+#define FP_A_BYTES (128 * FW_BK * 2) /* 16 KB */
+#define FP_B_BYTES (128 * FW_BK * 2) /* 16 KB */
+#define FP_SMEM (1024 + FP_ST * (FP_A_BYTES + FP_B_BYTES) + (2 * FP_ST + 2) * 8)
+#define FP_D128_LIST \
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define FP_D128_OPS(d) \
+    "+f"((d)[0][0]), "+f"((d)[0][1]), "+f"((d)[0][2]), "+f"((d)[0][3]), "+f"((d)[1][0]), "+f"((d)[1][1]), \
+    "+f"((d)[1][2]), "+f"((d)[1][3]), "+f"((d)[2][0]), "+f"((d)[2][1]), "+f"((d)[2][2]), "+f"((d)[2][3]), \
+    "+f"((d)[3][0]), "+f"((d)[3][1]), "+f"((d)[3][2]), "+f"((d)[3][3]), "+f"((d)[4][0]), "+f"((d)[4][1]), \
+    "+f"((d)[4][2]), "+f"((d)[4][3]), "+f"((d)[5][0]), "+f"((d)[5][1]), "+f"((d)[5][2]), "+f"((d)[5][3]), \
+    "+f"((d)[6][0]), "+f"((d)[6][1]), "+f"((d)[6][2]), "+f"((d)[6][3]), "+f"((d)[7][0]), "+f"((d)[7][1]), \
+    "+f"((d)[7][2]), "+f"((d)[7][3]), "+f"((d)[8][0]), "+f"((d)[8][1]), "+f"((d)[8][2]), "+f"((d)[8][3]), \
+    "+f"((d)[9][0]), "+f"((d)[9][1]), "+f"((d)[9][2]), "+f"((d)[9][3]), "+f"((d)[10][0]), "+f"((d)[10][1]), \
+    "+f"((d)[10][2]), "+f"((d)[10][3]), "+f"((d)[11][0]), "+f"((d)[11][1]), "+f"((d)[11][2]), "+f"((d)[11][3]), \
+    "+f"((d)[12][0]), "+f"((d)[12][1]), "+f"((d)[12][2]), "+f"((d)[12][3]), "+f"((d)[13][0]), "+f"((d)[13][1]), \
+    "+f"((d)[13][2]), "+f"((d)[13][3]), "+f"((d)[14][0]), "+f"((d)[14][1]), "+f"((d)[14][2]), "+f"((d)[14][3]), \
+    "+f"((d)[15][0]), "+f"((d)[15][1]), "+f"((d)[15][2]), "+f"((d)[15][3])
+#if FW_ARCH
+/* d[64 × 128] += A[64 × 16] · B[16 × 128], both K-major in 128-byte-swizzled shared memory */
+__device__ __forceinline__ void fw_wgmma_n128(float d[16][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        FP_D128_LIST
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : FP_D128_OPS(d)
+        : "l"(da), "l"(db), "r"(1));
+}
+#endif
+
+/* Arguments of ffn_wgp_kernel besides the tensor maps: h = act(x·w1ᵀ, x·w3ᵀ), y = h·w2ᵀ */
+struct fwp_args {
+    st_bf16_t *h;      /* [N, w] bf16: GLU output, down input */
+    void *y;           /* [N, l] TC: down output */
+    const int *offsets, *map; /* map[2·bound]: the number of entries */
+    int *cnt;          /* [bound] zeroed by ffn_tile_map_kernel */
+    int bound, l, w, situ;
+    float b1, b2;
+    const CUtensorMap *tmt; /* table mode: per-expert maps [E][3] (w1_e, w3_e, w2_e) */
+    int flags;
+};
+
+/* grid: min(tiles, SMs) blocks of FW_THREADS threads, FP_SMEM bytes, a cooperative launch (so all
+ * blocks are resident: a down tile waits on GLU tiles of other blocks). tmX: x [N, l], tmH: h [N, w]
+ * (boxes 64 × 128); tmW1, tmW3: w1, w3 [E·w, l] (boxes 64 × 64); tmW2: w2 [E·l, w] (box 64 × 128). */
+template <typename TC>
+__global__ void __launch_bounds__(FW_THREADS, 1)
+    ffn_wgp_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW1,
+                   const __grid_constant__ CUtensorMap tmW3, const __grid_constant__ CUtensorMap tmH,
+                   const __grid_constant__ CUtensorMap tmW2, const fwp_args P) {
+#if FW_ARCH
+    extern __shared__ __align__(1024) unsigned char fw_raw[];
+    const unsigned base0 = (unsigned)__cvta_generic_to_shared(fw_raw);
+    const unsigned sbase = (base0 + 1023) & ~1023u; /* the swizzle repeats every 1024 B */
+    const unsigned sA = sbase, sB = sbase + FP_ST * FP_A_BYTES, sbar = sB + FP_ST * FP_B_BYTES;
+    /* full[s] at sbar + 8s, empty[s] at sbar + 8(FP_ST + s), turn[c] at sbar + 8(2·FP_ST + c) */
+    const int l = P.l, w = P.w, bound = P.bound;
+    const int nct1 = (w + 63) / 64, nct2 = (l + 127) / 128; /* column tiles: GLU (64 h columns), down */
+    const int kt1 = (l + FW_BK - 1) / FW_BK, kt2 = (w + FW_BK - 1) / FW_BK;
+    const int *__restrict__ map = P.map;
+    const CUtensorMap *__restrict__ tmt = P.tmt;
+    const int wg = threadIdx.x >> 7;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FP_ST; s++) {
+            fw_bar_init(sbar + 8 * s, 1);
+            fw_bar_init(sbar + 8 * (FP_ST + s), 4); /* lane 0 of each warp of the consuming warpgroup */
+        }
+        fw_bar_init(sbar + 8 * (2 * FP_ST), 1);
+        fw_bar_init(sbar + 8 * (2 * FP_ST + 1), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    /* (the launcher passes FW_F_VEC only: the PDL flags are inert here) */
+    if (P.flags & FW_F_PDL_TRIG) fw_pdl_trigger();
+    if (P.flags & FW_F_PDL_WAIT) fw_pdl_wait(); /* h (the A operand) is the previous grid's output */
+    /* units [0, nglu) GLU tiles (entry-major), [nglu, ntot) down tiles; ng: this block's GLU tiles */
+    unsigned nglu = 0, ntot = 0, ng = 0;
+    {
+        const unsigned nent = (unsigned)map[2 * bound];
+        nglu = nent * (unsigned)nct1, ntot = nglu + nent * (unsigned)nct2;
+        ng = nglu > blockIdx.x ? (nglu - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    }
+    /* the block's tile i → (entry q, column tile ct, expert e, GLU or down); false past the last one */
+    auto tile = [&](unsigned i, int &q, int &ct, int &e, bool &glu) -> bool {
+        unsigned u = blockIdx.x + i * gridDim.x;
+        glu = false; /* NOTE: this and the block above keep the PTX identical to the build measured */
+        if (u >= ntot) return false;
+        glu = u < nglu;
+        if (!glu) u -= nglu;
+        const int nct = glu ? nct1 : nct2;
+        q = (int)(u / (unsigned)nct);
+        ct = (int)(u - (unsigned)q * nct);
+        if (q >= bound) return false;
+        e = map[2 * q];
+        return e >= 0;
+    };
+    /* first ring step of the block's tile i (tiles before it: GLU ones of kt1 steps, then kt2) */
+    auto step0 = [&](unsigned i) -> int {
+        return i < ng ? (int)i * kt1 : (int)ng * kt1 + (int)(i - ng) * kt2;
+    };
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (threadIdx.x == 0) {
+            int it = 0, q, ct, e, key_prev = -1, q_ready = -1;
+            bool glu;
+            const CUtensorMap *pB1 = nullptr, *pB3 = nullptr;
+            for (unsigned i = 0; tile(i, q, ct, e, glu); i++) {
+                const int m0 = map[2 * q + 1];
+                if (tmt) { /* table mode: the expert's own maps [Nout, K] */
+                    if (2 * e + (int)glu != key_prev) {
+                        pB1 = tmt + 3 * e + (glu ? 0 : 2), pB3 = glu ? tmt + 3 * e + 1 : pB1;
+                        fw_tmap_acquire(pB1);
+                        if (glu) fw_tmap_acquire(pB3);
+                        key_prev = 2 * e + (int)glu;
+                    }
+                } else {
+                    pB1 = glu ? &tmW1 : &tmW2, pB3 = &tmW3;
+                }
+                const int rb = tmt ? 0 : e * (glu ? w : l); /* stacked: expert e's rows start at e·Nout */
+                const int r1 = rb + ct * (glu ? 64 : 128);
+                if (!glu && q > q_ready) { /* h rows of entry q: all its GLU tiles stored */
+                    const int *cp = P.cnt + q;
+                    for (unsigned n = 0;; n++) {
+                        int v;
+                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(cp) : "memory");
+                        if (v >= nct1) break;
+                        if (n > (1u << 26)) __trap();
+                        __nanosleep(32);
+                    }
+                    /* the generic-proxy stores (other blocks' epilogues) before this block's TMA reads */
+                    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                    q_ready = q;
+                }
+                const CUtensorMap *pA = glu ? &tmX : &tmH;
+                const int kts = glu ? kt1 : kt2;
+                for (int kt = 0; kt < kts; kt++, it++) {
+                    const int s = it % FP_ST;
+                    fw_bar_wait(sbar + 8 * (FP_ST + s), ((unsigned)(it / FP_ST) & 1) ^ 1);
+                    const unsigned full = sbar + 8 * s;
+                    fw_bar_expect(full, FP_A_BYTES + FP_B_BYTES);
+                    const int k0 = kt * FW_BK;
+                    fw_tma2d(sA + s * FP_A_BYTES, pA, k0, m0, full);
+                    fw_tma2d(sB + s * FP_B_BYTES, pB1, k0, r1, full);
+                    if (glu) fw_tma2d(sB + s * FP_B_BYTES + FP_B_BYTES / 2, pB3, k0, r1, full);
+                }
+            }
+        }
+        return;
+    }
+    /* consumers: warpgroup c takes the block's tiles c, c + 2, c + 4, … */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const unsigned turn_me = sbar + 8 * (2 * FP_ST + c), turn_other = sbar + 8 * (2 * FP_ST + (c ^ 1));
+    const int situ = P.situ;
+    const float b1 = P.b1, b2 = P.b2, ib1 = 1.f / b1, ib2 = 1.f / b2;
+    int q, ct, e;
+    bool glu;
+    float acc[2][16][4];
+    for (unsigned i = (unsigned)c, j = 0; tile(i, q, ct, e, glu); i += 2, j++) {
+        const int m0 = map[2 * q + 1], m_end = P.offsets[e + 1];
+        /* my turn: the other warpgroup has seen every stage of tile i − 1 full (its j-th or (j−1)-th
+         * signal: warpgroup 0 waits for tile 2j − 1, warpgroup 1 for tile 2j) */
+        if (i > 0) fw_bar_wait(turn_me, c ? (j & 1) : ((j - 1) & 1));
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++) acc[hf][jj][0] = acc[hf][jj][1] = acc[hf][jj][2] = acc[hf][jj][3] = 0.f;
+        int it = step0(i);
+        const int kts = glu ? kt1 : kt2;
+        for (int kt = 0; kt < kts; kt++, it++) {
+            const int s = it % FP_ST;
+            fw_bar_wait(sbar + 8 * s, (unsigned)(it / FP_ST) & 1);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            const unsigned a = sA + s * FP_A_BYTES, b = sB + s * FP_B_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < FW_BK / 16; kk++) {
+                fw_wgmma_n128(acc[0], fw_desc(a + kk * 32), fw_desc(b + kk * 32));
+                fw_wgmma_n128(acc[1], fw_desc(a + 64 * 128 + kk * 32), fw_desc(b + kk * 32));
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (kt > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (lane == 0) fw_bar_arrive(sbar + 8 * (FP_ST + (it - 1) % FP_ST));
+            }
+        }
+        /* every stage of tile i seen full and its MMAs issued: the other warpgroup may start tile i + 1 */
+        if ((threadIdx.x & 127) == 0) fw_bar_arrive(turn_other);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lane == 0) fw_bar_arrive(sbar + 8 * (FP_ST + (it - 1) % FP_ST));
+        /* epilogue: row of acc[hf][jj][r] = 64hf + 16·warp + g + 8·(r >> 1), column 8jj + 2·tq + (r & 1) */
+        if (glu) {
+            st_bf16_t *__restrict__ C = P.h;
+            if (P.flags & FW_F_VEC) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
+#pragma unroll
+                        for (int jg = 0; jg < 2; jg++) {
+                            float o0[4], o1[4];
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                const int jj = 4 * jg + k;
+                                o0[k] = fw_act(acc[hf][jj][2 * hh], acc[hf][jj + 8][2 * hh], situ, b1, b2, ib1, ib2);
+                                o1[k] = fw_act(acc[hf][jj][2 * hh + 1], acc[hf][jj + 8][2 * hh + 1], situ, b1, b2, ib1,
+                                               ib2);
+                            }
+                            const int col = ct * 64 + 32 * jg + 8 * tq;
+                            fw_st_quad(C + (size_t)row * w + col, o0, o1, row < m_end && col < w, tq);
+                        }
+                    }
+            } else {
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
+                    if (row >= m_end) continue;
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++) {
+                        const int col = ct * 64 + jj * 8 + 2 * tq;
+                        if (col >= w) continue;
+                        const float o0 = fw_act(acc[hf][jj][2 * hh], acc[hf][jj + 8][2 * hh], situ, b1, b2, ib1, ib2);
+                        const float o1 =
+                            fw_act(acc[hf][jj][2 * hh + 1], acc[hf][jj + 8][2 * hh + 1], situ, b1, b2, ib1, ib2);
+                        fb_st2(C + (size_t)row * w + col, o0, o1);
+                    }
+                }
+            }
+            { /* this warpgroup's stores, then one release-add on the entry's counter */
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+                if ((threadIdx.x & 127) == 0) {
+                    __threadfence();
+                    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(P.cnt + q) : "memory");
+                }
+            }
+        } else {
+            TC *__restrict__ C = reinterpret_cast<TC *>(P.y);
+            if (P.flags & FW_F_VEC) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
+#pragma unroll
+                        for (int jg = 0; jg < 4; jg++) {
+                            float o0[4], o1[4];
+#pragma unroll
+                            for (int k = 0; k < 4; k++)
+                                o0[k] = acc[hf][4 * jg + k][2 * hh], o1[k] = acc[hf][4 * jg + k][2 * hh + 1];
+                            const int col = ct * 128 + 32 * jg + 8 * tq;
+                            fw_st_quad(C + (size_t)row * l + col, o0, o1, row < m_end && col < l, tq);
+                        }
+                    }
+                continue;
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
+                    if (row >= m_end) continue;
+#pragma unroll
+                    for (int jj = 0; jj < 16; jj++) {
+                        const int col = ct * 128 + jj * 8 + 2 * tq;
+                        if (col >= l) continue;
+                        fb_st2(C + (size_t)row * l + col, acc[hf][jj][2 * hh], acc[hf][jj][2 * hh + 1]);
+                    }
+                }
+        }
+    }
+#else
+    (void)P;
     __trap(); /* never launched: the host checks the device before choosing this path */
 #endif
 }
@@ -520,19 +783,27 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 }
 
 /* ---------------- choosing the grouped kernels; the Hopper path's host side ---------------- */
+/* Modes (st_cuda_moe_ffn_use_wgmma): 0 mma.sync; 2 both GEMMs on ffn_wg_kernel (cooperative consumers,
+ * 128 × 256 tiles, two launches); 5 both in one launch of ffn_wgp_kernel (ping-pong consumers, 128 × 128
+ * tiles); 1 (the default) chosen per call: 5 when the experts average fewer than FW_AUTO_FUSED_MAX rows
+ * (N < FW_AUTO_FUSED_MAX · E), else 2. Removed in round 3 (measured, never best): 3 clusters of two
+ * blocks (→ 2), 4 ping-pong in two launches (→ 5), 6 gate/up cooperative + down ping-pong, 7 the same
+ * fused in one launch (→ 2).
+ * NOTE: why (H200, 2026-11-30, round 3, TFLOP/s at E=64 × 128 / 64 × 512 / 16 × 2048, bench_gpu_moe_ffn
+ * variants, two processes): 2 — 291-319 / 477-532 / 550-581; 5 — 345-355 / 428-455 / 491-506; 4 —
+ * 317-327 / 420-443 / 481-494; 6 — 307-319 / 450-468 / 533-561; 7 — 334-338 / 460-472 / 524-569.
+ * The ping-pong consumers hide the epilogue under the other warpgroup's MMAs, but their 128 × 128 tiles
+ * need 1.25× the shared-memory bandwidth per FLOP of 128 × 256 (each m64n128 wgmma reads B again; with
+ * the TMA writes ~160 B/clk/SM against 128 at the tensor peak, vs ~128 for 128 × 256), so they only win
+ * where tiles are few and short (small experts: fewer, shorter tiles, and the fused launch removes the
+ * kernel boundary). What made ffn_wg_kernel faster in round 3 is its epilogue: 16-byte stores after a
+ * quad transpose (fw_st_quad) instead of 4-byte ones over 8 rows (ncu at E=16 × 2048: down GEMM 23%
+ * fewer cycles, tensor pipe 61% → 78% active; gate/up 4% fewer, 81% → 85%). */
 #ifndef FW_DEFAULT
-/* wgmma, single blocks (STRATA_FFN_WGMMA=0: mma.sync). NOTE: the clusters (modes 1, 3) pass the test;
- * round 1 measured them 25-30% slower, which was the .release.cluster remote arrivals (a cluster-scope
- * fence per k step; 66 clusters were resident). With CUTLASS's plain remote arrive they are on par
- * with single blocks, not faster (H200, 2026-11-30, bench_gpu_moe_ffn variants: 256/420/521-553
- * against 264-271/429-461/550-551 TFLOP/s at the three peer shapes), with or without the B multicast:
- * so L2→SM traffic is not what bounds the kernel at these shapes. */
-#define FW_DEFAULT 2
+#define FW_DEFAULT 1
 #endif
-/* mode 1 takes the cluster kernels when the experts average ≥ this many rows (entry pairs then mostly
- * share an expert) */
-#ifndef FW_CL2_MIN_AVG_ROWS
-#define FW_CL2_MIN_AVG_ROWS 256
+#ifndef FW_AUTO_FUSED_MAX
+#define FW_AUTO_FUSED_MAX 256
 #endif
 /* hosted paths, default rule (min_rows_cublas 0), wgmma kernels on: 1 → every expert grouped */
 #ifndef FW_HOSTED_GROUPED
@@ -541,31 +812,31 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 typedef CUresult (*fw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static int fw_mode = -1; /* -1: not chosen yet; 0: mma.sync; 1: wgmma (clusters by FW_CL2_MIN_AVG_ROWS);
-                          * 2: wgmma, single blocks; 3: wgmma, clusters of 2 */
-static int fw_sms = 0, fw_clusters = 0; /* blocks for CL = 1; co-resident clusters for CL = 2 (0: none) */
-static int fw_clusters_q = 0;            /* what the occupancy query said (fw_clusters: maybe overridden) */
-/* FW_F_* flags of both GEMMs (PDL between them, f16x2 activation, no multicast); the table mode on the
- * wgmma kernels (per-expert tensor maps built on the device each call). Env (read at each
- * st_cuda_moe_ffn_use_wgmma call): STRATA_FFN_PDL, STRATA_FFN_ACT16, STRATA_FFN_NO_MC,
- * STRATA_FFN_CL_RELEASE, STRATA_FFN_WG_TABLE (0/1), STRATA_FFN_CLUSTERS (count), STRATA_FFN_VERBOSE.
- * NOTE: PDL and the f16x2 activation pass the test but measured no faster (H200, 2026-11-30: single
- * blocks 264/461/551 TFLOP/s; + PDL 270/444/533; + f16x2 activation 270/436/530): off. */
+static int fw_mode = -1; /* -1: not chosen yet; else the mode above */
+static int fw_sms = 0;   /* persistent blocks per GEMM (one per SM) */
+static int fw_auto_fused = FW_AUTO_FUSED_MAX; /* mode 1's threshold */
+/* FW_F_PDL_* on the two-launch modes (programmatic dependent launch between them); the table mode on
+ * the wgmma kernels (per-expert tensor maps built on the device each call). Env (read at each
+ * st_cuda_moe_ffn_use_wgmma call): STRATA_FFN_PDL, STRATA_FFN_WG_TABLE (0/1), STRATA_FFN_VEC (0: the
+ * epilogues' 4/8-byte stores instead of fw_st_quad's 16-byte ones), STRATA_FFN_AUTO_FUSED (mode 1's
+ * threshold), STRATA_FFN_WG_BLOCKS, STRATA_FFN_VERBOSE.
+ * NOTE: PDL passes the test but measured no faster (H200, 2026-11-30: single blocks 264/461/551
+ * TFLOP/s; + PDL 270/444/533): off. */
 #ifndef FW_DEFAULT_PDL
 #define FW_DEFAULT_PDL 0
-#endif
-#ifndef FW_DEFAULT_ACT16
-#define FW_DEFAULT_ACT16 0
 #endif
 #ifndef FW_DEFAULT_TABLE
 #define FW_DEFAULT_TABLE 1 /* passed test_gpu_moe_ffn on the H200 (2026-11-30, every wgmma mode) */
 #endif
-static int fw_pdl = FW_DEFAULT_PDL, fw_act16 = FW_DEFAULT_ACT16, fw_nomc = 0, fw_table = FW_DEFAULT_TABLE, fw_relc = 0;
+#ifndef FW_DEFAULT_VEC
+#define FW_DEFAULT_VEC 1
+#endif
+static int fw_pdl = FW_DEFAULT_PDL, fw_table = FW_DEFAULT_TABLE, fw_vec = FW_DEFAULT_VEC;
 static fw_encode_fn fw_enc = nullptr;
 
 template <typename K>
-static bool fw_attr(K kern) {
-    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM) == cudaSuccess;
+static bool fw_attr(K kern, int bytes) {
+    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
 }
 
 /* can the wgmma path run here (compute capability 9.0, the tensor-map encoder, the smem opt-in)? */
@@ -587,24 +858,9 @@ static bool fw_usable(void) {
         fw_enc = good ? (fw_encode_fn)fn : nullptr;
     }
     if (good)
-        good = fw_attr(ffn_wg_kernel<true, st_bf16_t, 1>) && fw_attr(ffn_wg_kernel<false, st_bf16_t, 1>) &&
-               fw_attr(ffn_wg_kernel<false, float, 1>);
-    fw_clusters = 0;
-    if (good && fw_attr(ffn_wg_kernel<true, st_bf16_t, 2>) && fw_attr(ffn_wg_kernel<false, st_bf16_t, 2>) &&
-        fw_attr(ffn_wg_kernel<false, float, 2>)) {
-        /* how many clusters of 2 fit at once (the persistent grid must all be resident) */
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(2 * (unsigned)fw_sms), cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FW_SMEM;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        int n1 = 0, n2 = 0;
-        if (cudaOccupancyMaxActiveClusters(&n1, ffn_wg_kernel<true, st_bf16_t, 2>, &cfg) == cudaSuccess &&
-            cudaOccupancyMaxActiveClusters(&n2, ffn_wg_kernel<false, float, 2>, &cfg) == cudaSuccess)
-            fw_clusters = n1 < n2 ? n1 : n2;
-    }
-    fw_clusters_q = fw_clusters;
+        good = fw_attr(ffn_wg_kernel<true, st_bf16_t>, FW_SMEM) && fw_attr(ffn_wg_kernel<false, st_bf16_t>, FW_SMEM) &&
+               fw_attr(ffn_wg_kernel<false, float>, FW_SMEM) && fw_attr(ffn_wgp_kernel<st_bf16_t>, FP_SMEM) &&
+               fw_attr(ffn_wgp_kernel<float>, FP_SMEM);
     (void)cudaGetLastError(); /* a failed query leaves no error behind */
     ok = good;
     return good;
@@ -615,67 +871,73 @@ extern "C" int st_cuda_moe_ffn_use_wgmma(int on) {
         const char *ev = getenv("STRATA_FFN_WGMMA");
         on = ev && *ev ? atoi(ev) : FW_DEFAULT;
     }
-    fw_mode = on >= 1 && on <= 3 && fw_usable() ? on : 0;
-    if (fw_mode == 3 && fw_clusters <= 0) fw_mode = 2;
-    const char *gb = getenv("STRATA_FFN_WG_BLOCKS"); /* experiments: blocks per GEMM (default: one per SM) */
-    if (fw_mode && gb && atoi(gb) > 0) fw_sms = atoi(gb);
-    const char *gc = getenv("STRATA_FFN_CLUSTERS"); /* experiments: clusters per GEMM (default: the query's) */
-    fw_clusters = fw_clusters_q > 0 && gc && atoi(gc) > 0 ? atoi(gc) : fw_clusters_q;
-    /* variants of the wgmma kernels, read at each call (tests and benchmarks set them before) */
+    if (on == 4) on = 5;                     /* removed variants: the nearest kept one */
+    else if (on == 3 || on == 6 || on == 7) on = 2;
+    fw_mode = (on == 1 || on == 2 || on == 5) && fw_usable() ? on : 0;
     const char *ev;
+    if (fw_mode && (ev = getenv("STRATA_FFN_WG_BLOCKS")) && atoi(ev) > 0) /* experiments: blocks per GEMM */
+        fw_sms = atoi(ev);
+    /* variants of the wgmma kernels, read at each call (tests and benchmarks set them before) */
     fw_pdl = (ev = getenv("STRATA_FFN_PDL")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_PDL;
-    fw_act16 = (ev = getenv("STRATA_FFN_ACT16")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_ACT16;
-    fw_nomc = (ev = getenv("STRATA_FFN_NO_MC")) && *ev ? atoi(ev) != 0 : 0;
-    fw_relc = (ev = getenv("STRATA_FFN_CL_RELEASE")) && *ev ? atoi(ev) != 0 : 0;
     fw_table = (ev = getenv("STRATA_FFN_WG_TABLE")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_TABLE;
+    fw_vec = (ev = getenv("STRATA_FFN_VEC")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_VEC;
+    fw_auto_fused = (ev = getenv("STRATA_FFN_AUTO_FUSED")) && *ev ? atoi(ev) : FW_AUTO_FUSED_MAX;
     if ((ev = getenv("STRATA_FFN_VERBOSE")) && *ev && atoi(ev))
-        fprintf(stderr, "ffn: mode %d, %d blocks, %d co-resident clusters of 2, pdl %d, act16 %d, no-mc %d, table %d\n",
-                fw_mode, fw_sms, fw_clusters, fw_pdl, fw_act16, fw_nomc, fw_table);
+        fprintf(stderr, "ffn: mode %d, %d blocks, pdl %d, table %d, 16-byte stores %d, auto: fused below %d rows\n",
+                fw_mode, fw_sms, fw_pdl, fw_table, fw_vec, fw_auto_fused);
     return fw_mode;
 }
 
-/* 2-D bf16 tensor map over rows × cols (row-major, cols % 8 == 0), box 64 cols × 128 rows, 128B swizzle */
-static bool fw_map(CUtensorMap *m, const void *p, size_t rows, int cols) {
+/* 2-D bf16 tensor map over rows × cols (row-major, cols % 8 == 0), box 64 cols × box_rows rows (128, or
+ * 64 for the ping-pong kernel's GLU weights), 128B swizzle */
+static bool fw_map(CUtensorMap *m, const void *p, size_t rows, int cols, unsigned box_rows = 128) {
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
-    const cuuint32_t box[2] = {FW_BK, 128}, es[2] = {1, 1};
+    const cuuint32_t box[2] = {FW_BK, box_rows}, es[2] = {1, 1};
     return fw_enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box, es,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* one GEMM on the wgmma kernel: CL = 1 one block per SM at most, CL = 2 clusters of two (all
- * resident); pdl: launched as a programmatic dependent of the previous kernel in the stream (the
- * kernel waits for it before reading anything) */
-template <bool GLU, typename TC, int CL>
+/* one GEMM on ffn_wg_kernel, one block per SM at most; FW_F_PDL_WAIT: launched as a programmatic
+ * dependent of the previous kernel in the stream (the kernel waits for it before reading anything) */
+template <bool GLU, typename TC>
 static st_status_t fw_gemm(cudaStream_t cs, const CUtensorMap &tA, const CUtensorMap &tB1, const CUtensorMap &tB3,
                            TC *C, const int *offsets, const int *map, int bound, int Nout, int K, int situ, float b1,
                            float b2, const CUtensorMap *tmt, int flags) {
-    const long ncolt = GLU ? (Nout + 127) / 128 : (Nout + 255) / 256;
+    const long t = (long)bound * (GLU ? (Nout + 127) / 128 : (Nout + 255) / 256);
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[1];
     int na = 0;
-    if (CL == 2) {
-        long t = (long)((bound + 1) / 2) * ncolt;
-        int ncl = (int)(t < fw_clusters ? t : fw_clusters);
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 2, at[na].val.clusterDim.y = 1, at[na].val.clusterDim.z = 1;
-        na++;
-        cfg.gridDim = dim3(2 * (unsigned)ncl);
-    } else {
-        long t = (long)bound * ncolt;
-        cfg.gridDim = dim3((unsigned)(t < fw_sms ? t : fw_sms));
-    }
     if (flags & FW_F_PDL_WAIT) {
         at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[na].val.programmaticStreamSerializationAllowed = 1;
         na++;
     }
+    cfg.gridDim = dim3((unsigned)(t < fw_sms ? t : fw_sms));
     cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FW_SMEM;
     cfg.stream = cs, cfg.attrs = at, cfg.numAttrs = (unsigned)na;
-    st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wg_kernel<GLU, TC, CL>, tA, tB1, tB3, C, offsets, map,
+    st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wg_kernel<GLU, TC>, tA, tB1, tB3, C, offsets, map,
                                                       bound, Nout, K, situ, b1, b2, tmt, flags));
     if (rc) return rc;
     return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu>" : "ffn_wg_kernel<down>");
+}
+
+/* both GEMMs on the fused ping-pong kernel: min(tiles, SMs) persistent blocks, launched cooperatively
+ * (all blocks resident: its down tiles wait on other blocks' GLU tiles) */
+template <typename TC>
+static st_status_t fw_gemm_pp(cudaStream_t cs, const CUtensorMap &tX, const CUtensorMap &tW1, const CUtensorMap &tW3,
+                              const CUtensorMap &tH, const CUtensorMap &tW2, const fwp_args &P) {
+    const long t = (long)P.bound * ((P.w + 63) / 64 + (P.l + 127) / 128);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    cfg.gridDim = dim3((unsigned)(t < fw_sms ? t : fw_sms));
+    cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FP_SMEM;
+    cfg.stream = cs, cfg.attrs = at, cfg.numAttrs = 1;
+    st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wgp_kernel<TC>, tX, tW1, tW3, tH, tW2, P));
+    if (rc) return rc;
+    return ST_LAUNCH_OK("ffn_wgp_kernel");
 }
 
 /* Table mode: the per-expert tensor maps tm [E][3] (w1_e, w3_e [w, l]; w2_e [l, w]) from the device
@@ -717,17 +979,22 @@ __global__ void __launch_bounds__(128) ffn_tmap_kernel(CUtensorMap *__restrict__
  * tensor map cannot be encoded: the caller runs the mma.sync kernels instead. Table mode (tab): the
  * per-expert maps go into tmt ([E][3], 128-byte aligned), built by ffn_tmap_kernel first. */
 template <typename TY>
-static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int *map, int bound, const st_bf16_t *x,
+static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int *map, int *cnt, int bound,
+                                 const st_bf16_t *x,
                                  const int *offsets, int E, int N, const st_bf16_t *w1, const st_bf16_t *w3,
                                  const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2,
                                  const st_bf16_t *const *tab, CUtensorMap *tmt, bool *used) {
     CUtensorMap mx, m1, m3, mh, m2;
+    int mode = fw_mode;
+    if (mode == 1) mode = (long)N < (long)fw_auto_fused * E ? 5 : 2; /* per call, from the average rows */
+    const unsigned r13 = mode == 5 ? 64 : 128; /* w1/w3 boxes: 64 rows on the ping-pong kernel (NOTE: the
+                                                * table mode's w1/w3 template carries this box too) */
     if (tab) /* templates: one expert's shapes at some aligned address (replaced per expert) */
-        *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&mh, h, (size_t)N, w) && fw_map(&m1, h, (size_t)w, l) &&
-                fw_map(&m2, h, (size_t)l, w);
+        *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&mh, h, (size_t)N, w) &&
+                fw_map(&m1, h, (size_t)w, l, r13) && fw_map(&m2, h, (size_t)l, w);
     else
-        *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&m1, w1, (size_t)E * w, l) &&
-                fw_map(&m3, w3, (size_t)E * w, l) && fw_map(&mh, h, (size_t)N, w) &&
+        *used = fw_map(&mx, x, (size_t)N, l) && fw_map(&m1, w1, (size_t)E * w, l, r13) &&
+                fw_map(&m3, w3, (size_t)E * w, l, r13) && fw_map(&mh, h, (size_t)N, w) &&
                 fw_map(&m2, w2, (size_t)E * l, w);
     if (!*used) return ST_OK;
     st_status_t rc;
@@ -738,21 +1005,24 @@ static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int
     } else {
         tmt = nullptr;
     }
-    const bool cl = fw_clusters > 0 && (fw_mode == 3 || (fw_mode == 1 && (long)N >= (long)FW_CL2_MIN_AVG_ROWS * E));
-    const int f = (fw_act16 ? FW_F_ACT16 : 0) | (fw_nomc ? FW_F_NO_MC : 0) | (fw_relc ? FW_F_REL_CLUSTER : 0);
-    const int f1 = f | (fw_pdl ? FW_F_PDL_TRIG : 0), f2 = f | (fw_pdl ? FW_F_PDL_WAIT : 0);
-    rc = cl ? fw_gemm<true, st_bf16_t, 2>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2, tmt, f1)
-            : fw_gemm<true, st_bf16_t, 1>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2, tmt, f1);
-    if (rc) return rc;
-    return cl ? fw_gemm<false, TY, 2>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f, tmt, f2)
-              : fw_gemm<false, TY, 1>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f, tmt, f2);
+    /* 16-byte epilogue stores: h is (its tensor map needs 16-byte alignment), y must be */
+    const int vh = fw_vec ? FW_F_VEC : 0, vy = fw_vec && !((uintptr_t)y & 15) ? FW_F_VEC : 0;
+    if (mode == 5) {
+        const fwp_args P = {h, y, offsets, map, cnt, bound, l, w, situ ? 1 : 0, b1, b2, tmt, vh & vy};
+        return fw_gemm_pp<TY>(cs, mx, m1, m3, mh, m2, P);
+    }
+    const int f1 = (fw_pdl ? FW_F_PDL_TRIG : 0) | vh, f2 = (fw_pdl ? FW_F_PDL_WAIT : 0) | vy;
+    if ((rc = fw_gemm<true, st_bf16_t>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2, tmt, f1)))
+        return rc;
+    return fw_gemm<false, TY>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f, tmt, f2);
 }
 
 extern "C" size_t st_cuda_moe_ffn_ws_bytes(int N, int w) {
     /* h [N, w] bf16, then the tile map (bound ≤ N/128 + 1 + E entries; E unknown here, so the
-     * map is carved with room for N/128 + 1 + 4096 experts) */
+     * map is carved with room for N/128 + 1 + 4096 experts; entry `bound` holds the entry count), then
+     * one counter per entry (the fused ping-pong kernel) */
     size_t h = ((size_t)N * w * 2 + 255) & ~(size_t)255;
-    return h + (size_t)2 * sizeof(int) * ((size_t)(N + FB_M - 1) / FB_M + 1 + 4096);
+    return h + sizeof(int) * ((size_t)FFN_MAP_INTS(N) + (size_t)(N + FB_M - 1) / FB_M + 1 + 4096);
 }
 
 static st_status_t ffn_set_attrs(void) {
@@ -780,14 +1050,15 @@ static st_status_t ffn_grouped_launch(cudaStream_t cs, TY *y, st_bf16_t *h, int 
     st_status_t rc = ffn_set_attrs();
     if (rc) return rc;
     int bound = ffn_tile_bound(E, N, max_rows);
-    ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, offsets, E, bound, big);
+    int *cnt = map + FFN_MAP_INTS(N); /* the fused kernel's per-entry counters */
+    ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, cnt, offsets, E, bound, big);
     if ((rc = ST_LAUNCH_OK("ffn_tile_map_kernel"))) return rc;
     if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
     /* the Hopper kernels: stacked weights, or the table mode with room for its tensor maps */
     if (fw_mode >= 1 && (!tab || (fw_table && tmt))) {
         bool used = false;
-        rc = ffn_wg_launch<TY>(cs, y, h, map, bound, x, offsets, E, N, w1, w3, w2, l, w, situ, b1, b2, tab, tmt,
-                               &used);
+        rc = ffn_wg_launch<TY>(cs, y, h, map, cnt, bound, x, offsets, E, N, w1, w3, w2, l, w, situ, b1, b2, tab,
+                               tmt, &used);
         if (rc || used) return rc;
     }
     ffn_gemm_kernel<true><<<dim3(bound, (w + 63) / 64), FB_THREADS, FB_SMEM, cs>>>(h, x, w1, w3, offsets, map, w, l,

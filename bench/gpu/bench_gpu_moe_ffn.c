@@ -12,18 +12,22 @@
  * the "default" hosted lines (default: what st_cuda_moe_ffn_hosted uses) */
 static int b_vmask = 0xe, b_dvar = -1;
 /* st_cuda_moe_ffn_use_wgmma modes */
-static const char *b_kname[] = {"mma.sync", "wgmma-auto", "wgmma-1blk", "wgmma-cluster2"};
-static int b_kmask = 0xf; /* argv[3]: which of those modes to time side by side (bit m: mode m) */
-/* argv[4]: sections (bit 0: the FFN paths as before, 1: the wgmma variants (PDL, f16x2 activation,
- * clusters), 2: the table mode (st_cuda_moe_ffn_table_f32out) on wgmma vs before, 3: dispatch and MLA
- * prefill) */
+static const char *b_kname[] = {"mma.sync", "wgmma-auto", "wgmma-cooperative", "?", "?", "wgmma-pingpong-fused"};
+#define B_NMODES 6
+/* argv[3]: which of those modes to time (bit m: mode m; also filters the variants and table sections) */
+static int b_kmask = 0x27;
+/* argv[4]: sections (bit 0: the FFN paths as before, 1: the wgmma variants (PDL, 16- vs 4/8-byte
+ * epilogue stores, ping-pong), 2: the table mode (st_cuda_moe_ffn_table_f32out) on wgmma vs before,
+ * 3: dispatch and MLA prefill, 4: for profilers (ncu): one untimed call of st_cuda_moe_ffn per mode of
+ * argv[3]) */
 static int b_smask = 0xf;
+/* argv[5]: which of the three FFN shapes (bit i: shape i; default all) */
+static int b_shmask = 0x7;
 
 /* a wgmma variant (the environment st_cuda_moe_ffn_use_wgmma reads); "" → the default */
-static int wg_variant(int mode, const char *pdl, const char *act16, const char *nomc, const char *clusters,
-                      const char *table) {
-    setenv("STRATA_FFN_PDL", pdl, 1), setenv("STRATA_FFN_ACT16", act16, 1), setenv("STRATA_FFN_NO_MC", nomc, 1);
-    setenv("STRATA_FFN_CLUSTERS", clusters, 1), setenv("STRATA_FFN_WG_TABLE", table, 1);
+static int wg_variant(int mode, const char *pdl, const char *table) {
+    setenv("STRATA_FFN_PDL", pdl, 1), setenv("STRATA_FFN_WG_TABLE", table, 1);
+    setenv("STRATA_FFN_VEC", "", 1);
     return st_cuda_moe_ffn_use_wgmma(mode);
 }
 
@@ -70,30 +74,28 @@ static void bench_ffn_variants(int E, int tpe, int l, int w) {
     double ms, fl = 6.0 * N * l * w;
     static const struct {
         int mode;
-        const char *pdl, *act16, *nomc, *relc, *what;
+        const char *pdl, *vec, *what;
     } v[] = {
-        {2, "", "", "", "", "1blk"},
-        {2, "1", "", "", "", "1blk+pdl"},
-        {2, "", "1", "", "", "1blk+act16"},
-        {3, "", "", "", "", "cluster2"},
-        {3, "", "", "1", "", "cluster2-nomc"},
-        {3, "", "", "", "1", "cluster2 with .release.cluster arrivals (round 1)"},
-        {3, "", "", "1", "1", "cluster2-nomc with .release.cluster arrivals (round 1)"},
-        {3, "1", "", "", "", "cluster2+pdl"},
-        {3, "", "1", "", "", "cluster2+act16"},
-        {1, "", "", "", "", "auto"},
-        {2, "", "", "", "", "1blk (again)"},
-        {3, "", "", "", "", "cluster2 (again)"},
+        {2, "", "0", "cooperative, 4/8-byte stores (round 2)"},
+        {2, "", "", "cooperative"},
+        {2, "1", "", "cooperative+pdl"},
+        {5, "", "0", "pingpong-fused, 4/8-byte stores"},
+        {5, "", "", "pingpong-fused"},
+        {1, "", "", "auto"},
+        {2, "", "0", "cooperative, 4/8-byte stores (again)"},
+        {2, "", "", "cooperative (again)"},
+        {5, "", "", "pingpong-fused (again)"},
+        {1, "", "", "auto (again)"},
     };
     for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) {
-        setenv("STRATA_FFN_CL_RELEASE", v[i].relc, 1);
-        if (wg_variant(v[i].mode, v[i].pdl, v[i].act16, v[i].nomc, "", "") != v[i].mode) continue;
+        if (!(b_kmask >> v[i].mode & 1) || wg_variant(v[i].mode, v[i].pdl, "") != v[i].mode) continue;
+        setenv("STRATA_FFN_VEC", v[i].vec, 1);
+        st_cuda_moe_ffn_use_wgmma(v[i].mode); /* reads STRATA_FFN_VEC */
         BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
         printf("RESULT moe_ffn E=%d x %d l=%d w=%d variant %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, v[i].what, ms,
                fl / (ms * 1e9));
     }
-    setenv("STRATA_FFN_CL_RELEASE", "", 1);
-    wg_variant(-1, "", "", "", "", "");
+    wg_variant(-1, "", "");
     ffn_bufs_free(&b);
 }
 
@@ -123,10 +125,13 @@ static void bench_ffn_table(int E, int tpe, int l, int w) {
         for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + (uneven ? tpe * (int[]){2, 6, 3, 5}[e % 4] / 4 : tpe);
         BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
         double fl = 6.0 * hoff[E] * l * w, ms;
-        static const char *vn[] = {"before (mma.sync + cuBLAS by the default rule)", "wgmma (per-expert tensor maps)",
-                                   "wgmma clusters (per-expert tensor maps)"};
-        for (int on = 2; on >= 0; on--) {
-            if (wg_variant(on == 2 ? 3 : -1, "", "", "", "", on ? "1" : "0") != 3 && on == 2) continue;
+        /* per-expert tensor maps on each wgmma mode; the default; before (mma.sync + cuBLAS) */
+        static const int vm[] = {2, 5, -1, -1};
+        static const char *vn[] = {"wgmma cooperative", "wgmma ping-pong fused", "wgmma default",
+                                   "before (mma.sync + cuBLAS by the default rule)"};
+        for (int on = 0; on < 4; on++) {
+            if (vm[on] >= 0 && !(b_kmask >> vm[on] & 1)) continue;
+            if (wg_variant(vm[on], "", on < 3 ? "1" : "0") != vm[on] && vm[on] >= 0) continue;
             st_status_t rc =
                 st_cuda_moe_ffn_table_f32out(&bs, y, x, off, hoff, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsb);
             if (rc == ST_OK) rc = st_gpu_stream_sync(&bs);
@@ -140,7 +145,7 @@ static void bench_ffn_table(int E, int tpe, int l, int w) {
                    uneven ? " uneven (0.5/1.5/0.75/1.25x)" : "", vn[on], ms, fl / (ms * 1e9));
         }
     }
-    wg_variant(-1, "", "", "", "", "");
+    wg_variant(-1, "", "");
     st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
         st_gpu_free(ws), st_gpu_free((void *)d_tab);
     free(hoff), free(tab);
@@ -189,7 +194,7 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     double fl = 6.0 * N * l * w;
     /* the grouped path on each implementation of its GEMMs (then back to the default for the rest) */
     const int dflt = st_cuda_moe_ffn_use_wgmma(-1);
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < B_NMODES; mode++) {
         if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
         BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
         printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused) kernels=%s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w,
@@ -228,7 +233,7 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + tpe * (int[]){2, 6, 3, 5}[e % 4] / 4;
     BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
     double fu = 6.0 * hoff[E] * l * w;
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < B_NMODES; mode++) {
         if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
         BTIME(ms, 20,
               st_cuda_moe_ffn(&bs, y, x, off, E, hoff[E], tpe * 3 / 2, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
@@ -270,6 +275,21 @@ static void bench_ffn(int E, int tpe, int l, int w) {
                "TFLOP/s\n",
                E, tpe, l, w, ms, fl / (ms * 1e9));
     st_gpu_free(wsh_p), st_gpu_free(y32);
+    ffn_bufs_free(&b);
+}
+
+/* for profilers: one call of the grouped FFN per mode of b_kmask, no timing */
+static void profile_ffn(int E, int tpe, int l, int w) {
+    ffn_bufs_t b;
+    ffn_bufs_init(&b, E, tpe, l, w);
+    for (int mode = 0; mode < B_NMODES; mode++) {
+        if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
+        BK(st_cuda_moe_ffn(&bs, b.y, b.x, b.off, E, E * tpe, tpe, b.w1, b.w3, b.w2, l, w, true, 4.f, 25.f, b.ws,
+                           b.wsb));
+        BK(st_gpu_stream_sync(&bs));
+        printf("RESULT profile_ffn E=%d x %d l=%d w=%d kernels=%s: 1 call\n", E, tpe, l, w, b_kname[mode]);
+    }
+    st_cuda_moe_ffn_use_wgmma(-1);
     ffn_bufs_free(&b);
 }
 
@@ -331,14 +351,17 @@ int main(int argc, char **argv) {
     if (argc > 2) b_dvar = atoi(argv[2]);
     if (argc > 3) b_kmask = (int)strtol(argv[3], NULL, 0);
     if (argc > 4) b_smask = (int)strtol(argv[4], NULL, 0);
-    bench_init("bench_gpu_moe_ffn", 1);
+    if (argc > 5) b_shmask = (int)strtol(argv[5], NULL, 0);
+    bench_init("bench_gpu_moe_ffn", (b_smask & ~16) != 0);
     static const int shp[3][4] = {{64, 128, 1024, 512}, {64, 512, 1024, 512}, {16, 2048, 2048, 1024}};
     for (int i = 0; i < 3; i++)
-        if (b_smask & 1) bench_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+        if ((b_smask & 16) && (b_shmask >> i & 1)) profile_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
     for (int i = 0; i < 3; i++)
-        if (b_smask & 2) bench_ffn_variants(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+        if ((b_smask & 1) && (b_shmask >> i & 1)) bench_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
     for (int i = 0; i < 3; i++)
-        if (b_smask & 4) bench_ffn_table(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+        if ((b_smask & 2) && (b_shmask >> i & 1)) bench_ffn_variants(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+    for (int i = 0; i < 3; i++)
+        if ((b_smask & 4) && (b_shmask >> i & 1)) bench_ffn_table(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
     if (b_smask & 8) {
         bench_dispatch(256, 16, 896, 1024);
         bench_dispatch(8192, 16, 896, 1024);

@@ -3,6 +3,7 @@
  * partial tiles; the hosted path with its big experts through cuBLAS, every variant, y and ws
  * poisoned first), MXFP4 → bf16 vs st_weight_rows_f32 (exactly), combine vs the CPU engine's
  * moe_finish loop (bit-exact), quantile router vs st_route_quantile (ids and counts exactly). */
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
 
@@ -216,6 +217,29 @@ static void ffn_case(int E, const int *counts, int l, int w, bool situ, bool mxf
     snprintf(what, sizeof what, "moe_ffn E=%d N=%d l=%d w=%d %s %s", E, N, l, w, situ ? "situ" : "silu",
              mxfp4 ? "mxfp4" : "bf16");
     if (N) st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+    /* the same captured into a CUDA graph (as the engine's decode steps run it), replayed twice */
+    if (N) {
+        gt_poison(d_y, 2 * ((size_t)N * l + 1));
+        cudaStream_t cs = (cudaStream_t)gt_stream.stream;
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        cudaError_t ce = cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed);
+        st_status_t rc = ce == cudaSuccess ? st_cuda_moe_ffn(&gt_stream, d_y, d_x, d_off, E, N, maxc, d_w1, d_w3,
+                                                             d_w2, l, w, situ, 4.f, 25.f, d_ws, wsb)
+                                           : ST_OK;
+        cudaError_t ce2 = ce == cudaSuccess ? cudaStreamEndCapture(cs, &g) : ce;
+        if (ce == cudaSuccess && ce2 == cudaSuccess && rc == ST_OK) ce2 = cudaGraphInstantiate(&ge, g, 0);
+        for (int r = 0; r < 2 && ce2 == cudaSuccess && rc == ST_OK; r++) ce2 = cudaGraphLaunch(ge, cs);
+        if (ce2 == cudaSuccess && rc == ST_OK) ce2 = cudaStreamSynchronize(cs);
+        CHECK(ce == cudaSuccess && ce2 == cudaSuccess && rc == ST_OK, "moe_ffn graph E=%d N=%d: %s / %s", E, N,
+              cudaGetErrorString(ce2), rc == ST_OK ? "ok" : st_err_last());
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        gt_down(yb, d_y, 2 * (size_t)N * l);
+        gt_from_bf(got, yb, (size_t)N * l);
+        snprintf(what, sizeof what, "moe_ffn (graph) E=%d N=%d l=%d w=%d", E, N, l, w);
+        st_t_close(what, got, yref, (size_t)N * l, 1.5e-2, 1e-3);
+    }
     /* hosted path: experts with >= min_rows through cuBLAS (gate/up, one GLU over their rows, down), the
      * rest grouped; every cuBLAS variant, bf16 and fp32 y; y and the workspace NaN-poisoned first */
     size_t wsh = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
@@ -372,6 +396,7 @@ static void ffn_cases(void) {
 int main(int argc, char **argv) {
     gt_init_or_skip("test_gpu_moe_ffn");
     if (argc > 1) ffn_variant_mask = (int)strtol(argv[1], NULL, 0); /* e.g. 0x4: the strided variant only */
+    int pass_mask = argc > 2 ? (int)strtol(argv[2], NULL, 0) : -1;    /* bit i: FFN pass i below (default all) */
     CHECK(st_cuda_moe_ffn_cublas_min_rows(2048, 1024) == 512 && st_cuda_moe_ffn_cublas_min_rows(1024, 512) == 2048,
           "default cuBLAS threshold: %d, %d", st_cuda_moe_ffn_cublas_min_rows(2048, 1024),
           st_cuda_moe_ffn_cublas_min_rows(1024, 512));
@@ -385,34 +410,38 @@ int main(int argc, char **argv) {
     mxfp4_case(3, 32, 1);
     mxfp4_case(64, 1024, 2);
 
-    /* mma.sync; wgmma chosen per call; wgmma single blocks; wgmma clusters of two (where the device
-     * has them); the table mode on the wgmma kernels too (per-expert tensor maps built on the device);
-     * then the wgmma variants: programmatic dependent launch between the two GEMMs + the f16x2
-     * activation, and clusters without multicast on a forced cluster count (read at each
-     * st_cuda_moe_ffn_use_wgmma call) */
-    static const char *kname[] = {"mma.sync", "wgmma (per call)", "wgmma", "wgmma clusters"};
+    /* every implementation of the grouped GEMMs (st_cuda_moe_ffn_use_wgmma modes): mma.sync; wgmma chosen
+     * per call (the default); cooperative consumers (128 × 256 tiles, two launches); ping-pong consumers
+     * (128 × 128 tiles, both GEMMs in one launch); then the cooperative kernels with programmatic
+     * dependent launch between the GEMMs, and both wgmma kernels with the epilogues' plain 4/8-byte
+     * stores instead of the 16-byte ones (read at each st_cuda_moe_ffn_use_wgmma call). The table mode
+     * runs on the same kernels in every wgmma pass (per-expert tensor maps built on the device). */
+    static const char *kname[] = {"mma.sync", "wgmma (per call)", "wgmma cooperative", "?", "?",
+                                  "wgmma ping-pong fused"};
     static const struct {
         int mode;
-        const char *pdl, *act16, *nomc, *clusters, *what;
+        const char *pdl, *vec, *what;
     } pass[] = {
-        {0, "", "", "", "", ""},
-        {1, "", "", "", "", ""},
-        {2, "", "", "", "", ""},
-        {3, "", "", "", "", ""},
-        {2, "1", "1", "", "", " + PDL + f16x2 activation"},
-        {3, "1", "1", "1", "66", " + PDL + f16x2 activation, no multicast, 66 clusters"},
+        {0, "", "", ""},
+        {1, "", "", ""},
+        {2, "", "", ""},
+        {5, "", "", ""},
+        {2, "1", "0", " + PDL, 4/8-byte epilogue stores"},
+        {5, "", "0", ", 4/8-byte epilogue stores"},
     };
     if (!getenv("STRATA_FFN_WG_TABLE")) setenv("STRATA_FFN_WG_TABLE", "1", 1); /* STRATA_FFN_WG_TABLE=0: as before */
     for (int i = 0; i < (int)(sizeof pass / sizeof pass[0]); i++) {
-        setenv("STRATA_FFN_PDL", pass[i].pdl, 1), setenv("STRATA_FFN_ACT16", pass[i].act16, 1);
-        setenv("STRATA_FFN_NO_MC", pass[i].nomc, 1), setenv("STRATA_FFN_CLUSTERS", pass[i].clusters, 1);
+        setenv("STRATA_FFN_PDL", pass[i].pdl, 1), setenv("STRATA_FFN_VEC", pass[i].vec, 1);
         int got = st_cuda_moe_ffn_use_wgmma(pass[i].mode);
         printf("info grouped FFN kernels: %s%s (asked %s)\n", kname[got], pass[i].what, kname[pass[i].mode]);
-        if (got != pass[i].mode) continue; /* not a Hopper device (or no clusters): nothing new to test */
+        if (got != pass[i].mode) continue; /* not a Hopper device: nothing new to test */
+        if (!(pass_mask >> i & 1)) {
+            printf("info   (skipped: argv[2])\n");
+            continue;
+        }
         ffn_cases();
     }
-    unsetenv("STRATA_FFN_PDL"), unsetenv("STRATA_FFN_ACT16"), unsetenv("STRATA_FFN_NO_MC");
-    unsetenv("STRATA_FFN_CLUSTERS");
+    unsetenv("STRATA_FFN_PDL"), unsetenv("STRATA_FFN_VEC");
     st_cuda_moe_ffn_use_wgmma(-1);
 
     quantile_case(1, 8, 4, 0.4f, 0.6f, true, 1);

@@ -232,9 +232,11 @@ st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_
                                       bool situ, float b1, float b2, int variant, void *ws, size_t ws_bytes);
 /* Which kernels run the grouped GEMMs of st_cuda_moe_ffn* (and the non-cuBLAS experts of the hosted
  * paths with stacked weights): 0 → mma.sync; Hopper wgmma + TMA (sm_90 devices only; elsewhere it
- * stays mma.sync): 1 → chosen per call (clusters of two blocks sharing weight tiles when experts
- * average enough rows), 2 → single blocks, 3 → clusters of two; −1 → the default (env
- * STRATA_FFN_WGMMA=0..3 if set, else the built-in default). Returns the choice in effect.
+ * stays mma.sync): 2 → cooperative consumer warpgroups (128 × 256 tiles, two launches), 5 → ping-pong
+ * consumer warpgroups (128 × 128 tiles, one's epilogue under the other's MMAs) with both GEMMs in one
+ * cooperative launch, 1 → chosen per call (the default: 5 when the experts average fewer than 256 rows,
+ * else 2; kernels/moe_ffn.cu says why); 3, 4, 6, 7 (variants removed in round 3) → 2 or 5; −1 → the
+ * default (env STRATA_FFN_WGMMA if set, else the built-in default). Returns the choice in effect.
  * Process-wide; call it before the FFN runs, not concurrently with it (tests and benchmarks compare
  * them). The table mode (st_cuda_moe_ffn_table_f32out) runs on the same kernels: per-expert tensor
  * maps are built on the device from tab each call (into ws; each weight pointer must be 16-byte
