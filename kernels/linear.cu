@@ -134,10 +134,11 @@ extern "C" st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int 
     if (T < 0 || N <= 0 || K <= 0 || ldx < K || ldy < N)
         return ST_FAIL(ST_ERR_INVALID_ARG, "linear: T=%d N=%d K=%d ldx=%d ldy=%d", T, N, K, ldx, ldy);
     if (T == 0) return ST_OK;
-    /* NOTE: where the skinny kernel is faster (bench_gpu_linear, H200): up to 16 tokens and W up to 8M
-     * elements, 1.3–2.1× over cuBLAS there; each 16-row block re-reads x, so from 32 tokens on, and
-     * for large W (LM head, K3 widths) cuBLAS wins. */
-    if (T <= 16 && (size_t)N * K <= ((size_t)8 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K))
+    /* NOTE: where the skinny kernel is faster (bench_gpu_linear, graph replays on the H200): 1 token on
+     * the small trunk's shapes (cuBLAS picks 7–10 µs kernels for some: 1.6–1.9× there, even on the
+     * rest); up to 8 tokens about even; from 16 tokens on, and for large W (LM head, K3 widths) at
+     * any T, cuBLAS wins. */
+    if (T <= 8 && (size_t)N * K <= ((size_t)4 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K))
         return st_cuda_linear_skinny(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
     const float one = 1.f;
     // NOTE: cuBLAS is column-major. Row-major W [N,K] is col-major Wᵀ (K×N); row-major y [T,N] is

@@ -99,7 +99,7 @@ static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, 
     void *dy = f32out ? gt_up(y0, 4 * ny) : gt_up(yb, 2 * ny);
     bool fits = T <= ST_CUDA_SKINNY_MAX_T && K % 8 == 0 && ldx % 8 == 0;
     CHECK(st_cuda_linear_skinny_ok(dx, ldx, dW, T, N, K) == fits, "skinny_ok T=%d K=%d ldx=%d", T, K, ldx);
-    /* the kernel itself wherever it applies (st_cuda_linear_ex uses it only up to 16 tokens) */
+    /* the kernel itself wherever it applies (st_cuda_linear_ex uses it only up to 8 tokens) */
     if (fits) GT_OK(st_cuda_linear_skinny(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
     else GT_OK(st_cuda_linear_ex(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
     if (f32out) gt_down(got, dy, 4 * ny);

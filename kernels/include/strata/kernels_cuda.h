@@ -33,13 +33,13 @@ st_status_t st_cuda_l2norm_heads(const st_gpu_stream_t *s, st_bf16_t *x, int T, 
 st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
                            const st_bf16_t *W, int T, int N, int K);
 /* The same with strides and an accumulate: y [T, N] (row stride ldy) = beta·y + x (row stride ldx)
- * · Wᵀ (beta 0: y is not read). Up to 16 tokens with W up to 8M elements (where it was measured
- * faster) runs the skinny kernel, anything else cuBLAS. */
+ * · Wᵀ (beta 0: y is not read). Up to 8 tokens with W up to 4M elements (where it was measured
+ * no slower) runs the skinny kernel, anything else cuBLAS. */
 st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
                               int ldx, const st_bf16_t *W, int T, int N, int K);
 /* Skinny linear for 1..ST_CUDA_SKINNY_MAX_T tokens: streams W once (tensor cores, K split over the
- * warps of a block and summed in a fixed order, so results are deterministic); cuBLAS picks
- * latency-bound tiles for the small decode shapes. Needs K and ldx multiples of 8 and x, W
+ * warps of a block and summed in a fixed order, so results are deterministic); for one token cuBLAS
+ * picks slow kernels on some small decode shapes. Needs K and ldx multiples of 8 and x, W
  * 16-byte aligned (st_cuda_linear_skinny_ok); st_cuda_linear_skinny_enable(false) sends everything
  * to cuBLAS (comparisons; also env STRATA_SKINNY=0). */
 #define ST_CUDA_SKINNY_MAX_T 64
