@@ -1073,8 +1073,18 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     int T = mb->T, d = c->d, H = c->kda_heads, dk = c->kda_head_dim, P = g->P, M = g->o.max_seqs;
     int ks = g->layer_slot[l];
     prof_mark(g, ST_EGPU_PROF_GEMM);
-    CK(lin2(mb, mb->qkv, 3 * P, 0.f, mb->xn, XLO(mb), d, G->w_qkv, T, 3 * P, d));
-    CK(lin2(mb, mb->aux, G->naux, 0.f, mb->xn, XLO(mb), d, G->w_aux, T, G->naux, d));
+    /* q|k|v, the low-rank / β projections and the output gate's first GEMM all read xn: one call
+     * (one launch for decode-sized T, st_cuda_linear_multi) */
+    if (!g->xsplit) {
+        st_linear_seg_t sg[3] = {{G->w_qkv, mb->qkv, 3 * P, 3 * P, true, 0.f},
+                                 {G->w_aux, mb->aux, G->naux, G->naux, true, 0.f},
+                                 G->w_gb ? (st_linear_seg_t){G->w_g, mb->f, G->ng, G->ng, false, 0.f}
+                                         : (st_linear_seg_t){G->w_g, mb->gate, P, P, true, 0.f}};
+        CK(st_cuda_linear_multi(s, mb->xn, d, T, d, sg, 3));
+    } else {
+        CK(lin2(mb, mb->qkv, 3 * P, 0.f, mb->xn, XLO(mb), d, G->w_qkv, T, 3 * P, d));
+        CK(lin2(mb, mb->aux, G->naux, 0.f, mb->xn, XLO(mb), d, G->w_aux, T, G->naux, d));
+    }
     if (T <= 64 && c->f_rank <= 256) { /* decode: the low-rank f_b product and the gate in one kernel */
         prof_mark(g, ST_EGPU_PROF_KDA);
         CK(eg_kda_gate_fb32(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
@@ -1108,10 +1118,10 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
                                     mb->n_seqs, H, scale));
     gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
     prof_mark(g, ST_EGPU_PROF_GEMM);
-    if (G->w_gb) { /* low rank: g_b (g_a x); g_a x is a GEMM input, so bf16 */
-        CK(st_cuda_linear_ex(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
+    if (G->w_gb) { /* low rank: g_b (g_a x); g_a x (with q|k|v above, unless xsplit) is a GEMM input, so bf16 */
+        if (g->xsplit) CK(st_cuda_linear_ex(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
         CK(st_cuda_linear_ex(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
-    } else {
+    } else if (g->xsplit) {
         CK(lin2(mb, mb->gate, P, 0.f, mb->xn, XLO(mb), d, G->w_g, T, P, d));
     }
     prof_mark(g, ST_EGPU_PROF_KDA);
@@ -1219,13 +1229,13 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, H * dv, H * dv, false);
 }
 
-/* partial += down · act(gate x, up x) */
-static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down, int w) {
+/* partial += down · GLU(xn · guᵀ); h2 = xn · guᵀ is there already when gu_done (moe_pre) */
+static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down, int w, bool gu_done) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     int T = mb->T, d = c->d;
     prof_mark(g, ST_EGPU_PROF_GEMM);
-    CK(lin2(mb, mb->h2, 2 * w, 0.f, mb->xn, XLO(mb), d, gu, T, 2 * w, d));
+    if (!gu_done) CK(lin2(mb, mb->h2, 2 * w, 0.f, mb->xn, XLO(mb), d, gu, T, 2 * w, d));
     prof_mark(g, ST_EGPU_PROF_OTHER);
     CK(eg_glu32(mb->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
                 c->situ_beta2));
@@ -1248,13 +1258,30 @@ static void observe(st_egpu_mb_t *mb, int l) {
     g->obs(g->obs_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
 }
 
+/* The three GEMMs of a latent MoE layer that read xn: router scores (fp32), z = xn · lat_downᵀ (bf16)
+ * and the shared experts' gate|up (fp32, for ffn_add after the routed experts): one call, so decode
+ * steps launch them once (st_cuda_linear_multi). Not with xsplit (comparisons) or other layouts;
+ * a property of the engine, so graph replays (which run no host code) agree with it. */
+static bool moe_fused(const st_egpu_t *g) { return !g->xsplit && g->c.latent > 0 && g->c.n_shared > 0; }
+static void moe_pre(st_egpu_mb_t *mb, const gl_t *G) {
+    st_egpu_t *g = mb->g;
+    const st_config_t *c = &g->c;
+    int n = c->n_experts, ew = st_config_expert_width(c), w = c->n_shared * c->moe_inter;
+    if (!moe_fused(g)) return;
+    st_linear_seg_t sg[3] = {{G->router, mb->scores, n, n, true, 0.f},
+                             {G->lat_down, mb->z, ew, ew, false, 0.f},
+                             {G->sh_gu, mb->h2, 2 * w, 2 * w, true, 0.f}};
+    prof_mark(g, ST_EGPU_PROF_GEMM);
+    CK(st_cuda_linear_multi(mb->s, mb->xn, c->d, mb->T, c->d, sg, 3));
+}
+
 static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = mb->s;
     int T = mb->T, n = c->n_experts, k = c->top_k, kc = g->kcap;
     prof_mark(g, ST_EGPU_PROF_ROUTER);
-    CK(lin2(mb, mb->scores, n, 0.f, mb->xn, XLO(mb), c->d, G->router, T, n, c->d));
+    if (!moe_fused(g)) CK(lin2(mb, mb->scores, n, 0.f, mb->xn, XLO(mb), c->d, G->router, T, n, c->d));
     /* quantile thresholds set for this layer and no hook that may rewrite the sets: on the device
      * (σ in place, the sets and weights), no host round trip */
     if (g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !g->hook && !g->host_route && kc == g->o.k_max &&
@@ -1366,7 +1393,7 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     } else {
         CK(eg_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
     }
-    if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter);
+    if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter, moe_fused(g));
 }
 
 static void finish_step(st_egpu_mb_t *mb) {
@@ -1483,14 +1510,18 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
         resnorm(mb, mb->xn, XLO(mb), g->q_mlp[l], G->post_norm, NULL, T, false);
         gtrace(mb, l, ST_TRACE_XN_MLP, mb->xn, true, d, d, false);
         if (st_config_is_moe_layer(c, l)) {
-            route(mb, G, l);
             int ew = st_config_expert_width(c);
+            moe_pre(mb, G);
+            route(mb, G, l);
             prof_mark(g, ST_EGPU_PROF_GEMM);
             if (c->latent > 0 && g->xsplit) { /* z is the experts' GEMM input: bf16, from the split x */
                 CK(lin2(mb, mb->z32, ew, 0.f, mb->xn, mb->xn_lo, d, G->lat_down, T, ew, d));
                 CK(st_cuda_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));
-            } else if (c->latent > 0) CK(st_cuda_linear_ex(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
-            else CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
+            } else if (c->latent > 0) { /* (moe_pre computed z already when fused) */
+                if (!moe_fused(g)) CK(st_cuda_linear_ex(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
+            } else {
+                CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
+            }
             gtrace(mb, l, ST_TRACE_MOE_Z, mb->z, true, ew, ew, false);
             mb->local_done = false;
             if (mb->internal) {
@@ -1503,7 +1534,7 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
             mb->pend = 1;
             return;
         }
-        ffn_add(mb, G->dense_gu, G->dense_down, c->intermediate);
+        ffn_add(mb, G->dense_gu, G->dense_down, c->intermediate, false);
     }
     gtrace(mb, c->n_layers, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
     chain_record(mb);

@@ -26,17 +26,31 @@ __device__ __forceinline__ uint4 sk_ld(const void *p, bool ok) {
     return v;
 }
 
+/* Up to ST_CUDA_LINEAR_MAX_SEG GEMMs that share x in one launch: segment i owns blocks blk[i] ..
+ * blk[i+1]-1 (16 rows of its W each). */
+struct sk_segs {
+    const st_bf16_t *W[ST_CUDA_LINEAR_MAX_SEG];
+    void *y[ST_CUDA_LINEAR_MAX_SEG];
+    int N[ST_CUDA_LINEAR_MAX_SEG], ldy[ST_CUDA_LINEAR_MAX_SEG], f32[ST_CUDA_LINEAR_MAX_SEG];
+    float beta[ST_CUDA_LINEAR_MAX_SEG];
+    int blk[ST_CUDA_LINEAR_MAX_SEG + 1], n;
+};
+
 /* NOTE: all loads of a group of U k-steps (W and x) are written before its MMAs, so a group costs
  * about one memory round trip; U·(2 + NT) 16-byte registers per thread bound U. Measured: blocks of
  * 2–4 row blocks sharing x through L1, with K split over a cluster and reduced through distributed
  * shared memory, were no faster at 16–64 tokens (the time there is not x's L2 traffic). */
-template <int NT, bool F32>
-__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(void *y, int ldy, float beta, const st_bf16_t *x,
-                                                               int ldx, const st_bf16_t *W, int T, int N, int K) {
+template <int NT>
+__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const __grid_constant__ sk_segs S, const st_bf16_t *x,
+                                                               int ldx, int T, int K) {
     constexpr int U = NT >= 8 ? 2 : 4;
     __shared__ float red[SK_WARPS][16][NT * 8];
+    int q = 0;
+    while (q + 1 < S.n && (int)blockIdx.x >= S.blk[q + 1]) q++;
+    const st_bf16_t *W = S.W[q];
+    const int N = S.N[q];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int nw = blockDim.x >> 5, n0 = blockIdx.x * 16;
+    const int nw = blockDim.x >> 5, n0 = ((int)blockIdx.x - S.blk[q]) * 16;
     const int steps = (K + 31) >> 5, s0 = warp * steps / nw, s1 = (warp + 1) * steps / nw;
     /* rows past N read row N-1 (their sums are not stored); tokens past T read zeros */
     const uint4 *w0 = (const uint4 *)(W + (size_t)min(n0 + g, N - 1) * K);
@@ -78,17 +92,18 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(void *y, int ldy,
         red[warp][g + 8][j * 8 + 2 * c + 1] = acc[j][3];
     }
     __syncthreads();
+    const float beta = S.beta[q];
     for (int i = threadIdx.x; i < 16 * NT * 8; i += blockDim.x) {
         int r = i & 15, t = i >> 4, n = n0 + r;
         if (t >= T || n >= N) continue;
         float v = 0.f;
         for (int w = 0; w < nw; w++) v += red[w][r][t];
-        size_t o = (size_t)t * ldy + n;
-        if (F32) {
-            float *yp = (float *)y;
+        size_t o = (size_t)t * S.ldy[q] + n;
+        if (S.f32[q]) {
+            float *yp = (float *)S.y[q];
             yp[o] = beta != 0.f ? beta * yp[o] + v : v;
         } else {
-            st_bf16_t *yp = (st_bf16_t *)y;
+            st_bf16_t *yp = (st_bf16_t *)S.y[q];
             yp[o] = st_tobf(beta != 0.f ? beta * st_bf(yp[o]) + v : v);
         }
     }
@@ -106,13 +121,14 @@ extern "C" bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, 
            ((uintptr_t)x & 15) == 0 && ((uintptr_t)W & 15) == 0;
 }
 
-template <int NT>
-static void skinny_launch(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
-                          int ldx, const st_bf16_t *W, int T, int N, int K) {
+static st_status_t skinny_run(const st_gpu_stream_t *s, const sk_segs &S, const st_bf16_t *x, int ldx, int T, int K) {
     int steps = (K + 31) / 32, nw = steps < SK_WARPS ? steps : SK_WARPS;
-    dim3 grid((unsigned)((N + 15) / 16)), block(32 * nw);
-    if (y_f32) skinny_kernel<NT, true><<<grid, block, 0, ST_STREAM(s)>>>(y, ldy, beta, x, ldx, W, T, N, K);
-    else skinny_kernel<NT, false><<<grid, block, 0, ST_STREAM(s)>>>(y, ldy, beta, x, ldx, W, T, N, K);
+    dim3 grid((unsigned)S.blk[S.n]), block(32 * nw);
+    if (T <= 8) skinny_kernel<1><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
+    else if (T <= 16) skinny_kernel<2><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
+    else if (T <= 32) skinny_kernel<4><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
+    else skinny_kernel<8><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
+    return ST_LAUNCH_OK("skinny_kernel");
 }
 
 extern "C" st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
@@ -121,11 +137,42 @@ extern "C" st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, 
         return ST_FAIL(ST_ERR_INVALID_ARG,
                        "linear_skinny: T=%d (1..%d) N=%d K=%d (multiple of 8) ldx=%d ldy=%d, x and W 16-byte aligned",
                        T, ST_CUDA_SKINNY_MAX_T, N, K, ldx, ldy);
-    if (T <= 8) skinny_launch<1>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
-    else if (T <= 16) skinny_launch<2>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
-    else if (T <= 32) skinny_launch<4>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
-    else skinny_launch<8>(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
-    return ST_LAUNCH_OK("skinny_kernel");
+    sk_segs S = {};
+    S.W[0] = W, S.y[0] = y, S.N[0] = N, S.ldy[0] = ldy, S.f32[0] = y_f32, S.beta[0] = beta;
+    S.blk[0] = 0, S.blk[1] = (N + 15) / 16, S.n = 1;
+    return skinny_run(s, S, x, ldx, T, K);
+}
+
+/* NOTE: when the skinny kernel runs a linear layer (see st_cuda_linear_ex) */
+static bool skinny_pick(const void *x, int ldx, const void *W, int T, int N, int K) {
+    /* where the skinny kernel is faster (bench_gpu_linear, graph replays on the H200): 1 token on
+     * the small trunk's shapes (cuBLAS picks 7–10 µs kernels for some: 1.6–1.9× there, even on the
+     * rest); up to 8 tokens about even; from 16 tokens on, and for large W (LM head, K3 widths) at
+     * any T, cuBLAS wins. One launch for several layers saves the launches besides. */
+    return T <= 8 && (size_t)N * K <= ((size_t)4 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K);
+}
+
+extern "C" st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_bf16_t *x, int ldx, int T, int K,
+                                            const st_linear_seg_t *seg, int n) {
+    if (n < 1 || n > ST_CUDA_LINEAR_MAX_SEG || T < 0)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "linear_multi: %d segments (1..%d), T=%d", n, ST_CUDA_LINEAR_MAX_SEG, T);
+    bool one = T > 0;
+    for (int i = 0; i < n && one; i++) one = skinny_pick(x, ldx, seg[i].W, T, seg[i].N, K) && seg[i].ldy >= seg[i].N;
+    if (!one) { /* each on its own (cuBLAS, or the skinny kernel where it is picked) */
+        for (int i = 0; i < n; i++) {
+            st_status_t r = st_cuda_linear_ex(s, seg[i].y, seg[i].ldy, seg[i].y_f32, seg[i].beta, x, ldx, seg[i].W, T,
+                                              seg[i].N, K);
+            if (r != ST_OK) return r;
+        }
+        return ST_OK;
+    }
+    sk_segs S = {};
+    S.n = n, S.blk[0] = 0;
+    for (int i = 0; i < n; i++) {
+        S.W[i] = seg[i].W, S.y[i] = seg[i].y, S.N[i] = seg[i].N, S.ldy[i] = seg[i].ldy, S.f32[i] = seg[i].y_f32;
+        S.beta[i] = seg[i].beta, S.blk[i + 1] = S.blk[i] + (seg[i].N + 15) / 16;
+    }
+    return skinny_run(s, S, x, ldx, T, K);
 }
 
 /* ------------------------------------------------------------------ cuBLAS */
@@ -134,11 +181,7 @@ extern "C" st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int 
     if (T < 0 || N <= 0 || K <= 0 || ldx < K || ldy < N)
         return ST_FAIL(ST_ERR_INVALID_ARG, "linear: T=%d N=%d K=%d ldx=%d ldy=%d", T, N, K, ldx, ldy);
     if (T == 0) return ST_OK;
-    /* NOTE: where the skinny kernel is faster (bench_gpu_linear, graph replays on the H200): 1 token on
-     * the small trunk's shapes (cuBLAS picks 7–10 µs kernels for some: 1.6–1.9× there, even on the
-     * rest); up to 8 tokens about even; from 16 tokens on, and for large W (LM head, K3 widths) at
-     * any T, cuBLAS wins. */
-    if (T <= 8 && (size_t)N * K <= ((size_t)4 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K))
+    if (skinny_pick(x, ldx, W, T, N, K))
         return st_cuda_linear_skinny(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
     const float one = 1.f;
     // NOTE: cuBLAS is column-major. Row-major W [N,K] is col-major Wᵀ (K×N); row-major y [T,N] is

@@ -120,6 +120,58 @@ static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, 
     free(x), free(xt), free(W), free(ref), free(y0), free(got), free(gotc), free(xb), free(Wb), free(yb);
 }
 
+/* Three layers sharing x through st_cuda_linear_multi (one launch up to 8 tokens, else one call each):
+ * fp32 out, bf16 out, fp32 accumulate with a row stride, each vs the CPU. */
+static void multi_case(int T, int K, uint64_t seed) {
+    st_rng_t r = {seed};
+    enum { NS = 3 };
+    const int Ns[NS] = {100, 40, 1024}, lds[NS] = {100, 48, 1030};
+    const bool f32[NS] = {true, false, true};
+    const float beta[NS] = {0.f, 0.f, 1.f};
+    float *x = gt_xmalloc(4 * (size_t)T * K);
+    uint16_t *xb = gt_xmalloc(2 * (size_t)T * K);
+    gt_randn_bf(x, xb, (size_t)T * K, 1.f, &r);
+    uint16_t *dx = gt_up(xb, 2 * (size_t)T * K);
+    st_linear_seg_t seg[NS];
+    float *W[NS], *y0[NS], *ref[NS];
+    for (int i = 0; i < NS; i++) {
+        size_t nw = (size_t)Ns[i] * K, ny = (size_t)T * lds[i];
+        W[i] = gt_xmalloc(4 * nw), y0[i] = gt_xmalloc(4 * ny), ref[i] = gt_xmalloc(4 * (size_t)T * Ns[i]);
+        uint16_t *Wb = gt_xmalloc(2 * nw), *yb = gt_xmalloc(2 * ny);
+        gt_randn_bf(W[i], Wb, nw, 1.f / sqrtf((float)K), &r);
+        gt_randn_bf(y0[i], yb, ny, 1.f, &r);
+        st_weight_t w = {.dtype = ST_DT_F32, .rows = Ns[i], .cols = K, .data = W[i]};
+        st_linear_ref(ref[i], x, &w, T);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < Ns[i]; n++) ref[i][(size_t)t * Ns[i] + n] += beta[i] * y0[i][(size_t)t * lds[i] + n];
+        seg[i] = (st_linear_seg_t){.W = gt_up(Wb, 2 * nw), .y = f32[i] ? gt_up(y0[i], 4 * ny) : gt_up(yb, 2 * ny),
+                                   .N = Ns[i], .ldy = lds[i], .y_f32 = f32[i], .beta = beta[i]};
+        free(Wb), free(yb);
+    }
+    GT_OK(st_cuda_linear_multi(&gt_stream, dx, K, T, K, seg, NS));
+    for (int i = 0; i < NS; i++) {
+        size_t ny = (size_t)T * lds[i];
+        float *got = gt_xmalloc(4 * ny), *gotc = gt_xmalloc(4 * (size_t)T * Ns[i]);
+        if (f32[i]) gt_down(got, seg[i].y, 4 * ny);
+        else {
+            uint16_t *yb = gt_xmalloc(2 * ny);
+            gt_down(yb, seg[i].y, 2 * ny);
+            gt_from_bf(got, yb, ny);
+            free(yb);
+        }
+        for (int t = 0; t < T; t++) memcpy(gotc + (size_t)t * Ns[i], got + (size_t)t * lds[i], 4 * (size_t)Ns[i]);
+        char what[96];
+        snprintf(what, sizeof what, "linear_multi T=%d K=%d segment %d (N=%d %s beta=%g)", T, K, i, Ns[i],
+                 f32[i] ? "f32" : "bf16", beta[i]);
+        st_t_close(what, gotc, ref[i], (size_t)T * Ns[i], f32[i] ? 1e-4 : 1e-2, 1e-3);
+        st_gpu_free((void *)seg[i].W), st_gpu_free(seg[i].y);
+        free(got), free(gotc), free(W[i]), free(y0[i]), free(ref[i]);
+    }
+    CHECK(st_cuda_linear_multi(&gt_stream, dx, K, T, K, seg, 0) == ST_ERR_INVALID_ARG, "linear_multi: 0 segments rejected");
+    st_gpu_free(dx);
+    free(x), free(xb);
+}
+
 /* dtype conversions vs st_f32_to_bf16 / st_bf16_to_f32, bit for bit: random values, rounding ties,
  * ±0, ±inf, NaN, subnormals, the largest finite values; outputs poisoned (gt_dev) */
 static void convert_case(size_t n, uint64_t seed) {
@@ -187,5 +239,8 @@ int main(void) {
         st_gpu_free(d);
     }
     skinny_case(3, 40, 20, true, 0.f, 0, 0, 900);
+    multi_case(1, 1024, 901);
+    multi_case(8, 1000, 902);
+    multi_case(20, 1024, 903); /* past 8 tokens: one call per layer */
     return st_test_done();
 }

@@ -47,6 +47,19 @@ bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int 
 st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
                                   const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K);
 void st_cuda_linear_skinny_enable(bool on);
+/* Several linear layers that read the same x [T, K] (row stride ldx): y_i (stride ldy_i, fp32 or bf16)
+ * = beta_i·y_i + x · W_iᵀ, W_i [N_i, K]. Where the skinny kernel applies to every one, one launch
+ * runs them all; else each runs as st_cuda_linear_ex. */
+#define ST_CUDA_LINEAR_MAX_SEG 4
+typedef struct {
+    const st_bf16_t *W;
+    void *y;
+    int N, ldy;
+    bool y_f32;
+    float beta;
+} st_linear_seg_t;
+st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_bf16_t *x, int ldx, int T, int K,
+                                 const st_linear_seg_t *seg, int n);
 
 /* ---------------- KDA (SPEC §3) ---------------- */
 /* Depthwise causal conv (kernel K ≤ 4) + SiLU over a variable-length batch.
