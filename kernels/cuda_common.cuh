@@ -131,6 +131,23 @@ __device__ __forceinline__ int st_seq_of(const int *cu, int B, int t) {
     return lo;
 }
 
+/* Hopper mbarrier and TMA (sm_90; only the kernels compiled for it call these): init with an arrival
+ * count; one arrival that also expects `bytes` of transactions; a 2-D tensor-map copy into shared
+ * memory completing on bar */
+__device__ __forceinline__ void st_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void st_mbar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void st_tma2d(unsigned dst, const void *tm, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
 /* wgmma m64n128 / m64n256 (fp32 accumulators d[16][4] / d[32][4], 64 / 128 per thread): the
  * accumulator list %0..%63 / %0..%127 of the instruction text and the matching asm operands, shared by
  * the callers' wrappers */

@@ -165,12 +165,6 @@ __device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t
 
 #if MLA_WGMMA
 /* mbarrier helpers (v6's gathers) */
-__device__ __forceinline__ void mla_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mla_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 /* wait for the phase of parity par to complete. The retry loop lives inside the asm (as CUTLASS does):
  * a C loop around try_wait is a divergent path to ptxas, which then serialises every wgmma (C7518).
  * Where the wait sits between wgmmas in flight (v6's consumers) even this loop does: use mla_bar_wait_u. */
@@ -180,13 +174,6 @@ __device__ __forceinline__ void mla_bar_wait(unsigned bar, unsigned par) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
         "@!p bra MLA_WAIT_%=;\n}\n" ::"r"(bar),
         "r"(par)
-        : "memory");
-}
-__device__ __forceinline__ void mla_tma2d(unsigned dst, const CUtensorMap *tm, int c0, int c1, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            dst),
-        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
 #endif
@@ -445,9 +432,9 @@ __global__ void __launch_bounds__(NT6, 1)
     const unsigned qempty = (unsigned)__cvta_generic_to_shared(&sm.qempty);
     const int tid = threadIdx.x;
     if (tid == 0) {
-        for (int i = 0; i < 4; i++) mla_bar_init(full0 + 8 * i, 1); /* the TMA issuer, or thread 0 after all */
-        mla_bar_init(empty0, 8), mla_bar_init(empty0 + 8, 8);         /* one per consumer warp */
-        mla_bar_init(qfull, 128), mla_bar_init(qempty, 8);
+        for (int i = 0; i < 4; i++) st_mbar_init(full0 + 8 * i, 1); /* the TMA issuer, or thread 0 after all */
+        st_mbar_init(empty0, 8), st_mbar_init(empty0 + 8, 8);         /* one per consumer warp */
+        st_mbar_init(qfull, 128), st_mbar_init(qempty, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -500,10 +487,10 @@ __global__ void __launch_bounds__(NT6, 1)
                     } else if (use_tma && th + 32 <= s1) { /* 32 rows of one page: 9 TMA boxes */
                         if (tid == 0) {
                             const int pr = bt[th / page_size] * page_size + th % page_size;
-                            mla_bar_expect(fb, 32 * DR * 2);
+                            st_mbar_expect(fb, 32 * DR * 2);
                             const unsigned dst = kb + 32 * hh * 128;
 #pragma unroll
-                            for (int cb = 0; cb < DR / 64; cb++) mla_tma2d(dst + cb * CB_BYTES, &tm, cb * 64, pr, fb);
+                            for (int cb = 0; cb < DR / 64; cb++) st_tma2d(dst + cb * CB_BYTES, &tm, cb * 64, pr, fb);
                         }
                     } else { /* cp.async, zero fill past s1 */
                         const st_bf16_t *row = pool + (size_t)(hh ? prow1 : prow0) * DR;

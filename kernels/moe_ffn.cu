@@ -223,14 +223,8 @@ __device__ __forceinline__ uint64_t fw_desc(unsigned addr) { /* K-major, 128B sw
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
-__device__ __forceinline__ void fw_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 __device__ __forceinline__ void fw_bar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void fw_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 /* wait for the phase of parity par to complete; traps (an error, not a hang) after ~seconds */
 __device__ __forceinline__ void fw_bar_wait(unsigned bar, unsigned par) {
@@ -244,13 +238,6 @@ __device__ __forceinline__ void fw_bar_wait(unsigned bar, unsigned par) {
         if (ok) return;
         if (n > (1u << 24)) __trap();
     }
-}
-__device__ __forceinline__ void fw_tma2d(unsigned dst, const CUtensorMap *tm, int c0, int c1, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            dst),
-        "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
 }
 __device__ __forceinline__ float fw_tanh(float x) {
     float y;
@@ -346,8 +333,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
         for (int s = 0; s < FW_ST; s++) {
-            fw_bar_init(sbar + 8 * s, 1);
-            fw_bar_init(sbar + 8 * (FW_ST + s), 8); /* lane 0 of each consumer warp */
+            st_mbar_init(sbar + 8 * s, 1);
+            st_mbar_init(sbar + 8 * (FW_ST + s), 8); /* lane 0 of each consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -386,11 +373,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                     const unsigned ph = (unsigned)(it / FW_ST) & 1;
                     fw_bar_wait(sbar + 8 * (FW_ST + s), ph ^ 1);
                     const unsigned full = sbar + 8 * s;
-                    fw_bar_expect(full, FW_A_BYTES + FW_B_BYTES);
+                    st_mbar_expect(full, FW_A_BYTES + FW_B_BYTES);
                     const int k0 = kt * FW_BK;
-                    fw_tma2d(sA + s * FW_A_BYTES, &tmA, k0, m0, full);
-                    fw_tma2d(sB + s * FW_B_BYTES, pB1, k0, r1, full);
-                    fw_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, pB3, k0, r3, full);
+                    st_tma2d(sA + s * FW_A_BYTES, &tmA, k0, m0, full);
+                    st_tma2d(sB + s * FW_B_BYTES, pB1, k0, r1, full);
+                    st_tma2d(sB + s * FW_B_BYTES + FW_B_BYTES / 2, pB3, k0, r3, full);
                 }
             }
         }
@@ -545,11 +532,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
         for (int s = 0; s < FP_ST; s++) {
-            fw_bar_init(sbar + 8 * s, 1);
-            fw_bar_init(sbar + 8 * (FP_ST + s), 4); /* lane 0 of each warp of the consuming warpgroup */
+            st_mbar_init(sbar + 8 * s, 1);
+            st_mbar_init(sbar + 8 * (FP_ST + s), 4); /* lane 0 of each warp of the consuming warpgroup */
         }
-        fw_bar_init(sbar + 8 * (2 * FP_ST), 1);
-        fw_bar_init(sbar + 8 * (2 * FP_ST + 1), 1);
+        st_mbar_init(sbar + 8 * (2 * FP_ST), 1);
+        st_mbar_init(sbar + 8 * (2 * FP_ST + 1), 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -620,11 +607,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                     const int s = it % FP_ST;
                     fw_bar_wait(sbar + 8 * (FP_ST + s), ((unsigned)(it / FP_ST) & 1) ^ 1);
                     const unsigned full = sbar + 8 * s;
-                    fw_bar_expect(full, FP_A_BYTES + FP_B_BYTES);
+                    st_mbar_expect(full, FP_A_BYTES + FP_B_BYTES);
                     const int k0 = kt * FW_BK;
-                    fw_tma2d(sA + s * FP_A_BYTES, pA, k0, m0, full);
-                    fw_tma2d(sB + s * FP_B_BYTES, pB1, k0, r1, full);
-                    if (glu) fw_tma2d(sB + s * FP_B_BYTES + FP_B_BYTES / 2, pB3, k0, r1, full);
+                    st_tma2d(sA + s * FP_A_BYTES, pA, k0, m0, full);
+                    st_tma2d(sB + s * FP_B_BYTES, pB1, k0, r1, full);
+                    if (glu) st_tma2d(sB + s * FP_B_BYTES + FP_B_BYTES / 2, pB3, k0, r1, full);
                 }
             }
         }
