@@ -164,7 +164,7 @@ __device__ __forceinline__ void mla_wgmma_n256_rs(float d[32][4], const uint32_t
 #endif
 
 #if MLA_WGMMA
-/* mbarrier helpers (v6's gathers) */
+/* mbarrier wait (v6's gathers; init, expect-tx and the TMA copy: cuda_common.cuh) */
 /* wait for the phase of parity par to complete. The retry loop lives inside the asm (as CUTLASS does):
  * a C loop around try_wait is a divergent path to ptxas, which then serialises every wgmma (C7518).
  * Where the wait sits between wgmmas in flight (v6's consumers) even this loop does: use mla_bar_wait_u. */
