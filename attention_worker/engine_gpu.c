@@ -161,7 +161,7 @@ struct st_egpu_mb {
     float *z32;
     float *qm32, *ckv; /* MLA query [T, H*dqk] and latent row [T, R], fp32 GEMM outputs */
     void *qabs;        /* [T, H, R] fp32 when mla32, else bf16 */
-    int *ids, *ids_tmp, *cnt, *offsets, *row_of, *meta_d, *amax_d;
+    int *ids, *cnt, *offsets, *row_of, *meta_d, *amax_d;
     int *amax_h;          /* pinned [max_batch_tokens]: device argmax of each logits row */
     unsigned char *need;  /* host [max_batch_tokens]: logits row r goes to the caller (else argmax only) */
     void *ffn_ws;
@@ -797,7 +797,7 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(cq32, T * (size_t)ST_MAX(c->q_lora_rank, 1) * F); DC(qm, T * Hm * dqk * B2); DC(qm32, T * Hm * dqk * F);
     DC(ckv, T * R * F); DC(qabs, T * Hm * R * F); DC(olat, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
     DC(h2, T * 2 * fw * F); DC(hh, T * fw * B2);
-    DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(ids_tmp, T * kc * 4); DC(cnt, T * 4);
+    DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(cnt, T * 4);
     DC(offsets, (n + 1) * 4); DC(row_of, T * kc * 4); DC(z, T * ew * B2); DC(un, T * ew * B2);
     if (c->n_experts > 0 && !g->o.remote_experts) {
         DC(xg, T * kc * ew * B2); DC(yg, T * kc * ew * F);
@@ -1293,15 +1293,14 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     }
     /* a layer whose thresholds are unset (NaN) routes top-k, as the CPU engine */
     bool quantile = g->o.routing == ST_ROUTE_QUANTILE && g->tau_set && !isnan(g->tau[(size_t)l * n]);
-    if (!quantile && !g->hook) { /* σ in place and the top-k sets, weights and counts: one kernel */
-        CK(st_cuda_router_topk(s, mb->ids, mb->wts, kc, mb->cnt, mb->scores, G->router_bias, T, n, k, c->renormalize,
-                               c->routed_scale));
+    /* σ in place and the top-k sets, weights and counts: one kernel (the sets the hook sees, or the
+     * scores the host's quantile routing reads) */
+    CK(st_cuda_router_topk(s, mb->ids, mb->wts, kc, mb->cnt, mb->scores, G->router_bias, T, n, k, c->renormalize,
+                           c->routed_scale));
+    if (!quantile && !g->hook) {
         observe(mb, l);
         return;
     }
-    CK(st_cuda_router_topk(s, mb->ids_tmp, mb->wts, k, NULL, mb->scores, G->router_bias, T, n, k, c->renormalize,
-                           c->routed_scale));
-    if (!quantile) CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->ids_tmp, k, k, mb->scores, T, n, kc, false, 1.f));
     CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
     CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
     CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
@@ -1324,8 +1323,7 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     if (g->hook) g->hook(g->hook_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
     CK(eg_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), 1));
     CK(eg_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), 1));
-    CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, NULL, 0, 0, mb->scores, T, n, kc, c->renormalize,
-                       c->routed_scale));
+    CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
     observe(mb, l);
 }
 

@@ -178,10 +178,10 @@ st_status_t eg_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16_t *V
                             int n, int H, int nope, int rope, int dv, int R, int kvr);
 /* x [T, n] bf16 ← x ⊙ σ(gate [T, n]) */
 st_status_t eg_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *x, const st_bf16_t *gate, size_t n);
-/* Routing tail: when src != NULL, ids[t, i] = src[t·ks + i] for i < k and cnt[t] = k; then
- * w [T, kc] from scores [T, n] over ids[t, 0..cnt[t]) (SPEC §7), 0 past cnt. */
-st_status_t eg_route_finish(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, const int *src, int ks, int k,
-                            const float *scores, int T, int n, int kc, bool renorm, float scale);
+/* Routing tail (sets from the host): w [T, kc] from scores [T, n] over ids[t, 0..cnt[t]) (SPEC §7),
+ * 0 past cnt. */
+st_status_t eg_route_finish(const st_gpu_stream_t *s, const int *ids, float *w, const int *cnt, const float *scores,
+                            int T, int n, int kc, bool renorm, float scale);
 /* Grouping by expert (one block): offsets [E+1], row_of [T, kc] (−1 past cnt). */
 st_status_t eg_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt, int T,
                          int kc, int E);

@@ -584,15 +584,11 @@ extern "C" st_status_t eg_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *x, co
 }
 
 /* ------------------------------------------------------------------ MoE glue */
-__global__ void route_finish_kernel(int *ids, float *w, int *cnt, const int *src, int ks, int k, const float *scores,
-                                    int T, int n, int kc, int renorm, float scale) {
+__global__ void route_finish_kernel(const int *ids, float *w, const int *cnt, const float *scores, int T, int n, int kc,
+                                    int renorm, float scale) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
-    int *id = ids + (size_t)t * kc;
-    if (src) {
-        for (int i = 0; i < k; i++) id[i] = src[(size_t)t * ks + i];
-        cnt[t] = k;
-    }
+    const int *id = ids + (size_t)t * kc;
     const float *s = scores + (size_t)t * n;
     int c = cnt[t];
     float sum = 0.f;
@@ -600,11 +596,10 @@ __global__ void route_finish_kernel(int *ids, float *w, int *cnt, const int *src
     for (int i = 0; i < kc; i++)
         w[(size_t)t * kc + i] = i < c ? (renorm ? s[id[i]] / (sum + 1e-20f) * scale : s[id[i]] * scale) : 0.f;
 }
-extern "C" st_status_t eg_route_finish(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, const int *src, int ks,
-                                       int k, const float *scores, int T, int n, int kc, bool renorm, float scale) {
+extern "C" st_status_t eg_route_finish(const st_gpu_stream_t *s, const int *ids, float *w, const int *cnt,
+                                       const float *scores, int T, int n, int kc, bool renorm, float scale) {
     if (T <= 0) return ST_OK;
-    route_finish_kernel<<<(T + 127) / 128, 128, 0, ST_STREAM(s)>>>(ids, w, cnt, src, ks, k, scores, T, n, kc, renorm,
-                                                                   scale);
+    route_finish_kernel<<<(T + 127) / 128, 128, 0, ST_STREAM(s)>>>(ids, w, cnt, scores, T, n, kc, renorm, scale);
     return ST_LAUNCH_OK("route_finish_kernel");
 }
 
