@@ -51,6 +51,16 @@ static double step_all(const int *slots, int B, int *tok) {
     return st_time_sec() - t0;
 }
 
+/* mean seconds of DEC_STEPS greedy steps (after one warm-up step, which also captures a graph) */
+static double greedy_mean(const int *slots, int B, int *tok) {
+    greedy = true;
+    step_all(slots, B, tok);
+    double tot = 0;
+    for (int s = 0; s < DEC_STEPS; s++) tot += step_all(slots, B, tok);
+    greedy = false;
+    return tot / DEC_STEPS;
+}
+
 /* The profile of `what` (steps summed), as a table and the AttnRes RESULT line. */
 static void report_prof(st_egpu_t *g, const char *what, const st_config_t *c) {
     st_egpu_prof_t p;
@@ -227,36 +237,23 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
                preset, B, tag, floor_s * 1e3, w_bytes / 1e6, experts, S_bytes / 1e6, kv_bytes / 1e6, lg_bytes / 1e6, b_copy_gbs,
                mean / floor_s);
         /* greedy serving: each sequence takes the device argmax, no logits row crosses PCIe */
-        greedy = true;
-        step_all(slots, B, tok);
-        double gtot = 0;
-        for (int s = 0; s < DEC_STEPS; s++) gtot += step_all(slots, B, tok);
-        greedy = false;
-        double gmean = gtot / DEC_STEPS, gfloor = floor_s - lg_bytes / (b_copy_gbs * 1e9);
+        double gmean = greedy_mean(slots, B, tok), gfloor = floor_s - lg_bytes / (b_copy_gbs * 1e9);
         printf("RESULT e2e_%s_decode_b%d%s_greedy %.0f tok/s (step %.2f ms mean; device argmax, no logits to the "
                "host) measured/floor %.1fx\n", preset, B, tag, B / gmean, gmean * 1e3, gmean / gfloor);
         if (pg) { /* the same without the decode-step graphs (plain launches) */
             st_egpu_set_graphs(pg, false);
-            greedy = true;
-            step_all(slots, B, tok);
-            double ntot = 0;
-            for (int s = 0; s < DEC_STEPS; s++) ntot += step_all(slots, B, tok);
-            greedy = false;
+            double nmean = greedy_mean(slots, B, tok);
             st_egpu_set_graphs(pg, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_no_graphs %.0f tok/s (step %.2f ms mean; graphs: %.2fx)\n", preset,
-                   B, tag, B * DEC_STEPS / ntot, ntot / DEC_STEPS * 1e3, ntot / gtot);
+                   B, tag, B / nmean, nmean * 1e3, nmean / gmean);
             /* the same (graphs) with every linear layer on cuBLAS: what the skinny kernel is worth */
             st_cuda_linear_skinny_enable(false);
-            st_egpu_set_graphs(pg, true);
-            greedy = true;
-            step_all(slots, B, tok);
-            double ctot = 0;
-            for (int s = 0; s < DEC_STEPS; s++) ctot += step_all(slots, B, tok);
-            greedy = false;
+            st_egpu_set_graphs(pg, true); /* recapture */
+            double cmean = greedy_mean(slots, B, tok);
             st_cuda_linear_skinny_enable(true);
             st_egpu_set_graphs(pg, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_cublas_linear %.0f tok/s (step %.2f ms mean; skinny linear: %.2fx)\n",
-                   preset, B, tag, B * DEC_STEPS / ctot, ctot / DEC_STEPS * 1e3, ctot / gtot);
+                   preset, B, tag, B / cmean, cmean * 1e3, cmean / gmean);
         }
         if (pg) {
             st_egpu_prof_pause(pg, false);
