@@ -33,13 +33,17 @@ extern "C" st_status_t eg_sgemm(const st_gpu_stream_t *s, float *y, int ldy, con
                                        &zero, y, ldy));
 }
 
+/* the KDA decay gate of u = f + dt_bias (SPEC §3.3): lower-bounded sigmoid or −a·softplus */
+__device__ __forceinline__ float eg_kda_gate(float u, float a, int bounded, float lb) {
+    return bounded ? lb / (1.f + expf(-a * u)) : -a * (u > 20.f ? u : log1pf(expf(u)));
+}
 __global__ void kda_gate32_kernel(float *g, const float *A_log, const float *dt_bias, size_t n, int H, int dk,
                                   int bounded, float lb) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int hc = (int)(i % ((size_t)H * dk));
     float a = expf(A_log[hc / dk]), u = g[i] + dt_bias[hc];
-    g[i] = bounded ? lb / (1.f + expf(-a * u)) : -a * (u > 20.f ? u : log1pf(expf(u)));
+    g[i] = eg_kda_gate(u, a, bounded, lb);
 }
 extern "C" st_status_t eg_kda_gate32(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T,
                                      int H, int dk, bool bounded, float lb) {
@@ -76,7 +80,7 @@ __global__ void kda_gate_fb32_kernel(float *g, const float *aux, int naux, const
         sum = st_warp_sum(sum);
         if (lane == 0) {
             float u = sum + bias;
-            g[(size_t)t * P + hc] = bounded ? lb / (1.f + expf(-a * u)) : -a * (u > 20.f ? u : log1pf(expf(u)));
+            g[(size_t)t * P + hc] = eg_kda_gate(u, a, bounded, lb);
         }
     }
 }
