@@ -168,7 +168,7 @@ struct st_egpu_mb {
     size_t ffn_ws_bytes;
     /* pinned host */
     int *meta_h, *ids_h, *cnt_h, *offsets_h;
-    float *z_h, *out_h, *scores_h;
+    float *z_h, *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
     /* step */
     gent_t *ents;
     const st_seq_chunk_t *seqs;
@@ -823,7 +823,7 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     a = &mb->pin;
     *pneed = 0;
 #define PC(f, bytes) mb->f = dcarve(a, pneed, (bytes))
-    PC(meta_h, meta * 4); PC(amax_h, T * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(offsets_h, (n + 1) * 4); PC(scores_h, T * n * F);
+    PC(meta_h, meta * 4); PC(amax_h, T * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(offsets_h, (n + 1) * 4); PC(scores_h, T * n * F); PC(wq_h, T * kc * F);
     if (!mb->internal && c->n_experts > 0) {
         PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F);
     }
@@ -1309,14 +1309,8 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     if (quantile) {
         int km = g->o.k_max;
         /* ids [T, k_max] then restrided to [T, kc]; the weights are recomputed on the device */
-        float *wtmp = malloc((size_t)T * km * sizeof(float) + 4);
-        if (!wtmp) {
-            if (mb->err == ST_OK) mb->err = ST_FAIL(ST_ERR_NO_MEMORY, "quantile routing");
-            return;
-        }
-        st_route_quantile(mb->ids_h, wtmp, mb->cnt_h, mb->scores_h, g->tau + (size_t)l * n, T, n, km,
+        st_route_quantile(mb->ids_h, mb->wq_h, mb->cnt_h, mb->scores_h, g->tau + (size_t)l * n, T, n, km,
                           c->renormalize, c->routed_scale);
-        free(wtmp);
         if (km != kc)
             for (int t = T - 1; t >= 0; t--) memmove(mb->ids_h + (size_t)t * kc, mb->ids_h + (size_t)t * km, (size_t)km * sizeof(int));
     }
