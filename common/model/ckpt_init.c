@@ -2,14 +2,17 @@
  * (notes/checkpoint-layout.md §3): config.json with text_config, one shard per decoder layer plus
  * one for the globals, and model.safetensors.index.json. Tensors are generated row by row and
  * streamed to disk; nothing holds a whole checkpoint (k3-mini is ~7 GB) in memory.
- * Every tensor has its own RNG stream seeded from (seed, name), so the output is deterministic. */
+ * Every tensor has its own RNG stream seeded from (seed, name), so the output is deterministic; the
+ * shards are written by up to one thread per core. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "strata/model.h"
 
@@ -50,7 +53,7 @@ typedef struct {
 typedef struct {
     const st_config_t *c;
     const st_ckpt_init_opts_t *o;
-    float *u;        /* [d] unit direction of the router skew, or NULL */
+    const float *u;  /* [d] unit direction of the router skew, or NULL */
     float *row;      /* [max cols] scratch */
     void *out_row;   /* [max cols * 4] scratch */
     uint8_t *scales; /* pending MXFP4 scales of the last packed tensor */
@@ -601,6 +604,55 @@ static st_status_t write_text(const char *dir, const char *name, const char *tex
     return st_file_write_all(path, text, strlen(text)); /* logs its own failure */
 }
 
+/* ---- shards, written in parallel ---- */
+
+typedef struct {
+    const st_config_t *c;
+    const st_ckpt_init_opts_t *o;
+    const float *u;     /* router skew direction or NULL (shared, read-only) */
+    int64_t maxc;       /* widest generated row */
+    int n_shards;
+    tlist_t *lists;     /* [n_shards] tensor lists (filled by the writers) */
+    uint64_t *payload;  /* [n_shards] */
+    pthread_mutex_t mu;
+    int next;           /* next shard to take */
+    st_status_t status; /* first failure */
+} shards_t;
+
+static void shard_name(char *fname, size_t n, int sh, int n_shards) {
+    snprintf(fname, n, "model-%05d-of-%06d.safetensors", sh + 1, n_shards);
+}
+
+static void *shard_writer(void *arg) {
+    shards_t *S = arg;
+    const st_config_t *c = S->c;
+    gen_t g = {.c = c, .o = S->o, .u = S->u};
+    g.row = malloc((size_t)S->maxc * sizeof(float));
+    g.out_row = malloc((size_t)S->maxc * sizeof(float));
+    g.gamma = malloc((size_t)c->d * sizeof(float));
+    g.hot = calloc((size_t)c->n_experts + 1, sizeof(bool));
+    st_status_t s = g.row && g.out_row && g.gamma && g.hot ? ST_OK : ST_FAIL(ST_ERR_NO_MEMORY, "ckpt init: buffers");
+    for (;;) {
+        pthread_mutex_lock(&S->mu);
+        if (s && !S->status) S->status = s;
+        int sh = S->status ? S->n_shards : S->next++;
+        pthread_mutex_unlock(&S->mu);
+        if (sh >= S->n_shards) break;
+        char fname[64], path[4096];
+        shard_name(fname, sizeof fname, sh, S->n_shards);
+        snprintf(path, sizeof path, "%s/%s", S->o->out_dir, fname);
+        tlist_t *L = &S->lists[sh];
+        s = sh < c->n_layers ? layer_specs(c, S->o->dtype, sh, L) : global_specs(c, S->o->dtype, L);
+        if (!s) s = write_shard(&g, path, L->v, L->n, &S->payload[sh]);
+    }
+    free(g.scales);
+    free(g.hot);
+    free(g.gamma);
+    free(g.out_row);
+    free(g.row);
+    return NULL;
+}
+
 st_status_t st_ckpt_init(const st_ckpt_init_opts_t *o) {
     st_config_t c;
     st_status_t s;
@@ -618,10 +670,6 @@ st_status_t st_ckpt_init(const st_ckpt_init_opts_t *o) {
         return ST_FAIL(ST_ERR_IO, "ckpt init: cannot create %s: %s", o->out_dir, strerror(errno));
 
     int n_shards = c.n_layers + 1;
-    gen_t g;
-    memset(&g, 0, sizeof g);
-    g.c = &c;
-    g.o = o;
     int64_t maxc = ST_MAX((int64_t)c.d, (int64_t)c.vocab);
     maxc = ST_MAX(maxc, (int64_t)c.intermediate);
     maxc = ST_MAX(maxc, (int64_t)c.n_shared * c.moe_inter);
@@ -629,29 +677,30 @@ st_status_t st_ckpt_init(const st_ckpt_init_opts_t *o) {
     maxc = ST_MAX(maxc, (int64_t)c.mla_heads * (c.qk_nope + c.v_head_dim));
     maxc = ST_MAX(maxc, (int64_t)c.n_experts + 128);
     maxc = ST_MAX(maxc, (int64_t)c.kda_heads + 128);
+    /* NOTE: the JSON objects are created before any thread starts (jansson seeds its hash once) */
     json_t *index = json_object(), *wm = json_object(), *meta = json_object();
-    tlist_t L = {0};
+    shards_t S = {.c = &c, .o = o, .maxc = maxc, .n_shards = n_shards, .mu = PTHREAD_MUTEX_INITIALIZER};
     char *cfg_text = NULL, *idx_text = NULL;
-    g.row = malloc((size_t)maxc * sizeof(float));
-    g.out_row = malloc((size_t)maxc * sizeof(float));
-    g.gamma = malloc((size_t)c.d * sizeof(float));
-    g.hot = calloc((size_t)c.n_experts + 1, sizeof(bool));
-    if (!index || !wm || !meta || !g.row || !g.out_row || !g.gamma || !g.hot) {
+    float *u = NULL;
+    S.lists = calloc((size_t)n_shards, sizeof *S.lists);
+    S.payload = calloc((size_t)n_shards, sizeof *S.payload);
+    if (!index || !wm || !meta || !S.lists || !S.payload) {
         s = ST_FAIL(ST_ERR_NO_MEMORY, "ckpt init: buffers");
         goto err_mem;
     }
     if (o->skew_router > 0 && c.n_experts > 0) {
-        g.u = malloc((size_t)c.d * sizeof(float));
-        if (!g.u) {
+        u = malloc((size_t)c.d * sizeof(float));
+        if (!u) {
             s = ST_FAIL(ST_ERR_NO_MEMORY, "ckpt init: buffers");
             goto err_mem;
         }
         nrng_t r;
         nrng_seed(&r, o->seed, "router-skew-direction");
         double nn = 0;
-        for (int i = 0; i < c.d; i++) g.u[i] = nrng_normal(&r), nn += (double)g.u[i] * g.u[i];
-        for (int i = 0; i < c.d; i++) g.u[i] = (float)(g.u[i] / sqrt(nn));
+        for (int i = 0; i < c.d; i++) u[i] = nrng_normal(&r), nn += (double)u[i] * u[i];
+        for (int i = 0; i < c.d; i++) u[i] = (float)(u[i] / sqrt(nn));
     }
+    S.u = u;
 
     cfg_text = config_text(&c, o->dtype);
     if (!cfg_text) {
@@ -660,18 +709,21 @@ st_status_t st_ckpt_init(const st_ckpt_init_opts_t *o) {
     }
     if ((s = write_text(o->out_dir, "config.json", cfg_text))) goto err_mem;
 
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_thr = (int)ST_MIN((long)n_shards, ST_MIN(cores > 0 ? cores : 1, 16L)), started = 0;
+    pthread_t th[16];
+    for (int i = 1; i < n_thr; i++)
+        if (pthread_create(&th[started], NULL, shard_writer, &S) == 0) started++;
+    shard_writer(&S); /* this thread writes too; the shard queue finishes even if no thread started */
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if ((s = S.status)) goto err_mem;
+
     uint64_t total = 0;
     for (int sh = 0; sh < n_shards; sh++) {
-        char fname[64], path[4096];
-        snprintf(fname, sizeof fname, "model-%05d-of-%06d.safetensors", sh + 1, n_shards);
-        snprintf(path, sizeof path, "%s/%s", o->out_dir, fname);
-        L.n = 0;
-        s = sh < c.n_layers ? layer_specs(&c, o->dtype, sh, &L) : global_specs(&c, o->dtype, &L);
-        if (s) goto err_mem;
-        uint64_t payload = 0;
-        if ((s = write_shard(&g, path, L.v, L.n, &payload))) goto err_mem;
-        total += payload;
-        for (size_t i = 0; i < L.n; i++) json_object_set_new(wm, L.v[i].name, json_string(fname));
+        char fname[64];
+        shard_name(fname, sizeof fname, sh, n_shards);
+        total += S.payload[sh];
+        for (size_t i = 0; i < S.lists[sh].n; i++) json_object_set_new(wm, S.lists[sh].v[i].name, json_string(fname));
     }
     json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
     json_object_set_new(index, "metadata", meta);
@@ -684,22 +736,19 @@ st_status_t st_ckpt_init(const st_ckpt_init_opts_t *o) {
         goto err_mem;
     }
     if ((s = write_text(o->out_dir, "model.safetensors.index.json", idx_text))) goto err_mem;
-    st_log_info("ckpt init: wrote preset '%s' (%d shards, %llu payload bytes) to %s", o->preset, n_shards,
-                (unsigned long long)total, o->out_dir);
+    st_log_info("ckpt init: wrote preset '%s' (%d shards, %llu payload bytes, %d threads) to %s", o->preset, n_shards,
+                (unsigned long long)total, started + 1, o->out_dir);
     s = ST_OK;
 
 err_mem:
     free(idx_text);
     free(cfg_text);
-    free(L.v);
+    for (int sh = 0; S.lists && sh < n_shards; sh++) free(S.lists[sh].v);
+    free(S.lists);
+    free(S.payload);
     json_decref(meta);
     json_decref(wm);
     json_decref(index);
-    free(g.u);
-    free(g.hot);
-    free(g.gamma);
-    free(g.scales);
-    free(g.out_row);
-    free(g.row);
+    free(u);
     return s;
 }
