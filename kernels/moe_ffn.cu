@@ -756,7 +756,7 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 /* Modes (st_cuda_moe_ffn_use_wgmma): 0 mma.sync; 2 both GEMMs on ffn_wg_kernel (cooperative consumers,
  * 128 × 256 tiles, two launches); 5 both in one launch of ffn_wgp_kernel (ping-pong consumers, 128 × 128
  * tiles); 1 (the default) chosen per call: 5 when the experts average fewer than FW_AUTO_FUSED_MAX rows
- * (N < FW_AUTO_FUSED_MAX · E), else 2. Removed in round 3 (measured, never best): 3 clusters of two
+ * (N < FW_AUTO_FUSED_MAX · E) and are small (ℓ · w ≤ FW_AUTO_FUSED_LW), else 2. Removed in round 3 (measured, never best): 3 clusters of two
  * blocks (→ 2), 4 ping-pong in two launches (→ 5), 6 gate/up cooperative + down ping-pong, 7 the same
  * fused in one launch (→ 2).
  * NOTE: why (H200, 2026-11-30, round 3, TFLOP/s at E=64 × 128 / 64 × 512 / 16 × 2048, bench_gpu_moe_ffn
@@ -774,6 +774,13 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 #endif
 #ifndef FW_AUTO_FUSED_MAX
 #define FW_AUTO_FUSED_MAX 256
+#endif
+/* NOTE: at K3's expert widths (ℓ 3584, w 3072) decode steps (~10 rows per expert) ran faster on mode 2:
+ * k3-mini greedy decode in one process, mode 2 vs the fused kernel: batch 32 0.924× the step time,
+ * batch 1 0.983×, batch 256 0.996× (H200, session 5, bench_gpu_e2e STRATA_BENCH_AB); at ℓ 1024 × w 512
+ * the fused kernel wins (+10%, above). Many tiles per expert, so the launch it saves matters less. */
+#ifndef FW_AUTO_FUSED_LW
+#define FW_AUTO_FUSED_LW (4L << 20)
 #endif
 /* hosted paths, default rule (min_rows_cublas 0), wgmma kernels on: 1 → every expert grouped */
 #ifndef FW_HOSTED_GROUPED
@@ -956,7 +963,8 @@ static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int
                                  const st_bf16_t *const *tab, CUtensorMap *tmt, bool *used) {
     CUtensorMap mx, m1, m3, mh, m2;
     int mode = fw_mode;
-    if (mode == 1) mode = (long)N < (long)fw_auto_fused * E ? 5 : 2; /* per call, from the average rows */
+    if (mode == 1) /* per call, from the average rows and the expert size */
+        mode = (long)N < (long)fw_auto_fused * E && (long)l * w <= FW_AUTO_FUSED_LW ? 5 : 2;
     const unsigned r13 = mode == 5 ? 64 : 128; /* w1/w3 boxes: 64 rows on the ping-pong kernel (NOTE: the
                                                 * table mode's w1/w3 template carries this box too) */
     if (tab) /* templates: one expert's shapes at some aligned address (replaced per expert) */

@@ -92,8 +92,38 @@ static void report_prof(st_egpu_t *g, const char *what, const st_config_t *c) {
            1e3 * extra / n, 100.0 * ar / tot);
 }
 
-static void run_engine(const st_ckpt_t *ck, bool v1);
 static const char *preset = "small"; /* STRATA_BENCH_PRESET (e.g. k3-mini: K3's layer widths, 4 layers) */
+static void run_engine(const st_ckpt_t *ck, bool v1);
+
+/* STRATA_BENCH_AB="NAME=VALUE[,NAME=VALUE...]": the greedy decode step once more with these variables
+ * set (kernel variants read at st_cuda_moe_ffn_use_wgmma(-1) or at each call), in the same process, so
+ * a variant is compared without machine-to-machine variance. The variables are unset afterwards. */
+static void ab_env(const char *spec, bool set) {
+    char buf[512], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) continue;
+        *eq = 0;
+        if (set) setenv(kv, eq + 1, 1);
+        else unsetenv(kv);
+    }
+    st_cuda_moe_ffn_use_wgmma(-1);
+}
+
+static void ab_compare(st_egpu_t *pg, const int *slots, int B, int *tok, double gmean, const char *tag) {
+    const char *ab = getenv("STRATA_BENCH_AB");
+    if (!ab || !*ab) return;
+    ab_env(ab, true);
+    st_egpu_set_graphs(pg, true); /* recapture with the variant */
+    double amean = greedy_mean(slots, B, tok);
+    ab_env(ab, false);
+    st_egpu_set_graphs(pg, true);
+    double bmean = greedy_mean(slots, B, tok); /* the default again: drift between the two */
+    printf("RESULT e2e_%s_decode_b%d%s_greedy_ab %.0f tok/s with %s (step %.3f ms; default %.3f ms before, %.3f "
+           "after: %.3fx)\n", preset, B, tag, B / amean, ab, amean * 1e3, gmean * 1e3, bmean * 1e3,
+           amean / (0.5 * (gmean + bmean)));
+}
 
 int main(void) {
     (void)bdev;
@@ -254,6 +284,7 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
             st_egpu_set_graphs(pg, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_cublas_linear %.0f tok/s (step %.2f ms mean; skinny linear: %.2fx)\n",
                    preset, B, tag, B / cmean, cmean * 1e3, cmean / gmean);
+            ab_compare(pg, slots, B, tok, gmean, tag);
         }
         if (pg) {
             st_egpu_prof_pause(pg, false);
