@@ -20,6 +20,7 @@
 #define EGPU_PROF_EVENTS 4096 /* timing events per profiled step (STRATA_EGPU_PROF) */
 #define EGPU_GATE_NS 200000000LL /* the profiling gate lets go by itself after 200 ms */
 #define EGPU_GRAPHS 32 /* decode step graphs kept (engine_gpu.c graph_step) */
+#define EG_AR_FOLD_T 128 /* block-start norm folded into the AttnRes phase-1 launch up to this many tokens */
 
 typedef struct {
     float *in_norm, *post_norm; /* [d] */
@@ -1475,22 +1476,36 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
         const gl_t *G = &g->L[l];
         gtrace(mb, l, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
         /* attention side */
-        resnorm(mb, mb->xn, XLO(mb), g->q_attn[l], G->in_norm, NULL, T, false);
-        gtrace(mb, l, ST_TRACE_XN_ATTN, mb->xn, true, d, d, false);
         bool pushed = B > 0 && l % B == 0;
+        /* NOTE: the block-start norm folded into the phase-1 launch up to EG_AR_FOLD_T tokens: it saves a
+         * launch (decode), but its extra thread-block group re-reads every block row, which costs more
+         * than the fused norm's one read of the partial beyond (bench_gpu_attnres, H200: d 1024 T 128
+         * 7.9 vs 11.4 µs, T 256 12.5 vs 12.6, T 8192 372 vs 237; d 7168 T 128 81 vs 98, T 256 198 vs 119) */
+        bool fold = pushed && !g->ar_v1 && T <= EG_AR_FOLD_T;
+        if (!fold) resnorm(mb, mb->xn, XLO(mb), g->q_attn[l], G->in_norm, NULL, T, false);
         if (pushed) { /* the partial becomes block nb; phase 1 for the next B layers' queries */
             size_t bs = (size_t)g->o.max_batch_tokens * d;
+            /* the block-start norm's query: the last one of the previous block set (any query before the
+             * first block: one block mixes to itself) */
+            const float *wq = mb->nb > 0 ? g->bq[mb->nb - 1].w + (size_t)g->q_attn[l] * d : g->bq[0].w;
             mb->nb++;
             const gbq_t *bq = &g->bq[mb->nb - 1];
             prof_mark(g, ST_EGPU_PROF_AR_P1);
             if (g->ar_v1) {
                 CK(eg_memcpy_async(s, mb->blocks + (mb->nb - 1) * bs, mb->partial, Td * sizeof(float), 0));
                 CK(eg_attnres_phase1(s, mb->stats, mb->acc, mb->blocks, bs, mb->nb, bq->w, bq->Q, T, d, c->rms_eps));
-            } else {
+            } else { /* fold: one launch for the norm of the mixed blocks (= the previous set + the partial) */
+                st_attnres_xnorm_t x = {wq, G->in_norm, c->rms_eps, mb->xn, XLO(mb)};
                 CK(st_cuda_attnres_phase1_push(s, mb->stats, mb->acc, mb->blocks, bs, mb->partial, mb->nb, bq->w, bq->Q,
-                                               T, d, c->rms_eps, 0));
+                                               T, d, c->rms_eps, 0, fold ? &x : NULL));
+                if (fold && g->pf_step) { /* the plain norm it replaces, for the profile's AttnRes share */
+                    prof_mark(g, ST_EGPU_PROF_REF_NORM);
+                    CK(eg_resnorm(s, mb->xf, NULL, mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d,
+                                  c->rms_eps, c->rms_eps));
+                }
             }
         }
+        gtrace(mb, l, ST_TRACE_XN_ATTN, mb->xn, true, d, d, false);
         int ow = c->is_mla[l] ? c->mla_heads * c->v_head_dim : g->P;
         if (c->is_mla[l]) mla_layer(mb, G, l);
         else kda_layer(mb, G, l);

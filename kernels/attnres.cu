@@ -297,6 +297,31 @@ extern "C" st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *o
 __device__ __forceinline__ float4 ar_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ float ar_dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
+/* Four values as bf16 to o (8 bytes) and, when lo is not NULL, the bf16 remainders v − bf16(v) to lo. */
+__device__ __forceinline__ void ar_store_bf4(st_bf16_t *o, st_bf16_t *lo, float v0, float v1, float v2, float v3) {
+    const float v[4] = {v0, v1, v2, v3};
+    uint32_t hi2[2], lo2[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        st_bf16_t b0 = st_tobf(v[2 * u]), b1 = st_tobf(v[2 * u + 1]);
+        hi2[u] = (uint32_t)b0 | ((uint32_t)b1 << 16);
+        lo2[u] = st_pack_bf2(v[2 * u] - st_bf(b0), v[2 * u + 1] - st_bf(b1));
+    }
+    *reinterpret_cast<uint2 *>(o) = make_uint2(hi2[0], hi2[1]);
+    if (lo) *reinterpret_cast<uint2 *>(lo) = make_uint2(lo2[0], lo2[1]);
+}
+
+/* Block sum of two values; red: 2·32 floats (not reused before the next barrier). */
+__device__ __forceinline__ float2 ar_block_sum2(float a, float b, float *red) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = st_warp_sum(a), b = st_warp_sum(b);
+    if (lane == 0) red[wid] = a, red[32 + wid] = b;
+    __syncthreads();
+    float x = 0.f, y = 0.f;
+    for (int w = 0; w < nw; w++) x += red[w], y += red[32 + w];
+    return make_float2(x, y);
+}
+
 /* Phase 1 with the push: block (t, g) handles token t and queries [g·qpb, g·qpb + qpb) ∩ [0, Q)
  * (qpb < Q only with few tokens: more blocks and fewer reductions per block at decode sizes; each
  * group reads the source rows again, from L2). Thread j owns float4 columns j, j + nthreads, ...
@@ -304,13 +329,18 @@ __device__ __forceinline__ float ar_dot4(float4 a, float4 b) { return a.x * b.x 
  * its columns (w_q read once per group of blocks), warps reduce by shuffles into sred
  * [nwarps][m·(nq+1)], one barrier, then the per-warp sums are added in warp order (deterministic).
  * The newest block is read from `newest` and, by group 0, written to its list slot by the same
- * loads. smem: sred [nwarps·m·(qpb+1)], tot [m·(qpb+1)], e [m·qpb]. grid (T, ⌈Q/qpb⌉). */
+ * loads. smem: sred [nwarps·m·(qpb+1)], tot [m·(qpb+1)], e [m·qpb]. grid (T, ⌈Q/qpb⌉ (+ 1 with x)).
+ * With x (st_attnres_xnorm_t), the last group mixes the m blocks for the one query x.w_q and writes
+ * RMSNorm of the mix to x.xn (x.xlo) instead of stats/acc: the block-start norm in the same launch. */
 __global__ void __launch_bounds__(ARF_THREADS) attnres_phase1_push_kernel(float *stats, float *acc, float *blocks,
                                                                           size_t bstride, const float *newest, int m,
                                                                           const float *w, int Q, int qpb, int d,
-                                                                          float eps) {
+                                                                          float eps, st_attnres_xnorm_t x) {
     extern __shared__ float sh[];
-    const int qa = blockIdx.y * qpb, nql = min(qpb, Q - qa), QW = nql + 1;
+    __shared__ float xsum, red[64];
+    const bool xg = x.w_q && blockIdx.y == gridDim.y - 1; /* the block-start norm's group */
+    const int qa = xg ? 0 : blockIdx.y * qpb, nql = xg ? 1 : min(qpb, Q - qa), QW = nql + 1;
+    const float *wb = xg ? x.w_q : w + (size_t)qa * d;
     const int nw = blockDim.x >> 5, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     float *sred = sh, *tot = sh + (size_t)nw * m * QW, *e = tot + m * QW;
     const size_t t = blockIdx.x, d4 = (size_t)d >> 2;
@@ -335,7 +365,7 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_phase1_push_kernel(float 
                 float4 wq[AR_QC];
 #pragma unroll
                 for (int j = 0; j < AR_QC; j++)
-                    wq[j] = j < nq ? ar_ld4(w + (size_t)(qa + q0 + j) * d + 4 * c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    wq[j] = j < nq ? ar_ld4(wb + (size_t)(q0 + j) * d + 4 * c4) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int b = 0; b < ARF_IB; b++) {
                     if (b >= nb) break;
@@ -381,10 +411,39 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_phase1_push_kernel(float 
             e[i * nql + ql] = x;
             sum += x;
         }
-        stats[(t * Q + qa + ql) * 2] = mx;
-        stats[(t * Q + qa + ql) * 2 + 1] = sum;
+        if (xg) {
+            xsum = sum;
+        } else {
+            stats[(t * Q + qa + ql) * 2] = mx;
+            stats[(t * Q + qa + ql) * 2 + 1] = sum;
+        }
     }
     __syncthreads();
+    if (xg) { /* h = Σ e_i V_i / Σ e_i, then RMSNorm: two passes over the (cached) rows */
+        const float inv = 1.f / xsum;
+        float ss = 0.f;
+        for (int pass = 0; pass < 2; pass++) {
+            const float rs = pass ? 1.f / sqrtf(ss / (float)d + x.eps) : 0.f;
+            for (size_t c4 = threadIdx.x; c4 < d4; c4 += blockDim.x) {
+                float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int i = 0; i < m; i++) {
+                    float4 v = ar_ld4((i < nnew ? blocks + (size_t)i * bstride : newest) + t * d + 4 * c4);
+                    float ei = e[i];
+                    o.x += ei * v.x, o.y += ei * v.y, o.z += ei * v.z, o.w += ei * v.w;
+                }
+                o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+                if (!pass) {
+                    ss += ar_dot4(o, o);
+                    continue;
+                }
+                const float4 w4 = ar_ld4(x.norm_w + 4 * c4);
+                ar_store_bf4(x.xn + t * d + 4 * c4, x.xlo ? x.xlo + t * d + 4 * c4 : nullptr, o.x * rs * w4.x,
+                             o.y * rs * w4.y, o.z * rs * w4.z, o.w * rs * w4.w);
+            }
+            if (!pass) ss = ar_block_sum2(ss, 0.f, red).x;
+        }
+        return;
+    }
     float *accT = acc + (t * Q + qa) * d;
     for (int q0 = 0; q0 < nql; q0 += AR_QC) {
         const int nq = min(AR_QC, nql - q0);
@@ -423,17 +482,22 @@ static int ar_push_qpb(int T, int Q, int m, int d) {
 
 extern "C" st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, float *stats, float *acc, float *blocks,
                                                    size_t bstride, const float *newest, int m, const float *w_eff,
-                                                   int Q, int T, int d, float eps, int qpb) {
+                                                   int Q, int T, int d, float eps, int qpb,
+                                                   const st_attnres_xnorm_t *x) {
     if (m < 0 || m > AR_MMAX || Q <= 0 || Q > AR_QMAX || T < 0 || d <= 0 || (newest && m == 0) ||
         (m > 0 && !blocks) || ((m > 1 || (m == 1 && !newest)) && bstride < (size_t)T * d) || qpb < 0)
         return ST_FAIL(ST_ERR_INVALID_ARG, "attnres_phase1_push: m=%d (≤ %d) Q=%d (≤ %d) T=%d d=%d bstride=%zu qpb=%d",
                        m, AR_MMAX, Q, AR_QMAX, T, d, bstride, qpb);
+    if (x && (!x->w_q || !x->norm_w || !x->xn || m == 0))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "attnres_phase1_push: the block-start norm needs w_q, norm_w, xn and m ≥ 1 "
+                       "(m=%d)", m);
     if (!T) return ST_OK;
-    qpb = qpb == 0 ? ar_push_qpb(T, Q, m, d) : ST_MIN(qpb, Q);
+    qpb = qpb == 0 ? ar_push_qpb(T, Q + (x ? 1 : 0), m, d) : ST_MIN(qpb, Q);
     size_t sm = ar_push_smem(m, qpb);
     bool vec = d % 4 == 0 && ((uintptr_t)blocks | (uintptr_t)newest | (uintptr_t)w_eff | (uintptr_t)acc) % 16 == 0 &&
-               bstride % 4 == 0;
-    if (m == 0 || !vec || sm > 48 * 1024) { /* the general launcher, the push as a copy first */
+               bstride % 4 == 0 &&
+               (!x || ((uintptr_t)x->w_q | (uintptr_t)x->norm_w | (uintptr_t)x->xn | (uintptr_t)x->xlo) % 16 == 0);
+    if (m == 0 || !vec || sm > 48 * 1024) { /* the general launchers, the push as a copy first */
         const float *bp[AR_MMAX];
         for (int i = 0; i < m; i++) bp[i] = blocks + (size_t)i * bstride;
         if (newest) {
@@ -442,23 +506,21 @@ extern "C" st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, flo
                                                            ST_STREAM(s)));
             if (rc) return rc;
         }
+        if (x) { /* the norm first, stats/acc as its scratch: blocks 0 … m − 2 mixed with block m − 1 as the partial */
+            st_status_t rc = m > 1 ? st_cuda_attnres_phase1(s, stats, acc, bp, m - 1, x->w_q, 1, T, d, eps) : ST_OK;
+            if (!rc)
+                rc = st_cuda_attnres_phase2_rmsnorm(s, x->xn, x->xlo, bp[m - 1], m > 1 ? stats : NULL, acc, x->w_q, 0,
+                                                    1, x->norm_w, NULL, T, d, eps, x->eps);
+            if (rc) return rc;
+        }
         return st_cuda_attnres_phase1(s, stats, acc, bp, m, w_eff, Q, T, d, eps);
     }
     int th = (int)ST_MIN((size_t)ARF_THREADS, ((size_t)d / 4 + 31) / 32 * 32);
-    attnres_phase1_push_kernel<<<dim3(T, (Q + qpb - 1) / qpb), th, sm, ST_STREAM(s)>>>(stats, acc, blocks, bstride,
-                                                                                     newest, m, w_eff, Q, qpb, d, eps);
+    const st_attnres_xnorm_t none = {0};
+    dim3 grid(T, (Q + qpb - 1) / qpb + (x ? 1 : 0));
+    attnres_phase1_push_kernel<<<grid, th, sm, ST_STREAM(s)>>>(stats, acc, blocks, bstride, newest, m, w_eff, Q, qpb, d,
+                                                              eps, x ? *x : none);
     return ST_LAUNCH_OK("attnres_phase1_push_kernel");
-}
-
-/* Block sum of two values; red: 2·32 floats (not reused before the next barrier). */
-__device__ __forceinline__ float2 ar_block_sum2(float a, float b, float *red) {
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    a = st_warp_sum(a), b = st_warp_sum(b);
-    if (lane == 0) red[wid] = a, red[32 + wid] = b;
-    __syncthreads();
-    float x = 0.f, y = 0.f;
-    for (int w = 0; w < nw; w++) x += red[w], y += red[32 + w];
-    return make_float2(x, y);
 }
 
 /* Phase 2 + RMSNorm, one block per output row, NV float4 columns per thread held in registers:
@@ -520,16 +582,8 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_p2norm_kernel(st_bf16_t *
         int c4 = threadIdx.x + k * blockDim.x;
         if (c4 >= d4) break;
         const float4 w4 = PF ? nw4[k] : ar_ld4(nw + 4 * c4);
-        float v[4] = {h[k].x * rs * w4.x, h[k].y * rs * w4.y, h[k].z * rs * w4.z, h[k].w * rs * w4.w};
-        uint32_t hi2[2], lo2[2];
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            st_bf16_t b0 = st_tobf(v[2 * u]), b1 = st_tobf(v[2 * u + 1]);
-            hi2[u] = (uint32_t)b0 | ((uint32_t)b1 << 16);
-            lo2[u] = st_pack_bf2(v[2 * u] - st_bf(b0), v[2 * u + 1] - st_bf(b1));
-        }
-        *reinterpret_cast<uint2 *>(o + 4 * c4) = make_uint2(hi2[0], hi2[1]);
-        if (lo) *reinterpret_cast<uint2 *>(lo + 4 * c4) = make_uint2(lo2[0], lo2[1]);
+        ar_store_bf4(o + 4 * c4, lo ? lo + 4 * c4 : nullptr, h[k].x * rs * w4.x, h[k].y * rs * w4.y,
+                     h[k].z * rs * w4.z, h[k].w * rs * w4.w);
     }
 }
 

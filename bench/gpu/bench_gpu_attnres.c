@@ -54,12 +54,14 @@ static void bench(const layer_t *L, int T, int B, int m) {
     BK(st_cuda_fill_uniform(&bs, part, false, (size_t)T * d, -1.f, 1.f, 2));
     BK(st_cuda_fill_uniform(&bs, nw, false, (size_t)d, 0.5f, 1.5f, 3));
     BK(st_cuda_fill_uniform(&bs, list, false, (size_t)m * T * d, -1.f, 1.f, 4));
-    double p1, p2, pp, nar, npl;
+    double p1, p2, pp, ppx, nar, npl;
     int it = T >= 4096 ? 5 : 50;
     BTIME(p1, it, st_cuda_attnres_phase1(&bs, st, acc, (const float *const *)blk, m, w, Q, T, d, 1e-5f));
     BTIME(p2, it, st_cuda_attnres_phase2(&bs, NULL, ob, part, st, acc, w, 0, Q, T, d, 1e-5f));
     /* engine forms: the newest block (part) pushed into list slot m − 1 */
-    BTIME(pp, it, st_cuda_attnres_phase1_push(&bs, st, acc, list, (size_t)T * d, part, m, w, Q, T, d, 1e-5f, 0));
+    BTIME(pp, it, st_cuda_attnres_phase1_push(&bs, st, acc, list, (size_t)T * d, part, m, w, Q, T, d, 1e-5f, 0, NULL));
+    st_attnres_xnorm_t x = {w, nw, 1e-5f, ob, NULL};
+    BTIME(ppx, it, st_cuda_attnres_phase1_push(&bs, st, acc, list, (size_t)T * d, part, m, w, Q, T, d, 1e-5f, 0, &x));
     BTIME(nar, it, st_cuda_attnres_phase2_rmsnorm(&bs, ob, NULL, part, st, acc, w, 0, Q, nw, NULL, T, d, 1e-5f, 1e-5f));
     BTIME(npl, it, st_cuda_attnres_phase2_rmsnorm(&bs, ob, NULL, part, NULL, NULL, NULL, 0, Q, nw, NULL, T, d, 1e-5f,
                                                   1e-5f));
@@ -74,6 +76,9 @@ static void bench(const layer_t *L, int T, int B, int m) {
            "RMSNorm %.1f us (extra %.1f us); per layer %.1f us; share of trunk GEMMs (upper bound) %.2f%%\n",
            d, T, m, Q, pp * 1e3, bp / (pp * 1e6), nar * 1e3, npl * 1e3, (nar - npl) * 1e3, eng_layer * 1e3,
            100.0 * eng_layer / (lay + eng_layer));
+    printf("RESULT attnres_engine_fold d=%d T=%d m=%d Q=%d: phase1+push with the block-start norm %.1f us vs "
+           "phase1+push %.1f + fused norm %.1f us (AttnRes over a plain RMSNorm per block start: %.1f vs %.1f us)\n",
+           d, T, m, Q, ppx * 1e3, pp * 1e3, nar * 1e3, (ppx - npl) * 1e3, (pp + nar - npl) * 1e3);
     for (int i = 0; i < m; i++) st_gpu_free(blk[i]);
     free(blk);
     st_gpu_free(w), st_gpu_free(part), st_gpu_free(st), st_gpu_free(acc), st_gpu_free(ob), st_gpu_free(nw),

@@ -1,7 +1,8 @@
 /* Block AttnRes two-phase (fp32) and MLA causal prefill (bf16, flash form) on the GPU vs the CPU:
  * st_attnres_phase1/phase2 (stats, acc, out to 1e-4 relative; m = 0 gives (−inf, 0) exactly), the
  * engine's forms (phase 1 with the push: stats/acc as phase 1, the pushed block bit-exact, the other
- * list slots untouched; phase 2 + RMSNorm vs st_attnres_phase2 + st_rmsnorm: bf16 output to 8e-3,
+ * list slots untouched; with the block-start norm too: stats/acc bit-identical, the norm vs
+ * st_attnres_phase1 + st_attnres_phase2 + st_rmsnorm as below; phase 2 + RMSNorm vs st_attnres_phase2 + st_rmsnorm: bf16 output to 8e-3,
  * hi + lo to 1e-4) and st_mla_attn_direct on bf16-rounded inputs (2e-2 relative L2). */
 #include <math.h>
 #include <string.h>
@@ -84,7 +85,7 @@ static void attnres_push_case(int T, int d, int m, int Q, size_t pad, bool push,
     float *d_list = gt_up(list, 4 * nl), *d_nw = gt_up(nw, 4 * no), *d_w = gt_up(w, 4 * (size_t)Q * d),
           *d_st = gt_dev(4 * ns), *d_acc = gt_dev(4 * na);
     GT_OK(st_cuda_attnres_phase1_push(&gt_stream, d_st, d_acc, d_list, bstride, push ? d_nw : NULL, m, d_w, Q, T, d,
-                                      1e-5f, qpb));
+                                      1e-5f, qpb, NULL));
     gt_down(g_st, d_st, 4 * ns);
     gt_down(g_acc, d_acc, 4 * na);
     gt_down(g_list, d_list, 4 * nl);
@@ -111,6 +112,43 @@ static void attnres_push_case(int T, int d, int m, int Q, size_t pad, bool push,
         bad += memcmp(&g_list[j], &want, 4) != 0;
     }
     CHECK(bad == 0, "%s: %zu block-list values not as expected", what, bad);
+    if (m > 0) { /* again with the block-start norm in the same launch */
+        float *wx = gt_xmalloc(4 * (size_t)d), *nrm = gt_xmalloc(4 * (size_t)d), *h = gt_xmalloc(4 * no),
+              *want = gt_xmalloc(4 * no), *got = gt_xmalloc(4 * no), *got2 = gt_xmalloc(4 * no),
+              *st1 = gt_xmalloc(8 * (size_t)T), *acc1 = gt_xmalloc(4 * no), *g_st2 = gt_xmalloc(4 * ns),
+              *g_acc2 = gt_xmalloc(4 * na);
+        for (int j = 0; j < d; j++) wx[j] = 0.05f * st_rng_normal(&r), nrm[j] = 1.f + 0.2f * st_rng_normal(&r);
+        if (m > 1) {
+            st_attnres_phase1(st1, acc1, blk, m - 1, wx, 1, T, d, 1e-5f);
+            st_attnres_phase2(h, blk[m - 1], st1, acc1, wx, 0, 1, T, d, 1e-5f);
+        } else {
+            memcpy(h, blk[0], 4 * no);
+        }
+        for (int t = 0; t < T; t++) st_rmsnorm(want + (size_t)t * d, h + (size_t)t * d, nrm, 1, d, 1e-6f);
+        float *d_wx = gt_up(wx, 4 * (size_t)d), *d_nrm = gt_up(nrm, 4 * (size_t)d);
+        uint16_t *d_xn = gt_dev(2 * no), *d_lo = gt_dev(2 * no), *xn = gt_xmalloc(2 * no), *lo = gt_xmalloc(2 * no);
+        gt_poison(d_xn, 2 * no), gt_poison(d_lo, 2 * no), gt_poison(d_st, 4 * ns), gt_poison(d_acc, 4 * na);
+        st_attnres_xnorm_t x = {d_wx, d_nrm, 1e-6f, d_xn, d_lo};
+        GT_OK(st_cuda_attnres_phase1_push(&gt_stream, d_st, d_acc, d_list, bstride, push ? d_nw : NULL, m, d_w, Q, T,
+                                          d, 1e-5f, qpb, &x));
+        gt_down(g_st2, d_st, 4 * ns);
+        gt_down(g_acc2, d_acc, 4 * na);
+        gt_down(xn, d_xn, 2 * no);
+        gt_down(lo, d_lo, 2 * no);
+        gt_from_bf(got, xn, no);
+        gt_from_bf(got2, lo, no);
+        for (size_t j = 0; j < no; j++) got2[j] += got[j];
+        CHECK(memcmp(g_st2, g_st, 4 * ns) == 0 && memcmp(g_acc2, g_acc, 4 * na) == 0,
+              "%s: stats/acc differ with the block-start norm", what);
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s: block-start norm, bf16", what);
+        st_t_close(w2, got, want, no, 8e-3, 1e-3);
+        snprintf(w2, sizeof w2, "%s: block-start norm, hi+lo", what);
+        st_t_close(w2, got2, want, no, 1e-4, 1e-4);
+        st_gpu_free(d_wx), st_gpu_free(d_nrm), st_gpu_free(d_xn), st_gpu_free(d_lo);
+        free(wx), free(nrm), free(h), free(want), free(got), free(got2), free(st1), free(acc1), free(g_st2),
+            free(g_acc2), free(xn), free(lo);
+    }
     st_gpu_free(d_list), st_gpu_free(d_nw), st_gpu_free(d_w), st_gpu_free(d_st), st_gpu_free(d_acc);
     free(list), free(nw), free(w), free(blk), free(st), free(acc), free(g_st), free(g_acc), free(g_list);
 }

@@ -288,10 +288,19 @@ st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *out, st_bf16
  * floats ≥ T·d), the newest block read from newest [T, d] fp32 and written to blocks + (m−1)·bstride by the
  * same loads (newest NULL: all m blocks are in the list, nothing written). Outputs as st_cuda_attnres_phase1.
  * Same as copying newest into its slot, then st_attnres_phase1 over the m list blocks. qpb: queries per
- * thread block (0: chosen by size; tests and benchmarks force 1 … Q). */
+ * thread block (0: chosen by size; tests and benchmarks force 1 … Q).
+ * x (may be NULL; m ≥ 1): the block-start norm in the same launch: xn [T, d] bf16 (and xlo, the bf16
+ * remainder, when not NULL) = RMSNorm (norm_w [d] fp32, eps) of the m blocks mixed for the one more
+ * query w_q [d] (not stored in stats/acc). Same as st_attnres_phase1 over blocks 0 … m − 2 and
+ * st_attnres_phase2 with block m − 1 as the partial (AttnRes eps: the call's eps), then st_rmsnorm. */
+typedef struct {
+    const float *w_q, *norm_w;
+    float eps;
+    st_bf16_t *xn, *xlo;
+} st_attnres_xnorm_t;
 st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, float *stats, float *acc, float *blocks,
                                         size_t bstride, const float *newest, int m, const float *w_eff, int Q, int T,
-                                        int d, float eps, int qpb);
+                                        int d, float eps, int qpb, const st_attnres_xnorm_t *x);
 /* Phase 2 fused with the RMSNorm that follows it: for output row i < n_rows (source row r = rows[i], or i
  * when rows is NULL), h = st_attnres_phase2 of partial row r with query q's state (stats/acc/w_eff_q as
  * st_cuda_attnres_phase2; stats NULL: h = partial row r, a plain RMSNorm), then xn [n_rows, d] bf16 =
