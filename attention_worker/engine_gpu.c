@@ -21,6 +21,7 @@
 #define EGPU_GATE_NS 200000000LL /* the profiling gate lets go by itself after 200 ms */
 #define EGPU_GRAPHS 32 /* decode step graphs kept (engine_gpu.c graph_step) */
 #define EG_AR_FOLD_T 128 /* block-start norm folded into the AttnRes phase-1 launch up to this many tokens */
+#define EG_SLOTS_CAP 256 /* routed slots the per-slot expert FFN may take (its h scratch) */
 
 typedef struct {
     float *in_norm, *post_norm; /* [d] */
@@ -124,7 +125,7 @@ struct st_egpu {
     bool graphs;
     struct {
         int T, lb, l, nb, pend;
-        bool local_done;
+        bool local_done, slot_order;
         void *exec;
         uint64_t used;
     } gr[EGPU_GRAPHS];
@@ -152,7 +153,7 @@ struct st_egpu_mb {
     st_gpu_arena_t dev, pin;
     /* device step buffers */
     float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
-    st_bf16_t *xn, *q, *k, *v, *f, *o, *cq, *qm, *olat, *hh, *z, *xg, *he, *un, *xf;
+    st_bf16_t *xn, *q, *k, *v, *f, *o, *cq, *qm, *olat, *hh, *z, *xg, *he, *hs, *un, *xf;
     /* fp32 activations between kernels (rounded to bf16 only where a GEMM reads them): GEMM
      * outputs qkv / gate / cq32 / h2 / h2e / o32 (MLA, gated), conv output cqkv, KDA q32 / k32 / v32
      * and output o32, expert outputs yg */
@@ -182,6 +183,7 @@ struct st_egpu_mb {
     float *logits;
     int l, nb;
     bool waiting, busy, local_done;
+    bool slot_order; /* local_done by st_cuda_moe_ffn_slots: yg in slot order, not grouped */
     st_status_t err;
     double t0;
 };
@@ -802,6 +804,7 @@ static void mb_carve(st_egpu_mb_t *mb, size_t *dneed, size_t *pneed) {
     DC(offsets, (n + 1) * 4); DC(row_of, T * kc * 4); DC(z, T * ew * B2); DC(un, T * ew * B2);
     if (c->n_experts > 0 && !g->o.remote_experts) {
         DC(xg, T * kc * ew * B2); DC(yg, T * kc * ew * F);
+        DC(hs, ST_MIN(T * kc, (size_t)EG_SLOTS_CAP) * (size_t)ST_MAX(c->moe_inter, 1) * B2);
         if (!g->grouped) {
             size_t mi = (size_t)ST_MAX(c->moe_inter, 1);
             DC(h2e, T * kc * 2 * mi * F); DC(he, T * kc * mi * B2);
@@ -1330,6 +1333,15 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     int T = mb->T, kc = g->kcap, E = c->n_experts, ew = st_config_expert_width(c), mi = c->moe_inter;
     bool situ = c->act == ST_ACT_SITU;
     prof_mark(g, ST_EGPU_PROF_EXPERTS);
+    mb->slot_order = false;
+#ifdef ST_EGPU_HAVE_MOE_FFN
+    if (g->grouped && T * kc <= EG_SLOTS_CAP && st_cuda_moe_ffn_slots_pick(T * kc, E, ew, mi)) { /* decode sizes */
+        CK(st_cuda_moe_ffn_slots(s, mb->yg, mb->hs, mb->z, mb->ids, mb->cnt, T, kc, G->ex_w1, G->ex_w3, G->ex_w2, ew,
+                                 mi, situ, c->situ_beta1, c->situ_beta2));
+        mb->local_done = mb->slot_order = true;
+        return;
+    }
+#endif
     CK(eg_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
     CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
 #ifdef ST_EGPU_HAVE_MOE_FFN
@@ -1372,8 +1384,9 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     const st_config_t *c = &g->c;
     const st_gpu_stream_t *s = mb->s;
     int T = mb->T, kc = g->kcap, ew = st_config_expert_width(c), d = c->d;
-    const float *yg = mb->local_done ? mb->yg : NULL;
-    const float *yf = mb->local_done ? NULL : mb->eout;
+    /* the combine reads expert rows through row_of (grouped), or in slot order (remote, or slots) */
+    const float *yg = mb->local_done && !mb->slot_order ? mb->yg : NULL;
+    const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
     prof_mark(g, ST_EGPU_PROF_COMBINE);
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
     chain_wait(mb);
@@ -1629,11 +1642,12 @@ static bool graph_step(st_egpu_t *g, st_egpu_mb_t *mb) {
         g->gr[hit].exec = exec;
         g->gr[hit].T = mb->T, g->gr[hit].lb = mb->max_len;
         g->gr[hit].l = mb->l, g->gr[hit].nb = mb->nb, g->gr[hit].pend = mb->pend;
-        g->gr[hit].local_done = mb->local_done;
+        g->gr[hit].local_done = mb->local_done, g->gr[hit].slot_order = mb->slot_order;
     }
     g->gr[hit].used = ++g->gr_clock;
     CK(st_gpu_graph_launch(g->gr[hit].exec, mb->s));
     mb->l = g->gr[hit].l, mb->nb = g->gr[hit].nb, mb->pend = g->gr[hit].pend, mb->local_done = g->gr[hit].local_done;
+    mb->slot_order = g->gr[hit].slot_order;
     mb->waiting = false, mb->fresh = false;
     return true;
 }

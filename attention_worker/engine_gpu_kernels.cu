@@ -652,19 +652,25 @@ extern "C" st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, co
     return ST_LAUNCH_OK("moe_gather_kernel");
 }
 
-/* one block per token; smem u [l] fp32 */
+/* one block per token; smem u [l] fp32, then the token's weights and source rows [kc] each (read
+ * once, so the rows' loads do not wait on them slot by slot) */
 __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf, const int *row_of,
                                    const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
     extern __shared__ float u[];
     __shared__ float red[32];
+    float *ps = u + l;
+    int *rs = reinterpret_cast<int *>(ps + kc);
     const int t = blockIdx.x, c_ = cnt[t];
+    const float *Y = yg ? yg : yf;
+    for (int i = threadIdx.x; i < c_; i += blockDim.x) {
+        ps[i] = p[(size_t)t * kc + i];
+        rs[i] = yg ? row_of[(size_t)t * kc + i] : t * kc + i;
+    }
+    __syncthreads();
     for (int c = threadIdx.x; c < l; c += blockDim.x) {
         float a = 0.f;
-        for (int i = 0; i < c_; i++) {
-            float pi = p[(size_t)t * kc + i];
-            float y = yg ? yg[(size_t)row_of[(size_t)t * kc + i] * l + c] : yf[((size_t)t * kc + i) * l + c];
-            a = __fadd_rn(a, __fmul_rn(pi, y));
-        }
+#pragma unroll 8
+        for (int i = 0; i < c_; i++) a = __fadd_rn(a, __fmul_rn(ps[i], Y[(size_t)rs[i] * l + c]));
         u[c] = a;
     }
     __syncthreads();
@@ -686,8 +692,8 @@ extern "C" st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, s
                                       const float *yf, const int *row_of, const float *p, const int *cnt,
                                       const float *norm_w, int T, int kc, int l, float eps) {
     if (T <= 0) return ST_OK;
-    moe_combine_kernel<<<T, 256, (size_t)l * sizeof(float), ST_STREAM(s)>>>(un, ulo, partial, yg, yf, row_of, p, cnt, norm_w,
-                                                                           kc, l, eps);
+    moe_combine_kernel<<<T, 256, ((size_t)l + 2 * (size_t)kc) * sizeof(float), ST_STREAM(s)>>>(
+        un, ulo, partial, yg, yf, row_of, p, cnt, norm_w, kc, l, eps);
     return ST_LAUNCH_OK("moe_combine_kernel");
 }
 

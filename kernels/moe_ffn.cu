@@ -792,11 +792,15 @@ typedef CUresult (*fw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
 static int fw_mode = -1; /* -1: not chosen yet; else the mode above */
 static int fw_sms = 0;   /* persistent blocks per GEMM (one per SM) */
 static int fw_auto_fused = FW_AUTO_FUSED_MAX; /* mode 1's threshold */
+#ifndef FS_MAX_SLOTS_DEFAULT
+#define FS_MAX_SLOTS_DEFAULT 64 /* st_cuda_moe_ffn_slots_pick: up to this many routed slots */
+#endif
+static int fs_max_slots = FS_MAX_SLOTS_DEFAULT; /* env STRATA_FFN_SLOTS */
 /* FW_F_PDL_* on the two-launch modes (programmatic dependent launch between them); the table mode on
  * the wgmma kernels (per-expert tensor maps built on the device each call). Env (read at each
  * st_cuda_moe_ffn_use_wgmma call): STRATA_FFN_PDL, STRATA_FFN_WG_TABLE (0/1), STRATA_FFN_VEC (0: the
  * epilogues' 4/8-byte stores instead of fw_st_quad's 16-byte ones), STRATA_FFN_AUTO_FUSED (mode 1's
- * threshold), STRATA_FFN_WG_BLOCKS, STRATA_FFN_VERBOSE.
+ * threshold), STRATA_FFN_WG_BLOCKS, STRATA_FFN_SLOTS (st_cuda_moe_ffn_slots_pick's limit), STRATA_FFN_VERBOSE.
  * NOTE: PDL passes the test but measured no faster (H200, 2026-11-30: single blocks 264/461/551
  * TFLOP/s; + PDL 270/444/533): off. */
 #ifndef FW_DEFAULT_PDL
@@ -859,6 +863,7 @@ extern "C" int st_cuda_moe_ffn_use_wgmma(int on) {
     fw_table = (ev = getenv("STRATA_FFN_WG_TABLE")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_TABLE;
     fw_vec = (ev = getenv("STRATA_FFN_VEC")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_VEC;
     fw_auto_fused = (ev = getenv("STRATA_FFN_AUTO_FUSED")) && *ev ? atoi(ev) : FW_AUTO_FUSED_MAX;
+    fs_max_slots = (ev = getenv("STRATA_FFN_SLOTS")) && *ev ? atoi(ev) : FS_MAX_SLOTS_DEFAULT;
     if ((ev = getenv("STRATA_FFN_VERBOSE")) && *ev && atoi(ev))
         fprintf(stderr, "ffn: mode %d, %d blocks, pdl %d, table %d, 16-byte stores %d, auto: fused below %d rows\n",
                 fw_mode, fw_sms, fw_pdl, fw_table, fw_vec, fw_auto_fused);
@@ -1369,4 +1374,90 @@ extern "C" st_status_t st_cuda_mxfp4_to_bf16(const st_gpu_stream_t *s, st_bf16_t
     if (!n) return ST_OK;
     mxfp4_to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(out, codes, scale, rows, cols);
     return ST_LAUNCH_OK("mxfp4_to_bf16_kernel");
+}
+
+/* ---------------- per-slot expert FFN (decode-sized batches) ----------------
+ * One thread block per (slot, 16 output columns), 8 warps × 2 columns; each warp streams its
+ * columns' weight rows as 16-byte vectors (lane k takes elements 8k … 8k + 7 of every 256) against
+ * the slot's input row, sums its lanes' fp32 partials by a butterfly (fixed order: deterministic),
+ * and lane 0 writes the column. No grouping, gather or tile map: at a few rows per expert the
+ * grouped GEMMs' 128-row tiles stream the same weights with most of each tile empty, behind three
+ * more launches. */
+#define FS_WARPS 8
+#define FS_CPW 2                    /* columns per warp */
+#define FS_CPB (FS_WARPS * FS_CPW) /* columns per block */
+
+__device__ __forceinline__ float fs_dot8(uint4 a, uint4 b, float s) {
+    const __nv_bfloat162 *x = reinterpret_cast<const __nv_bfloat162 *>(&a), *y = reinterpret_cast<const __nv_bfloat162 *>(&b);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 fx = __bfloat1622float2(x[j]), fy = __bfloat1622float2(y[j]);
+        s = fmaf(fx.x, fy.x, s);
+        s = fmaf(fx.y, fy.y, s);
+    }
+    return s;
+}
+
+/* GLU: h [slot, Nout] bf16 = act(x_t · wa_eᵀ, x_t · wb_eᵀ) with x_t = xin row t (the slot's token);
+ * else y [slot, Nout] fp32 = x_slot · wa_eᵀ with x_slot = xin row slot. K = the rows' length. */
+template <bool GLU>
+__global__ void __launch_bounds__(FS_WARPS * 32) ffn_slot_kernel(float *y, st_bf16_t *h, const st_bf16_t *xin,
+                                                                 const int *ids, const int *cnt, int kc,
+                                                                 const st_bf16_t *wa, const st_bf16_t *wb, int K,
+                                                                 int Nout, int situ, float b1, float b2) {
+    const int p = blockIdx.y, t = p / kc, i = p % kc;
+    if (i >= cnt[t]) return;
+    const int lane = threadIdx.x & 31, c0 = blockIdx.x * FS_CPB + (threadIdx.x >> 5) * FS_CPW;
+    const st_bf16_t *x = xin + (size_t)(GLU ? t : p) * K;
+    const size_t eo = (size_t)ids[p] * Nout * K;
+    float acc[FS_CPW][2];
+#pragma unroll
+    for (int j = 0; j < FS_CPW; j++) acc[j][0] = acc[j][1] = 0.f;
+#pragma unroll 2
+    for (int k = lane * 8; k < K; k += 256) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + k));
+#pragma unroll
+        for (int j = 0; j < FS_CPW; j++) {
+            const size_t r = eo + (size_t)min(c0 + j, Nout - 1) * K + k; /* past Nout: a valid row, not written */
+            acc[j][0] = fs_dot8(xv, __ldg(reinterpret_cast<const uint4 *>(wa + r)), acc[j][0]);
+            if (GLU) acc[j][1] = fs_dot8(xv, __ldg(reinterpret_cast<const uint4 *>(wb + r)), acc[j][1]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < FS_CPW; j++) {
+        const float a = st_warp_sum(acc[j][0]), u = GLU ? st_warp_sum(acc[j][1]) : 0.f;
+        if (lane == 0 && c0 + j < Nout) {
+            if (GLU) h[(size_t)p * Nout + c0 + j] = st_tobf(ffn_act(a, u, situ, b1, b2));
+            else y[(size_t)p * Nout + c0 + j] = a;
+        }
+    }
+}
+
+/* NOTE: measured on an H200 (bench_gpu_moe_ffn section 5, weights from HBM, graph replays), per-slot vs
+ * grouped (group + gather + FFN): ℓ 512 × w 768: 2.66× at 8 slots, 1.79× at 32, 1.47× at 64 (distinct
+ * experts), 0.64× at 256 over 114 experts; ℓ 3584 × w 3072: 1.65× at 4, 1.62× at 8, 0.78× at 16 slots
+ * over 8 experts (each read twice). Slots re-read an expert that several take, so at most E/2 slots. */
+extern "C" bool st_cuda_moe_ffn_slots_pick(int slots, int E, int l, int w) {
+    if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1); /* reads the env */
+    return slots > 0 && slots <= fs_max_slots && 2 * slots <= E && l % 8 == 0 && w % 8 == 0;
+}
+
+extern "C" st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y, st_bf16_t *h, const st_bf16_t *z,
+                                             const int *ids, const int *cnt, int T, int kc, const st_bf16_t *w1,
+                                             const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ,
+                                             float b1, float b2) {
+    if (T < 0 || kc <= 0 || l <= 0 || w <= 0 || l % 8 || w % 8 || (long)T * kc > 65535 || !y || !h || !z || !ids ||
+        !cnt || !w1 || !w3 || !w2 ||
+        ((uintptr_t)z | (uintptr_t)h | (uintptr_t)w1 | (uintptr_t)w3 | (uintptr_t)w2) % 16)
+        return ST_FAIL(ST_ERR_INVALID_ARG,
+                       "moe_ffn_slots: T=%d kc=%d l=%d w=%d (l, w multiples of 8, T·kc ≤ 65535, 16-byte aligned rows)",
+                       T, kc, l, w);
+    if (!T) return ST_OK;
+    ffn_slot_kernel<true><<<dim3((w + FS_CPB - 1) / FS_CPB, T * kc), FS_WARPS * 32, 0, ST_STREAM(s)>>>(
+        nullptr, h, z, ids, cnt, kc, w1, w3, l, w, situ, b1, b2);
+    st_status_t rc = ST_LAUNCH_OK("ffn_slot_kernel<glu>");
+    if (rc) return rc;
+    ffn_slot_kernel<false><<<dim3((l + FS_CPB - 1) / FS_CPB, T * kc), FS_WARPS * 32, 0, ST_STREAM(s)>>>(
+        y, nullptr, h, ids, cnt, kc, w2, nullptr, w, l, 0, 0.f, 0.f);
+    return ST_LAUNCH_OK("ffn_slot_kernel<down>");
 }

@@ -19,8 +19,8 @@ static int b_kmask = 0x27;
 /* argv[4]: sections (bit 0: the FFN paths as before, 1: the wgmma variants (PDL, 16- vs 4/8-byte
  * epilogue stores, ping-pong), 2: the table mode (st_cuda_moe_ffn_table_f32out) on wgmma vs before,
  * 3: dispatch and MLA prefill, 4: for profilers (ncu): one untimed call of st_cuda_moe_ffn per mode of
- * argv[3]) */
-static int b_smask = 0xf;
+ * argv[3], 5: decode-sized routed FFN, per slot vs grouped) */
+static int b_smask = 0x2f;
 /* argv[5]: which of the three FFN shapes (bit i: shape i; default all) */
 static int b_shmask = 0x7;
 
@@ -331,6 +331,85 @@ static void bench_dispatch(int T, int k, int E, int l) {
         st_gpu_free(ws);
 }
 
+/* Decode-sized routed FFN (smask bit 32): the per-slot kernels (st_cuda_moe_ffn_slots) against the
+ * grouped path (group + gather + st_cuda_moe_ffn_f32out, as the engine runs it) for T tokens of kc
+ * slots. Every call routes to other experts (E experts, ≥ 256 MB of weights: from HBM); the calls are
+ * replayed from one CUDA graph (as decode steps run). GB/s counts the distinct experts' weights. */
+static double graph_call_us(int calls, int which, int T, int kc, int E, int l, int w, int **ids, int *cnt,
+                            st_bf16_t *z, st_bf16_t *h, st_bf16_t *xg, float *y, int *off, int *row, void *gws,
+                            size_t gwsb, void *fws, size_t fwsb, st_bf16_t *w1, st_bf16_t *w3, st_bf16_t *w2) {
+    void *exec;
+    BK(st_gpu_capture_begin(&bs));
+    for (int c = 0; c < calls; c++) {
+        if (which == 0) {
+            BK(st_cuda_moe_ffn_slots(&bs, y, h, z, ids[c], cnt, T, kc, w1, w3, w2, l, w, true, 4.f, 25.f));
+        } else {
+            BK(st_cuda_moe_group(&bs, off, row, NULL, ids[c], cnt, T, kc, E, gws, gwsb));
+            BK(st_cuda_moe_gather(&bs, xg, z, row, T, kc, l));
+            BK(st_cuda_moe_ffn_f32out(&bs, y, xg, off, E, T * kc, T, w1, w3, w2, l, w, true, 4.f, 25.f, fws, fwsb));
+        }
+    }
+    BK(st_gpu_capture_end(&bs, &exec));
+    double ms;
+    BTIME(ms, 1, st_gpu_graph_launch(exec, &bs));
+    st_gpu_graph_destroy(exec);
+    return ms * 1e3 / calls;
+}
+
+static void bench_slots(int kc, int l, int w) {
+    double eb = 3.0 * l * w * 2; /* one expert's weights, bytes */
+    int E = (int)((256.0 * (1 << 20)) / eb) + 1;
+    if (E < 2 * kc) E = 2 * kc;
+    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
+    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    static const int Ts[] = {1, 2, 4, 8, 16, 32};
+    const int TM = 32;
+    st_bf16_t *z = bdev((size_t)TM * l * 2), *h = bdev((size_t)TM * kc * w * 2), *xg = bdev((size_t)TM * kc * l * 2);
+    float *y = bdev((size_t)TM * kc * l * 4);
+    int *off = bdev(sizeof(int) * (E + 1)), *row = bdev(sizeof(int) * TM * kc), *cnt = bdev(sizeof(int) * TM);
+    BK(st_cuda_fill_uniform(&bs, z, true, (size_t)TM * l, -1.f, 1.f, 1));
+    size_t gwsb = st_cuda_moe_group_ws_bytes(TM, kc, E), fwsb = st_cuda_moe_ffn_ws_bytes(TM * kc, w);
+    void *gws = bdev(gwsb + 1), *fws = bdev(fwsb);
+    int hc[32], *hid = malloc(sizeof(int) * TM * kc);
+    for (int t = 0; t < TM; t++) hc[t] = kc;
+    BK(st_gpu_memcpy_h2d(cnt, hc, sizeof hc));
+    for (size_t j = 0; j < sizeof Ts / sizeof Ts[0]; j++) {
+        int T = Ts[j], S = T * kc, calls = E / ST_MIN(S, E);
+        if (calls < 2) calls = 2;
+        int **ids = malloc(sizeof(int *) * calls);
+        long distinct = 0;
+        for (int c = 0; c < calls; c++) { /* token t takes kc consecutive experts from a rotating start */
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < kc; i++) hid[t * kc + i] = (c * S + ((t * kc) % E) + i) % E;
+            for (int t = 0; t < T; t++) /* ascending within the token */
+                for (int a = 1; a < kc; a++)
+                    for (int b = a; b > 0 && hid[t * kc + b - 1] > hid[t * kc + b]; b--) {
+                        int x = hid[t * kc + b];
+                        hid[t * kc + b] = hid[t * kc + b - 1], hid[t * kc + b - 1] = x;
+                    }
+            ids[c] = bdev(sizeof(int) * S);
+            BK(st_gpu_memcpy_h2d(ids[c], hid, sizeof(int) * S));
+        }
+        distinct = ST_MIN(S, E);
+        double us_s = graph_call_us(calls, 0, T, kc, E, l, w, ids, cnt, z, h, xg, y, off, row, gws, gwsb, fws, fwsb,
+                                    w1, w3, w2);
+        double us_g = graph_call_us(calls, 1, T, kc, E, l, w, ids, cnt, z, h, xg, y, off, row, gws, gwsb, fws, fwsb,
+                                    w1, w3, w2);
+        double gbs = distinct * eb / 1e3;
+        printf("RESULT moe_ffn_slots T=%d kc=%d l=%d w=%d (%d slots, %ld experts): slots %.1f us (%.0f GB/s, %.0f%% of "
+               "copy), grouped %.1f us (%.0f GB/s): %.2fx%s\n",
+               T, kc, l, w, S, distinct, us_s, gbs / us_s, 100.0 * gbs / us_s / b_copy_gbs, us_g, gbs / us_g,
+               us_g / us_s, st_cuda_moe_ffn_slots_pick(S, E, l, w) ? " (picked)" : "");
+        for (int c = 0; c < calls; c++) st_gpu_free(ids[c]);
+        free(ids);
+    }
+    free(hid);
+    st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(z), st_gpu_free(h), st_gpu_free(xg), st_gpu_free(y),
+        st_gpu_free(off), st_gpu_free(row), st_gpu_free(cnt), st_gpu_free(gws), st_gpu_free(fws);
+}
+
 static void bench_mla_prefill(int T, int H) {
     int n = T;
     st_bf16_t *q = bdev((size_t)T * H * 192 * 2), *k = bdev((size_t)n * H * 192 * 2), *v = bdev((size_t)n * H * 128 * 2),
@@ -362,6 +441,10 @@ int main(int argc, char **argv) {
         if ((b_smask & 2) && (b_shmask >> i & 1)) bench_ffn_variants(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
     for (int i = 0; i < 3; i++)
         if ((b_smask & 4) && (b_shmask >> i & 1)) bench_ffn_table(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
+    if (b_smask & 32) {
+        bench_slots(8, 512, 768);   /* small */
+        bench_slots(4, 3584, 3072); /* k3-mini */
+    }
     if (b_smask & 8) {
         bench_dispatch(256, 16, 896, 1024);
         bench_dispatch(8192, 16, 896, 1024);

@@ -1,7 +1,8 @@
 /* Latent-MoE path on the GPU vs the CPU: routing → grouping (offsets and rows exactly), gather
  * (bytes exactly), grouped expert FFN vs st_ffn per expert (bf16 and MXFP4 weights, empty experts,
  * partial tiles; the hosted path with its big experts through cuBLAS, every variant, y and ws
- * poisoned first), MXFP4 → bf16 vs st_weight_rows_f32 (exactly), combine vs the CPU engine's
+ * poisoned first), the per-slot FFN for decode sizes vs st_ffn per slot, MXFP4 → bf16 vs st_weight_rows_f32
+ * (exactly), combine vs the CPU engine's
  * moe_finish loop (bit-exact), quantile router vs st_route_quantile (ids and counts exactly). */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -366,6 +367,69 @@ static void quantile_case(int T, int n, int kmax, float tau_lo, float tau_hi, bo
 }
 
 /* every FFN case; run once per grouped-GEMM implementation (mma.sync, then Hopper wgmma where usable) */
+/* st_cuda_moe_ffn_slots vs st_ffn per routed slot: T tokens, kc slots each (cnt[t] used, ids ascending,
+ * some tokens with none), y poisoned first: used slots close to the CPU, unused slots left as poisoned. */
+static void slots_case(int T, int kc, int E, int l, int w, bool situ, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t n13 = (size_t)E * w * l, n2 = (size_t)E * l * w, ny = (size_t)T * kc * l;
+    int *ids = gt_xmalloc(sizeof(int) * T * kc), *cnt = gt_xmalloc(sizeof(int) * T);
+    float *p = gt_xmalloc(sizeof(float) * T * kc);
+    random_routing(ids, cnt, p, T, kc, E, false, &r);
+    float *z = gt_xmalloc(4 * (size_t)T * l), *w1f = gt_xmalloc(4 * n13), *w3f = gt_xmalloc(4 * n13),
+          *w2f = gt_xmalloc(4 * n2), *yref = gt_xmalloc(4 * ny), *got = gt_xmalloc(4 * ny);
+    uint16_t *zb = gt_xmalloc(2 * (size_t)T * l), *w1b = gt_xmalloc(2 * n13), *w3b = gt_xmalloc(2 * n13),
+             *w2b = gt_xmalloc(2 * n2);
+    gt_randn_bf(z, zb, (size_t)T * l, 1.f, &r);
+    gt_randn_bf(w1f, w1b, n13, 1.f / sqrtf((float)l), &r);
+    gt_randn_bf(w3f, w3b, n13, 1.f / sqrtf((float)l), &r);
+    gt_randn_bf(w2f, w2b, n2, 1.f / sqrtf((float)w), &r);
+    st_weight_t wt = {.dtype = ST_DT_BF16, .rows = w, .cols = l}, wd = {.dtype = ST_DT_BF16, .rows = l, .cols = w};
+    float *ws = gt_xmalloc(4 * st_ffn_ws_floats(1, &wt, &wt, &wd));
+    int used = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++, used++) {
+            int e = ids[t * kc + i];
+            st_weight_t g = wt, u = wt, d = wd;
+            g.data = w1b + (size_t)e * w * l, u.data = w3b + (size_t)e * w * l, d.data = w2b + (size_t)e * l * w;
+            st_ffn(yref + ((size_t)t * kc + i) * l, z + (size_t)t * l, 1, &g, &u, &d, situ ? ST_ACT_SITU : ST_ACT_SILU,
+                   4.f, 25.f, ws);
+        }
+    uint16_t *d_z = gt_up(zb, 2 * (size_t)T * l), *d_w1 = gt_up(w1b, 2 * n13), *d_w3 = gt_up(w3b, 2 * n13),
+             *d_w2 = gt_up(w2b, 2 * n2), *d_h = gt_dev(2 * (size_t)T * kc * w);
+    int *d_ids = gt_up(ids, sizeof(int) * T * kc), *d_cnt = gt_up(cnt, sizeof(int) * T);
+    float *d_y = gt_dev(4 * ny);
+    gt_poison(d_y, 4 * ny), gt_poison(d_h, 2 * (size_t)T * kc * w);
+    GT_OK(st_cuda_moe_ffn_slots(&gt_stream, d_y, d_h, d_z, d_ids, d_cnt, T, kc, d_w1, d_w3, d_w2, l, w, situ, 4.f,
+                                25.f));
+    gt_down(got, d_y, 4 * ny);
+    /* the used slots packed, compared as one vector; the unused ones still 0xff… */
+    float *gu = gt_xmalloc(4 * ny + 4), *ru = gt_xmalloc(4 * ny + 4);
+    size_t k = 0, untouched_bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < kc; i++) {
+            const float *gp = got + ((size_t)t * kc + i) * l, *rp = yref + ((size_t)t * kc + i) * l;
+            if (i < cnt[t]) {
+                memcpy(gu + k, gp, 4 * (size_t)l), memcpy(ru + k, rp, 4 * (size_t)l);
+                k += (size_t)l;
+            } else {
+                for (int c = 0; c < l; c++) {
+                    uint32_t b;
+                    memcpy(&b, gp + c, 4);
+                    untouched_bad += b != 0xffffffffu;
+                }
+            }
+        }
+    char what[160];
+    snprintf(what, sizeof what, "moe_ffn_slots T=%d kc=%d E=%d l=%d w=%d %s (%d slots)", T, kc, E, l, w,
+             situ ? "situ" : "silu", used);
+    if (k) st_t_close(what, gu, ru, k, 1.5e-2, 1e-3);
+    CHECK(untouched_bad == 0, "%s: %zu values of unused slots written", what, untouched_bad);
+    st_gpu_free(d_z), st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_h), st_gpu_free(d_ids),
+        st_gpu_free(d_cnt), st_gpu_free(d_y);
+    free(ids), free(cnt), free(p), free(z), free(w1f), free(w3f), free(w2f), free(yref), free(got), free(zb), free(w1b),
+        free(w3b), free(w2b), free(ws), free(gu), free(ru);
+}
+
 static void ffn_cases(void) {
     static const int c1[] = {0, 1, 130, 17};
     ffn_case(4, c1, 64, 32, true, false, 1);
@@ -409,6 +473,15 @@ int main(int argc, char **argv) {
 
     mxfp4_case(3, 32, 1);
     mxfp4_case(64, 1024, 2);
+
+    slots_case(1, 8, 64, 512, 768, true, 1);     /* small's decode step at batch 1 */
+    slots_case(2, 8, 16, 1024, 512, false, 2);
+    slots_case(5, 4, 4, 3584, 3072, true, 3);    /* K3 widths */
+    slots_case(3, 6, 7, 72, 40, true, 4);        /* K not a multiple of 256, Nout not of 16 */
+    slots_case(9, 2, 3, 8, 8, false, 5);         /* the smallest widths */
+    CHECK(st_cuda_moe_ffn_slots_pick(8, 64, 512, 768) && !st_cuda_moe_ffn_slots_pick(256, 1024, 512, 768) &&
+              !st_cuda_moe_ffn_slots_pick(8, 12, 512, 768) && !st_cuda_moe_ffn_slots_pick(8, 64, 512, 770),
+          "slots pick: 8 slots of 64 experts taken; 256 slots, 8 of 12 experts or w %% 8 != 0 not");
 
     /* every implementation of the grouped GEMMs (st_cuda_moe_ffn_use_wgmma modes): mma.sync; wgmma chosen
      * per call (the default); cooperative consumers (128 × 256 tiles, two launches); ping-pong consumers

@@ -188,6 +188,20 @@ st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf1
                             const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
                             size_t ws_bytes);
 
+/* Per routed slot, for decode-sized batches: for token t < T and slot i < cnt[t] with expert
+ * e = ids[t·kc + i], y [t·kc + i, l] fp32 = w2_e · act(w1_e z_t, w3_e z_t) (z [T, l] bf16; h rounded to
+ * bf16 as in st_cuda_moe_ffn, into h_ws [T·kc, w] bf16 scratch). Slots i ≥ cnt[t] are not written.
+ * No grouping: each slot streams its expert's weights (a shared expert is read again, mostly from L2).
+ * l, w multiples of 8; z, h_ws and the weights 16-byte aligned. CPU reference: st_ffn per slot. */
+st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws, const st_bf16_t *z,
+                                  const int *ids, const int *cnt, int T, int kc, const st_bf16_t *w1,
+                                  const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
+                                  float b2);
+/* Whether st_cuda_moe_ffn_slots should run `slots` routed slots (T·kc) over E experts of these widths
+ * rather than the grouped path: up to 64 slots (env STRATA_FFN_SLOTS, read at
+ * st_cuda_moe_ffn_use_wgmma) and E/2 (kernels/moe_ffn.cu says why). */
+bool st_cuda_moe_ffn_slots_pick(int slots, int E, int l, int w);
+
 /* The same with y [N, l] fp32 (the down GEMM's accumulators, not rounded); h stays bf16 (the down
  * GEMM's input). Same ws. */
 st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
@@ -247,8 +261,8 @@ st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_
  * paths with stacked weights): 0 → mma.sync; Hopper wgmma + TMA (sm_90 devices only; elsewhere it
  * stays mma.sync): 2 → cooperative consumer warpgroups (128 × 256 tiles, two launches), 5 → ping-pong
  * consumer warpgroups (128 × 128 tiles, one's epilogue under the other's MMAs) with both GEMMs in one
- * cooperative launch, 1 → chosen per call (the default: 5 when the experts average fewer than 256 rows,
- * else 2; kernels/moe_ffn.cu says why); 3, 4, 6, 7 (variants removed in round 3) → 2 or 5; −1 → the
+ * cooperative launch, 1 → chosen per call (the default: 5 when the experts average fewer than 256 rows
+ * and ℓ·w ≤ 4M, else 2; kernels/moe_ffn.cu says why); 3, 4, 6, 7 (variants removed in round 3) → 2 or 5; −1 → the
  * default (env STRATA_FFN_WGMMA if set, else the built-in default). Returns the choice in effect.
  * Process-wide; call it before the FFN runs, not concurrently with it (tests and benchmarks compare
  * them). The table mode (st_cuda_moe_ffn_table_f32out) runs on the same kernels: per-expert tensor
