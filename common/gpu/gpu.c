@@ -112,13 +112,21 @@ st_status_t st_gpu_malloc(void **p, size_t bytes) { return ST_CUDA_CHECK(cudaMal
 void st_gpu_free(void *p) {
     if (p) cudaFree(p);
 }
+/* NOTE: cudaMemcpy from pageable memory returns once the data is staged, and cudaMemset returns at once;
+ * both run on the legacy stream, which our non-blocking streams do not wait for. So both finish here
+ * before returning: a kernel queued next on any stream sees the bytes (a test's poisoned output buffer
+ * was once overwritten by its memset after the kernel had written it). */
 st_status_t st_gpu_memcpy_h2d(void *dst, const void *src, size_t bytes) {
-    return ST_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    st_status_t s = ST_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return s ? s : ST_CUDA_CHECK(cudaStreamSynchronize(0));
 }
 st_status_t st_gpu_memcpy_d2h(void *dst, const void *src, size_t bytes) {
     return ST_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
-st_status_t st_gpu_memset(void *dst, int byte, size_t bytes) { return ST_CUDA_CHECK(cudaMemset(dst, byte, bytes)); }
+st_status_t st_gpu_memset(void *dst, int byte, size_t bytes) {
+    st_status_t s = ST_CUDA_CHECK(cudaMemset(dst, byte, bytes));
+    return s ? s : ST_CUDA_CHECK(cudaStreamSynchronize(0));
+}
 
 st_status_t st_gpu_arena_init(st_gpu_arena_t *a, size_t cap, int pinned) {
     memset(a, 0, sizeof *a);

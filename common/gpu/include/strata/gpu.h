@@ -51,7 +51,8 @@ st_status_t st_gpu_cublas_status(int cublas_err, const char *what, const char *f
 st_status_t st_gpu_last_launch(const char *what, const char *file, int line);
 #define ST_LAUNCH_CHECK(what) st_gpu_last_launch((what), __FILE__, __LINE__)
 
-/* Start-up allocations (never on the per-token path). */
+/* Start-up allocations (never on the per-token path). The copies and the memset are complete on
+ * return, so work queued next on any stream sees them. */
 st_status_t st_gpu_malloc(void **p, size_t bytes);
 void st_gpu_free(void *p);
 st_status_t st_gpu_memcpy_h2d(void *dst, const void *src, size_t bytes);
