@@ -1326,6 +1326,20 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
 }
 
 /* Routed experts on the device: group by expert, gather, grouped FFN → yg (grouped rows). */
+/* Whether the routed experts of a T-token step run per slot (st_cuda_moe_ffn_slots) here, and so per
+ * row on a GPU expert server (st_moe_work_t.per_row) */
+static bool slots_path(const st_egpu_t *g, int T) {
+    const st_config_t *c = &g->c;
+    long S = (long)T * g->kcap;
+#ifdef ST_EGPU_HAVE_MOE_FFN
+    return g->grouped && S <= EG_SLOTS_CAP &&
+           st_cuda_moe_ffn_slots_pick((int)S, c->n_experts, st_config_expert_width(c), c->moe_inter);
+#else
+    (void)c, (void)S;
+    return false;
+#endif
+}
+
 static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;
@@ -1335,7 +1349,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     prof_mark(g, ST_EGPU_PROF_EXPERTS);
     mb->slot_order = false;
 #ifdef ST_EGPU_HAVE_MOE_FFN
-    if (g->grouped && T * kc <= EG_SLOTS_CAP && st_cuda_moe_ffn_slots_pick(T * kc, E, ew, mi)) { /* decode sizes */
+    if (slots_path(g, T)) { /* decode sizes */
         CK(st_cuda_moe_ffn_slots(s, mb->yg, mb->hs, mb->z, mb->ids, mb->cnt, T, kc, G->ex_w1, G->ex_w3, G->ex_w2, ew,
                                  mi, situ, c->situ_beta1, c->situ_beta2));
         mb->local_done = mb->slot_order = true;
@@ -1467,6 +1481,7 @@ static void handoff(st_egpu_mb_t *mb, int l, st_moe_work_t *w) {
     CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
     CK(eg_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
+                         .per_row = slots_path(g, T),
                          .tok_ent = mb->meta_h + T, .out = mb->out_h};
 }
 

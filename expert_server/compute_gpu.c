@@ -167,7 +167,7 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, const uint32_t *src, float *out) {
+                          const uint32_t *offsets, const float *rows, const uint32_t *src, bool per_row, float *out) {
     const st_config_t *c = g->c;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
     if (n_exp > (uint32_t)g->n_experts)
@@ -202,8 +202,12 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     CK(es_gpu_copy_async(&g->s, g->d_in, g->h_in, n * ew * sizeof(float), 1));
     CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
     bool situ = c->act == ST_ACT_SITU;
-    CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab, g->ew,
-                                    g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
+    if (per_row && n <= 65535) /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
+        CK(st_cuda_moe_ffn_rows_table_f32out(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)n_exp,
+                                             (int)n, g->d_tab, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2));
+    else
+        CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
+                                        g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
     CK(es_gpu_copy_async(&g->s, g->h_out, g->d_out, n * ew * sizeof(float), 0));
     CK(st_gpu_stream_sync(&g->s));
 #undef CK

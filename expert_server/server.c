@@ -80,7 +80,7 @@ static void compute_one(es_t *es, slot_t *s) {
             s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
             if (s->result == ST_OK)
                 s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows, src,
-                                          out_rows);
+                                          s->info.per_row, out_rows);
         }
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;

@@ -1398,18 +1398,50 @@ __device__ __forceinline__ float fs_dot8(uint4 a, uint4 b, float s) {
     return s;
 }
 
-/* GLU: h [slot, Nout] bf16 = act(x_t · wa_eᵀ, x_t · wb_eᵀ) with x_t = xin row t (the slot's token);
- * else y [slot, Nout] fp32 = x_slot · wa_eᵀ with x_slot = xin row slot. K = the rows' length. */
+/* Where slot p's input row and weights are: the engine's routing (ids / cnt over stacked weights), or an
+ * expert server's rows grouped by expert (offsets over the dispatched experts, weights through tab). */
+struct FsSrc {
+    const int *ids, *cnt; /* slots: ids != nullptr */
+    int kc;
+    const int *off; /* rows: [n_exp + 1] */
+    int n_exp;
+    const st_bf16_t *const *tab; /* rows: [n_exp][3] = {w1, w3, w2} */
+};
+
+template <bool GLU>
+__device__ __forceinline__ bool fs_locate(const FsSrc &S, int p, size_t NK, const st_bf16_t *wa, const st_bf16_t *wb,
+                                          int &xr, const st_bf16_t *&A, const st_bf16_t *&B) {
+    if (S.ids) {
+        const int t = p / S.kc, i = p % S.kc;
+        if (i >= S.cnt[t]) return false;
+        const size_t eo = (size_t)S.ids[p] * NK;
+        xr = GLU ? t : p, A = wa + eo, B = GLU ? wb + eo : nullptr;
+        return true;
+    }
+    int lo = 0, hi = S.n_exp - 1; /* the last expert k with off[k] ≤ p (empty experts skipped) */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (S.off[mid] <= p) lo = mid;
+        else hi = mid - 1;
+    }
+    xr = p, A = S.tab[3 * lo + (GLU ? 0 : 2)], B = GLU ? S.tab[3 * lo + 1] : nullptr;
+    return true;
+}
+
+/* GLU: h [slot, Nout] bf16 = act(x · Aᵀ, x · Bᵀ) with x = xin row xr (the slot's token, or its row);
+ * else y [slot, Nout] fp32 = x · Aᵀ with x = xin row slot. K = the rows' length. The same arithmetic
+ * whatever FsSrc says, so an expert server's rows match the engine's slots bit for bit. */
 template <bool GLU>
 __global__ void __launch_bounds__(FS_WARPS * 32) ffn_slot_kernel(float *y, st_bf16_t *h, const st_bf16_t *xin,
-                                                                 const int *ids, const int *cnt, int kc,
-                                                                 const st_bf16_t *wa, const st_bf16_t *wb, int K,
-                                                                 int Nout, int situ, float b1, float b2) {
-    const int p = blockIdx.y, t = p / kc, i = p % kc;
-    if (i >= cnt[t]) return;
+                                                                 const FsSrc S, const st_bf16_t *wa,
+                                                                 const st_bf16_t *wb, int K, int Nout, int situ,
+                                                                 float b1, float b2) {
+    const int p = blockIdx.y;
+    int xr;
+    const st_bf16_t *A, *B;
+    if (!fs_locate<GLU>(S, p, (size_t)Nout * K, wa, wb, xr, A, B)) return;
     const int lane = threadIdx.x & 31, c0 = blockIdx.x * FS_CPB + (threadIdx.x >> 5) * FS_CPW;
-    const st_bf16_t *x = xin + (size_t)(GLU ? t : p) * K;
-    const size_t eo = (size_t)ids[p] * Nout * K;
+    const st_bf16_t *x = xin + (size_t)xr * K;
     float acc[FS_CPW][2];
 #pragma unroll
     for (int j = 0; j < FS_CPW; j++) acc[j][0] = acc[j][1] = 0.f;
@@ -1418,9 +1450,9 @@ __global__ void __launch_bounds__(FS_WARPS * 32) ffn_slot_kernel(float *y, st_bf
         const uint4 xv = __ldg(reinterpret_cast<const uint4 *>(x + k));
 #pragma unroll
         for (int j = 0; j < FS_CPW; j++) {
-            const size_t r = eo + (size_t)min(c0 + j, Nout - 1) * K + k; /* past Nout: a valid row, not written */
-            acc[j][0] = fs_dot8(xv, __ldg(reinterpret_cast<const uint4 *>(wa + r)), acc[j][0]);
-            if (GLU) acc[j][1] = fs_dot8(xv, __ldg(reinterpret_cast<const uint4 *>(wb + r)), acc[j][1]);
+            const size_t r = (size_t)min(c0 + j, Nout - 1) * K + k; /* past Nout: a valid row, not written */
+            acc[j][0] = fs_dot8(xv, __ldg(reinterpret_cast<const uint4 *>(A + r)), acc[j][0]);
+            if (GLU) acc[j][1] = fs_dot8(xv, __ldg(reinterpret_cast<const uint4 *>(B + r)), acc[j][1]);
         }
     }
 #pragma unroll
@@ -1433,10 +1465,18 @@ __global__ void __launch_bounds__(FS_WARPS * 32) ffn_slot_kernel(float *y, st_bf
     }
 }
 
-/* NOTE: measured on an H200 (bench_gpu_moe_ffn section 5, weights from HBM, graph replays), per-slot vs
- * grouped (group + gather + FFN): ℓ 512 × w 768: 2.66× at 8 slots, 1.79× at 32, 1.47× at 64 (distinct
- * experts), 0.64× at 256 over 114 experts; ℓ 3584 × w 3072: 1.65× at 4, 1.62× at 8, 0.78× at 16 slots
- * over 8 experts (each read twice). Slots re-read an expert that several take, so at most E/2 slots. */
+static st_status_t fs_launch(const st_gpu_stream_t *s, float *y, st_bf16_t *h, const st_bf16_t *x, const FsSrc &S,
+                             int n, const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l, int w,
+                             bool situ, float b1, float b2) {
+    ffn_slot_kernel<true><<<dim3((w + FS_CPB - 1) / FS_CPB, n), FS_WARPS * 32, 0, ST_STREAM(s)>>>(
+        nullptr, h, x, S, w1, w3, l, w, situ, b1, b2);
+    st_status_t rc = ST_LAUNCH_OK("ffn_slot_kernel<glu>");
+    if (rc) return rc;
+    ffn_slot_kernel<false><<<dim3((l + FS_CPB - 1) / FS_CPB, n), FS_WARPS * 32, 0, ST_STREAM(s)>>>(
+        y, nullptr, h, S, w2, nullptr, w, l, 0, 0.f, 0.f);
+    return ST_LAUNCH_OK("ffn_slot_kernel<down>");
+}
+
 extern "C" bool st_cuda_moe_ffn_slots_pick(int slots, int E, int l, int w) {
     if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1); /* reads the env */
     return slots > 0 && slots <= fs_max_slots && 2 * slots <= E && l % 8 == 0 && w % 8 == 0;
@@ -1453,11 +1493,20 @@ extern "C" st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y,
                        "moe_ffn_slots: T=%d kc=%d l=%d w=%d (l, w multiples of 8, T·kc ≤ 65535, 16-byte aligned rows)",
                        T, kc, l, w);
     if (!T) return ST_OK;
-    ffn_slot_kernel<true><<<dim3((w + FS_CPB - 1) / FS_CPB, T * kc), FS_WARPS * 32, 0, ST_STREAM(s)>>>(
-        nullptr, h, z, ids, cnt, kc, w1, w3, l, w, situ, b1, b2);
-    st_status_t rc = ST_LAUNCH_OK("ffn_slot_kernel<glu>");
-    if (rc) return rc;
-    ffn_slot_kernel<false><<<dim3((l + FS_CPB - 1) / FS_CPB, T * kc), FS_WARPS * 32, 0, ST_STREAM(s)>>>(
-        y, nullptr, h, ids, cnt, kc, w2, nullptr, w, l, 0, 0.f, 0.f);
-    return ST_LAUNCH_OK("ffn_slot_kernel<down>");
+    const FsSrc S = {ids, cnt, kc, nullptr, 0, nullptr};
+    return fs_launch(s, y, h, z, S, T * kc, w1, w3, w2, l, w, situ, b1, b2);
+}
+
+extern "C" st_status_t st_cuda_moe_ffn_rows_table_f32out(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws,
+                                                         const st_bf16_t *x, const int *offsets, int n_exp, int N,
+                                                         const st_bf16_t *const *tab, int l, int w, bool situ,
+                                                         float b1, float b2) {
+    if (N < 0 || N > 65535 || n_exp < 0 || (N > 0 && n_exp == 0) || l <= 0 || w <= 0 || l % 8 || w % 8 || !y ||
+        !h_ws || !x || !offsets || !tab || ((uintptr_t)x | (uintptr_t)h_ws) % 16)
+        return ST_FAIL(ST_ERR_INVALID_ARG,
+                       "moe_ffn_rows_table: N=%d experts=%d l=%d w=%d (l, w multiples of 8, N ≤ 65535, 16-byte "
+                       "aligned rows)", N, n_exp, l, w);
+    if (!N) return ST_OK;
+    const FsSrc S = {nullptr, nullptr, 1, offsets, n_exp, tab};
+    return fs_launch(s, y, h_ws, x, S, N, nullptr, nullptr, nullptr, l, w, situ, b1, b2);
 }

@@ -95,7 +95,8 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .step = info->step,
         .layer = info->layer,
         .micro_batch = info->micro_batch,
-        .flags = (uint16_t)(info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0),
+        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) |
+                            (info->kind == ST_WIRE_KIND_DISPATCH && info->per_row ? ST_WIRE_FLAG_PER_ROW : 0)),
         .source_id = info->source_id,
         .token_count = info->token_count,
         .expert_count = info->expert_count,
@@ -117,8 +118,10 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
     if (h.magic != ST_WIRE_MAGIC) return ST_FAIL(ST_ERR_PROTOCOL, "wire: bad magic 0x%08x", h.magic);
     if (h.version != ST_WIRE_VERSION)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
-    bool uniq = h.kind == ST_WIRE_KIND_DISPATCH && h.flags == ST_WIRE_FLAG_UNIQUE_ROWS;
-    if ((h.flags != 0 && !uniq) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
+    bool disp = h.kind == ST_WIRE_KIND_DISPATCH;
+    bool uniq = disp && (h.flags & ST_WIRE_FLAG_UNIQUE_ROWS), per_row = disp && (h.flags & ST_WIRE_FLAG_PER_ROW);
+    uint16_t known = disp ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_PER_ROW) : 0;
+    if ((h.flags & ~known) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, aux %u on kind %u)", h.flags, h.aux,
                        h.kind);
     if (h.payload_bytes != payload_len)
@@ -138,6 +141,7 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         .status = (st_status_t)h.status,
         .compute_us = h.kind == ST_WIRE_KIND_COMBINE ? h.aux : 0,
         .unique = uniq ? h.aux : 0,
+        .per_row = per_row,
     };
     const char *why = info_problem(&in);
     if (why)

@@ -424,6 +424,31 @@ static void slots_case(int T, int kc, int E, int l, int w, bool situ, uint64_t s
              situ ? "situ" : "silu", used);
     if (k) st_t_close(what, gu, ru, k, 1.5e-2, 1e-3);
     CHECK(untouched_bad == 0, "%s: %zu values of unused slots written", what, untouched_bad);
+    /* an expert server's view of the same slots: rows grouped by expert, weights through a table;
+     * every row bit-identical to its slot */
+    int *off = gt_xmalloc(sizeof(int) * (E + 1)), *row_of = gt_xmalloc(sizeof(int) * T * kc),
+        *src_of = gt_xmalloc(sizeof(int) * (T * kc + 1));
+    cpu_group(off, row_of, src_of, ids, cnt, T, kc, E);
+    int N = off[E];
+    uint16_t *xg = gt_xmalloc(2 * ((size_t)N * l + 1));
+    for (int r = 0; r < N; r++) memcpy(xg + (size_t)r * l, zb + (size_t)src_of[r] * l, 2 * (size_t)l);
+    const uint16_t **tab = gt_xmalloc(sizeof(void *) * 3 * (size_t)E);
+    for (int e = 0; e < E; e++)
+        tab[3 * e] = d_w1 + (size_t)e * w * l, tab[3 * e + 1] = d_w3 + (size_t)e * w * l,
+                tab[3 * e + 2] = d_w2 + (size_t)e * l * w;
+    uint16_t *d_xg = gt_up(xg, 2 * ((size_t)N * l + 1)), *d_hr = gt_dev(2 * ((size_t)N * w + 8));
+    int *d_off = gt_up(off, sizeof(int) * (E + 1));
+    void *d_tab = gt_up(tab, sizeof(void *) * 3 * (size_t)E);
+    float *d_yr = gt_dev(4 * ((size_t)N * l + 1)), *yr = gt_xmalloc(4 * ((size_t)N * l + 1));
+    GT_OK(st_cuda_moe_ffn_rows_table_f32out(&gt_stream, d_yr, d_hr, d_xg, d_off, E, N, d_tab, l, w, situ, 4.f, 25.f));
+    gt_down(yr, d_yr, 4 * (size_t)N * l);
+    size_t differ = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++)
+            differ += memcmp(yr + (size_t)row_of[t * kc + i] * l, got + ((size_t)t * kc + i) * l, 4 * (size_t)l) != 0;
+    CHECK(differ == 0, "%s: %zu of %d rows of the table form differ from their slots", what, differ, used);
+    st_gpu_free(d_xg), st_gpu_free(d_hr), st_gpu_free(d_off), st_gpu_free(d_tab), st_gpu_free(d_yr);
+    free(off), free(row_of), free(src_of), free(xg), free(tab), free(yr);
     st_gpu_free(d_z), st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_h), st_gpu_free(d_ids),
         st_gpu_free(d_cnt), st_gpu_free(d_y);
     free(ids), free(cnt), free(p), free(z), free(w1f), free(w3f), free(w2f), free(yref), free(got), free(zb), free(w1b),

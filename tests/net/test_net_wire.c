@@ -49,7 +49,8 @@ int main(void) {
     size_t pl = in.payload_bytes;
     expect_reject(&h, pl, 0, 4, 0x57525454, "magic");
     expect_reject(&h, pl, 4, 2, 1, "version 1 (before distinct-row dispatches)");
-    expect_reject(&h, pl, 4, 2, 3, "version 3");
+    expect_reject(&h, pl, 4, 2, 2, "version 2 (before per-row dispatches)");
+    expect_reject(&h, pl, 4, 2, 4, "version 4");
     expect_reject(&h, pl, 4, 2, 0, "version 0");
     expect_reject(&h, pl, 6, 2, 0, "kind 0");
     expect_reject(&h, pl, 6, 2, 4, "kind 4");
@@ -144,7 +145,22 @@ int main(void) {
     expect_reject(&h, upl, 60, 4, 0, "distinct flag without a count");
     expect_reject(&h, upl, 60, 4, 11, "more distinct rows than rows");
     expect_reject(&h, upl, 60, 4, 5, "distinct count vs payload");
-    expect_reject(&h, upl, 22, 2, 2, "unknown flag");
+    expect_reject(&h, upl, 22, 2, 4 | ST_WIRE_FLAG_UNIQUE_ROWS, "unknown flag");
+    /* per-row dispatches (ST_WIRE_FLAG_PER_ROW), with and without distinct rows; never on a reply */
+    st_wire_info_t pr = un;
+    pr.per_row = true;
+    CHECK(st_wire_header_encode(&pr, &h) == ST_OK &&
+              ((const uint8_t *)&h)[22] == (ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_PER_ROW) &&
+              st_wire_header_decode(&h, 64, pr.payload_bytes, &out) == ST_OK && out.per_row && out.unique == 4,
+          "per-row distinct dispatch round trip");
+    pr = dispatch_info();
+    pr.per_row = true;
+    CHECK(st_wire_header_encode(&pr, &h) == ST_OK && ((const uint8_t *)&h)[22] == ST_WIRE_FLAG_PER_ROW &&
+              st_wire_header_decode(&h, 64, pr.payload_bytes, &out) == ST_OK && out.per_row && out.unique == 0,
+          "per-row dispatch round trip");
+    st_wire_info_t pc = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = st_wire_payload_bytes(0, 0, 8)};
+    CHECK(st_wire_header_encode(&pc, &h) == ST_OK, "combine encode");
+    expect_reject(&h, pc.payload_bytes, 22, 2, ST_WIRE_FLAG_PER_ROW, "per-row flag on a reply");
     st_wire_info_t uc = un;
     uc.kind = ST_WIRE_KIND_COMBINE;
     CHECK(st_wire_header_encode(&uc, &h) == ST_ERR_INVALID_ARG, "distinct rows on a reply refused");

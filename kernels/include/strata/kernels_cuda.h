@@ -197,6 +197,15 @@ st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y, st_bf16_t 
                                   const int *ids, const int *cnt, int T, int kc, const st_bf16_t *w1,
                                   const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
                                   float b2);
+/* The same per-row kernels over an expert server's dispatch: x [N, l] bf16 rows grouped by expert
+ * (offsets [n_exp + 1] device, as st_cuda_moe_ffn_table_f32out), expert k's weights through tab
+ * (device) [n_exp][3] = {w1, w3, w2}; y [N, l] fp32, h_ws [N, w] bf16 scratch (the first bytes of the
+ * hosted ws will do). Each row's arithmetic is that of st_cuda_moe_ffn_slots, bit for bit, so a
+ * server running the rows a worker flags per-row (ST_WIRE_FLAG_PER_ROW) returns what the worker's own
+ * GPU engine would compute. N ≤ 65535; l, w multiples of 8; x, h_ws and the weights 16-byte aligned. */
+st_status_t st_cuda_moe_ffn_rows_table_f32out(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws, const st_bf16_t *x,
+                                              const int *offsets, int n_exp, int N, const st_bf16_t *const *tab, int l,
+                                              int w, bool situ, float b1, float b2);
 /* Whether st_cuda_moe_ffn_slots should run `slots` routed slots (T·kc) over E experts of these widths
  * rather than the grouped path: up to 64 slots (env STRATA_FFN_SLOTS, read at
  * st_cuda_moe_ffn_use_wgmma) and E/2 (kernels/moe_ffn.cu says why). */

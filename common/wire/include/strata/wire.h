@@ -10,7 +10,8 @@
  *     8   8  step           decode step of the sender
  *    16   4  layer          MoE layer index (0-based)
  *    20   2  micro_batch    micro-batch of the step
- *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS or 0; otherwise 0
+ *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS and/or ST_WIRE_FLAG_PER_ROW, or 0;
+ *                            otherwise 0
  *    24   4  source_id      sender's member id (low 32 bits of the coordinator id)
  *    28   4  token_count    rows in the payload (sum over experts)
  *    32   4  expert_count   experts in the offsets table
@@ -41,6 +42,7 @@
 #ifndef STRATA_WIRE_H
 #define STRATA_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,8 +53,11 @@ extern "C" {
 #endif
 
 #define ST_WIRE_MAGIC 0x57525453u /* "STRW" little-endian */
-#define ST_WIRE_VERSION 2u /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches */
+#define ST_WIRE_VERSION 3u /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches; 3: ST_WIRE_FLAG_PER_ROW */
 #define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
+/* DISPATCH: run these rows with the per-row expert kernels (st_cuda_moe_ffn_rows_table_f32out), as the
+ * worker's own GPU engine would at this batch size, so that the results match it bit for bit */
+#define ST_WIRE_FLAG_PER_ROW 0x2u
 #define ST_WIRE_HEADER_BYTES 64u
 #define ST_WIRE_ALIGN 16u
 #define ST_WIRE_MAX_TOKENS (1u << 20)
@@ -105,6 +110,7 @@ typedef struct {
     st_status_t status;  /* ERROR only */
     uint32_t compute_us; /* COMBINE only: µs the dispatch spent at the server (queue + compute) */
     uint32_t unique;     /* DISPATCH only: distinct rows (ST_WIRE_FLAG_UNIQUE_ROWS), 0 = plain rows */
+    bool per_row;        /* DISPATCH only: ST_WIRE_FLAG_PER_ROW */
 } st_wire_info_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */
