@@ -311,6 +311,17 @@ __device__ __forceinline__ void ar_store_bf4(st_bf16_t *o, st_bf16_t *lo, float 
     if (lo) *reinterpret_cast<uint2 *>(lo) = make_uint2(lo2[0], lo2[1]);
 }
 
+/* Block sum of four values; red: 4·32 floats (not reused before the next barrier). */
+__device__ __forceinline__ float4 ar_block_sum4(float a, float b, float c, float d, float *red) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = st_warp_sum(a), b = st_warp_sum(b), c = st_warp_sum(c), d = st_warp_sum(d);
+    if (lane == 0) red[wid] = a, red[32 + wid] = b, red[64 + wid] = c, red[96 + wid] = d;
+    __syncthreads();
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int w = 0; w < nw; w++) s.x += red[w], s.y += red[32 + w], s.z += red[64 + w], s.w += red[96 + w];
+    return s;
+}
+
 /* Block sum of two values; red: 2·32 floats (not reused before the next barrier). */
 __device__ __forceinline__ float2 ar_block_sum2(float a, float b, float *red) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -524,9 +535,10 @@ extern "C" st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, flo
 }
 
 /* Phase 2 + RMSNorm, one block per output row, NV float4 columns per thread held in registers:
- * one read of the partial and acc rows, two block reductions (Σ P², Σ P·w_q; then Σ h²). NOTE: with
- * PF every load (the phase-1 stats and the norm weights too) is issued before the first reduction, so
- * the AttnRes part adds one reduction and no dependent memory latency to a plain RMSNorm — for few
+ * one read of the partial and acc rows, one block reduction (Σ P², Σ P·w_q, Σ a², Σ a·P; Σ h² follows;
+ * a plain RMSNorm: Σ h²). NOTE: with PF every load (the phase-1 stats and the norm weights too) is
+ * issued before the reduction, so the AttnRes part adds no reduction and no dependent memory latency
+ * to a plain RMSNorm — for few
  * rows (latency-bound); the registers it takes cost occupancy with many rows (bandwidth-bound), so
  * there the stats and weights are read where they are used (measured, docs/perf.md). */
 template <int NV, bool PF>
@@ -535,7 +547,7 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_p2norm_kernel(st_bf16_t *
                                                                      const float *acc, const float *wq, int q, int Q,
                                                                      const float *nw, const int *rows, int d,
                                                                      float ar_eps, float eps) {
-    __shared__ float red1[64], red2[64];
+    __shared__ float red1[128], red2[64];
     const size_t i = blockIdx.x, r = rows ? (size_t)rows[i] : i;
     const int d4 = d >> 2;
     const float *P = partial + r * d;
@@ -547,35 +559,45 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_p2norm_kernel(st_bf16_t *
         h[k] = c4 < d4 ? ar_ld4(P + 4 * c4) : z4;
         if (PF) nw4[k] = c4 < d4 ? ar_ld4(nw + 4 * c4) : z4;
     }
+    float rs;
     if (stats) {
         const float *A = acc + (r * Q + q) * d;
         float2 st = make_float2(0.f, 0.f);
         if (PF) st = *reinterpret_cast<const float2 *>(stats + (r * Q + q) * 2);
         float4 a[NV];
-        float ss = 0.f, dot = 0.f;
+        float pp = 0.f, pw = 0.f, aa = 0.f, ap = 0.f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             int c4 = threadIdx.x + k * blockDim.x;
             float4 w4 = c4 < d4 ? ar_ld4(wq + 4 * c4) : z4;
             a[k] = c4 < d4 ? ar_ld4(A + 4 * c4) : z4;
-            ss += ar_dot4(h[k], h[k]);
-            dot += ar_dot4(h[k], w4);
+            pp += ar_dot4(h[k], h[k]);
+            pw += ar_dot4(h[k], w4);
+            aa += ar_dot4(a[k], a[k]);
+            ap += ar_dot4(a[k], h[k]);
         }
-        float2 sd = ar_block_sum2(ss, dot, red1);
+        /* NOTE: one block reduction: h = α·a + β·P, so Σh² = α²Σa² + 2αβΣa·P + β²ΣP² comes from the
+         * same four sums as the score (α, β ≥ 0 softmax weights; the mix of residual-stream blocks does
+         * not cancel to near zero, so no precision is lost); the second reduction was ~0.25 µs of
+         * latency per norm at decode */
+        float4 sd = ar_block_sum4(pp, pw, aa, ap, red1);
         float sp = sd.y / sqrtf(sd.x / (float)d + ar_eps);
         if (!PF) st = make_float2(stats[(r * Q + q) * 2], stats[(r * Q + q) * 2 + 1]);
         float mx = fmaxf(st.x, sp), cb = expf(st.x - mx), cp = expf(sp - mx);
-        float inv = 1.f / (st.y * cb + cp);
+        float inv = 1.f / (st.y * cb + cp), al = cb * inv, be = cp * inv;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             h[k].x = (a[k].x * cb + cp * h[k].x) * inv, h[k].y = (a[k].y * cb + cp * h[k].y) * inv;
             h[k].z = (a[k].z * cb + cp * h[k].z) * inv, h[k].w = (a[k].w * cb + cp * h[k].w) * inv;
         }
-    }
-    float ss = 0.f;
+        float hh = fmaxf(al * al * sd.z + 2.f * al * be * sd.w + be * be * sd.x, 0.f);
+        rs = 1.f / sqrtf(hh / (float)d + eps);
+    } else {
+        float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < NV; k++) ss += ar_dot4(h[k], h[k]);
-    float rs = 1.f / sqrtf(ar_block_sum2(ss, 0.f, red2).x / (float)d + eps);
+        for (int k = 0; k < NV; k++) ss += ar_dot4(h[k], h[k]);
+        rs = 1.f / sqrtf(ar_block_sum2(ss, 0.f, red2).x / (float)d + eps);
+    }
     st_bf16_t *o = xn + i * d, *lo = xlo ? xlo + i * d : nullptr;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
