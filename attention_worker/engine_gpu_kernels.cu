@@ -656,6 +656,7 @@ extern "C" st_status_t eg_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, co
  * once, so the rows' loads do not wait on them slot by slot) */
 __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf, const int *row_of,
                                    const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     extern __shared__ float u[];
     __shared__ float red[32];
     float *ps = u + l;
@@ -735,6 +736,7 @@ extern "C" st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *
 
 __global__ void kda_out_gate32_kernel(st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate, int ldg, const float *w, int T,
                                       int H, int dv, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
     if (row >= T * H) return;
     int t = row / H, h = row % H;
@@ -757,6 +759,7 @@ extern "C" st_status_t eg_kda_out_gate32(const st_gpu_stream_t *s, st_bf16_t *ou
 
 __global__ void glu32_kernel(st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up, int T, int n, int ld, int situ, float b1,
                              float b2) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)T * n) return;
     size_t t = i / n, c = i % n;
@@ -774,6 +777,7 @@ extern "C" st_status_t eg_glu32(const st_gpu_stream_t *s, st_bf16_t *h, st_bf16_
 }
 
 __global__ void rmsnorm32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int n, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float ss = 0.f;
@@ -794,6 +798,7 @@ extern "C" st_status_t eg_rmsnorm32(const st_gpu_stream_t *s, st_bf16_t *y, st_b
 }
 
 __global__ void mul_sigmoid32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *g, size_t n) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = eg_split(x[i] * eg_sig(g[i]), lo ? lo + i : NULL);
 }
@@ -805,6 +810,7 @@ extern "C" st_status_t eg_mul_sigmoid32(const st_gpu_stream_t *s, st_bf16_t *y, 
 }
 
 __global__ void split_bf16_kernel(st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) hi[i] = eg_split(x[i], lo + i);
 }

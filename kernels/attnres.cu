@@ -347,6 +347,7 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_phase1_push_kernel(float 
                                                                           size_t bstride, const float *newest, int m,
                                                                           const float *w, int Q, int qpb, int d,
                                                                           float eps, st_attnres_xnorm_t x) {
+    st_pdl_trigger(); /* the GEMM that reads xn may start loading its weights (skinny_kernel) */
     extern __shared__ float sh[];
     __shared__ float xsum, red[64];
     const bool xg = x.w_q && blockIdx.y == gridDim.y - 1; /* the block-start norm's group */
@@ -547,6 +548,7 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_p2norm_kernel(st_bf16_t *
                                                                      const float *acc, const float *wq, int q, int Q,
                                                                      const float *nw, const int *rows, int d,
                                                                      float ar_eps, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads xn may start loading its weights (skinny_kernel) */
     __shared__ float red1[128], red2[64];
     const size_t i = blockIdx.x, r = rows ? (size_t)rows[i] : i;
     const int d4 = d >> 2;

@@ -19,6 +19,22 @@ __device__ __forceinline__ uint32_t st_pack_bf2(float lo, float hi) {
     return (uint32_t)st_tobf(lo) | ((uint32_t)st_tobf(hi) << 16);
 }
 
+/* Programmatic dependent launch (a kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization
+ * may start before the previous kernel in its stream finishes): st_pdl_wait blocks until that kernel has
+ * finished and its writes are visible (nothing before it may read what the previous kernel writes, or
+ * write what it reads); st_pdl_trigger lets the next such kernel start now. Both are no-ops without
+ * PDL and below sm_90. */
+__device__ __forceinline__ void st_pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void st_pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float st_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -58,14 +58,28 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const __grid_cons
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    uint4 a0[U], a1[U];
+    /* the first group's weights before the PDL wait: W is no earlier kernel's output, so these loads run
+     * while the kernel that writes x finishes (launched with PDL, see skinny_run) */
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int k = (s0 + u) * 32 + 8 * c;
+        bool ok = s0 + u < s1 && k < K;
+        a0[u] = sk_ld(w0 + (ok ? k >> 3 : 0), ok);
+        a1[u] = sk_ld(w1 + (ok ? k >> 3 : 0), ok);
+    }
+    st_pdl_trigger(); /* the next PDL kernel may start its own weight loads */
+    st_pdl_wait();
     for (int st = s0; st < s1; st += U) {
-        uint4 a0[U], a1[U], b[U][NT];
+        uint4 b[U][NT];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int k = (st + u) * 32 + 8 * c;
             bool ok = st + u < s1 && k < K;
-            a0[u] = sk_ld(w0 + (ok ? k >> 3 : 0), ok);
-            a1[u] = sk_ld(w1 + (ok ? k >> 3 : 0), ok);
+            if (st != s0) {
+                a0[u] = sk_ld(w0 + (ok ? k >> 3 : 0), ok);
+                a1[u] = sk_ld(w1 + (ok ? k >> 3 : 0), ok);
+            }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 int t = j * 8 + g;
@@ -111,24 +125,38 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const __grid_cons
 
 static int skinny_on = -1; /* -1: not read yet (STRATA_SKINNY) */
 extern "C" void st_cuda_linear_skinny_enable(bool on) { skinny_on = on; }
+static int skinny_pdl;
+extern "C" void st_cuda_linear_read_env(void) {
+    const char *e = getenv("STRATA_SKINNY");
+    skinny_on = !(e && !strcmp(e, "0"));
+    e = getenv("STRATA_SKINNY_PDL");
+    skinny_pdl = !(e && !strcmp(e, "0"));
+}
 
 extern "C" bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K) {
-    if (skinny_on < 0) {
-        const char *e = getenv("STRATA_SKINNY");
-        skinny_on = !(e && !strcmp(e, "0"));
-    }
+    if (skinny_on < 0) st_cuda_linear_read_env();
     return skinny_on && T >= 1 && T <= ST_CUDA_SKINNY_MAX_T && N >= 1 && K >= 8 && K % 8 == 0 && ldx % 8 == 0 && ldx >= K &&
            ((uintptr_t)x & 15) == 0 && ((uintptr_t)W & 15) == 0;
 }
 
+/* Launched with programmatic dependent launch (env STRATA_SKINNY_PDL=0: plain launches): the kernel's
+ * blocks may start once the previous kernel in the stream has triggered (st_pdl_trigger, at the start
+ * of the engine's glue kernels) and load their first weights while it finishes. */
 static st_status_t skinny_run(const st_gpu_stream_t *s, const sk_segs &S, const st_bf16_t *x, int ldx, int T, int K) {
     int steps = (K + 31) / 32, nw = steps < SK_WARPS ? steps : SK_WARPS;
-    dim3 grid((unsigned)S.blk[S.n]), block(32 * nw);
-    if (T <= 8) skinny_kernel<1><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
-    else if (T <= 16) skinny_kernel<2><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
-    else if (T <= 32) skinny_kernel<4><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
-    else skinny_kernel<8><<<grid, block, 0, ST_STREAM(s)>>>(S, x, ldx, T, K);
-    return ST_LAUNCH_OK("skinny_kernel");
+    if (skinny_on < 0) st_cuda_linear_read_env();
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)S.blk[S.n]), cfg.blockDim = dim3(32 * nw), cfg.stream = ST_STREAM(s);
+    cfg.attrs = at, cfg.numAttrs = skinny_pdl ? 1 : 0;
+    cudaError_t e = T <= 8    ? cudaLaunchKernelEx(&cfg, skinny_kernel<1>, S, x, ldx, T, K)
+                    : T <= 16 ? cudaLaunchKernelEx(&cfg, skinny_kernel<2>, S, x, ldx, T, K)
+                    : T <= 32 ? cudaLaunchKernelEx(&cfg, skinny_kernel<4>, S, x, ldx, T, K)
+                              : cudaLaunchKernelEx(&cfg, skinny_kernel<8>, S, x, ldx, T, K);
+    st_status_t rc = ST_CUDA_CHECK(e);
+    return rc ? rc : ST_LAUNCH_OK("skinny_kernel");
 }
 
 extern "C" st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,

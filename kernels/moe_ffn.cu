@@ -290,9 +290,6 @@ __device__ __forceinline__ void fw_st_quad(float *p, const float a[4], const flo
                            __uint_as_float(wb[3]));
     }
 }
-/* programmatic dependent launch (the down GEMM's blocks start while the gate/up GEMM drains) */
-__device__ __forceinline__ void fw_pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void fw_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 /* a tensor map in global memory written by another kernel (the table mode's per-expert maps): make it
  * visible to the TMA unit before the first copy through it */
 __device__ __forceinline__ void fw_tmap_acquire(const CUtensorMap *m) {
@@ -339,8 +336,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (flags & FW_F_PDL_TRIG) fw_pdl_trigger();
-    if (flags & FW_F_PDL_WAIT) fw_pdl_wait(); /* h (the A operand) is the previous grid's output */
+    if (flags & FW_F_PDL_TRIG) st_pdl_trigger();
+    if (flags & FW_F_PDL_WAIT) st_pdl_wait(); /* h (the A operand) is the previous grid's output */
     /* work unit u (block b takes b, b + grid, …) → (tile-map entry, column tile, its expert); false past
      * the last one */
     auto unit = [&](unsigned u, int &ent, int &ct, int &e) -> bool {
@@ -541,8 +538,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();
     /* (the launcher passes FW_F_VEC only: the PDL flags are inert here) */
-    if (P.flags & FW_F_PDL_TRIG) fw_pdl_trigger();
-    if (P.flags & FW_F_PDL_WAIT) fw_pdl_wait(); /* h (the A operand) is the previous grid's output */
+    if (P.flags & FW_F_PDL_TRIG) st_pdl_trigger();
+    if (P.flags & FW_F_PDL_WAIT) st_pdl_wait(); /* h (the A operand) is the previous grid's output */
     /* units [0, nglu) GLU tiles (entry-major), [nglu, ntot) down tiles; ng: this block's GLU tiles */
     unsigned nglu = 0, ntot = 0, ng = 0;
     {

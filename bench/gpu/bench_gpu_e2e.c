@@ -96,7 +96,7 @@ static const char *preset = "small"; /* STRATA_BENCH_PRESET (e.g. k3-mini: K3's 
 static void run_engine(const st_ckpt_t *ck, bool v1);
 
 /* STRATA_BENCH_AB="NAME=VALUE[,NAME=VALUE...]": the greedy decode step once more with these variables
- * set (kernel variants read at st_cuda_moe_ffn_use_wgmma(-1) or at each call), in the same process, so
+ * set (read again by st_cuda_moe_ffn_use_wgmma(-1) and st_cuda_linear_read_env), in the same process, so
  * a variant is compared without machine-to-machine variance. The variables are unset afterwards. */
 static void ab_env(const char *spec, bool set) {
     char buf[512], *save = NULL;
@@ -109,6 +109,7 @@ static void ab_env(const char *spec, bool set) {
         else unsetenv(kv);
     }
     st_cuda_moe_ffn_use_wgmma(-1);
+    st_cuda_linear_read_env();
 }
 
 static void ab_compare(st_egpu_t *pg, const int *slots, int B, int *tok, double gmean, const char *tag) {

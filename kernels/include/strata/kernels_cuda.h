@@ -41,12 +41,15 @@ st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y
  * warps of a block and summed in a fixed order, so results are deterministic); for one token cuBLAS
  * picks slow kernels on some small decode shapes. Needs K and ldx multiples of 8 and x, W
  * 16-byte aligned (st_cuda_linear_skinny_ok); st_cuda_linear_skinny_enable(false) sends everything
- * to cuBLAS (comparisons; also env STRATA_SKINNY=0). */
+ * to cuBLAS (comparisons; also env STRATA_SKINNY=0). Launched with programmatic dependent launch: its
+ * first weight loads overlap the end of the kernel before it when that kernel triggers early
+ * (env STRATA_SKINNY_PDL=0: plain launches). st_cuda_linear_read_env reads both variables again. */
 #define ST_CUDA_SKINNY_MAX_T 64
 bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K);
 st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
                                   const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K);
 void st_cuda_linear_skinny_enable(bool on);
+void st_cuda_linear_read_env(void);
 /* Several linear layers that read the same x [T, K] (row stride ldx): y_i (stride ldy_i, fp32 or bf16)
  * = beta_i·y_i + x · W_iᵀ, W_i [N_i, K]. Where the skinny kernel applies to every one, one launch
  * runs them all; else each runs as st_cuda_linear_ex. */
