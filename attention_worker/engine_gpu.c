@@ -1325,7 +1325,6 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     observe(mb, l);
 }
 
-/* Routed experts on the device: group by expert, gather, grouped FFN → yg (grouped rows). */
 /* Whether the routed experts of a T-token step run per slot (st_cuda_moe_ffn_slots) here, and so per
  * row on a GPU expert server (st_moe_work_t.per_row) */
 static bool slots_path(const st_egpu_t *g, int T) {
@@ -1340,6 +1339,8 @@ static bool slots_path(const st_egpu_t *g, int T) {
 #endif
 }
 
+/* Routed experts on the device: per slot at decode sizes (yg in slot order), else group by expert,
+ * gather, grouped FFN → yg (grouped rows). */
 static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     st_egpu_t *g = mb->g;
     const st_config_t *c = &g->c;

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const __grid_cons
 
 static int skinny_on = -1; /* -1: not read yet (STRATA_SKINNY) */
 extern "C" void st_cuda_linear_skinny_enable(bool on) { skinny_on = on; }
-static int skinny_pdl;
+static int skinny_pdl = 1; /* STRATA_SKINNY_PDL, read with STRATA_SKINNY */
 extern "C" void st_cuda_linear_read_env(void) {
     const char *e = getenv("STRATA_SKINNY");
     skinny_on = !(e && !strcmp(e, "0"));
