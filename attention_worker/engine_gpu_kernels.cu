@@ -84,12 +84,47 @@ __global__ void kda_gate_fb32_kernel(float *g, const float *aux, int naux, const
         }
     }
 }
+/* The same for a batch of tokens (T ≥ GATE_FB_BATCH_T), tiled: a block computes 32 channels × 8 tokens
+ * (thread: channel tid % 32, token tid / 32), staging 64-wide k slices of aux and w_fb in shared memory
+ * (rows padded to 65 floats: the channel-strided reads hit distinct banks, the token reads are
+ * broadcasts); stores are coalesced over channels. The warp-per-channel kernel above reduces each token
+ * in turn: 15.6 µs at T = 32 on `small` (ncu); 32 × 32 tiles ran only 32 blocks there (9.3 µs). */
+#define GATE_FB_BATCH_T 8
+#define GFB_KS 64
+__global__ void __launch_bounds__(256) kda_gate_fbt32_kernel(float *g, const float *aux, int naux, const float *w_fb,
+                                                             int R, const float *A_log, const float *dt_bias, int T,
+                                                             int P, int dk, int bounded, float lb) {
+    __shared__ float xs[8][GFB_KS + 1], wsm[32][GFB_KS + 1];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int c0 = blockIdx.x * 32, t0 = blockIdx.y * 8;
+    float acc = 0.f;
+    for (int k0 = 0; k0 < R; k0 += GFB_KS) {
+        for (int i = threadIdx.x; i < 40 * GFB_KS; i += 256) {
+            const int r = i / GFB_KS, k = i % GFB_KS;
+            const bool kok = k0 + k < R;
+            if (r < 8) xs[r][k] = kok && t0 + r < T ? aux[(size_t)(t0 + r) * naux + k0 + k] : 0.f;
+            else wsm[r - 8][k] = kok && c0 + r - 8 < P ? w_fb[(size_t)(c0 + r - 8) * R + k0 + k] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 16
+        for (int k = 0; k < GFB_KS; k++) acc += xs[ty][k] * wsm[tx][k];
+        __syncthreads();
+    }
+    const int hc = c0 + tx, t = t0 + ty;
+    if (hc >= P || t >= T) return;
+    g[(size_t)t * P + hc] = eg_kda_gate(acc + dt_bias[hc], expf(A_log[hc / dk]), bounded, lb);
+}
 extern "C" st_status_t eg_kda_gate_fb32(const st_gpu_stream_t *s, float *g, const float *aux, int naux,
                                         const float *w_fb, int R, const float *A_log, const float *dt_bias, int T,
                                         int H, int dk, bool bounded, float lb) {
     int P = H * dk;
     if (T <= 0) return ST_OK;
     if (R > GATE_FB_MAXR) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_gate_fb32: f_rank %d > %d", R, GATE_FB_MAXR);
+    if (T >= GATE_FB_BATCH_T) {
+        kda_gate_fbt32_kernel<<<dim3((unsigned)((P + 31) / 32), (unsigned)((T + 7) / 8)), 256, 0, ST_STREAM(s)>>>(
+            g, aux, naux, w_fb, R, A_log, dt_bias, T, P, dk, bounded, lb);
+        return ST_LAUNCH_OK("kda_gate_fbt32_kernel");
+    }
     kda_gate_fb32_kernel<<<(unsigned)((P + 7) / 8), 256, 0, ST_STREAM(s)>>>(g, aux, naux, w_fb, R, A_log, dt_bias, T,
                                                                          P, dk, bounded, lb);
     return ST_LAUNCH_OK("kda_gate_fb32_kernel");

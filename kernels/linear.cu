@@ -126,11 +126,14 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const __grid_cons
 static int skinny_on = -1; /* -1: not read yet (STRATA_SKINNY) */
 extern "C" void st_cuda_linear_skinny_enable(bool on) { skinny_on = on; }
 static int skinny_pdl = 1; /* STRATA_SKINNY_PDL, read with STRATA_SKINNY */
+static int skinny_max_t = 32; /* STRATA_SKINNY_MAX_T (1..ST_CUDA_SKINNY_MAX_T): see skinny_pick */
 extern "C" void st_cuda_linear_read_env(void) {
     const char *e = getenv("STRATA_SKINNY");
     skinny_on = !(e && !strcmp(e, "0"));
     e = getenv("STRATA_SKINNY_PDL");
     skinny_pdl = !(e && !strcmp(e, "0"));
+    e = getenv("STRATA_SKINNY_MAX_T");
+    skinny_max_t = e && atoi(e) >= 1 && atoi(e) <= ST_CUDA_SKINNY_MAX_T ? atoi(e) : 32;
 }
 
 extern "C" bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K) {
@@ -175,9 +178,12 @@ extern "C" st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, 
 static bool skinny_pick(const void *x, int ldx, const void *W, int T, int N, int K) {
     /* where the skinny kernel is faster (bench_gpu_linear, graph replays on the H200): 1 token on
      * the small trunk's shapes (cuBLAS picks 7–10 µs kernels for some: 1.6–1.9× there, even on the
-     * rest); up to 8 tokens about even; from 16 tokens on, and for large W (LM head, K3 widths) at
-     * any T, cuBLAS wins. One launch for several layers saves the launches besides. */
-    return T <= 8 && (size_t)N * K <= ((size_t)4 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K);
+     * rest); 16 tokens 1.3–1.8×; 32 tokens 0.8–1.2× alone, but the engine's decode step at batch 32
+     * is 1.05× faster with it (session 6, in-process A/B: one launch for several layers, weights
+     * prefetched under PDL); at 64 tokens, and for large W (LM head, K3 widths) at any T, cuBLAS
+     * wins. */
+    if (skinny_on < 0) st_cuda_linear_read_env();
+    return T <= skinny_max_t && (size_t)N * K <= ((size_t)4 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K);
 }
 
 extern "C" st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_bf16_t *x, int ldx, int T, int K,
