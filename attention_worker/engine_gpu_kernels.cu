@@ -75,7 +75,7 @@ __global__ void kda_gate_fb32_kernel(float *g, const float *aux, int naux, const
 #pragma unroll
         for (int i = 0; i < GATE_FB_MAXR / 32; i++) {
             int k = lane + 32 * i;
-            if (k < R) sum += x[k] * wv[i];
+            if (k < R) sum = fmaf(x[k], wv[i], sum); /* explicit: the batched kernel repeats this order */
         }
         sum = st_warp_sum(sum);
         if (lane == 0) {
@@ -85,10 +85,12 @@ __global__ void kda_gate_fb32_kernel(float *g, const float *aux, int naux, const
     }
 }
 /* The same for a batch of tokens (T ≥ GATE_FB_BATCH_T), tiled: a block computes 32 channels × 8 tokens
- * (thread: channel tid % 32, token tid / 32), staging 64-wide k slices of aux and w_fb in shared memory
+ * (thread: channel tid % 32, token tid / 32) from 64-wide k slices of aux and w_fb in shared memory
  * (rows padded to 65 floats: the channel-strided reads hit distinct banks, the token reads are
- * broadcasts); stores are coalesced over channels. The warp-per-channel kernel above reduces each token
- * in turn: 15.6 µs at T = 32 on `small` (ncu); 32 × 32 tiles ran only 32 blocks there (9.3 µs). */
+ * broadcasts); stores coalesced over channels. NOTE: each thread adds in the warp kernel's order (32
+ * chains over k = l + 32 i, then st_warp_sum's butterfly as seen from lane 0), so both kernels give the
+ * same bits: the engine's results do not depend on which one a step size picks. The warp kernel reduces
+ * each token in turn: 15.6 µs at T = 32 on `small` (ncu). */
 #define GATE_FB_BATCH_T 8
 #define GFB_KS 64
 __global__ void __launch_bounds__(256) kda_gate_fbt32_kernel(float *g, const float *aux, int naux, const float *w_fb,
@@ -97,22 +99,44 @@ __global__ void __launch_bounds__(256) kda_gate_fbt32_kernel(float *g, const flo
     __shared__ float xs[8][GFB_KS + 1], wsm[32][GFB_KS + 1];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     const int c0 = blockIdx.x * 32, t0 = blockIdx.y * 8;
-    float acc = 0.f;
+    float p[32];
+#pragma unroll
+    for (int l = 0; l < 32; l++) p[l] = 0.f;
     for (int k0 = 0; k0 < R; k0 += GFB_KS) {
-        for (int i = threadIdx.x; i < 40 * GFB_KS; i += 256) {
-            const int r = i / GFB_KS, k = i % GFB_KS;
+        float v[40 * GFB_KS / 256]; /* every load in flight before the stores */
+#pragma unroll
+        for (int j = 0; j < 40 * GFB_KS / 256; j++) {
+            const int i = threadIdx.x + 256 * j, r = i / GFB_KS, k = i % GFB_KS;
             const bool kok = k0 + k < R;
-            if (r < 8) xs[r][k] = kok && t0 + r < T ? aux[(size_t)(t0 + r) * naux + k0 + k] : 0.f;
-            else wsm[r - 8][k] = kok && c0 + r - 8 < P ? w_fb[(size_t)(c0 + r - 8) * R + k0 + k] : 0.f;
+            v[j] = r < 8 ? (kok && t0 + r < T ? aux[(size_t)(t0 + r) * naux + k0 + k] : 0.f)
+                         : (kok && c0 + r - 8 < P ? w_fb[(size_t)(c0 + r - 8) * R + k0 + k] : 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 40 * GFB_KS / 256; j++) {
+            const int i = threadIdx.x + 256 * j, r = i / GFB_KS, k = i % GFB_KS;
+            if (r < 8) xs[r][k] = v[j];
+            else wsm[r - 8][k] = v[j];
         }
         __syncthreads();
-#pragma unroll 16
-        for (int k = 0; k < GFB_KS; k++) acc += xs[ty][k] * wsm[tx][k];
+        const int kn = min(GFB_KS, R - k0); /* terms past R are left out, as in the warp kernel */
+#pragma unroll
+        for (int i = 0; i < GFB_KS / 32; i++)
+#pragma unroll
+            for (int l = 0; l < 32; l++)
+                if (32 * i + l < kn) p[l] = fmaf(xs[ty][32 * i + l], wsm[tx][32 * i + l], p[l]);
         __syncthreads();
     }
+#pragma unroll
+    for (int l = 0; l < 16; l++) p[l] = p[l] + p[l + 16];
+#pragma unroll
+    for (int l = 0; l < 8; l++) p[l] = p[l] + p[l + 8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) p[l] = p[l] + p[l + 4];
+    p[0] = p[0] + p[2], p[1] = p[1] + p[3];
+    p[0] = p[0] + p[1];
     const int hc = c0 + tx, t = t0 + ty;
     if (hc >= P || t >= T) return;
-    g[(size_t)t * P + hc] = eg_kda_gate(acc + dt_bias[hc], expf(A_log[hc / dk]), bounded, lb);
+    g[(size_t)t * P + hc] = eg_kda_gate(p[0] + dt_bias[hc], expf(A_log[hc / dk]), bounded, lb);
 }
 extern "C" st_status_t eg_kda_gate_fb32(const st_gpu_stream_t *s, float *g, const float *aux, int naux,
                                         const float *w_fb, int R, const float *A_log, const float *dt_bias, int T,
