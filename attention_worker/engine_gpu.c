@@ -1089,7 +1089,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(lin2(mb, mb->qkv, 3 * P, 0.f, mb->xn, XLO(mb), d, G->w_qkv, T, 3 * P, d));
         CK(lin2(mb, mb->aux, G->naux, 0.f, mb->xn, XLO(mb), d, G->w_aux, T, G->naux, d));
     }
-    if (T <= 512 && c->f_rank <= 256) { /* decode: the low-rank f_b product and the gate in one kernel */
+    if (T <= 64 && c->f_rank <= 256) { /* decode: the low-rank f_b product and the gate in one kernel */
         prof_mark(g, ST_EGPU_PROF_KDA);
         CK(eg_kda_gate_fb32(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
                             c->gate_bounded, c->gate_lower_bound));
