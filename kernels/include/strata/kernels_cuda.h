@@ -43,7 +43,9 @@ st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y
  * 16-byte aligned (st_cuda_linear_skinny_ok); st_cuda_linear_skinny_enable(false) sends everything
  * to cuBLAS (comparisons; also env STRATA_SKINNY=0). Launched with programmatic dependent launch: its
  * first weight loads overlap the end of the kernel before it when that kernel triggers early
- * (env STRATA_SKINNY_PDL=0: plain launches). st_cuda_linear_read_env reads both variables again. */
+ * (env STRATA_SKINNY_PDL=0: plain launches). st_cuda_linear_ex / _multi pick it for up to
+ * STRATA_SKINNY_MAX_T tokens (default 32) and small W. st_cuda_linear_read_env reads the variables
+ * again. */
 #define ST_CUDA_SKINNY_MAX_T 64
 bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K);
 st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
