@@ -12,7 +12,9 @@
  * and v4 (TMA boxes of 8 rows), slower than v2 everywhere; v5 (v2 + 32-row TMA boxes from warp 0) and
  * v8 (FlashMLA's seesaw: one warpgroup scores a 64-token tile with m64n64, P shared through shared
  * memory), slower than v6 everywhere; v7 (v6 + an L2 bulk prefetch of a later tile from the producer
- * + the combine as a programmatic dependent), no faster than v6 at every H = 64 shape.
+ * + the combine as a programmatic dependent), no faster than v6 at every H = 64 shape; v15 (v6 with Q
+ * in the consumers' registers, split by dims between the two warpgroups that swap partial scores
+ * through shared memory, and a ring of five 32-row slots), slower than v6 at 32K, level at 4K.
  * CPU reference: st_mla_attn_absorbed (kernels/mla.c). */
 #include <cuda.h> /* CUtensorMap types only: the encoder comes through cudaGetDriverEntryPointByVersion */
 #include <stdio.h>
@@ -423,6 +425,7 @@ __global__ void __launch_bounds__(NT6, 1)
     extern __shared__ __align__(1024) unsigned char smraw[];
     unsigned char *smal = smraw + ((1024 - ((unsigned)__cvta_generic_to_shared(smraw) & 1023)) & 1023);
     MlaSmem6 &sm = *reinterpret_cast<MlaSmem6 *>(smal);
+    st_pdl_trigger(); /* the combine (launched with PDL) may be scheduled; it waits for this grid */
     const int G = (H + NH2 - 1) / NH2, nitems = n_splits * B * G;
     const unsigned q_base = (unsigned)__cvta_generic_to_shared(sm.Qs);
     const unsigned k_base0 = (unsigned)__cvta_generic_to_shared(sm.Ks[0]);
@@ -618,6 +621,7 @@ __global__ void __launch_bounds__(NT6, 1)
 /* grid (H, B), 128 threads × 4 dims: o = Σ_s e^{m_s−M} acc_s / Σ_s e^{m_s−M} l_s */
 __global__ void mla_decode_combine_kernel(st_bf16_t *o, const float *ws_acc, const float *ws_ml, const int *seqlens,
                                           int H, int split_len, int n_splits) {
+    st_pdl_wait(); /* after v6 it is a programmatic dependent: the partials must be written */
     const int h = blockIdx.x, b = blockIdx.y;
     const int ns = min(n_splits, (seqlens[b] + split_len - 1) / split_len);
     const float *ml = ws_ml + ((size_t)b * H + h) * n_splits * 2;
@@ -798,6 +802,19 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
         rc = ST_LAUNCH_OK("mla_decode_ws_kernel");
     }
     if (rc) return rc;
-    mla_decode_combine_kernel<<<dim3(H, B), 128, 0, ST_STREAM(s)>>>(o_lat, ws_acc, ws_ml, seqlens, H, sl, ns);
-    return ST_LAUNCH_OK("mla_decode_combine_kernel");
+    /* after v6, a programmatic dependent (env STRATA_MLA_PDL=0: a plain launch): its launch overlaps v6's
+     * tail (it cannot share an SM with v6's persistent CTAs: they hold the register file). H200, 2026-11-30,
+     * bench_gpu_mla, same process: +0.2 … +1.8 points of copy at H ≤ 64 (the combine alone is 6.6 µs of
+     * the 109 µs at 64 × 4K, H = 64). */
+    static int pdl = -1; /* NOTE: read once per process */
+    if (pdl < 0) pdl = !(getenv("STRATA_MLA_PDL") && atoi(getenv("STRATA_MLA_PDL")) == 0);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(H, B), cfg.blockDim = dim3(128), cfg.stream = ST_STREAM(s);
+    cfg.attrs = at, cfg.numAttrs = pdl && av == 6 ? 1 : 0;
+    rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, o_lat, (const float *)ws_acc,
+                                          (const float *)ws_ml, seqlens, H, sl, ns));
+    return rc ? rc : ST_LAUNCH_OK("mla_decode_combine_kernel");
 }

@@ -4,7 +4,7 @@
  * Every shape runs each kernel variant (st_cuda_mla_decode_set_variant) in the same process: v2, v6
  * (warp-specialised, persistent) and the diagnostics ("g": the gathers only; "tens2" / "tens6": v2's /
  * v6's tensor work only); summary tables (% of copy, TFLOP/s) are printed last.
- * BENCH_MLA_SET=1: the kernels only; =2: the diagnostics only. */
+ * BENCH_MLA_SET=1: the kernels only; =2: the diagnostics only. BENCH_MLA_ONLY=i: shape i only. */
 #include <math.h>
 
 #include "bench_common.h"
@@ -65,13 +65,16 @@ int main(void) {
         {16, 32768, 64, 1024}, {64, 4096, 64, 512},  {64, 32768, 64, 512},  {128, 4096, 64, 512},
         {128, 32768, 64, 512}, {64, 4096, 128, 512}, {64, 32768, 128, 512}, {128, 4096, 128, 512},
         {128, 32768, 128, 512}};
-    for (int i = 0; i < NSHAPE; i++) bench(i, S[i][0], S[i][1], S[i][2], S[i][3]);
+    const char *only = getenv("BENCH_MLA_ONLY"); /* one shape (its row number from 0), e.g. under ncu */
+    for (int i = 0; i < NSHAPE; i++)
+        if (!only || atoi(only) == i) bench(i, S[i][0], S[i][1], S[i][2], S[i][3]);
     printf("\nSUMMARY %% of copy (%.0f GB/s, GEMM %.1f TFLOP/s); g = gathers only, tensor = tensor work only\n",
            b_copy_gbs, b_gemm_tflops);
     printf("%-15s", "B x ctx, H");
     for (int v = 0; v < NV; v++) printf(" %7s", VARS[v].name);
     printf("\n");
     for (int i = 0; i < NSHAPE; i++) {
+        if (!shp[i][0]) continue; /* not run (BENCH_MLA_ONLY) */
         char t[32];
         snprintf(t, sizeof t, "%dx%dK H%d", shp[i][0], shp[i][1] / 1024, shp[i][2]);
         printf("%-15s", t);
@@ -80,6 +83,7 @@ int main(void) {
     }
     printf("\nSUMMARY TFLOP/s (GEMM ceiling %.1f)\n", b_gemm_tflops);
     for (int i = 0; i < NSHAPE; i++) {
+        if (!shp[i][0]) continue; /* not run (BENCH_MLA_ONLY) */
         char t[32];
         snprintf(t, sizeof t, "%dx%dK H%d", shp[i][0], shp[i][1] / 1024, shp[i][2]);
         printf("%-15s", t);
