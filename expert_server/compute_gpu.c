@@ -1,6 +1,8 @@
 /* Expert server GPU compute (see compute_gpu.h): expert weights resident on the device as bf16,
- * one dispatch = rows H2D → bf16 → one st_cuda_moe_ffn_table_f32out over all its experts (a device
- * table of the experts' weight blocks; big experts through cuBLAS) → fp32 rows D2H. No I/O. */
+ * one dispatch = rows H2D (the distinct rows only, expanded on the device) → bf16 → one
+ * st_cuda_moe_ffn_table_f32out over all its experts (a device table of the experts' weight blocks;
+ * big experts through cuBLAS) → fp32 rows D2H straight into the caller's reply buffer (the server
+ * pins its slot buffers, so neither side is staged through another host copy). No I/O. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,15 +21,15 @@ struct st_es_gpu {
     st_bf16_t **w;
     size_t w_bytes;
     /* dispatch buffers, sized for max_rows at create */
-    float *d_in;       // [max_rows, ew] fp32, device
-    st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input)
+    float *d_in;       // [max_rows, ew] fp32, device: the rows as carried (distinct rows or all)
+    st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input, grouped order)
     float *d_out;      // [max_rows, ew] fp32, device
+    uint32_t *d_src;   // [max_rows] device: the sources of a distinct-rows dispatch
     int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
     const st_bf16_t **d_tab; // [n_experts, 3] device: {gate, up, down} of each dispatched expert
     void *d_ws;        // FFN workspace, st_cuda_moe_ffn_hosted_ws_bytes(max_rows, mi)
     size_t ws_bytes;
-    st_gpu_arena_t pinned; /* host staging: rows in, rows out, offsets */
-    float *h_in, *h_out;
+    st_gpu_arena_t pinned; /* host staging: offsets and the weight table */
     int *h_off;
     const st_bf16_t **h_tab;
     /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
@@ -74,17 +76,14 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
     if ((s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_in_bf, rows_f32 / 2)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_out, rows_f32)) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_src, (size_t)max_rows * sizeof(uint32_t))) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_off, ((size_t)g->n_experts + 1) * sizeof(int))) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_tab, (size_t)g->n_experts * 3 * sizeof(void *))) != ST_OK ||
         (s = st_gpu_malloc(&g->d_ws, g->ws_bytes ? g->ws_bytes : 256)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_mx, g->mx_bytes)) != ST_OK)
         goto err;
     size_t off_bytes = ((size_t)g->n_experts + 1) * sizeof(int), tab_bytes = (size_t)g->n_experts * 3 * sizeof(void *);
-    if ((s = st_gpu_arena_init(&g->pinned, 2 * align256(rows_f32) + align256(off_bytes) + align256(tab_bytes), 1)) !=
-        ST_OK)
-        goto err;
-    g->h_in = st_gpu_arena_alloc(&g->pinned, rows_f32);
-    g->h_out = st_gpu_arena_alloc(&g->pinned, rows_f32);
+    if ((s = st_gpu_arena_init(&g->pinned, align256(off_bytes) + align256(tab_bytes), 1)) != ST_OK) goto err;
     g->h_off = st_gpu_arena_alloc(&g->pinned, off_bytes);
     g->h_tab = st_gpu_arena_alloc(&g->pinned, tab_bytes);
     *out = g;
@@ -103,6 +102,7 @@ void st_es_gpu_destroy(st_es_gpu_t *g) {
     st_gpu_free(g->d_in);
     st_gpu_free(g->d_in_bf);
     st_gpu_free(g->d_out);
+    st_gpu_free(g->d_src);
     st_gpu_free(g->d_off);
     st_gpu_free(g->d_tab);
     st_gpu_free(g->d_ws);
@@ -167,13 +167,17 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, const uint32_t *src, bool per_row, float *out) {
+                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, bool per_row,
+                          float *out) {
     const st_config_t *c = g->c;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
     if (n_exp > (uint32_t)g->n_experts)
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch names %u experts, the model has %d", n_exp, g->n_experts);
-    if (offsets[n_exp] > (uint32_t)g->max_rows)
+    if (offsets[n_exp] > (uint32_t)g->max_rows || n_in > (uint32_t)g->max_rows)
         return ST_FAIL(ST_ERR_CAPACITY, "dispatch of %u rows exceeds this server's %d", offsets[n_exp], g->max_rows);
+    if (!src && n_in != offsets[n_exp])
+        return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch carries %u rows for %u grouped rows (no sources: equal)", n_in,
+                       offsets[n_exp]);
     for (uint32_t k = 0; k < n_exp; k++) {
         if (expert_ids[k] >= (uint32_t)g->n_experts || !g->w[(size_t)layer * g->n_experts + expert_ids[k]])
             return ST_FAIL(ST_ERR_INVALID_ARG, "expert %u of layer %d is not held here", expert_ids[k], layer);
@@ -190,17 +194,21 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
         const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
         g->h_tab[3 * k] = w, g->h_tab[3 * k + 1] = w + me, g->h_tab[3 * k + 2] = w + 2 * me;
     }
-    if (!src) memcpy(g->h_in, rows, n * ew * sizeof(float));
-    else /* distinct rows expanded into the grouped order */
-        for (size_t r = 0; r < n; r++) memcpy(g->h_in + r * ew, rows + (size_t)src[r] * ew, ew * sizeof(float));
 #define CK(call)                                                                                                       \
     do {                                                                                                               \
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
     CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), 1));
     CK(es_gpu_copy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *), 1));
-    CK(es_gpu_copy_async(&g->s, g->d_in, g->h_in, n * ew * sizeof(float), 1));
-    CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
+    /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA);
+     * distinct rows expanded into the grouped order on the device */
+    CK(es_gpu_copy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), 1));
+    if (src) {
+        CK(es_gpu_copy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), 1));
+        CK(es_gpu_expand_bf16(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
+    } else {
+        CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
+    }
     bool situ = c->act == ST_ACT_SITU;
     if (per_row && n <= 65535) /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
         CK(st_cuda_moe_ffn_rows_table_f32out(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)n_exp,
@@ -208,9 +216,8 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     else
         CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
                                         g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    CK(es_gpu_copy_async(&g->s, g->h_out, g->d_out, n * ew * sizeof(float), 0));
+    CK(es_gpu_copy_async(&g->s, out, g->d_out, n * ew * sizeof(float), 0));
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
-    memcpy(out, g->h_out, n * ew * sizeof(float));
     return ST_OK;
 }

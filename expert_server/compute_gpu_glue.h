@@ -13,6 +13,10 @@ extern "C" {
 #endif
 /* cudaMemcpyAsync, h2d 1: host (pinned) → device, 0: device → host (pinned) */
 st_status_t es_gpu_copy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int h2d);
+/* dst [n, w] bf16: row r = bf16(rows[src[r]]) of rows [n_in, w] fp32 (round to nearest even; a source
+ * ≥ n_in gives zeros: the wire decoder rejects those first). The CPU path's loop is compute.c's. */
+st_status_t es_gpu_expand_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows, const uint32_t *src, int n,
+                               int n_in, int w);
 #ifdef __cplusplus
 }
 #endif

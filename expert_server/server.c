@@ -21,6 +21,12 @@
 
 enum { SLOT_FREE = 0, SLOT_RECV, SLOT_QUEUED, SLOT_DONE, SLOT_SENDING };
 
+#ifdef STRATA_WITH_CUDA
+#define ST_ES_PINNED(es) ((es)->gpu != NULL) /* slot buffers from the pinned arena */
+#else
+#define ST_ES_PINNED(es) 0
+#endif
+
 typedef struct es es_t;
 typedef struct {
     es_t *es;
@@ -44,6 +50,7 @@ struct es {
     st_es_compute_t cx;  /* CPU compute (use_cuda false) */
 #ifdef STRATA_WITH_CUDA
     st_es_gpu_t *gpu;    /* GPU compute (use_cuda true) */
+    st_gpu_arena_t pinned; /* its slot buffers: rows go between them and the device without a host copy */
 #endif
     slot_t *slots;
     size_t cap;
@@ -57,6 +64,10 @@ struct es {
     uv_signal_t sig_int, sig_term;
     int stop;
     uint64_t served, rows;
+    /* GPU: the (layer, expert) pairs placed here, uploaded by the compute thread between dispatches
+     * (so the first requests do not pay for it); want[i], i = layer · n_experts + expert, under mu */
+    unsigned char *want;
+    size_t n_want, bind_next; /* pairs; next index to look at (compute thread, under mu) */
 };
 
 /* ---------------------------------------------------------------- compute thread */
@@ -79,8 +90,8 @@ static void compute_one(es_t *es, slot_t *s) {
             float *out_rows;
             s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
             if (s->result == ST_OK)
-                s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows, src,
-                                          s->info.per_row, out_rows);
+                s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows,
+                                          src ? s->info.unique : s->info.token_count, src, s->info.per_row, out_rows);
         }
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
@@ -98,10 +109,40 @@ static void compute_one(es_t *es, slot_t *s) {
     if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
 }
 
+#ifdef STRATA_WITH_CUDA
+/* One placed pair not bound yet, uploaded (called with mu held, which it drops around the upload);
+ * returns 0 when none is left. */
+static int bind_one(es_t *es) {
+    const int n_exp = st_ckpt_config(es->ck)->n_experts;
+    while (es->bind_next < es->n_want && !es->want[es->bind_next]) es->bind_next++;
+    if (es->bind_next >= es->n_want) {
+        if (es->bind_next == es->n_want) { /* once per placement */
+            size_t n = 0;
+            for (size_t i = 0; i < es->n_want; i++) n += es->want[i];
+            st_log_info("expert %s: the %zu placed experts are resident (%.1f MiB on the device)", es->o.name, n,
+                        (double)st_es_gpu_weight_bytes(es->gpu) / (1 << 20));
+            es->bind_next++;
+        }
+        return 0;
+    }
+    const size_t i = es->bind_next++;
+    pthread_mutex_unlock(&es->mu);
+    if (st_es_gpu_bind(es->gpu, (int)(i / (size_t)n_exp), (int)(i % (size_t)n_exp)) != ST_OK)
+        st_log_warn("expert %s: upload of expert %zu of layer %zu: %s", es->o.name, i % (size_t)n_exp,
+                    i / (size_t)n_exp, st_err_last());
+    pthread_mutex_lock(&es->mu);
+    return 1;
+}
+#endif
+
 static void *compute_main(void *arg) {
     es_t *es = arg;
     pthread_mutex_lock(&es->mu);
     for (;;) {
+#ifdef STRATA_WITH_CUDA
+        /* idle: upload placed experts one at a time (a dispatch never waits for more than one) */
+        while (!es->stop && es->q_in_n == 0 && es->gpu && bind_one(es)) {}
+#endif
         while (!es->stop && es->q_in_n == 0) pthread_cond_wait(&es->cv, &es->mu);
         if (es->stop) break;
         int i = es->q_in[es->q_in_head];
@@ -262,6 +303,17 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
     uint64_t me = st_member_id(es->mem);
     size_t held = 0;
     for (size_t i = 0; i < p->n_member_ids; i++) held += p->member_ids[i] == me;
+    if (es->want && p->offsets && (size_t)p->n_layers * p->n_experts == es->n_want) {
+        pthread_mutex_lock(&es->mu);
+        for (size_t i = 0; i < es->n_want; i++) {
+            unsigned char w = 0;
+            for (uint32_t j = p->offsets[i]; j < p->offsets[i + 1] && j < p->n_member_ids; j++) w |= p->member_ids[j] == me;
+            es->want[i] = w;
+        }
+        es->bind_next = 0; /* the compute thread uploads what is not resident yet */
+        pthread_cond_signal(&es->cv);
+        pthread_mutex_unlock(&es->mu);
+    }
     st_log_info("expert %s: placement v%llu assigns %zu (layer, expert) pairs here", es->o.name,
                 (unsigned long long)p->version, held);
 }
@@ -307,8 +359,13 @@ int st_es_run(const st_es_opts_t *opts) {
         if (st_es_gpu_create(&es->gpu, es->ck, es->o.cuda_device, es->o.max_rows) != ST_OK) goto out_ck;
         char dev[256];
         st_gpu_describe(dev, sizeof dev);
-        st_log_info("expert %s: compute on cuda:%d (%s), experts uploaded as bf16 when first needed", es->o.name,
+        st_log_info("expert %s: compute on cuda:%d (%s), placed experts uploaded as bf16 between dispatches", es->o.name,
                     es->o.cuda_device, dev);
+        es->n_want = (size_t)c->n_layers * (size_t)c->n_experts;
+        if (!(es->want = calloc(es->n_want, 1))) {
+            ST_FAIL(ST_ERR_NO_MEMORY, "expert: placement table");
+            goto out_ck;
+        }
 #else
         ST_FAIL(ST_ERR_CONFIG, "--device cuda:%d: built without CUDA", es->o.cuda_device);
         goto out_ck;
@@ -322,10 +379,24 @@ int st_es_run(const st_es_opts_t *opts) {
     es->q_in = calloc((size_t)es->o.slots, sizeof(int));
     es->q_out = calloc((size_t)es->o.slots, sizeof(int));
     if (!es->slots || !es->q_in || !es->q_out) goto out_cx;
+#ifdef STRATA_WITH_CUDA
+    /* GPU: slot buffers pinned, so the rows go between them and the device by DMA, with no host copy */
+    if (es->gpu &&
+        st_gpu_arena_init(&es->pinned, (size_t)es->o.slots * (2 * es->cap + ST_WIRE_MAX_ERROR_TEXT + 512), 1) != ST_OK)
+        goto out_slots;
+#endif
     for (int i = 0; i < es->o.slots; i++) {
         es->slots[i] = (slot_t){.es = es, .idx = i};
-        es->slots[i].in = malloc(es->cap);
-        es->slots[i].out = malloc(es->cap + ST_WIRE_MAX_ERROR_TEXT);
+#ifdef STRATA_WITH_CUDA
+        if (ST_ES_PINNED(es)) {
+            es->slots[i].in = st_gpu_arena_alloc(&es->pinned, es->cap);
+            es->slots[i].out = st_gpu_arena_alloc(&es->pinned, es->cap + ST_WIRE_MAX_ERROR_TEXT);
+        } else
+#endif
+        {
+            es->slots[i].in = malloc(es->cap);
+            es->slots[i].out = malloc(es->cap + ST_WIRE_MAX_ERROR_TEXT);
+        }
         if (!es->slots[i].in || !es->slots[i].out) {
             ST_FAIL(ST_ERR_NO_MEMORY, "expert: %d slots of %zu bytes", es->o.slots, es->cap);
             goto out_slots;
@@ -372,10 +443,13 @@ out_loop:
 out_loop_closed:
     uv_loop_close(&es->loop);
 out_slots:
-    for (int i = 0; es->slots && i < es->o.slots; i++) {
+    for (int i = 0; es->slots && i < es->o.slots && !ST_ES_PINNED(es); i++) {
         free(es->slots[i].in);
         free(es->slots[i].out);
     }
+#ifdef STRATA_WITH_CUDA
+    if (es->pinned.base) st_gpu_arena_cleanup(&es->pinned);
+#endif
     free(es->slots);
     free(es->q_in);
     free(es->q_out);
@@ -385,6 +459,7 @@ out_cx:
     st_es_gpu_destroy(es->gpu);
 #endif
 out_ck:
+    free(es->want);
     st_ckpt_close(es->ck);
 out:
     if (rc) fprintf(stderr, "strata-expert: %s\n", st_err_last());

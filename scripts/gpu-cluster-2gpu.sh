@@ -6,7 +6,8 @@
 #    requests, 16-token prompts, GEN generated tokens each), tokens/s by wall clock and by the
 #    coordinator's mean step time, and the share of step time spent waiting on the expert server
 #    (of it, transfers), from /status deltas.
-# Env: MB=n (--micro-batches), GEN (tokens per request), TAG (label prefix), SKIP_PREFILL=1; any
+# Env: MB=n (--micro-batches), GEN (tokens per request), TAG (label prefix), SKIP_PREFILL=1, NOWARM=1 (no
+# unmeasured warm-up load before each batch size); any
 # STRATA_* variable reaches the services (e.g. STRATA_WORKER_SYNC=1 STRATA_EGPU_HOST_ROUTE=1 for the
 # synchronous hand-off and host routing, to compare).
 cd "$(dirname "$0")/.."
@@ -60,8 +61,11 @@ if [ -z "${SKIP_PREFILL:-}" ]; then
   load "${TAG:-}prefill 8K prompt" 1 8192 1
   load "${TAG:-}prefill 8K prompt (2nd)" 1 8192 1
 fi
-load "${TAG:-}decode batch 1" 1 16 "$GEN"
-load "${TAG:-}decode batch 32" 32 16 "$GEN"
-load "${TAG:-}decode batch 256" 256 16 "$GEN"
+# each batch size once unmeasured first (its first steps capture the worker's CUDA graphs); NOWARM=1 skips it
+for b in 1 32 256; do
+  [ -z "${NOWARM:-}" ] && load "${TAG:-}warm-up batch $b" "$b" 16 4 > /dev/null
+  load "${TAG:-}decode batch $b" "$b" 16 "$GEN"
+done
+grep -m1 "placed experts are resident" $STRATA_STATE/expert-0.log || echo "expert server: placed experts NOT all resident"
 tail -3 $STRATA_STATE/expert-0.log > $OUT/expert_tail.txt; tail -3 $STRATA_STATE/attn-0.log > $OUT/attn_tail.txt
 timeout 30 $B/strata down

@@ -26,13 +26,13 @@ static void run_case(const char *tag, st_es_compute_t *cx, st_es_gpu_t *g, int l
         GT_OK(st_es_gpu_bind(g, layer, (int)ids[k]));
     }
     GT_OK(st_es_compute_run(cx, layer, n_exp, ids, off, x, NULL, ref));
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, NULL, false, y));
+    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, false, y));
     char what[160];
     snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows", tag, layer, n_exp, off[n_exp]);
     st_t_close(what, y, ref, n, tol, 0);
     /* the same rows per row (wire.h ST_WIRE_FLAG_PER_ROW: the worker's GPU engine would run them so) */
     for (size_t i = 0; i < n; i++) y[i] = NAN;
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, NULL, true, y));
+    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, true, y));
     snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows, per row", tag, layer, n_exp, off[n_exp]);
     st_t_close(what, y, ref, n, tol, 0);
     /* distinct rows with sources (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): row r = x[src[r]] of nu rows */
@@ -40,7 +40,7 @@ static void run_case(const char *tag, st_es_compute_t *cx, st_es_gpu_t *g, int l
     for (uint32_t q = 0; q < rows; q++) src[q] = (q * 7u) % nu;
     for (uint32_t q = 0; q < rows; q++) memcpy(ref + (size_t)q * ew, x + (size_t)src[q] * ew, sizeof(float) * ew);
     for (size_t i = 0; i < n; i++) y[i] = NAN;
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, src, false, y)); /* x's first nu rows are the distinct ones */
+    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, nu, src, false, y)); /* x's first nu rows are the distinct ones */
     float *ref2 = gt_xmalloc(n * sizeof(float) + 1);
     GT_OK(st_es_compute_run(cx, layer, n_exp, ids, off, ref, NULL, ref2));
     snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows from %u distinct", tag, layer, n_exp, rows, nu);
@@ -90,11 +90,11 @@ static void variant(const char *name, bool mxfp4) {
     /* error paths: an expert never bound, a dispatch over max_rows; the path keeps working after */
     float x1[64 * 4] = {0}, y1[64 * 4];
     uint32_t off1[2] = {0, 1}, bad_id[1] = {(uint32_t)(E - 2)}; /* not among ids_a, ids_d, ids_e */
-    CHECK(st_es_gpu_run(g, l0, 1, bad_id, off1, x1, NULL, false, y1) == ST_ERR_INVALID_ARG, "unbound expert must fail");
+    CHECK(st_es_gpu_run(g, l0, 1, bad_id, off1, x1, 1, NULL, false, y1) == ST_ERR_INVALID_ARG, "unbound expert must fail");
     uint32_t off2[2] = {0, MAX_ROWS + 1};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off2, x1, NULL, false, y1) == ST_ERR_CAPACITY, "too many rows must fail with CAPACITY");
+    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off2, x1, MAX_ROWS + 1, NULL, false, y1) == ST_ERR_CAPACITY, "too many rows must fail with CAPACITY");
     uint32_t off0[2] = {0, 0};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off0, x1, NULL, false, y1) == ST_OK, "empty dispatch");
+    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off0, x1, 0, NULL, false, y1) == ST_OK, "empty dispatch");
     run_case(name, &cx, g, l0, 5, ids_a, cnt_a, ew, &r, tol);
     printf("%s: %.2f MiB of expert weights on the device\n", name, (double)st_es_gpu_weight_bytes(g) / (1 << 20));
 
