@@ -136,8 +136,12 @@ __device__ __forceinline__ void st_frag_b(uint32_t b[2], const st_bf16_t *Bt, in
     b[1] = *(const uint32_t *)(p + 8);
 }
 
-/* varlen batches: the sequence of token t, i.e. the largest b with cu[b] <= t (cu_seqlens style) */
-__device__ __forceinline__ int st_seq_of(const int *cu, int B, int t) {
+/* varlen batches: the sequence of token t, i.e. the largest b with cu[b] <= t (cu_seqlens style; T =
+ * cu[B] tokens). First the guess of equal lengths (a decode step: exact), checked with two loads; the
+ * binary search (log2 B dependent loads) only when it misses. */
+__device__ __forceinline__ int st_seq_of(const int *cu, int B, int T, int t) {
+    const int g = T > 0 ? (int)((long long)t * B / T) : 0;
+    if (g < B && cu[g] <= t && t < cu[g + 1]) return g; /* later b start at cu[g + 1] > t */
     int lo = 0, hi = B - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;

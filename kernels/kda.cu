@@ -19,27 +19,37 @@ __device__ __forceinline__ void kd_st(float *p, float f) { *p = f; }
 __device__ __forceinline__ void kd_silu_st(st_bf16_t *p, float a) { *p = st_tobf(a / (1.f + __expf(-a))); }
 __device__ __forceinline__ void kd_silu_st(float *p, float a) { *p = a / (1.f + expf(-a)); }
 
-/* one thread per (token, channel); reads the old conv state, never writes it */
+/* grid (T_tot, ceil(C / 256)), 256 threads: block (t, cb) does channels [256·cb, +256) of token t (its
+ * sequence looked up once per block); reads the old conv state, never writes it */
 template <typename T>
 __global__ void conv_silu_kernel(T *y, const T *x, const float *state, const int *slots, const float *w, const int *cu,
                                  int B, int T_tot, int C, int K) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T_tot * C) return;
-    int t = (int)(i / C), c = (int)(i % C);
-    int b = st_seq_of(cu, B, t);
-    int pos = t - cu[b];
+    __shared__ int sb;
+    const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (threadIdx.x == 0) sb = st_seq_of(cu, B, T_tot, t);
+    __syncthreads();
+    if (c >= C) return;
+    const int b = sb, pos = t - cu[b];
     const float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
-    float acc = 0.f;
-    for (int j = 0; j < K; j++) {
-        int p = pos - (K - 1) + j;
-        float xv = p >= 0 ? kd_ld(x[(size_t)(t - (K - 1) + j) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
-        acc += w[c * K + j] * xv;
+    float xv[8], wv[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) { /* every load issued before the sum */
+        if (j >= K) break;
+        const int p = pos - (K - 1) + j;
+        xv[j] = p >= 0 ? kd_ld(x[(size_t)(t - (K - 1) + j) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
+        wv[j] = w[c * K + j];
     }
-    kd_silu_st(y + i, acc);
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (j >= K) break;
+        acc += wv[j] * xv[j];
+    }
+    kd_silu_st(y + (size_t)t * C + c, acc);
 }
 
-/* one thread per (sequence, channel): state ← last K-1 inputs, ascending so in-place reads of the
- * old state (index L+j > j) happen before that slot is overwritten. */
+/* one thread per (sequence, channel): state ← last K-1 inputs; every value is read before any is
+ * written (in place: the new slot j may hold an old value that a later slot still needs) */
 template <typename T>
 __global__ void conv_state_kernel(float *state, const int *slots, const T *x, const int *cu, int B, int C, int K) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -47,10 +57,17 @@ __global__ void conv_state_kernel(float *state, const int *slots, const T *x, co
     int b = i / C, c = i % C;
     int bos = cu[b], L = cu[b + 1] - bos;
     float *st = state + (size_t)(slots ? slots[b] : b) * (K - 1) * C;
-    for (int j = 0; j < K - 1; j++) {
+    float v[7];
+#pragma unroll
+    for (int j = 0; j < 7; j++) {
+        if (j >= K - 1) break;
         int p = L - (K - 1) + j;
-        float v = p >= 0 ? kd_ld(x[(size_t)(bos + p) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
-        st[(size_t)j * C + c] = v;
+        v[j] = p >= 0 ? kd_ld(x[(size_t)(bos + p) * C + c]) : st[(size_t)(K - 1 + p) * C + c];
+    }
+#pragma unroll
+    for (int j = 0; j < 7; j++) {
+        if (j >= K - 1) break;
+        st[(size_t)j * C + c] = v[j];
     }
 }
 
@@ -60,9 +77,9 @@ static st_status_t conv_silu_any(const st_gpu_stream_t *s, T *y, const T *x, flo
     if (B < 0 || T_tot < 0 || C <= 0 || K < 1 || K > 8)
         return ST_FAIL(ST_ERR_INVALID_ARG, "conv_silu: B=%d T=%d C=%d K=%d", B, T_tot, C, K);
     if (B == 0) return ST_OK;
-    size_t n = (size_t)T_tot * C;
-    if (n) conv_silu_kernel<T><<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, x, state, slots, w, cu_seqlens,
-                                                                                      B, T_tot, C, K);
+    if (T_tot > 0)
+        conv_silu_kernel<T><<<dim3((unsigned)T_tot, (unsigned)((C + 255) / 256)), 256, 0, ST_STREAM(s)>>>(
+            y, x, state, slots, w, cu_seqlens, B, T_tot, C, K);
     if (K > 1) conv_state_kernel<T><<<(B * C + 255) / 256, 256, 0, ST_STREAM(s)>>>(state, slots, x, cu_seqlens, B, C, K);
     return ST_LAUNCH_OK("conv_silu_kernel");
 }
