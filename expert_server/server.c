@@ -68,6 +68,7 @@ struct es {
      * (so the first requests do not pay for it); want[i], i = layer · n_experts + expert, under mu */
     unsigned char *want;
     size_t n_want, bind_next; /* pairs; next index to look at (compute thread, under mu) */
+    int placed;               /* a placement has been applied to want */
 };
 
 /* ---------------------------------------------------------------- compute thread */
@@ -116,7 +117,7 @@ static int bind_one(es_t *es) {
     const int n_exp = st_ckpt_config(es->ck)->n_experts;
     while (es->bind_next < es->n_want && !es->want[es->bind_next]) es->bind_next++;
     if (es->bind_next >= es->n_want) {
-        if (es->bind_next == es->n_want) { /* once per placement */
+        if (es->bind_next == es->n_want && es->placed) { /* once per placement */
             size_t n = 0;
             for (size_t i = 0; i < es->n_want; i++) n += es->want[i];
             st_log_info("expert %s: the %zu placed experts are resident (%.1f MiB on the device)", es->o.name, n,
@@ -139,11 +140,13 @@ static void *compute_main(void *arg) {
     es_t *es = arg;
     pthread_mutex_lock(&es->mu);
     for (;;) {
+        while (!es->stop && es->q_in_n == 0) {
 #ifdef STRATA_WITH_CUDA
-        /* idle: upload placed experts one at a time (a dispatch never waits for more than one) */
-        while (!es->stop && es->q_in_n == 0 && es->gpu && bind_one(es)) {}
+            /* idle: upload placed experts one at a time (a dispatch never waits for more than one) */
+            if (es->gpu && bind_one(es)) continue;
 #endif
-        while (!es->stop && es->q_in_n == 0) pthread_cond_wait(&es->cv, &es->mu);
+            pthread_cond_wait(&es->cv, &es->mu);
+        }
         if (es->stop) break;
         int i = es->q_in[es->q_in_head];
         es->q_in_head = (es->q_in_head + 1) % es->o.slots;
@@ -311,6 +314,7 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
             es->want[i] = w;
         }
         es->bind_next = 0; /* the compute thread uploads what is not resident yet */
+        es->placed = 1;
         pthread_cond_signal(&es->cv);
         pthread_mutex_unlock(&es->mu);
     }
