@@ -1,8 +1,10 @@
 /* Expert server event loop and compute thread (see server.h).
- * Loop thread: UCX (receive dispatches, send replies), gRPC membership, signals.
- * Compute thread: the expert FFNs. They meet through two slot rings (mutex + condvar one way,
- * mutex + uv_async the other). Receive/reply buffers are preallocated slots: nothing is allocated
- * per dispatch. */
+ * Loop thread: UCX (receive dispatches, send replies), gRPC membership, signals; and a small dispatch
+ * (≤ inline_rows rows) that arrives while nothing else computes, run in place (decode-sized
+ * dispatches are latency-bound: the queue would cost two thread wake-ups).
+ * Compute thread: the other expert FFNs, and (GPU) the placed experts' uploads while idle. They meet
+ * through two slot rings (mutex + condvar one way, mutex + uv_async the other). Receive/reply buffers
+ * are preallocated slots: nothing is allocated per dispatch. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -69,6 +71,10 @@ struct es {
     unsigned char *want;
     size_t n_want, bind_next; /* pairs; next index to look at (compute thread, under mu) */
     int placed;               /* a placement has been applied to want */
+    /* the compute resources (es->cx / es->gpu) in use: by the compute thread (a queued dispatch or an
+     * upload) or by the loop thread running a small dispatch itself; under mu */
+    int busy;
+    uint32_t inline_rows; /* dispatches of at most this many rows run on the loop thread when idle */
 };
 
 /* ---------------------------------------------------------------- compute thread */
@@ -115,6 +121,7 @@ static void compute_one(es_t *es, slot_t *s) {
  * returns 0 when none is left. */
 static int bind_one(es_t *es) {
     const int n_exp = st_ckpt_config(es->ck)->n_experts;
+    if (es->busy) return 0; /* the loop thread is running a dispatch: it signals when done */
     while (es->bind_next < es->n_want && !es->want[es->bind_next]) es->bind_next++;
     if (es->bind_next >= es->n_want) {
         if (es->bind_next == es->n_want && es->placed) { /* once per placement */
@@ -127,11 +134,13 @@ static int bind_one(es_t *es) {
         return 0;
     }
     const size_t i = es->bind_next++;
+    es->busy = 1;
     pthread_mutex_unlock(&es->mu);
     if (st_es_gpu_bind(es->gpu, (int)(i / (size_t)n_exp), (int)(i % (size_t)n_exp)) != ST_OK)
         st_log_warn("expert %s: upload of expert %zu of layer %zu: %s", es->o.name, i % (size_t)n_exp,
                     i / (size_t)n_exp, st_err_last());
     pthread_mutex_lock(&es->mu);
+    es->busy = 0;
     return 1;
 }
 #endif
@@ -140,7 +149,7 @@ static void *compute_main(void *arg) {
     es_t *es = arg;
     pthread_mutex_lock(&es->mu);
     for (;;) {
-        while (!es->stop && es->q_in_n == 0) {
+        while (!es->stop && (es->q_in_n == 0 || es->busy)) {
 #ifdef STRATA_WITH_CUDA
             /* idle: upload placed experts one at a time (a dispatch never waits for more than one) */
             if (es->gpu && bind_one(es)) continue;
@@ -151,9 +160,11 @@ static void *compute_main(void *arg) {
         int i = es->q_in[es->q_in_head];
         es->q_in_head = (es->q_in_head + 1) % es->o.slots;
         es->q_in_n--;
+        es->busy = 1;
         pthread_mutex_unlock(&es->mu);
         compute_one(es, &es->slots[i]);
         pthread_mutex_lock(&es->mu);
+        es->busy = 0;
         es->q_out[(es->q_out_head + es->q_out_n) % es->o.slots] = i;
         es->q_out_n++;
         uv_async_send(&es->async);
@@ -280,8 +291,21 @@ static void am_done(void *arg, st_tp_recv_t *r) {
         send_reply(es, s);
         return;
     }
-    s->state = SLOT_QUEUED;
     pthread_mutex_lock(&es->mu);
+    if (info.token_count <= es->inline_rows && !es->busy && es->q_in_n == 0) {
+        /* small and nothing else running: compute here, saving the two thread hand-offs of the queue
+         * (the loop is held for the dispatch's compute time, tens of µs at these sizes) */
+        es->busy = 1;
+        pthread_mutex_unlock(&es->mu);
+        compute_one(es, s);
+        pthread_mutex_lock(&es->mu);
+        es->busy = 0;
+        pthread_cond_signal(&es->cv); /* uploads may resume */
+        pthread_mutex_unlock(&es->mu);
+        send_reply(es, s);
+        return;
+    }
+    s->state = SLOT_QUEUED;
     es->q_in[(es->q_in_head + es->q_in_n) % es->o.slots] = s->idx;
     es->q_in_n++;
     pthread_cond_signal(&es->cv);
@@ -351,6 +375,8 @@ int st_es_run(const st_es_opts_t *opts) {
     if (es->o.slots <= 0) es->o.slots = 16;
     if (!es->o.host) es->o.host = "127.0.0.1";
     if (!es->o.name) es->o.name = "expert";
+    const char *ir = getenv("STRATA_ES_INLINE_ROWS"); /* comparisons: 0 = every dispatch through the queue */
+    es->inline_rows = ir ? (uint32_t)strtoul(ir, NULL, 10) : 512;
     int rc = 1;
     if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
     const st_config_t *c = st_ckpt_config(es->ck);
