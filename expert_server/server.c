@@ -1,7 +1,7 @@
 /* Expert server event loop and compute thread (see server.h).
- * Loop thread: UCX (receive dispatches, send replies), gRPC membership, signals; and a small dispatch
- * (≤ inline_rows rows) that arrives while nothing else computes, run in place (decode-sized
- * dispatches are latency-bound: the queue would cost two thread wake-ups).
+ * Loop thread: UCX (receive dispatches, send replies), gRPC membership, signals; and, on a GPU server,
+ * a small dispatch (≤ inline_rows rows) that arrives while nothing else computes, run in place
+ * (decode-sized dispatches are latency-bound: the queue would cost two thread wake-ups).
  * Compute thread: the other expert FFNs, and (GPU) the placed experts' uploads while idle. They meet
  * through two slot rings (mutex + condvar one way, mutex + uv_async the other). Receive/reply buffers
  * are preallocated slots: nothing is allocated per dispatch. */
@@ -74,7 +74,7 @@ struct es {
     /* the compute resources (es->cx / es->gpu) in use: by the compute thread (a queued dispatch or an
      * upload) or by the loop thread running a small dispatch itself; under mu */
     int busy;
-    uint32_t inline_rows; /* dispatches of at most this many rows run on the loop thread when idle */
+    uint32_t inline_rows; /* dispatches of at most this many rows run on the loop thread when idle (GPU) */
 };
 
 /* ---------------------------------------------------------------- compute thread */
@@ -375,8 +375,10 @@ int st_es_run(const st_es_opts_t *opts) {
     if (es->o.slots <= 0) es->o.slots = 16;
     if (!es->o.host) es->o.host = "127.0.0.1";
     if (!es->o.name) es->o.name = "expert";
-    const char *ir = getenv("STRATA_ES_INLINE_ROWS"); /* comparisons: 0 = every dispatch through the queue */
-    es->inline_rows = ir ? (uint32_t)strtoul(ir, NULL, 10) : 512;
+    /* GPU servers only by default: there a small dispatch computes in tens of µs; on the CPU it takes
+     * long enough that receiving the next dispatch meanwhile matters more (env: 0 = always queue) */
+    const char *ir = getenv("STRATA_ES_INLINE_ROWS");
+    es->inline_rows = ir ? (uint32_t)strtoul(ir, NULL, 10) : es->o.use_cuda ? 512 : 0;
     int rc = 1;
     if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
     const st_config_t *c = st_ckpt_config(es->ck);

@@ -11,10 +11,11 @@ done
 cmp_rows() { # cluster rows == reference rows from the last prompt position on, bit for bit
   python3 "$(dirname "$0")/../npytool.py" same "$1" "$2" $(($3 - 1))
 }
-# the second configuration also splits every step into up to 3 ping-pong micro-batches
-for cfg in "1 1 1" "3 2 3"; do
+# the second configuration also splits every step into up to 3 ping-pong micro-batches, and its
+# expert servers run dispatches of up to 512 rows on their loop thread when idle (as GPU servers do)
+for cfg in "1 1 1 0" "3 2 3 512"; do
   set -- $cfg
-  if ! STRATA_LOG=debug "$S" up --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 --max-batch-tokens 256 \
+  if ! STRATA_ES_INLINE_ROWS=$4 STRATA_LOG=debug "$S" up --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 --max-batch-tokens 256 \
        --micro-batches "$3" --min-mb-tokens 1 >"$TMP/up.txt" 2>&1; then
     bad "cluster with $1 expert servers and $2 workers starts"; cat "$TMP/up.txt"; continue
   fi
