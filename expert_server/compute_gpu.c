@@ -4,7 +4,6 @@
  * big experts through cuBLAS) → fp32 rows D2H straight into the caller's reply buffer (the server
  * pins its slot buffers, so neither side is staged through another host copy). No I/O. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "compute_gpu.h"
 #include "compute_gpu_glue.h"
