@@ -89,6 +89,11 @@ struct coord {
 };
 
 int st_coord_ready(const coord_t *co);
+member_t *st_coord_member_find(coord_t *co, uint64_t id);
+/* gen.c: the front door */
+void st_coord_h_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg); /* Coordinator/Generate */
+void st_coord_worker_lost(coord_t *co, uint64_t worker_id); /* membership dropped it: end its requests */
+void st_coord_queue_pump(coord_t *co); /* capacity may have appeared: start queued requests */
 char *st_coord_status_json(coord_t *co); /* malloc'd */
 st_status_t st_coord_gen_start(coord_t *co, gen_t *g, const st_proto_generate_req_t *r);
 void st_coord_http_routes(coord_t *co);

@@ -16,6 +16,7 @@ const char *st_status_str(st_status_t s) {
     case ST_ERR_CAPACITY: return "capacity exhausted";
     case ST_ERR_TIMEOUT: return "timed out";
     case ST_ERR_CANCELLED: return "cancelled";
+    case ST_ERR_AUTH: return "unauthenticated";
     case ST_ERR_CONFIG: return "bad config";
     case ST_ERR_CHECKPOINT: return "bad checkpoint";
     case ST_ERR_IO: return "I/O error";
@@ -89,6 +90,26 @@ st_status_t st_fail(st_status_t s, const char *file, int line, const char *fmt, 
     va_end(ap);
     st_log_msg(ST_LOG_ERROR, file, line, "%s (%s)", g_err, st_status_str(s));
     return s;
+}
+
+st_status_t st_reject(st_status_t s, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    st_log_msg(ST_LOG_DEBUG, file, line, "rejected: %s (%s)", g_err, st_status_str(s));
+    return s;
+}
+
+int st_log_rl_pass(st_log_rl_t *rl, double interval_s, uint64_t *suppressed) {
+    uint64_t now = st_time_ns(), next = __atomic_load_n(&rl->next_ns, __ATOMIC_RELAXED);
+    if (now < next || !__atomic_compare_exchange_n(&rl->next_ns, &next, now + (uint64_t)(interval_s * 1e9), 0,
+                                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        __atomic_fetch_add(&rl->suppressed, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    *suppressed = __atomic_exchange_n(&rl->suppressed, 0, __ATOMIC_RELAXED);
+    return 1;
 }
 
 double st_time_sec(void) { return (double)st_time_ns() * 1e-9; }

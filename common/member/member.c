@@ -140,7 +140,7 @@ static void on_register(st_status_t st, const uint8_t *b, size_t n, const char *
             uv_timer_set_repeat(&m->timer, m->hb_ms);
         }
         st_log_info("member %s: registered as %llu (heartbeat %u ms)", m->name, (unsigned long long)m->id, m->hb_ms);
-        if (m->o.on_registered) m->o.on_registered(m->o.arg, m->id);
+        if (m->o.on_registered) m->o.on_registered(m->o.arg, m->id, "");
         follow_versions(m, r.placement_version, r.threshold_version);
         st_proto_register_reply_cleanup(&r);
     } else if (st != ST_OK) {
@@ -186,7 +186,7 @@ st_status_t st_member_start(uv_loop_t *loop, const st_member_opts_t *o, st_membe
     m->endpoint = strdup(o->data_endpoint ? o->data_endpoint : "");
     m->coord = strdup(o->coordinator);
     m->hb_ms = 200; /* until the coordinator says otherwise */
-    st_status_t s = st_rpc_channel_create(o->coordinator, &m->ch);
+    st_status_t s = st_rpc_channel_create_ex(o->coordinator, o->sec, &m->ch);
     if (s != ST_OK) {
         free(m->name);
         free(m->endpoint);

@@ -556,6 +556,8 @@ void st_rpc_call_on_cancel(st_rpc_call_t *c, st_rpc_cancel_fn fn, void *arg) {
 int st_rpc_call_is_cancelled(const st_rpc_call_t *c) { return c->cancelled || c->srv->closing; }
 const char *st_rpc_call_method(const st_rpc_call_t *c) { return c->method_name; }
 
+const char *st_rpc_call_peer(const st_rpc_call_t *c) { (void)c; return ""; } /* TODO(security): stub */
+
 /* ---- client ---- */
 
 struct st_rpc_channel {
@@ -757,3 +759,17 @@ st_status_t st_rpc_stream_open(st_rpc_channel_t *ch, const char *path, const voi
 }
 
 void st_rpc_stream_cancel(st_rpc_stream_t *s) { grpc_call_cancel(s->call, NULL); }
+
+/* TODO(security): stubs until the security work lands */
+st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out) {
+    (void)sec;
+    return st_rpc_server_create(addr, out);
+}
+void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token) {
+    (void)srv;
+    (void)token;
+}
+st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec, st_rpc_channel_t **out) {
+    (void)sec;
+    return st_rpc_channel_create(target, out);
+}

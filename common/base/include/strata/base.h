@@ -20,6 +20,7 @@ typedef enum {
     ST_ERR_CAPACITY = -3,       /* a pool (sequences, cache pages, batch slots) is full */
     ST_ERR_TIMEOUT = -4,        /* a bounded wait expired */
     ST_ERR_CANCELLED = -5,
+    ST_ERR_AUTH = -6,           /* missing or wrong credentials: refuse, keep serving */
     /* input files: fail the load, keep the process */
     ST_ERR_CONFIG = -20,        /* config.json missing, malformed or inconsistent */
     ST_ERR_CHECKPOINT = -21,    /* safetensors / index malformed or disagreeing with config */
@@ -56,6 +57,26 @@ const char *st_err_last(void);
 st_status_t st_fail(st_status_t s, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define ST_FAIL(s, ...) st_fail((s), __FILE__, __LINE__, __VA_ARGS__)
+/* A client's mistake: record the text like ST_FAIL but log it only at DEBUG (the reply carries it). */
+st_status_t st_reject(st_status_t s, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define ST_REJECT(s, ...) st_reject((s), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Rate-limited logging: at most one line per interval_s per call site; the next line printed says
+ * how many were suppressed. Thread-safe. */
+typedef struct {
+    uint64_t next_ns;    /* accessed with atomic builtins only */
+    uint64_t suppressed;
+} st_log_rl_t;
+int st_log_rl_pass(st_log_rl_t *rl, double interval_s, uint64_t *suppressed);
+#define st_log_every(lvl, interval_s, fmt, ...)                                                                      \
+    do {                                                                                                             \
+        static st_log_rl_t st__rl_;                                                                                  \
+        uint64_t st__sup_;                                                                                           \
+        if (st_log_rl_pass(&st__rl_, (interval_s), &st__sup_))                                                      \
+            st_log_msg((lvl), __FILE__, __LINE__, fmt " [%llu similar suppressed]", ##__VA_ARGS__,                   \
+                       (unsigned long long)st__sup_);                                                                \
+    } while (0)
 
 /* ---- time ---- */
 double st_time_sec(void);   /* monotonic seconds */
@@ -102,6 +123,26 @@ static inline void st_arena_reset(st_arena_t *a) { a->used = 0; }
 /* ---- small file helpers ---- */
 st_status_t st_file_read_all(const char *path, char **out, size_t *len); /* NUL-terminated, caller frees */
 st_status_t st_file_write_all(const char *path, const void *data, size_t len);
+
+/* ---- secrets (no outside library): the cluster secret, HMAC-SHA256, OS randomness ---- */
+#define ST_SECRET_MAX 256
+typedef struct {
+    uint8_t key[ST_SECRET_MAX];
+    size_t len;
+} st_secret_t;
+/* A regular file of 32..256 bytes (trailing whitespace ignored; `strata up` writes 64 hex digits).
+ * Refuses a file others may write; warns when others may read it. */
+st_status_t st_secret_load(const char *path, st_secret_t *out);
+/* Writes 64 random hex digits to path, mode 0600 (replacing it atomically). */
+st_status_t st_secret_generate_file(const char *path);
+void st_sha256(const void *msg, size_t len, uint8_t out[32]);
+void st_hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, uint8_t out[32]);
+/* hex(HMAC(secret, purpose)): a 64-digit token derived for one use (e.g. "grpc"), so the secret
+ * itself never travels. out: 65 bytes. */
+void st_secret_token(const st_secret_t *s, const char *purpose, char out[65]);
+st_status_t st_random_bytes(void *buf, size_t n); /* getrandom(2) */
+int st_ct_equal(const void *a, const void *b, size_t n); /* 1 if equal; time independent of content */
+void st_hex(const void *in, size_t n, char *out);   /* out: 2n + 1 bytes */
 
 #define ST_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))

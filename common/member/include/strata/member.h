@@ -19,13 +19,22 @@ typedef struct {
     const char *name;
     const char *data_endpoint; /* "host:port" where this member serves (UCX or gRPC) */
     uint32_t capacity;
-    const char *coordinator;   /* "host:port" of the coordinator's gRPC */
+    const char *coordinator;   /* "host:port" of the coordinator's gRPC, or a comma-separated seed
+                                * list tried in turn until one answers */
+    const char *coordinator_file; /* optional: a file holding the coordinator's current "host:port"
+                                   * (the ready file's grpc= line or a bare address); re-read before
+                                   * each new registration, so a coordinator restarted elsewhere is
+                                   * found again */
+    const st_rpc_sec_t *sec;   /* token (the cluster token) and TLS for calls to the coordinator;
+                                * NULL: insecure */
     uint32_t rpc_timeout_ms;   /* per call (default 2000) */
     /* called on the loop thread with each new map / threshold set (owned by the caller only
      * during the call) */
     void (*on_placement)(void *arg, const st_proto_placement_t *p);
     void (*on_thresholds)(void *arg, const st_proto_thresholds_t *t); /* NULL: not followed */
-    void (*on_registered)(void *arg, uint64_t member_id);
+    /* member_token: the coordinator's unguessable token for this registration (attention workers
+     * require it on their own gRPC port: only the coordinator has it) */
+    void (*on_registered)(void *arg, uint64_t member_id, const char *member_token);
     uint32_t (*inflight)(void *arg); /* reported in heartbeats; may be NULL */
     void *arg;
 } st_member_opts_t;

@@ -31,6 +31,23 @@ st_status_t st_rpc_init(struct uv_loop_s *loop);
  * hand-off handle. */
 void st_rpc_cleanup(void);
 
+/* ---- security (docs/security.md) ----
+ * token: a server with a token finishes every call that does not carry it in the metadata
+ * "x-strata-token" with UNAUTHENTICATED before any handler runs (rate-limited WARN naming the peer);
+ * a channel with a token sends it on every call. TLS: files in PEM; a server with tls_cert serves
+ * TLS only, and with tls_ca + tls_client_auth it requires a client certificate from that CA (mTLS);
+ * a channel with tls set verifies the server against tls_ca (system roots when NULL) and presents
+ * tls_cert/tls_key when given. A client call refused UNAUTHENTICATED reports ST_ERR_AUTH. */
+typedef struct {
+    const char *token;
+    int tls;                     /* channel: use TLS (servers: implied by tls_cert) */
+    const char *tls_cert;        /* certificate chain (server) or client certificate (mTLS) */
+    const char *tls_key;         /* its private key */
+    const char *tls_ca;          /* CA bundle: the server's issuer (channel) / client issuer (server) */
+    int tls_client_auth;         /* server: require and verify a client certificate */
+    const char *tls_target_name; /* channel: name to check in the server certificate (default: host) */
+} st_rpc_sec_t;
+
 /* ---- server ---- */
 typedef struct st_rpc_server st_rpc_server_t;
 typedef struct st_rpc_call st_rpc_call_t; /* one incoming call, owned by its handler until finished */
@@ -45,7 +62,11 @@ typedef void (*st_rpc_handler_fn)(st_rpc_call_t *call, const uint8_t *req, size_
 typedef void (*st_rpc_cancel_fn)(st_rpc_call_t *call, void *arg);
 
 /* addr: "127.0.0.1:0" for an ephemeral port. */
-st_status_t st_rpc_server_create(const char *addr, st_rpc_server_t **out);
+st_status_t st_rpc_server_create(const char *addr, st_rpc_server_t **out); /* no token, no TLS */
+/* sec may be NULL (= st_rpc_server_create); strings are copied. */
+st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out);
+/* Replace the required token (copied; NULL: no check) at any time, on the loop thread. */
+void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token);
 /* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED. */
 st_status_t st_rpc_server_add_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg);
 st_status_t st_rpc_server_start(st_rpc_server_t *srv, int *bound_port);
@@ -61,6 +82,8 @@ st_status_t st_rpc_call_reply(st_rpc_call_t *call, const void *msg, size_t len);
 void st_rpc_call_on_cancel(st_rpc_call_t *call, st_rpc_cancel_fn fn, void *arg);
 int st_rpc_call_is_cancelled(const st_rpc_call_t *call);
 const char *st_rpc_call_method(const st_rpc_call_t *call);
+/* The connection the call came on, as gRPC names it ("ipv4:127.0.0.1:40123"); valid with the call. */
+const char *st_rpc_call_peer(const st_rpc_call_t *call);
 
 /* ---- client ---- */
 typedef struct st_rpc_channel st_rpc_channel_t;
@@ -68,6 +91,8 @@ typedef struct st_rpc_stream st_rpc_stream_t;
 
 /* target: "host:port". Connects lazily. Destroy only after its calls have completed. */
 st_status_t st_rpc_channel_create(const char *target, st_rpc_channel_t **out);
+/* sec may be NULL (= st_rpc_channel_create); strings are copied. */
+st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec, st_rpc_channel_t **out);
 void st_rpc_channel_destroy(st_rpc_channel_t *ch);
 
 /* st: ST_OK with the reply, or the mapped error (ST_ERR_TIMEOUT deadline, ST_ERR_UNSUPPORTED

@@ -81,6 +81,14 @@ st_status_t st_tp_create(struct uv_loop_s *loop, st_tp_t **out);
  * the handle close callbacks: keep running the loop after this. */
 void st_tp_destroy(st_tp_t *tp);
 
+/* Data-plane authentication (docs/security.md). With a secret set (before listen/connect), every
+ * connection first runs a mutual challenge-response (HMAC-SHA256 of the secret over both sides'
+ * random nonces); nothing else is delivered before it. The accept callback runs only for a peer
+ * that has proven the secret; sends posted on a connecting endpoint are held until the proof is
+ * done; a peer that fails it or stays silent for 5 s is closed (rate-limited WARN naming it) and
+ * reported lost. The secret is copied. Without a secret nothing is checked (insecure mode). */
+void st_tp_set_secret(st_tp_t *tp, const st_secret_t *secret);
+
 /* Listen on host:port (port 0 = ephemeral); *bound_port gets the port. One listener per st_tp_t. */
 st_status_t st_tp_listen(st_tp_t *tp, const char *host, uint16_t port, st_tp_accept_fn on_accept, void *arg,
                          uint16_t *bound_port);
