@@ -9,12 +9,17 @@ static void usage(void) {
     fprintf(stderr, "usage: strata-attn --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
                     "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
                     "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
-                    "                   [--device cpu|cuda:N]\n");
+                    "                   [--device cpu|cuda:N]\n"
+                    "       " ST_SEC_USAGE "\n");
 }
 
 int main(int argc, char **argv) {
     st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1};
+    static st_sec_opts_t sec;
     for (int i = 1; i < argc; i++) {
+        int k = st_sec_opts_parse(&sec, argc, argv, &i);
+        if (k < 0) return 2;
+        if (k) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--coordinator")) o.coordinator = v;
@@ -41,5 +46,7 @@ int main(int argc, char **argv) {
     }
     if (!o.coordinator || !o.ckpt) { usage(); return 2; }
     st_log_set_tag(o.name ? o.name : "attn");
+    if (st_sec_opts_finish(&sec, "strata-attn") != ST_OK) return 2;
+    o.sec = &sec;
     return st_aw_run(&o);
 }

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "strata/base.h"
+
 #include "strata/engine.h"
 
 typedef struct {
@@ -20,6 +22,7 @@ typedef struct {
     int min_mb_tokens;         /* split only when each micro-batch gets at least this many tokens */
     uint32_t expert_timeout_ms;/* bound on every wait for an expert server (default 5000) */
     int device;                /* -1 = CPU engine; N = the GPU engine on cuda:N */
+    const st_sec_opts_t *sec;  /* cluster secret and TLS (st_sec_opts_finish done) */
 } st_aw_opts_t;
 
 /* Runs until SIGINT/SIGTERM; returns the process exit code. */

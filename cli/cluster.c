@@ -232,6 +232,14 @@ int st_cmd_up(int argc, char **argv) {
     } else {
         snprintf(ck, sizeof ck, "%s", ckpt);
     }
+    /* a fresh cluster secret per cluster, inherited by every role through the environment */
+    char secret[700];
+    snprintf(secret, sizeof secret, "%s/cluster.secret", state);
+    if (st_secret_generate_file(secret) != ST_OK) {
+        fprintf(stderr, "strata up: %s\n", st_err_last());
+        return 1;
+    }
+    setenv("STRATA_CLUSTER_SECRET_FILE", secret, 1);
     if (!getenv("UCX_TLS")) setenv("UCX_TLS", "tcp", 1); /* loopback everywhere, containers included */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
     char bin[PATH_MAX - 64], exe[PATH_MAX], ready[700], log[700];

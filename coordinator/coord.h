@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "strata/base.h"
+
 typedef struct {
     const char *ckpt;         /* checkpoint directory (config.json is read for shapes) */
     const char *grpc;         /* host:port (port 0 = ephemeral) */
@@ -16,6 +18,7 @@ typedef struct {
     int quantile;             /* routing mode shown in /status (workers choose theirs) */
     float lambda;             /* quantile decay (default 0.9) */
     int expect_workers, expect_experts; /* /readyz needs this many alive (default 1 each) */
+    const st_sec_opts_t *sec;  /* cluster secret and TLS (st_sec_opts_finish done) */
 } st_coord_opts_t;
 
 int st_coord_run(const st_coord_opts_t *o);

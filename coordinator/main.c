@@ -8,12 +8,17 @@
 static void usage(void) {
     fprintf(stderr, "usage: strata-coordinator --ckpt DIR [--grpc HOST:PORT] [--http HOST:PORT] [--replicas R]\n"
                     "                          [--heartbeat-ms MS] [--routing topk|quantile] [--lambda L]\n"
-                    "                          [--expect-workers N] [--expect-experts N] [--model-name NAME] [--ready-file PATH]\n");
+                    "                          [--expect-workers N] [--expect-experts N] [--model-name NAME] [--ready-file PATH]\n"
+                    "       " ST_SEC_USAGE "\n");
 }
 
 int main(int argc, char **argv) {
     st_coord_opts_t o = {0};
+    static st_sec_opts_t sec;
     for (int i = 1; i < argc; i++) {
+        int k = st_sec_opts_parse(&sec, argc, argv, &i);
+        if (k < 0) return 2;
+        if (k) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--ckpt")) o.ckpt = v;
@@ -38,5 +43,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     st_log_set_tag("coordinator");
+    if (st_sec_opts_finish(&sec, "strata-coordinator") != ST_OK) return 2;
+    o.sec = &sec;
     return st_coord_run(&o);
 }

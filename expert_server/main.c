@@ -6,13 +6,18 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
-                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n");
+                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n"
+                    "       " ST_SEC_USAGE "\n");
 }
 
 int main(int argc, char **argv) {
     st_es_opts_t o = {0};
     static char host[256];
+    static st_sec_opts_t sec;
     for (int i = 1; i < argc; i++) {
+        int k = st_sec_opts_parse(&sec, argc, argv, &i);
+        if (k < 0) return 2;
+        if (k) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--coordinator")) o.coordinator = v;
@@ -43,5 +48,7 @@ int main(int argc, char **argv) {
     }
 #endif
     st_log_set_tag(o.name ? o.name : "expert");
+    if (st_sec_opts_finish(&sec, "strata-expert") != ST_OK) return 2;
+    o.sec = &sec;
     return st_es_run(&o);
 }

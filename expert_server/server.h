@@ -18,6 +18,7 @@ typedef struct {
     int slots;               /* dispatches in flight (default 16) */
     bool use_cuda;           /* false: CPU compute; true: CUDA device cuda_device (STRATA_WITH_CUDA builds) */
     int cuda_device;
+    const st_sec_opts_t *sec;  /* cluster secret and TLS (st_sec_opts_finish done) */
 } st_es_opts_t;
 
 /* Runs until SIGINT/SIGTERM; returns the process exit code. */

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -180,5 +181,47 @@ st_status_t st_secret_generate_file(const char *path) {
         unlink(tmp);
         return ST_FAIL(ST_ERR_IO, "cannot write the cluster secret %s: %s", path, strerror(errno));
     }
+    return ST_OK;
+}
+
+int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--insecure")) return o->insecure = 1;
+    if (!strcmp(a, "--tls")) return o->tls = 1;
+    const char **dst = !strcmp(a, "--cluster-secret-file") ? &o->secret_file
+                       : !strcmp(a, "--tls-cert")          ? &o->tls_cert
+                       : !strcmp(a, "--tls-key")           ? &o->tls_key
+                       : !strcmp(a, "--tls-ca")            ? &o->tls_ca
+                                                           : NULL;
+    if (!dst) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "%s needs a value\n", a);
+        return -1;
+    }
+    *dst = argv[++*i];
+    return 1;
+}
+
+st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role) {
+    if (!o->secret_file) {
+        const char *e = getenv("STRATA_CLUSTER_SECRET_FILE");
+        if (e && *e) o->secret_file = e;
+    }
+    if (!!o->tls_cert != !!o->tls_key)
+        return ST_FAIL(ST_ERR_CONFIG, "%s: --tls-cert and --tls-key go together", role);
+    if (o->tls_cert || o->tls_ca) o->tls = 1;
+    if (o->secret_file) {
+        st_status_t s = st_secret_load(o->secret_file, &o->secret);
+        if (s != ST_OK) return s;
+        o->have_secret = 1;
+        st_secret_token(&o->secret, "strata-grpc-v1", o->grpc_token);
+        return ST_OK;
+    }
+    if (!o->insecure)
+        return ST_FAIL(ST_ERR_CONFIG,
+                       "%s: no cluster secret: pass --cluster-secret-file F (strata up writes one; on Kubernetes mount "
+                       "a Secret) or STRATA_CLUSTER_SECRET_FILE, or --insecure to run without cluster authentication",
+                       role);
+    st_log_warn("%s: --insecure: the control and data planes accept anyone who can reach them", role);
     return ST_OK;
 }

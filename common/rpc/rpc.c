@@ -765,6 +765,14 @@ st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, s
     (void)sec;
     return st_rpc_server_create(addr, out);
 }
+st_status_t st_rpc_server_add_open_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg) {
+    return st_rpc_server_add_method(srv, path, fn, arg);
+}
+const char *st_rpc_call_header(const st_rpc_call_t *c, const char *key) {
+    (void)c;
+    (void)key;
+    return NULL;
+}
 void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token) {
     (void)srv;
     (void)token;

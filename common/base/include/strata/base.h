@@ -144,6 +144,29 @@ st_status_t st_random_bytes(void *buf, size_t n); /* getrandom(2) */
 int st_ct_equal(const void *a, const void *b, size_t n); /* 1 if equal; time independent of content */
 void st_hex(const void *in, size_t n, char *out);   /* out: 2n + 1 bytes */
 
+/* The security flags every role takes (docs/security.md), parsed in one place:
+ *   --cluster-secret-file F   the cluster secret (or $STRATA_CLUSTER_SECRET_FILE); required unless
+ *   --insecure                no cluster authentication (a WARN at start; loopback experiments only)
+ *   --tls-cert F --tls-key F  gRPC TLS: this process's certificate and key (PEM)
+ *   --tls-ca F                the CA that peers' certificates must chain to
+ *   --tls                     use TLS toward the coordinator even without a client certificate */
+typedef struct {
+    const char *secret_file;
+    int insecure, tls;
+    const char *tls_cert, *tls_key, *tls_ca;
+    /* filled by st_sec_opts_finish */
+    int have_secret;
+    st_secret_t secret;
+    char grpc_token[65]; /* st_secret_token(secret, "strata-grpc-v1"): what members send the coordinator */
+} st_sec_opts_t;
+/* If argv[*i] is one of the flags above, consume it (and its value) and return 1; 0 if not ours;
+ * -1 (after printing why) when its value is missing. */
+int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i);
+/* Load the secret (flag, else the environment) and derive the tokens; fails when there is none and
+ * --insecure was not given, or a TLS file is given without its pair. */
+st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role);
+#define ST_SEC_USAGE "[--cluster-secret-file F | --insecure] [--tls --tls-cert F --tls-key F --tls-ca F]"
+
 #define ST_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define ST_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -40,6 +40,7 @@ void st_rpc_cleanup(void);
  * tls_cert/tls_key when given. A client call refused UNAUTHENTICATED reports ST_ERR_AUTH. */
 typedef struct {
     const char *token;
+    const char *bearer;          /* channel: sent as "authorization: Bearer <bearer>" (client API key) */
     int tls;                     /* channel: use TLS (servers: implied by tls_cert) */
     const char *tls_cert;        /* certificate chain (server) or client certificate (mTLS) */
     const char *tls_key;         /* its private key */
@@ -67,8 +68,12 @@ st_status_t st_rpc_server_create(const char *addr, st_rpc_server_t **out); /* no
 st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out);
 /* Replace the required token (copied; NULL: no check) at any time, on the loop thread. */
 void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token);
-/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED. */
+/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED. The
+ * server's token (if any) is required on it. */
 st_status_t st_rpc_server_add_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg);
+/* A method the server's token does not guard (a client-facing one, e.g. Generate): its handler
+ * checks what it needs with st_rpc_call_header(). */
+st_status_t st_rpc_server_add_open_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg);
 st_status_t st_rpc_server_start(st_rpc_server_t *srv, int *bound_port);
 /* Stop accepting, cancel every open call (their cancel callbacks fire), wait for gRPC to let go,
  * destroy, then call done(arg). Open handles are freed before done: drop them in the cancel cb. */
@@ -84,6 +89,8 @@ int st_rpc_call_is_cancelled(const st_rpc_call_t *call);
 const char *st_rpc_call_method(const st_rpc_call_t *call);
 /* The connection the call came on, as gRPC names it ("ipv4:127.0.0.1:40123"); valid with the call. */
 const char *st_rpc_call_peer(const st_rpc_call_t *call);
+/* A request metadata value by (lower-case) key, NUL-terminated copy valid with the call; NULL if absent. */
+const char *st_rpc_call_header(const st_rpc_call_t *call, const char *key);
 
 /* ---- client ---- */
 typedef struct st_rpc_channel st_rpc_channel_t;
