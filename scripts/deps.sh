@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkgconf git ca-certificates python3 python3-numpy
       libopenblas-dev libjansson-dev
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libucx-dev ucx-utils libuv1-dev node-llhttp
-      procps curl)
+      procps curl openssl libssl-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
