@@ -93,8 +93,9 @@ st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, s
 void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token);
 /* Calls refused for a missing or wrong token since create. */
 uint64_t st_rpc_server_auth_failures(const st_rpc_server_t *srv);
-/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED. The
- * server's token (if any) is required on it. */
+/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED (or
+ * UNAUTHENTICATED from a server with a token, when the call lacks it). The server's token (if any)
+ * is required on it. */
 st_status_t st_rpc_server_add_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg);
 /* A method the server's token does not guard (a client-facing one, e.g. Generate): its handler
  * checks what it needs with st_rpc_call_header(). */
@@ -129,8 +130,10 @@ st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec
 void st_rpc_channel_destroy(st_rpc_channel_t *ch);
 
 /* st: ST_OK with the reply, or the mapped error (ST_ERR_TIMEOUT deadline, ST_ERR_UNSUPPORTED
- * unknown method, ST_ERR_PEER unreachable, ST_ERR_CANCELLED, ...) with gRPC's detail text. reply
- * and detail are valid only during the callback. */
+ * unknown method, ST_ERR_PEER unreachable or TLS handshake failed, ST_ERR_AUTH refused,
+ * ST_ERR_CANCELLED, ...) with gRPC's detail text. reply and detail are valid only during the
+ * callback. The text is also in st_err_last(); the log gets it at DEBUG for the peer's verdicts on
+ * the request (INVALID_ARG, OUT_OF_RANGE, CAPACITY) and at most once per 10 s per kind otherwise. */
 typedef void (*st_rpc_reply_fn)(st_status_t st, const uint8_t *reply, size_t len, const char *detail, void *arg);
 typedef void (*st_rpc_msg_fn)(const uint8_t *msg, size_t len, void *arg);
 typedef void (*st_rpc_done_fn)(st_status_t st, const char *detail, void *arg);
