@@ -1,18 +1,28 @@
 /* gRPC C core behind st_rpc: one completion queue and one thread per process that hands events to
  * the libuv loop; per-call state machines advance on the loop thread. The only file that includes
  * gRPC. Recipes and pitfalls: /work/shared/notes/c-ecosystem.md §1 (one send in flight per call,
- * SEND_MESSAGE drains its byte buffer, CQ shutdown → drain → destroy). */
+ * SEND_MESSAGE drains its byte buffer, CQ shutdown → drain → destroy). Security (token metadata,
+ * TLS/mTLS credentials) at the end of the server and client parts; OpenSSL is used only to check
+ * PEM files at create so that a bad file is an error there, not a dead port later. */
 #include "strata/rpc.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
 #define container_of(p, T, m) ((T *)((char *)(p) - offsetof(T, m)))
@@ -86,8 +96,35 @@ static void on_async(uv_async_t *a) {
     g.cap2 = cap;
 }
 
+/* gRPC's own log lines, into ours. NOTE: any stranger can make gRPC log an ERROR per connection (a
+ * failed TLS handshake), so those are rate-limited; the accept failure that ends a port in 1.51 and
+ * assertion messages (an abort follows) always pass. Called from gRPC's threads. */
+static uint64_t g_accept_failures; /* atomic builtins only */
+
+static void grpc_log_to_st(gpr_log_func_args *a) {
+    static st_log_rl_t rl;
+    uint64_t sup;
+    if (a->severity != GPR_LOG_SEVERITY_ERROR) {
+        st_log_msg(a->severity == GPR_LOG_SEVERITY_INFO ? ST_LOG_INFO : ST_LOG_DEBUG, a->file, a->line, "grpc: %s",
+                   a->message);
+    } else if (strstr(a->message, "accept4")) {
+        __atomic_fetch_add(&g_accept_failures, 1, __ATOMIC_RELAXED);
+        st_log_msg(ST_LOG_ERROR, a->file, a->line,
+                   "grpc: %s: gRPC 1.51 accepts no more connections on this port until the process restarts "
+                   "(keep descriptors below RLIMIT_NOFILE)", a->message);
+    } else if (strncmp(a->message, "assertion failed", 16) == 0) {
+        st_log_msg(ST_LOG_ERROR, a->file, a->line, "grpc: %s", a->message);
+    } else if (st_log_rl_pass(&rl, 10.0, &sup)) {
+        st_log_msg(ST_LOG_WARN, a->file, a->line, "grpc: %s [%llu similar suppressed]", a->message,
+                   (unsigned long long)sup);
+    }
+}
+
+uint64_t st_rpc_accept_failures(void) { return __atomic_load_n(&g_accept_failures, __ATOMIC_RELAXED); }
+
 st_status_t st_rpc_init(uv_loop_t *loop) {
     if (g.inited) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: st_rpc_init called twice");
+    gpr_set_log_function(grpc_log_to_st);
     grpc_init();
     g.loop = loop;
     g.cq = grpc_completion_queue_create_for_next(NULL);
@@ -157,6 +194,7 @@ static grpc_status_code code_of(st_status_t st) {
     case ST_ERR_CANCELLED: return GRPC_STATUS_CANCELLED;
     case ST_ERR_PEER: return GRPC_STATUS_UNAVAILABLE;
     case ST_ERR_UNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
+    case ST_ERR_AUTH: return GRPC_STATUS_UNAUTHENTICATED;
     default: return GRPC_STATUS_INTERNAL;
     }
 }
@@ -174,20 +212,132 @@ static st_status_t status_of(grpc_status_code c) {
     case GRPC_STATUS_RESOURCE_EXHAUSTED: return ST_ERR_CAPACITY;
     case GRPC_STATUS_UNIMPLEMENTED: return ST_ERR_UNSUPPORTED;
     case GRPC_STATUS_UNAVAILABLE: return ST_ERR_PEER;
+    case GRPC_STATUS_UNAUTHENTICATED:
+    case GRPC_STATUS_PERMISSION_DENIED: return ST_ERR_AUTH;
     default: return ST_ERR_INTERNAL;
     }
 }
 
-static grpc_channel_args *msg_size_args(grpc_arg a[2], grpc_channel_args *ca) {
-    a[0].type = GRPC_ARG_INTEGER;
-    a[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    a[0].value.integer = (int)ST_RPC_MAX_MESSAGE;
-    a[1].type = GRPC_ARG_INTEGER;
-    a[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    a[1].value.integer = (int)ST_RPC_MAX_MESSAGE;
-    ca->num_args = 2;
+/* Bounds of a server connection that is not doing anything useful. gRPC 1.51 has no connection
+ * cap (GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS came later) and stops accepting for good after
+ * accept4() fails with EMFILE (fixed upstream in grpc/grpc#33656, 1.57): these only shorten how
+ * long a silent or idle connection holds a descriptor. The roles raise RLIMIT_NOFILE. */
+#define RPC_HANDSHAKE_TIMEOUT_MS 10000     /* TCP accepted → TLS done and HTTP/2 SETTINGS received */
+#define RPC_MAX_IDLE_MS (10 * 60 * 1000)   /* no call open on the connection: GOAWAY */
+
+#define RPC_MAX_ARGS 5
+static void arg_int(grpc_channel_args *ca, const char *key, int v) {
+    grpc_arg *a = &ca->args[ca->num_args++];
+    a->type = GRPC_ARG_INTEGER;
+    a->key = (char *)key;
+    a->value.integer = v;
+}
+
+/* a: RPC_MAX_ARGS slots. target_name: client TLS name override (NULL: none). */
+static grpc_channel_args *args_make(grpc_arg *a, grpc_channel_args *ca, int server, const char *target_name) {
+    ca->num_args = 0;
     ca->args = a;
+    arg_int(ca, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)ST_RPC_MAX_MESSAGE);
+    arg_int(ca, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int)ST_RPC_MAX_MESSAGE);
+    if (server) {
+        arg_int(ca, GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, RPC_HANDSHAKE_TIMEOUT_MS);
+        arg_int(ca, GRPC_ARG_MAX_CONNECTION_IDLE_MS, RPC_MAX_IDLE_MS);
+    }
+    if (target_name) {
+        grpc_arg *t = &a[ca->num_args++];
+        t->type = GRPC_ARG_STRING;
+        t->key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        t->value.string = (char *)target_name;
+    }
     return ca;
+}
+
+/* ---- PEM files (read once, checked with OpenSSL so that create reports what is wrong) ---- */
+
+#define RPC_PEM_MAX (1u << 20)
+
+/* A regular file of at most 1 MiB; O_NONBLOCK so that a FIFO cannot block. Caller frees. */
+static st_status_t pem_read(const char *what, const char *path, char **out) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return ST_FAIL(ST_ERR_IO, "rpc: %s %s: %s", what, path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0 || (uint64_t)sb.st_size > RPC_PEM_MAX) {
+        close(fd);
+        return ST_FAIL(ST_ERR_IO, "rpc: %s %s: not a regular file of 1 byte to 1 MiB", what, path);
+    }
+    size_t n = (size_t)sb.st_size, got = 0;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: reading %s %s", what, path);
+    }
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != n) {
+        free(buf);
+        return ST_FAIL(ST_ERR_IO, "rpc: %s %s: short read", what, path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    return ST_OK;
+}
+
+static void pem_free(char *p) { /* keys are secrets: do not leave them in freed memory */
+    if (!p) return;
+    explicit_bzero(p, strlen(p));
+    free(p);
+}
+
+static int pem_no_passphrase(char *buf, int size, int rwflag, void *u) {
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return -1; /* never prompt on the terminal: encrypted keys are refused */
+}
+
+static X509 *pem_first_cert(const char *pem) {
+    BIO *b = BIO_new_mem_buf(pem, -1);
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, pem_no_passphrase, NULL) : NULL;
+    BIO_free(b);
+    return x;
+}
+
+static st_status_t pem_check_ca(const char *path, const char *pem) {
+    X509 *x = pem_first_cert(pem);
+    ERR_clear_error();
+    if (!x) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: tls_ca %s: no PEM certificate in it", path);
+    X509_free(x);
+    return ST_OK;
+}
+
+/* The first certificate of the chain must belong to the key. */
+static st_status_t pem_check_pair(const char *cert_path, const char *cert, const char *key_path, const char *key) {
+    st_status_t st = ST_OK;
+    X509 *x = pem_first_cert(cert);
+    BIO *b = BIO_new_mem_buf(key, -1);
+    EVP_PKEY *k = b ? PEM_read_bio_PrivateKey(b, NULL, pem_no_passphrase, NULL) : NULL;
+    BIO_free(b);
+    if (!x) st = ST_FAIL(ST_ERR_INVALID_ARG, "rpc: tls_cert %s: no PEM certificate in it", cert_path);
+    else if (!k) st = ST_FAIL(ST_ERR_INVALID_ARG, "rpc: tls_key %s: no unencrypted PEM private key in it", key_path);
+    else if (X509_check_private_key(x, k) != 1)
+        st = ST_FAIL(ST_ERR_INVALID_ARG, "rpc: tls_key %s does not belong to the certificate in %s", key_path, cert_path);
+    else if (X509_cmp_current_time(X509_get0_notAfter(x)) < 0)
+        st_log_warn("rpc: tls_cert %s has expired: peers will refuse it", cert_path);
+    ERR_clear_error();
+    EVP_PKEY_free(k);
+    X509_free(x);
+    return st;
+}
+
+/* A metadata value gRPC will send: printable ASCII, not empty (else start_batch would fail). */
+static int md_value_ok(const char *v) {
+    if (!v || !*v) return 0;
+    for (; *v; v++)
+        if (*v < 0x20 || *v > 0x7e) return 0;
+    return 1;
 }
 
 static gpr_timespec deadline_in(uint32_t ms) {
@@ -200,7 +350,13 @@ typedef struct {
     char *path;
     st_rpc_handler_fn fn;
     void *arg;
+    int open; /* the server's token is not required (st_rpc_server_add_open_method) */
 } rpc_method_t;
+
+/* The request metadata, copied at accept: n entries then their NUL-terminated strings, one block. */
+typedef struct {
+    const char *key, *value;
+} md_kv_t;
 
 typedef struct out_msg {
     struct out_msg *next;
@@ -212,7 +368,10 @@ struct st_rpc_call {
     st_rpc_call_t *prev, *next; /* server's list */
     grpc_call *call;
     const rpc_method_t *method;
-    char method_name[128];
+    char method_name[128]; /* printable copy, for logs */
+    char *peer;            /* grpc_call_get_peer (gpr_free) */
+    md_kv_t *md;           /* request metadata (free) */
+    size_t n_md;
     st_rpc_tag_t tag_recv, tag_close, tag_send, tag_status;
     grpc_byte_buffer *recv_bb;
     grpc_byte_buffer *send_bb; /* in flight */
@@ -235,6 +394,12 @@ struct st_rpc_server {
     char *addr;
     rpc_method_t *methods;
     size_t n_methods;
+    grpc_server_credentials *creds; /* made at create; released at start or close */
+    int tls;
+    int token_on;   /* a token is required; token NULL then (out of memory) refuses everything */
+    char *token;
+    size_t token_len;
+    uint64_t auth_failures;
     int started, closing, shutdown_done, new_pending, destroyed;
     st_rpc_tag_t tag_new, tag_shutdown;
     grpc_call *new_call;
@@ -260,8 +425,38 @@ static void call_free(st_rpc_call_t *c) {
     if (c->recv_bb) grpc_byte_buffer_destroy(c->recv_bb);
     if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
     grpc_slice_unref(c->finish_detail);
+    gpr_free(c->peer);
+    free(c->md);
     grpc_call_unref(c->call);
     free(c);
+}
+
+static md_kv_t *md_copy(const grpc_metadata_array *a, size_t *n_out) {
+    size_t bytes = a->count * sizeof(md_kv_t);
+    for (size_t i = 0; i < a->count; i++)
+        bytes += GRPC_SLICE_LENGTH(a->metadata[i].key) + GRPC_SLICE_LENGTH(a->metadata[i].value) + 2;
+    md_kv_t *kv = malloc(bytes ? bytes : 1);
+    if (!kv) return NULL;
+    char *p = (char *)(kv + a->count);
+    for (size_t i = 0; i < a->count; i++) {
+        const grpc_slice *sl[2] = {&a->metadata[i].key, &a->metadata[i].value};
+        for (int j = 0; j < 2; j++) {
+            size_t n = GRPC_SLICE_LENGTH(*sl[j]);
+            if (n) memcpy(p, GRPC_SLICE_START_PTR(*sl[j]), n);
+            p[n] = 0;
+            if (j == 0) kv[i].key = p; else kv[i].value = p;
+            p += n + 1;
+        }
+    }
+    *n_out = a->count;
+    return kv;
+}
+
+static int call_token_ok(const st_rpc_call_t *c, const char **why) {
+    const st_rpc_server_t *s = c->srv;
+    const char *v = st_rpc_call_header(c, ST_RPC_MD_TOKEN);
+    *why = !v ? "missing" : "wrong";
+    return v && s->token && strlen(v) == s->token_len && st_ct_equal(v, s->token, s->token_len);
 }
 
 /* Frees the call once the handler is done with it and gRPC has returned every tag. May free the
@@ -404,9 +599,14 @@ static void server_on_new(st_rpc_tag_t *t, int ok) {
     c->tag_close.fn = call_on_close;
     c->tag_send.fn = call_on_send;
     c->tag_status.fn = call_on_status;
+    c->peer = grpc_call_get_peer(c->call);
+    c->md = md_copy(&s->req_md, &c->n_md);
     size_t ml = GRPC_SLICE_LENGTH(s->details.method);
     const char *mp = (const char *)GRPC_SLICE_START_PTR(s->details.method);
-    snprintf(c->method_name, sizeof c->method_name, "%.*s", (int)ST_MIN(ml, sizeof c->method_name - 1), mp);
+    size_t nl = ST_MIN(ml, sizeof c->method_name - 1);
+    for (size_t i = 0; i < nl; i++) /* NOTE: the client chose these bytes; they go into logs */
+        c->method_name[i] = mp[i] >= 0x20 && mp[i] < 0x7f ? mp[i] : '?';
+    c->method_name[nl] = 0;
     for (size_t i = 0; i < s->n_methods; i++)
         if (strlen(s->methods[i].path) == ml && memcmp(s->methods[i].path, mp, ml) == 0) c->method = &s->methods[i];
     grpc_call_details_destroy(&s->details);
@@ -421,6 +621,23 @@ static void server_on_new(st_rpc_tag_t *t, int ok) {
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &c->cancelled_rc;
     start_batch(c, &op, 1, &c->tag_close);
+    if (!c->md) {
+        st_log_error("rpc: out of memory copying the metadata of %s", c->method_name);
+        call_finish_code(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        call_maybe_free(c);
+        return;
+    }
+    /* NOTE: before RECV_MESSAGE: a caller without the token gets nothing read or run. Unknown
+     * methods are guarded too, so the method set is not revealed to strangers. */
+    const char *why;
+    if (s->token_on && !(c->method && c->method->open) && !call_token_ok(c, &why)) {
+        s->auth_failures++;
+        st_log_every(ST_LOG_WARN, 10.0, "rpc: %s: refused %s from %s: %s %s", s->addr, c->method_name,
+                     c->peer ? c->peer : "?", why, ST_RPC_MD_TOKEN);
+        call_finish_code(c, GRPC_STATUS_UNAUTHENTICATED, "missing or wrong " ST_RPC_MD_TOKEN);
+        call_maybe_free(c);
+        return;
+    }
     if (!c->method) {
         st_log_warn("rpc: unknown method %s", c->method_name);
         call_finish_code(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method");
@@ -464,47 +681,127 @@ static void server_maybe_done(st_rpc_server_t *s) {
     void *arg = s->done_arg;
     for (size_t i = 0; i < s->n_methods; i++) free(s->methods[i].path);
     free(s->methods);
+    if (s->creds) grpc_server_credentials_release(s->creds);
+    free(s->token);
     free(s->addr);
     free(s);
     if (done) done(arg);
 }
 
 st_status_t st_rpc_server_create(const char *addr, st_rpc_server_t **out) {
-    if (!g.inited) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: st_rpc_init not called");
-    st_rpc_server_t *s = calloc(1, sizeof *s);
-    if (!s) return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: cannot allocate server");
-    s->addr = strdup(addr);
-    if (!s->addr) {
-        free(s);
-        return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: cannot allocate server");
+    return st_rpc_server_create_ex(addr, NULL, out);
+}
+
+/* TLS credentials from the PEM files, read and checked now (not at start). */
+static st_status_t server_tls_creds(const st_rpc_sec_t *sec, grpc_server_credentials **out) {
+    if (!sec->tls_cert || !sec->tls_key)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: a TLS server needs both tls_cert and tls_key");
+    if (sec->tls_client_auth && !sec->tls_ca)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: tls_client_auth needs tls_ca (the client certificates' issuer)");
+    char *cert = NULL, *key = NULL, *ca = NULL;
+    st_status_t st = pem_read("tls_cert", sec->tls_cert, &cert);
+    if (!st) st = pem_read("tls_key", sec->tls_key, &key);
+    if (!st && sec->tls_ca) st = pem_read("tls_ca", sec->tls_ca, &ca);
+    if (!st) st = pem_check_pair(sec->tls_cert, cert, sec->tls_key, key);
+    if (!st && ca) st = pem_check_ca(sec->tls_ca, ca);
+    if (!st) {
+        grpc_ssl_pem_key_cert_pair pair = {key, cert};
+        /* NOTE: gRPC copies the strings. */
+        *out = grpc_ssl_server_credentials_create_ex(
+            ca, &pair, 1,
+            sec->tls_client_auth ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (!*out) st = ST_FAIL(ST_ERR_INTERNAL, "rpc: gRPC refused the TLS server credentials");
     }
-    grpc_arg a[2];
+    free(cert);
+    pem_free(key);
+    free(ca);
+    return st;
+}
+
+st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out) {
+    if (!g.inited) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: st_rpc_init not called");
+    if (!addr || !*addr || !out) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: server needs an address");
+    if (sec && sec->token && !md_value_ok(sec->token))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: server token must be printable ASCII and not empty");
+    int tls = sec && (sec->tls_cert || sec->tls_key || sec->tls_client_auth); /* sec->tls: channels only */
+    grpc_server_credentials *cr = NULL;
+    if (tls) {
+        st_status_t st = server_tls_creds(sec, &cr);
+        if (st) return st;
+    } else {
+        cr = grpc_insecure_server_credentials_create();
+    }
+    st_rpc_server_t *s = calloc(1, sizeof *s);
+    if (!s || !(s->addr = strdup(addr))) goto err_mem;
+    if (sec && sec->token) {
+        if (!(s->token = strdup(sec->token))) goto err_mem;
+        s->token_len = strlen(s->token);
+        s->token_on = 1;
+    }
+    s->creds = cr;
+    s->tls = tls;
+    grpc_arg a[RPC_MAX_ARGS];
     grpc_channel_args ca;
-    s->srv = grpc_server_create(msg_size_args(a, &ca), NULL);
+    s->srv = grpc_server_create(args_make(a, &ca, 1, NULL), NULL);
     grpc_server_register_completion_queue(s->srv, g.cq, NULL);
     s->tag_new.fn = server_on_new;
     s->tag_shutdown.fn = server_on_shutdown;
     *out = s;
     return ST_OK;
+err_mem:
+    if (s) free(s->addr);
+    free(s);
+    grpc_server_credentials_release(cr);
+    return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: cannot allocate server");
 }
 
-st_status_t st_rpc_server_add_method(st_rpc_server_t *s, const char *path, st_rpc_handler_fn fn, void *arg) {
-    if (s->started) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: %s: add methods before start", path);
+void st_rpc_server_set_token(st_rpc_server_t *s, const char *token) {
+    if (token && !md_value_ok(token)) {
+        /* NOTE: fail closed: a token nobody can send refuses every guarded call */
+        st_log_error("rpc: %s: new token is empty or not printable ASCII; refusing every guarded call", s->addr);
+        token = NULL;
+        s->token_on = 1;
+    } else {
+        s->token_on = token != NULL;
+    }
+    if (s->token) explicit_bzero(s->token, s->token_len);
+    free(s->token);
+    s->token = token ? strdup(token) : NULL;
+    s->token_len = s->token ? strlen(s->token) : 0;
+    if (token && !s->token) st_log_error("rpc: %s: out of memory setting the token; refusing every guarded call", s->addr);
+}
+
+uint64_t st_rpc_server_auth_failures(const st_rpc_server_t *s) { return s->auth_failures; }
+
+static st_status_t add_method(st_rpc_server_t *s, const char *path, st_rpc_handler_fn fn, void *arg, int open) {
     if (!path || path[0] != '/' || !fn) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: bad method path or handler");
+    if (s->started) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: %s: add methods before start", path);
     rpc_method_t *m = realloc(s->methods, (s->n_methods + 1) * sizeof *m);
     if (!m) return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: cannot add method %s", path);
     s->methods = m;
     char *p = strdup(path);
     if (!p) return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: cannot add method %s", path);
-    m[s->n_methods++] = (rpc_method_t){p, fn, arg};
+    m[s->n_methods++] = (rpc_method_t){p, fn, arg, open};
     return ST_OK;
 }
 
+st_status_t st_rpc_server_add_method(st_rpc_server_t *s, const char *path, st_rpc_handler_fn fn, void *arg) {
+    return add_method(s, path, fn, arg, 0);
+}
+
+st_status_t st_rpc_server_add_open_method(st_rpc_server_t *s, const char *path, st_rpc_handler_fn fn, void *arg) {
+    return add_method(s, path, fn, arg, 1);
+}
+
 st_status_t st_rpc_server_start(st_rpc_server_t *s, int *bound_port) {
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
-    int port = grpc_server_add_http2_port(s->srv, s->addr, cr);
-    grpc_server_credentials_release(cr);
-    if (port == 0) return ST_FAIL(ST_ERR_IO, "rpc: cannot listen on %s", s->addr);
+    if (s->started || s->closing) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: %s: server already started or closing", s->addr);
+    /* NOTE: exactly the address given: gRPC binds every address a name resolves to, so pass an IP */
+    int port = grpc_server_add_http2_port(s->srv, s->addr, s->creds);
+    if (port == 0) return ST_FAIL(ST_ERR_IO, "rpc: cannot listen on %s%s", s->addr, s->tls ? " (TLS)" : "");
+    grpc_server_credentials_release(s->creds);
+    s->creds = NULL;
     grpc_server_start(s->srv);
     s->started = 1;
     server_arm(s);
@@ -556,30 +853,101 @@ void st_rpc_call_on_cancel(st_rpc_call_t *c, st_rpc_cancel_fn fn, void *arg) {
 int st_rpc_call_is_cancelled(const st_rpc_call_t *c) { return c->cancelled || c->srv->closing; }
 const char *st_rpc_call_method(const st_rpc_call_t *c) { return c->method_name; }
 
-const char *st_rpc_call_peer(const st_rpc_call_t *c) { (void)c; return ""; } /* TODO(security): stub */
+const char *st_rpc_call_peer(const st_rpc_call_t *c) { return c->peer ? c->peer : ""; }
+
+const char *st_rpc_call_header(const st_rpc_call_t *c, const char *key) {
+    if (!key) return NULL;
+    for (size_t i = 0; i < c->n_md; i++)
+        if (strcmp(c->md[i].key, key) == 0) return c->md[i].value;
+    return NULL;
+}
 
 /* ---- client ---- */
 
 struct st_rpc_channel {
     grpc_channel *ch;
     char *target;
+    grpc_metadata md[2]; /* sent on every call: token, authorization */
+    size_t n_md;
 };
 
 st_status_t st_rpc_channel_create(const char *target, st_rpc_channel_t **out) {
+    return st_rpc_channel_create_ex(target, NULL, out);
+}
+
+static st_status_t channel_tls_creds(const st_rpc_sec_t *sec, grpc_channel_credentials **out) {
+    if (!sec->tls_cert != !sec->tls_key)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: a client certificate needs both tls_cert and tls_key");
+    char *cert = NULL, *key = NULL, *ca = NULL;
+    st_status_t st = ST_OK;
+    if (sec->tls_ca) st = pem_read("tls_ca", sec->tls_ca, &ca);
+    if (!st && sec->tls_cert) st = pem_read("tls_cert", sec->tls_cert, &cert);
+    if (!st && sec->tls_key) st = pem_read("tls_key", sec->tls_key, &key);
+    if (!st && ca) st = pem_check_ca(sec->tls_ca, ca);
+    if (!st && cert) st = pem_check_pair(sec->tls_cert, cert, sec->tls_key, key);
+    if (!st) {
+        grpc_ssl_pem_key_cert_pair pair = {key, cert};
+        /* NOTE: gRPC copies the strings; ca NULL: its default roots */
+        *out = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+        if (!*out) st = ST_FAIL(ST_ERR_INTERNAL, "rpc: gRPC refused the TLS channel credentials");
+    }
+    free(ca);
+    free(cert);
+    pem_free(key);
+    return st;
+}
+
+static void channel_free(st_rpc_channel_t *c) {
+    for (size_t i = 0; i < c->n_md; i++) {
+        grpc_slice_unref(c->md[i].key);
+        grpc_slice_unref(c->md[i].value);
+    }
+    free(c->target);
+    free(c);
+}
+
+static void channel_add_md(st_rpc_channel_t *c, const char *key, const char *prefix, const char *value) {
+    grpc_metadata *m = &c->md[c->n_md++];
+    memset(m, 0, sizeof *m);
+    m->key = grpc_slice_from_static_string(key);
+    size_t pl = strlen(prefix), vl = strlen(value);
+    m->value = grpc_slice_malloc(pl + vl);
+    memcpy(GRPC_SLICE_START_PTR(m->value), prefix, pl);
+    memcpy(GRPC_SLICE_START_PTR(m->value) + pl, value, vl);
+}
+
+st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec, st_rpc_channel_t **out) {
     if (!g.inited) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: st_rpc_init not called");
+    if (!target || !*target || !out) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: channel needs a target");
+    if (sec && sec->token && !md_value_ok(sec->token))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: channel token must be printable ASCII and not empty");
+    if (sec && sec->bearer && !md_value_ok(sec->bearer))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: channel bearer must be printable ASCII and not empty");
+    if (sec && sec->tls_target_name && !md_value_ok(sec->tls_target_name))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: bad tls_target_name");
+    /* NOTE: any TLS file or name implies TLS: never fall back to clear text silently */
+    int tls = sec && (sec->tls || sec->tls_ca || sec->tls_cert || sec->tls_key || sec->tls_target_name);
+    grpc_channel_credentials *cr = NULL;
+    if (tls) {
+        st_status_t st = channel_tls_creds(sec, &cr);
+        if (st) return st;
+    } else {
+        cr = grpc_insecure_credentials_create();
+    }
     st_rpc_channel_t *c = calloc(1, sizeof *c);
     if (!c || !(c->target = strdup(target))) {
         free(c);
+        grpc_channel_credentials_release(cr);
         return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: cannot allocate channel");
     }
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-    grpc_arg a[2];
+    if (sec && sec->token) channel_add_md(c, ST_RPC_MD_TOKEN, "", sec->token);
+    if (sec && sec->bearer) channel_add_md(c, ST_RPC_MD_AUTH, "Bearer ", sec->bearer);
+    grpc_arg a[RPC_MAX_ARGS];
     grpc_channel_args ca;
-    c->ch = grpc_channel_create(target, cr, msg_size_args(a, &ca));
+    c->ch = grpc_channel_create(target, cr, args_make(a, &ca, 0, tls && sec ? sec->tls_target_name : NULL));
     grpc_channel_credentials_release(cr);
     if (!c->ch) {
-        free(c->target);
-        free(c);
+        channel_free(c);
         return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: cannot create channel to %s", target);
     }
     *out = c;
@@ -589,8 +957,7 @@ st_status_t st_rpc_channel_create(const char *target, st_rpc_channel_t **out) {
 void st_rpc_channel_destroy(st_rpc_channel_t *c) {
     if (!c) return;
     grpc_channel_destroy(c->ch);
-    free(c->target);
-    free(c);
+    channel_free(c);
 }
 
 /* Shared by unary and streaming client calls. */
@@ -625,8 +992,31 @@ static void cl_maybe_done(st_rpc_stream_t *s) {
     if (s->pending) return;
     st_status_t st = status_of(s->status);
     char *detail = grpc_slice_to_c_string(s->detail);
-    if (st != ST_OK && st != ST_ERR_CANCELLED)
-        ST_FAIL(st, "rpc: %s failed: %s (grpc status %d)", s->path, detail, (int)s->status);
+    /* NOTE: the caller gets st and detail and decides; here only what an operator must see, at a
+     * bounded rate (a peer that is down fails every call: one line per 10 s per kind, not per call). */
+    switch (st) {
+    case ST_OK:
+    case ST_ERR_CANCELLED: break;
+    case ST_ERR_INVALID_ARG:
+    case ST_ERR_OUT_OF_RANGE:
+    case ST_ERR_CAPACITY: /* the peer refused this request (its client's mistake or load): not ours */
+        ST_REJECT(st, "rpc: %s refused: %s (grpc status %d)", s->path, detail, (int)s->status);
+        break;
+    case ST_ERR_PEER:
+    case ST_ERR_TIMEOUT:
+        st_err_set("rpc: %s failed: %s (grpc status %d)", s->path, detail, (int)s->status);
+        st_log_every(ST_LOG_ERROR, 10.0, "%s (%s)", st_err_last(), st_status_str(st));
+        break;
+    case ST_ERR_AUTH:
+        st_err_set("rpc: %s refused: %s (grpc status %d)", s->path, detail, (int)s->status);
+        st_log_every(ST_LOG_ERROR, 10.0, "%s (%s): check the cluster secret / token", st_err_last(),
+                     st_status_str(st));
+        break;
+    default:
+        st_err_set("rpc: %s failed: %s (grpc status %d)", s->path, detail, (int)s->status);
+        st_log_every(ST_LOG_ERROR, 10.0, "%s (%s)", st_err_last(), st_status_str(st));
+        break;
+    }
     if (!s->streaming) {
         if (st == ST_OK && !s->got_reply) st = ST_FAIL(ST_ERR_PROTOCOL, "rpc: %s: OK without a reply", s->path);
         s->on_reply(st, st == ST_OK ? GRPC_SLICE_START_PTR(s->reply) : NULL, st == ST_OK ? GRPC_SLICE_LENGTH(s->reply) : 0,
@@ -707,6 +1097,8 @@ static st_status_t cl_start(st_rpc_channel_t *ch, const char *path, const void *
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = ch->n_md;
+    ops[0].data.send_initial_metadata.metadata = ch->n_md ? ch->md : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = s->send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -759,25 +1151,3 @@ st_status_t st_rpc_stream_open(st_rpc_channel_t *ch, const char *path, const voi
 }
 
 void st_rpc_stream_cancel(st_rpc_stream_t *s) { grpc_call_cancel(s->call, NULL); }
-
-/* TODO(security): stubs until the security work lands */
-st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out) {
-    (void)sec;
-    return st_rpc_server_create(addr, out);
-}
-st_status_t st_rpc_server_add_open_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg) {
-    return st_rpc_server_add_method(srv, path, fn, arg);
-}
-const char *st_rpc_call_header(const st_rpc_call_t *c, const char *key) {
-    (void)c;
-    (void)key;
-    return NULL;
-}
-void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token) {
-    (void)srv;
-    (void)token;
-}
-st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec, st_rpc_channel_t **out) {
-    (void)sec;
-    return st_rpc_channel_create(target, out);
-}

@@ -1,6 +1,7 @@
-/* Strata control-plane RPC over gRPC C core (insecure HTTP/2; meant for loopback and cluster
- * networks): a byte-payload server with unary and server-streaming handlers, and a client with
- * deadlines. Messages are opaque bytes here; strata/proto.h encodes them. Not for tensors.
+/* Strata control-plane RPC over gRPC C core (HTTP/2, clear or TLS/mTLS, with a shared-token check
+ * on the server; docs/security.md): a byte-payload server with unary and server-streaming handlers,
+ * and a client with deadlines. Messages are opaque bytes here; strata/proto.h encodes them. Not
+ * for tensors.
  *
  * Threads: one completion-queue thread per process blocks in grpc_completion_queue_next and hands
  * every event to the libuv loop given to st_rpc_init() (mutex queue + uv_async_send). All
@@ -26,22 +27,39 @@ struct uv_loop_s;
 
 /* Process-wide start: grpc_init, the completion queue, its thread and the loop hand-off. */
 st_status_t st_rpc_init(struct uv_loop_s *loop);
+/* How many times gRPC's accept() failed for a reason other than EAGAIN (EMFILE, ENFILE, ...), from
+ * its own log line; any thread. NOTE: in gRPC 1.51 the listener that hit it never accepts again
+ * (grpc/grpc#20418; 1.57 retries): a role seeing this > 0 should report not ready / restart. */
+uint64_t st_rpc_accept_failures(void);
 /* Process-wide stop, on the loop thread, after every server's close callback has run and every
  * client call has completed. Joins the CQ thread; the loop must run once more to close the
  * hand-off handle. */
 void st_rpc_cleanup(void);
 
 /* ---- security (docs/security.md) ----
- * token: a server with a token finishes every call that does not carry it in the metadata
- * "x-strata-token" with UNAUTHENTICATED before any handler runs (rate-limited WARN naming the peer);
- * a channel with a token sends it on every call. TLS: files in PEM; a server with tls_cert serves
- * TLS only, and with tls_ca + tls_client_auth it requires a client certificate from that CA (mTLS);
- * a channel with tls set verifies the server against tls_ca (system roots when NULL) and presents
- * tls_cert/tls_key when given. A client call refused UNAUTHENTICATED reports ST_ERR_AUTH. */
+ * Request metadata keys (lower case, printable ASCII values):
+ *   x-strata-token: <token>          the cluster token; checked by the server, sent by channels
+ *   authorization: Bearer <bearer>   a client's API key; sent by channels, read by open methods
+ * token: a server with a token finishes every call to a method added with st_rpc_server_add_method
+ * (and to unknown methods) that does not carry exactly that token with UNAUTHENTICATED, before the
+ * message is read or any handler runs; it compares in constant time, logs a rate-limited WARN
+ * naming the peer and method, and counts it (st_rpc_server_auth_failures). A channel with a token
+ * sends it on every unary and streaming call. Tokens and bearers: printable ASCII, not empty.
+ * TLS: files in PEM, read and checked once at create (missing, unreadable, not PEM, a key that does
+ * not match its certificate, an encrypted key: create fails and says which). A server with
+ * tls_cert + tls_key serves TLS only, and with tls_ca + tls_client_auth requires a client
+ * certificate issued by that CA (mTLS). A channel uses TLS when tls is set or any TLS field is
+ * given (never clear text by accident): it verifies the server against tls_ca (gRPC's default
+ * roots when NULL) and the name in the target (or tls_target_name), and presents tls_cert/tls_key
+ * when given. Status mapping: a call refused UNAUTHENTICATED or PERMISSION_DENIED reports
+ * ST_ERR_AUTH to the client; a handler finishing with ST_ERR_AUTH sends UNAUTHENTICATED. A TLS
+ * handshake that fails (wrong CA, no client certificate, clear text against TLS) reports ST_ERR_PEER. */
+#define ST_RPC_MD_TOKEN "x-strata-token"
+#define ST_RPC_MD_AUTH "authorization"
 typedef struct {
     const char *token;
     const char *bearer;          /* channel: sent as "authorization: Bearer <bearer>" (client API key) */
-    int tls;                     /* channel: use TLS (servers: implied by tls_cert) */
+    int tls;                     /* channel: use TLS (servers: ignored, TLS is implied by tls_cert) */
     const char *tls_cert;        /* certificate chain (server) or client certificate (mTLS) */
     const char *tls_key;         /* its private key */
     const char *tls_ca;          /* CA bundle: the server's issuer (channel) / client issuer (server) */
@@ -62,14 +80,22 @@ typedef void (*st_rpc_handler_fn)(st_rpc_call_t *call, const uint8_t *req, size_
  * until reply/finish (writes then fail with ST_ERR_CANCELLED) or the server's close callback. */
 typedef void (*st_rpc_cancel_fn)(st_rpc_call_t *call, void *arg);
 
-/* addr: "127.0.0.1:0" for an ephemeral port. */
+/* addr: "127.0.0.1:0" for an ephemeral port. Bound at start exactly as given: pass an IP address
+ * (a host name binds every address it resolves to; ":port" or "0.0.0.0:port" binds all interfaces).
+ * Connections that never finish the handshake are dropped after 10 s, connections without a call
+ * after 10 min. NOTE: gRPC 1.51 stops accepting on a port for good once accept() fails with EMFILE
+ * (grpc/grpc#20418, fixed in 1.57): processes must keep their descriptors below RLIMIT_NOFILE. */
 st_status_t st_rpc_server_create(const char *addr, st_rpc_server_t **out); /* no token, no TLS */
 /* sec may be NULL (= st_rpc_server_create); strings are copied. */
 st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out);
-/* Replace the required token (copied; NULL: no check) at any time, on the loop thread. */
+/* Replace the required token (copied; NULL: no check) at any time, on the loop thread; calls already
+ * accepted keep the verdict they got. An empty or non-printable token refuses every guarded call. */
 void st_rpc_server_set_token(st_rpc_server_t *srv, const char *token);
-/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED. The
- * server's token (if any) is required on it. */
+/* Calls refused for a missing or wrong token since create. */
+uint64_t st_rpc_server_auth_failures(const st_rpc_server_t *srv);
+/* path: "/strata.v1.Coordinator/Method". Before start. Unknown paths get UNIMPLEMENTED (or
+ * UNAUTHENTICATED from a server with a token, when the call lacks it). The server's token (if any)
+ * is required on it. */
 st_status_t st_rpc_server_add_method(st_rpc_server_t *srv, const char *path, st_rpc_handler_fn fn, void *arg);
 /* A method the server's token does not guard (a client-facing one, e.g. Generate): its handler
  * checks what it needs with st_rpc_call_header(). */
@@ -89,7 +115,8 @@ int st_rpc_call_is_cancelled(const st_rpc_call_t *call);
 const char *st_rpc_call_method(const st_rpc_call_t *call);
 /* The connection the call came on, as gRPC names it ("ipv4:127.0.0.1:40123"); valid with the call. */
 const char *st_rpc_call_peer(const st_rpc_call_t *call);
-/* A request metadata value by (lower-case) key, NUL-terminated copy valid with the call; NULL if absent. */
+/* A request metadata value by (lower-case) key, NUL-terminated copy valid with the call; NULL if absent
+ * (the first one when repeated; a "-bin" value is raw bytes, cut at its first NUL). */
 const char *st_rpc_call_header(const st_rpc_call_t *call, const char *key);
 
 /* ---- client ---- */
@@ -103,8 +130,10 @@ st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec
 void st_rpc_channel_destroy(st_rpc_channel_t *ch);
 
 /* st: ST_OK with the reply, or the mapped error (ST_ERR_TIMEOUT deadline, ST_ERR_UNSUPPORTED
- * unknown method, ST_ERR_PEER unreachable, ST_ERR_CANCELLED, ...) with gRPC's detail text. reply
- * and detail are valid only during the callback. */
+ * unknown method, ST_ERR_PEER unreachable or TLS handshake failed, ST_ERR_AUTH refused,
+ * ST_ERR_CANCELLED, ...) with gRPC's detail text. reply and detail are valid only during the
+ * callback. The text is also in st_err_last(); the log gets it at DEBUG for the peer's verdicts on
+ * the request (INVALID_ARG, OUT_OF_RANGE, CAPACITY) and at most once per 10 s per kind otherwise. */
 typedef void (*st_rpc_reply_fn)(st_status_t st, const uint8_t *reply, size_t len, const char *detail, void *arg);
 typedef void (*st_rpc_msg_fn)(const uint8_t *msg, size_t len, void *arg);
 typedef void (*st_rpc_done_fn)(st_status_t st, const char *detail, void *arg);
