@@ -72,9 +72,10 @@ typedef st_tp_recv_t *(*st_tp_am_begin_fn)(void *arg, st_tp_ep_t *ep, const void
 /* The payload is in r->buf (or r->status says why not); r is the caller's again. */
 typedef void (*st_tp_am_done_fn)(void *arg, st_tp_recv_t *r);
 
-/* The peer went away (error, close or kill). Called once; the endpoint is freed when it returns. */
+/* The peer went away (error, close or kill: ST_ERR_PEER) or failed the handshake (ST_ERR_AUTH; see
+ * st_tp_set_secret). Called once; the endpoint is freed when it returns. */
 typedef void (*st_tp_lost_fn)(st_tp_ep_t *ep, st_status_t why, void *arg);
-/* A peer connected to our listener; set its lost callback here. */
+/* A peer connected to our listener (with a secret: and proved it); set its lost callback here. */
 typedef void (*st_tp_accept_fn)(st_tp_t *tp, st_tp_ep_t *ep, void *arg);
 
 /* Sets UCX_TCP_CM_REUSEADDR=y unless the environment says otherwise. UCX itself (context, worker and
@@ -101,8 +102,9 @@ void st_tp_destroy(st_tp_t *tp);
  * endpoint are held and go out in order after OK; any other message from a peer that has not
  * proven it is dropped (never handed to a handler) and the connection closed; a peer that fails or
  * stays silent for 5 s is closed with a rate-limited WARN naming it. A client endpoint is reported
- * lost with ST_ERR_AUTH. The secret is copied (NULL: back to insecure). Without a secret nothing
- * is checked (insecure mode), exactly as before. */
+ * lost: ST_ERR_AUTH when it found the server wrong or silent, ST_ERR_PEER when the server closed it.
+ * The secret is copied (NULL: back to insecure). Without a secret nothing is checked (insecure
+ * mode), as before; only a peer that starts the handshake is closed at once (it would never work). */
 void st_tp_set_secret(st_tp_t *tp, const st_secret_t *secret);
 /* How long a connection may take to prove the secret (default 5000 ms; tests shorten it). */
 void st_tp_set_handshake_timeout_ms(st_tp_t *tp, unsigned ms);
