@@ -230,8 +230,11 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     st_tp_ep_t *ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? ep_find(tp, param->reply_ep) : NULL;
     if (tp->secure && (!ep || !ep->peer_ok)) {
         /* NOTE: returning without taking the data drops it (UCX releases a rendezvous descriptor) */
-        if (!ep) st_log_every(ST_LOG_WARN, 5.0, "transport: AM %u from an unknown endpoint dropped (not authenticated)", h->id);
-        else hs_fail(ep, ST_ERR_AUTH, "sent data (AM %u) before proving the cluster secret", h->id);
+        if (!ep)
+            st_log_every(ST_LOG_WARN, 5.0, "transport: AM %u from an unknown endpoint dropped (not authenticated)",
+                         h->id);
+        else
+            hs_fail(ep, ST_ERR_AUTH, "sent data (AM %u) before proving the cluster secret", h->id);
         return UCS_OK;
     }
     if (header_length > ST_TP_HDR_MAX) {
@@ -296,7 +299,8 @@ static ucs_status_t on_am_hs(void *arg, const void *header, size_t header_length
         return UCS_OK;
     }
     if (header_length != sizeof(hs_msg_t) || length || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        hs_fail(e, ST_ERR_AUTH, "malformed handshake message (%zu-byte header, %zu-byte payload)", header_length, length);
+        hs_fail(e, ST_ERR_AUTH, "malformed handshake message (%zu-byte header, %zu-byte payload)", header_length,
+                length);
         return UCS_OK;
     }
     if (e->hs_in_ready) { /* one message at a time: each step waits for our answer */
@@ -726,7 +730,8 @@ static void limit_devices(ucp_config_t *cfg, const char *host) {
     }
     char devs[1024] = "";
     for (struct ifaddrs *i = ifs; i && !devs[0]; i = i->ifa_next)
-        if (i->ifa_addr && addr_equal(i->ifa_addr, (struct sockaddr *)&sa)) snprintf(devs, sizeof devs, "%s", i->ifa_name);
+        if (i->ifa_addr && addr_equal(i->ifa_addr, (struct sockaddr *)&sa))
+            snprintf(devs, sizeof devs, "%s", i->ifa_name);
     /* 127.0.0.2 etc. belong to the loopback interface without being listed */
     for (struct ifaddrs *i = ifs; i && !devs[0]; i = i->ifa_next)
         if (i->ifa_addr && (i->ifa_flags & IFF_LOOPBACK) && addr_is_loopback((struct sockaddr *)&sa))

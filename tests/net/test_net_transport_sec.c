@@ -20,10 +20,10 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -83,7 +83,8 @@ static st_tp_recv_t *srv_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_
     uint64_t seq = ~0ull;
     if (hlen == sizeof seq) memcpy(&seq, hdr, sizeof seq);
     if (seq != s->next_seq) {
-        fprintf(stderr, "server: message %llu, expected %llu\n", (unsigned long long)seq, (unsigned long long)s->next_seq);
+        fprintf(stderr, "server: message %llu, expected %llu\n", (unsigned long long)seq,
+                (unsigned long long)s->next_seq);
         s->recv_bad++;
     }
     s->next_seq = seq + 1;
@@ -260,7 +261,8 @@ static int host_has_external_interface(void) {
     int yes = 0;
     if (getifaddrs(&ifs) != 0) return 0;
     for (i = ifs; i; i = i->ifa_next)
-        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK) && (i->ifa_flags & IFF_UP))
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK) &&
+            (i->ifa_flags & IFF_UP))
             yes = 1;
     freeifaddrs(ifs);
     return yes;
@@ -298,7 +300,8 @@ int main(void) {
     st_tp_set_handshake_timeout_ms(A.tp, HS_MS);
     st_tp_set_am_handler(A.tp, AM_DATA, srv_begin, srv_done, &A);
     uint16_t port = 0;
-    CHECK(st_tp_listen(A.tp, "127.0.0.1", 0, srv_accept, &A, &port) == ST_OK && port, "A listens on 127.0.0.1:%u", port);
+    CHECK(st_tp_listen(A.tp, "127.0.0.1", 0, srv_accept, &A, &port) == ST_OK && port, "A listens on 127.0.0.1:%u",
+          port);
     run_for(0.05);
     int saw;
     int n = check_listeners("after listen", port, &saw);
@@ -333,7 +336,8 @@ int main(void) {
     CHECK(client_connect(&C, port), "C connects");
     for (uint64_t i = 0; i < 4; i++) CHECK(cli_send(&C, 100 + i, small_payload, 64) == ST_OK, "C posts (held)");
     CHECK(wait_for(c_lost, 10), "wrong: C's endpoint reported lost (%d) and its sends called back", C.lost);
-    CHECK(C.lost == 1 && C.lost_why == ST_ERR_AUTH, "wrong: C lost once with ST_ERR_AUTH (%s)", st_status_str(C.lost_why));
+    CHECK(C.lost == 1 && C.lost_why == ST_ERR_AUTH, "wrong: C lost once with ST_ERR_AUTH (%s)",
+          st_status_str(C.lost_why));
     for (int i = 0; i < C.n_sent; i++) CHECK(C.s[i].st != ST_OK, "wrong: C's held send %d not sent", i);
     printf("wrong: C saw the fake server after %.1f ms\n", (C.t_lost - C.t_connect) * 1e3);
 
@@ -349,8 +353,8 @@ int main(void) {
     CHECK(client_connect(&E, port), "E connects");
     CHECK(wait_for(e_lost, HS_MS / 1e3 + 5), "silent: E closed by A");
     double dt = E.t_lost - E.t_connect;
-    CHECK(E.lost == 1 && dt >= 0.8 * HS_MS / 1e3 && dt < HS_MS / 1e3 + 3, "silent: closed after %.3f s (timeout %.3f s)",
-          dt, HS_MS / 1e3);
+    CHECK(E.lost == 1 && dt >= 0.8 * HS_MS / 1e3 && dt < HS_MS / 1e3 + 3,
+          "silent: closed after %.3f s (timeout %.3f s)", dt, HS_MS / 1e3);
     printf("silent: E closed after %.1f ms\n", dt * 1e3);
     run_for(0.2); /* anything late would show now */
     CHECK(A.accepts == acc0 && A.received == rec0, "A accepted %d and received %d from C, D, E (want 0, 0)",
@@ -381,7 +385,8 @@ int main(void) {
     CHECK(wait_for(h_lost, HS_MS / 1e3 + 5), "stalled: H gives up (%d)", H.lost);
     dt = H.t_lost - H.t_connect;
     CHECK(H.lost == 1 && H.lost_why == ST_ERR_AUTH && H.s[0].st != ST_OK && dt >= 0.8 * HS_MS / 1e3,
-          "stalled: H lost with %s after %.3f s, held send %s", st_status_str(H.lost_why), dt, st_status_str(H.s[0].st));
+          "stalled: H lost with %s after %.3f s, held send %s", st_status_str(H.lost_why), dt,
+          st_status_str(H.s[0].st));
     printf("stalled: H gave up after %.1f ms\n", dt * 1e3);
 
     n = check_listeners("at the end", port, &saw);
