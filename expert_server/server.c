@@ -45,6 +45,7 @@ typedef struct {
 
 struct es {
     st_es_opts_t o;
+    st_rpc_sec_t rpc_sec; /* toward the coordinator (lives as long as the membership) */
     uv_loop_t loop;
     st_tp_t *tp;
     st_member_t *mem;
@@ -442,14 +443,22 @@ int st_es_run(const st_es_opts_t *opts) {
     uint16_t port = 0;
     if (st_rpc_init(&es->loop) != ST_OK) goto out_loop;
     if (st_tp_create(&es->loop, &es->tp) != ST_OK) goto out_rpc;
+    const st_sec_opts_t *sec = es->o.sec;
+    if (sec && sec->have_secret) st_tp_set_secret(es->tp, &sec->secret); /* workers must prove it */
     if (st_tp_set_am_handler(es->tp, ST_WIRE_AM_DISPATCH, am_begin, am_done, es) != ST_OK ||
         st_tp_listen(es->tp, es->o.host, es->o.port, on_accept, es, &port) != ST_OK)
         goto out_tp;
     char endpoint[300];
     snprintf(endpoint, sizeof endpoint, "%s:%u", es->o.host, port);
+    if (sec)
+        es->rpc_sec = (st_rpc_sec_t){.token = sec->have_secret ? sec->grpc_token : NULL,
+                                     .tls = sec->tls,
+                                     .tls_ca = sec->tls_ca,
+                                     .tls_cert = sec->tls_cert, /* mTLS when given */
+                                     .tls_key = sec->tls_key};
     st_member_opts_t mo = {.role = ST_PROTO_ROLE_EXPERT, .name = es->o.name, .data_endpoint = endpoint,
                            .capacity = (uint32_t)es->o.max_rows, .coordinator = es->o.coordinator,
-                           .on_placement = on_placement, .arg = es};
+                           .sec = sec ? &es->rpc_sec : NULL, .on_placement = on_placement, .arg = es};
     if (st_member_start(&es->loop, &mo, &es->mem) != ST_OK) goto out_tp;
     pthread_create(&es->th, NULL, compute_main, es);
     uv_signal_init(&es->loop, &es->sig_int);
@@ -457,8 +466,9 @@ int st_es_run(const st_es_opts_t *opts) {
     es->sig_int.data = es->sig_term.data = es;
     uv_signal_start(&es->sig_int, on_signal, SIGINT);
     uv_signal_start(&es->sig_term, on_signal, SIGTERM);
-    st_log_info("expert %s: serving %s on UCX %s, %d slots × %d rows", es->o.name, es->o.ckpt, endpoint, es->o.slots,
-                es->o.max_rows);
+    st_log_info("expert %s: serving %s on UCX %s, %d slots × %d rows, %s", es->o.name, es->o.ckpt, endpoint,
+                es->o.slots, es->o.max_rows,
+                sec && sec->have_secret ? "workers prove the cluster secret" : "no data-plane authentication");
     printf("expert %s listening on %s\n", es->o.name, endpoint);
     fflush(stdout);
     uv_run(&es->loop, UV_RUN_DEFAULT);

@@ -39,6 +39,9 @@ struct st_tp_send_req {
     st_tp_send_req_t *next;
     st_tp_t *tp;
     st_status_t status;
+    uint16_t am_id, hdr_len; /* kept while the send is held (connection still authenticating) */
+    const void *payload;
+    size_t len;
     uint8_t hdr[ST_TP_HDR_MAX]; /* NOTE: UCX may read the header until completion, so it lives here */
 };
 
@@ -69,25 +72,42 @@ typedef st_tp_recv_t *(*st_tp_am_begin_fn)(void *arg, st_tp_ep_t *ep, const void
 /* The payload is in r->buf (or r->status says why not); r is the caller's again. */
 typedef void (*st_tp_am_done_fn)(void *arg, st_tp_recv_t *r);
 
-/* The peer went away (error, close or kill). Called once; the endpoint is freed when it returns. */
+/* The peer went away (error, close or kill: ST_ERR_PEER) or failed the handshake (ST_ERR_AUTH; see
+ * st_tp_set_secret). Called once; the endpoint is freed when it returns. */
 typedef void (*st_tp_lost_fn)(st_tp_ep_t *ep, st_status_t why, void *arg);
-/* A peer connected to our listener; set its lost callback here. */
+/* A peer connected to our listener (with a secret: and proved it); set its lost callback here. */
 typedef void (*st_tp_accept_fn)(st_tp_t *tp, st_tp_ep_t *ep, void *arg);
 
-/* Sets UCX_TCP_CM_REUSEADDR=y unless the environment says otherwise. */
+/* Sets UCX_TCP_CM_REUSEADDR=y unless the environment says otherwise. UCX itself (context, worker and
+ * the sockets of its transports) starts on the first st_tp_listen or st_tp_connect.
+ * NOTE: UCX's tcp transport opens a listening socket of its own on every network interface it uses,
+ * besides the st_tp_listen socket. So the first st_tp_listen(host) limits UCX's network devices to
+ * the interface that owns host (plus RDMA devices, which open no sockets), unless host is a wildcard
+ * (0.0.0.0, ::) or UCX_NET_DEVICES is set. Such a process talks only over that interface. */
 st_status_t st_tp_create(struct uv_loop_s *loop, st_tp_t **out);
+/* The same limit for a process that connects first (or only): host is the address it serves on
+ * (e.g. its gRPC --listen host). Before the first listen/connect; NULL: every interface (default). */
+void st_tp_set_local_host(st_tp_t *tp, const char *host);
 /* Force-closes endpoints (pending sends/receives complete with ST_ERR_CANCELLED or ST_ERR_PEER,
  * lost callbacks are not called), destroys the listener, and releases UCX once the loop has run
  * the handle close callbacks: keep running the loop after this. */
 void st_tp_destroy(st_tp_t *tp);
 
 /* Data-plane authentication (docs/security.md). With a secret set (before listen/connect), every
- * connection first runs a mutual challenge-response (HMAC-SHA256 of the secret over both sides'
- * random nonces); nothing else is delivered before it. The accept callback runs only for a peer
- * that has proven the secret; sends posted on a connecting endpoint are held until the proof is
- * done; a peer that fails it or stays silent for 5 s is closed (rate-limited WARN naming it) and
- * reported lost. The secret is copied. Without a secret nothing is checked (insecure mode). */
+ * connection first runs a mutual challenge-response (HMAC-SHA256 under a key derived from the
+ * secret, over both sides' random nonces; 2 round trips at connect, nothing per message):
+ *   client HELLO{nonce_c} -> server CHALLENGE{nonce_s, mac_S} -> client checks mac_S (a server
+ *   without the secret is detected too) -> PROOF{mac_C} -> server checks mac_C -> OK.
+ * The accept callback runs only for a peer that has proven the secret; sends posted on a connecting
+ * endpoint are held and go out in order after OK; any other message from a peer that has not
+ * proven it is dropped (never handed to a handler) and the connection closed; a peer that fails or
+ * stays silent for 5 s is closed with a rate-limited WARN naming it. A client endpoint is reported
+ * lost: ST_ERR_AUTH when it found the server wrong or silent, ST_ERR_PEER when the server closed it.
+ * The secret is copied (NULL: back to insecure). Without a secret nothing is checked (insecure
+ * mode), as before; only a peer that starts the handshake is closed at once (it would never work). */
 void st_tp_set_secret(st_tp_t *tp, const st_secret_t *secret);
+/* How long a connection may take to prove the secret (default 5000 ms; tests shorten it). */
+void st_tp_set_handshake_timeout_ms(st_tp_t *tp, unsigned ms);
 
 /* Listen on host:port (port 0 = ephemeral); *bound_port gets the port. One listener per st_tp_t. */
 st_status_t st_tp_listen(st_tp_t *tp, const char *host, uint16_t port, st_tp_accept_fn on_accept, void *arg,
