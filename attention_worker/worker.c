@@ -1297,6 +1297,12 @@ int st_aw_run(const st_aw_opts_t *opts) {
     aw->async.data = aw;
     if (st_rpc_init(&aw->loop) != ST_OK) goto out_loop;
     if (st_tp_create(&aw->loop, &aw->tp) != ST_OK) goto out_rpc;
+    if (aw->o.sec && aw->o.sec->have_secret) st_tp_set_secret(aw->tp, &aw->o.sec->secret);
+    {
+        char lh[128];
+        uint16_t lp;
+        if (split_hostport(aw->o.listen, lh, sizeof lh, &lp) == 0) st_tp_set_local_host(aw->tp, lh);
+    }
     if (st_tp_set_am_handler(aw->tp, ST_WIRE_AM_REPLY, am_begin, am_done, aw) != ST_OK) goto out_tp;
     if (st_rpc_server_create(aw->o.listen, &aw->rpc) != ST_OK ||
         st_rpc_server_add_method(aw->rpc, ST_PROTO_METHOD_WORKER_GENERATE, handle_generate, aw) != ST_OK ||
