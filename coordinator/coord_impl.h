@@ -15,6 +15,7 @@
 
 #define STRATA_VERSION "0.1.0"
 #define MAX_MEMBERS 256
+#define MEMBER_FORGET_BEATS 10 /* a dead member's entry is removed this many heartbeat intervals later */
 #define MAX_PENDING 256
 #define HIST_BUCKETS 14
 
@@ -37,6 +38,11 @@ typedef struct {
     uint64_t step, load_step;
     uint32_t *load; /* [n_layers][n_experts] tokens per expert in the member's last reported step */
     st_rpc_channel_t *ch; /* attention workers: their Worker service */
+    /* security (docs/security.md): heartbeats and reports must carry the token and arrive on the
+     * connection that registered */
+    char token[ST_PROTO_TOKEN_LEN + 1]; /* 32 hex digits, 128 random bits */
+    char peer[96];                      /* st_rpc_call_peer() of the registration */
+    double dead_at;                     /* when dropped; the slot is recycled 10 heartbeats later */
 } member_t;
 
 typedef struct coord coord_t;
