@@ -19,6 +19,7 @@ struct st_member {
     uv_loop_t *loop;
     st_member_opts_t o;
     char *name, *endpoint, *file;
+    char file_addr[ADDR_MAX]; /* the file's address when last read */
     char seeds[MAX_SEEDS][ADDR_MAX];
     int n_seeds;
     char target[ADDR_MAX]; /* the channel's coordinator address ("" before the first) */
@@ -274,6 +275,14 @@ static void on_register(st_status_t st, const uint8_t *b, size_t n, const char *
 }
 
 static void try_register(st_member_t *m) {
+    char now_at[ADDR_MAX];
+    if (m->file && read_coord_file(m->file, now_at) && strcmp(now_at, m->file_addr) != 0) {
+        /* the coordinator (re)started and says where: try there at once */
+        memcpy(m->file_addr, now_at, ADDR_MAX);
+        m->attempt = 0;
+        m->backoff_ms = 0;
+        m->next_reg_ns = 0;
+    }
     if (m->busy_reg || st_time_ns() < m->next_reg_ns) return;
     char addr[ADDR_MAX];
     if (!pick_target(m, addr)) {
