@@ -91,6 +91,11 @@ static void member_remove(coord_t *co, int i) {
     co->n_members--;
 }
 
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
 static void on_sweep(uv_timer_t *t) {
     coord_t *co = t->data;
     double now = st_time_sec(), hb = co->o.heartbeat_ms / 1000.0, limit = 2.0 * hb;
@@ -105,6 +110,15 @@ static void on_sweep(uv_timer_t *t) {
         member_drop(co, m);
         changed = 1;
     }
+    /* the MEMBER_KEEP_DEAD most recently dead stay a while (operators look for them in /status) */
+    double dead[MAX_MEMBERS], keep_from = -1.0;
+    int n_dead = 0;
+    for (int i = 0; i < co->n_members; i++)
+        if (!co->members[i].alive) dead[n_dead++] = co->members[i].dead_at;
+    if (n_dead > MEMBER_KEEP_DEAD) {
+        qsort(dead, (size_t)n_dead, sizeof dead[0], cmp_desc);
+        keep_from = dead[MEMBER_KEEP_DEAD - 1];
+    }
     for (int i = co->n_members - 1; i >= 0; i--) { /* backwards: removal moves the last entry here */
         member_t *m = &co->members[i];
         if (m->alive || m->active > 0) continue;
@@ -112,7 +126,8 @@ static void on_sweep(uv_timer_t *t) {
             st_rpc_channel_destroy(m->ch);
             m->ch = NULL;
         }
-        if (now - m->dead_at > forget) {
+        double age = now - m->dead_at;
+        if ((age > forget && m->dead_at < keep_from) || age > MEMBER_KEEP_DEAD_S) {
             st_log_debug("coordinator: forgetting dead member %llu (%s)", (unsigned long long)m->id, m->name);
             member_remove(co, i);
         }

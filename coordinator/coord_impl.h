@@ -15,7 +15,11 @@
 
 #define STRATA_VERSION "0.1.0"
 #define MAX_MEMBERS 256
-#define MEMBER_FORGET_BEATS 10 /* a dead member's entry is removed this many heartbeat intervals later */
+/* A dead member's entry is removed MEMBER_FORGET_BEATS heartbeat intervals after it died, except
+ * the MEMBER_KEEP_DEAD most recently dead, which stay listed (in /status) up to MEMBER_KEEP_DEAD_S. */
+#define MEMBER_FORGET_BEATS 10
+#define MEMBER_KEEP_DEAD 16
+#define MEMBER_KEEP_DEAD_S 120.0
 #define MAX_PENDING 256
 #define HIST_BUCKETS 14
 
@@ -42,7 +46,7 @@ typedef struct {
      * connection that registered */
     char token[ST_PROTO_TOKEN_LEN + 1]; /* 32 hex digits, 128 random bits */
     char peer[96];                      /* st_rpc_call_peer() of the registration */
-    double dead_at;                     /* when dropped; the slot is recycled 10 heartbeats later */
+    double dead_at;                     /* when dropped (see MEMBER_FORGET_BEATS) */
 } member_t;
 
 typedef struct coord coord_t;
