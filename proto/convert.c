@@ -589,10 +589,11 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
     st_status_t st = ST_OK;
     size_t cells;
     st_proto_thresholds_t r = {0};
+    /* NOTE: "unchanged" carries no table at all (tau nor rho): what encode writes for it */
     if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_tau != (pb->unchanged ? 0 : cells) ||
-        (pb->n_rho && pb->n_rho != cells)) {
-        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u with %zu values", pb->n_layers, pb->n_experts,
-                     pb->n_tau);
+        (pb->n_rho && (pb->unchanged || pb->n_rho != cells))) {
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u%s with %zu tau, %zu rho", pb->n_layers, pb->n_experts,
+                       pb->unchanged ? " (unchanged)" : "", pb->n_tau, pb->n_rho);
         goto err_unpacked;
     }
     r.version = pb->version;
