@@ -25,6 +25,7 @@
 #define MAX_STEP_BYTES (1ull << 40) /* dispatch / reply bytes in one step */
 #define MAX_STEP_MESSAGES (1ull << 32)
 #define MAX_STAGE_S 3600.0          /* seconds one stage of one step may take */
+#define MAX_STEP (1ull << 53)       /* step counters (shown as JSON integers) */
 
 /* ================================================================ members and placement */
 
@@ -305,7 +306,7 @@ static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void
                      call_peer(call), st_err_last());
     }
     reply_msg(call, s, buf, n);
-    if (s == ST_OK && m->role == ST_PROTO_ROLE_ATTENTION) st_coord_queue_pump(co);
+    if (s == ST_OK) st_coord_queue_pump(co); /* a worker's slots, or the experts a full map needs */
     st_proto_register_req_cleanup(&r);
 }
 
@@ -316,8 +317,8 @@ static void h_heartbeat(st_rpc_call_t *call, const uint8_t *req, size_t len, voi
         st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
         return;
     }
-    if (r.inflight > MAX_INFLIGHT) {
-        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "heartbeat: inflight out of range");
+    if (r.inflight > MAX_INFLIGHT || r.step > MAX_STEP) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "heartbeat: inflight or step out of range");
         return;
     }
     const char *why;
@@ -423,6 +424,7 @@ static st_status_t check_scores(const coord_t *co, const st_proto_scores_t *r) {
     for (int k = 0; k < ST_PROTO_STAGES; k++)
         if (!(r->stage_s[k] >= 0.0 && r->stage_s[k] <= MAX_STAGE_S)) /* NOTE: false for NaN */
             return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: stage %d time %g s outside 0..%g", k, r->stage_s[k], MAX_STAGE_S);
+    if (r->step > MAX_STEP) return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: step %llu out of range", (unsigned long long)r->step);
     if (r->dispatch_bytes > MAX_STEP_BYTES || r->reply_bytes > MAX_STEP_BYTES || r->messages > MAX_STEP_MESSAGES)
         return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: %llu dispatch bytes, %llu reply bytes, %llu messages: out of range",
                          (unsigned long long)r->dispatch_bytes, (unsigned long long)r->reply_bytes,
