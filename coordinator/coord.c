@@ -180,6 +180,11 @@ static const char *call_peer(st_rpc_call_t *call) {
     return p ? p : "";
 }
 
+static void peer_hash(st_rpc_call_t *call, uint8_t out[32]) { /* any length of peer name */
+    const char *p = call_peer(call);
+    st_sha256(p, strlen(p), out);
+}
+
 /* The live member that id + token name, if the call came on the connection that registered it;
  * NULL otherwise (with why). Token compared in constant time. */
 static member_t *member_auth(coord_t *co, st_rpc_call_t *call, uint64_t id, const char *token, const char **why) {
@@ -188,8 +193,11 @@ static member_t *member_auth(coord_t *co, st_rpc_call_t *call, uint64_t id, cons
     if (!m) *why = "unknown member id";
     else if (strlen(token) != ST_PROTO_TOKEN_LEN || !st_ct_equal(token, m->token, ST_PROTO_TOKEN_LEN))
         *why = "wrong member token";
-    else if (strcmp(call_peer(call), m->peer) != 0)
-        *why = "not the connection that registered";
+    else {
+        uint8_t h[32];
+        peer_hash(call, h);
+        if (!st_ct_equal(h, m->peer_hash, sizeof h)) *why = "not the connection that registered";
+    }
     return *why ? NULL : m;
 }
 
@@ -274,7 +282,7 @@ static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void
         memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
         m->id = id;
         memcpy(m->token, token, sizeof m->token);
-        snprintf(m->peer, sizeof m->peer, "%s", call_peer(call));
+        peer_hash(call, m->peer_hash);
         m->role = r.role;
         snprintf(m->name, sizeof m->name, "%s", r.name);
         snprintf(m->endpoint, sizeof m->endpoint, "%s", r.data_endpoint);

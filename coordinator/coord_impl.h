@@ -45,7 +45,7 @@ typedef struct {
     /* security (docs/security.md): heartbeats and reports must carry the token and arrive on the
      * connection that registered */
     char token[ST_PROTO_TOKEN_LEN + 1]; /* 32 hex digits, 128 random bits */
-    char peer[96];                      /* st_rpc_call_peer() of the registration */
+    uint8_t peer_hash[32];              /* SHA-256 of st_rpc_call_peer() at registration */
     double dead_at;                     /* when dropped (see MEMBER_FORGET_BEATS) */
 } member_t;
 
