@@ -1,6 +1,11 @@
 /* Coordinator (see coord.h). Everything runs on one libuv loop thread: gRPC (through common/rpc's
  * completion-queue hand-off), HTTP, the heartbeat sweep and the threshold steps. Nothing here is on
- * a step's critical path: workers never wait for the coordinator. */
+ * a step's critical path: workers never wait for the coordinator.
+ *
+ * Membership security (docs/security.md): member methods need the cluster token (checked by
+ * common/rpc before a handler runs); a registration gets a random id and a random member token,
+ * and is bound to the connection it came on; Heartbeat and ReportScores count only with both, on
+ * that connection. Every field of every accepted message is range-checked before use. */
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -11,9 +16,21 @@
 #include "coord.h"
 #include "coord_impl.h"
 
+/* Bounds on what members may claim (far beyond any real deployment, small enough that sums and
+ * casts cannot overflow). */
+#define MAX_CAPACITY (1u << 20)     /* sequences (workers) or rows (expert servers) */
+#define MAX_INFLIGHT (1u << 24)
+#define MAX_UCX_ADDRESS 4096u
+#define MAX_STEP_LOAD (1u << 30)    /* tokens routed to one expert in one step */
+#define MAX_STEP_BYTES (1ull << 40) /* dispatch / reply bytes in one step */
+#define MAX_STEP_MESSAGES (1ull << 32)
+#define MAX_STAGE_S 3600.0          /* seconds one stage of one step may take */
+#define MAX_STEP (1ull << 53)       /* step counters (shown as JSON integers) */
+
 /* ================================================================ members and placement */
 
 member_t *st_coord_member_find(coord_t *co, uint64_t id) {
+    if (id == 0) return NULL;
     for (int i = 0; i < co->n_members; i++)
         if (co->members[i].id == id) return &co->members[i];
     return NULL;
@@ -30,6 +47,10 @@ int st_coord_ready(const coord_t *co) {
            alive_count(co, ST_PROTO_ROLE_EXPERT) >= co->o.expect_experts;
 }
 
+static const char *role_name(st_proto_role_t r) {
+    return r == ST_PROTO_ROLE_EXPERT ? "expert server" : "attention worker";
+}
+
 static void replace_experts(coord_t *co) {
     st_place_server_t live[MAX_MEMBERS];
     int n = 0;
@@ -43,23 +64,178 @@ static void replace_experts(coord_t *co) {
                     st_placement_complete(&co->place) ? "complete" : "INCOMPLETE");
 }
 
+/* The member is gone (missed heartbeats, or replaced by its own re-registration): no new work, its
+ * requests end, its channel goes once nothing uses it. The entry stays (dead, listed in /status)
+ * until the sweep forgets it. The caller re-places experts. */
+static void member_drop(coord_t *co, member_t *m) {
+    m->alive = 0;
+    m->dead_at = st_time_sec();
+    m->reported = 0;
+    if (m->role == ST_PROTO_ROLE_ATTENTION) st_coord_worker_lost(co, m->id);
+    if (m->ch && m->active == 0) {
+        st_rpc_channel_destroy(m->ch);
+        m->ch = NULL;
+    }
+}
+
+/* Remove entry i (dead, nothing proxied through it): the last entry moves into its place. The
+ * load buffers are swapped, not copied: each slot keeps one buffer for the process's life. */
+static void member_remove(coord_t *co, int i) {
+    member_t *m = &co->members[i], *last = &co->members[co->n_members - 1];
+    if (m->ch) st_rpc_channel_destroy(m->ch);
+    m->ch = NULL;
+    if (m != last) {
+        member_t t = *m;
+        *m = *last;
+        *last = t;
+    }
+    co->n_members--;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
 static void on_sweep(uv_timer_t *t) {
     coord_t *co = t->data;
-    double now = st_time_sec(), limit = 2.0 * co->o.heartbeat_ms / 1000.0;
-    int changed = 0;
+    double now = st_time_sec(), hb = co->o.heartbeat_ms / 1000.0, limit = 2.0 * hb;
+    double forget = MEMBER_FORGET_BEATS * hb;
+    int changed = 0, experts = 0;
     for (int i = 0; i < co->n_members; i++) {
         member_t *m = &co->members[i];
         if (!m->alive || now - m->last_seen <= limit) continue;
-        m->alive = 0;
+        st_log_warn("coordinator: %s %s (%llu, %s) missed two heartbeats: dropped", role_name(m->role), m->name,
+                    (unsigned long long)m->id, m->endpoint);
+        experts |= m->role == ST_PROTO_ROLE_EXPERT;
+        member_drop(co, m);
         changed = 1;
-        st_log_warn("coordinator: member %llu (%s, %s) missed two heartbeats: dropped", (unsigned long long)m->id, m->name,
-                    m->endpoint);
-        if (m->ch && m->active == 0) {
+    }
+    /* the MEMBER_KEEP_DEAD most recently dead stay a while (operators look for them in /status) */
+    double dead[MAX_MEMBERS], keep_from = -1.0;
+    int n_dead = 0;
+    for (int i = 0; i < co->n_members; i++)
+        if (!co->members[i].alive) dead[n_dead++] = co->members[i].dead_at;
+    if (n_dead > MEMBER_KEEP_DEAD) {
+        qsort(dead, (size_t)n_dead, sizeof dead[0], cmp_desc);
+        keep_from = dead[MEMBER_KEEP_DEAD - 1];
+    }
+    for (int i = co->n_members - 1; i >= 0; i--) { /* backwards: removal moves the last entry here */
+        member_t *m = &co->members[i];
+        if (m->alive || m->active > 0) continue;
+        if (m->ch) {
             st_rpc_channel_destroy(m->ch);
             m->ch = NULL;
         }
+        double age = now - m->dead_at;
+        if ((age > forget && m->dead_at < keep_from) || age > MEMBER_KEEP_DEAD_S) {
+            st_log_debug("coordinator: forgetting dead member %llu (%s)", (unsigned long long)m->id, m->name);
+            member_remove(co, i);
+        }
     }
-    if (changed) replace_experts(co);
+    if (experts) replace_experts(co);
+    if (changed) st_coord_queue_pump(co);
+}
+
+/* ---- checks of what members send ---- */
+
+static int printable(const char *s, size_t max) { /* 1..max visible ASCII characters, no spaces */
+    size_t n = 0;
+    for (; s && s[n]; n++)
+        if ((unsigned char)s[n] <= 0x20 || (unsigned char)s[n] >= 0x7f || n >= max) return 0;
+    return n > 0;
+}
+
+static int endpoint_ok(const char *s, size_t max) { /* host:port, port 1..65535 */
+    if (!printable(s, max)) return 0;
+    const char *c = strrchr(s, ':');
+    if (!c || c == s || !c[1] || strlen(c + 1) > 5) return 0;
+    long port = 0;
+    for (const char *p = c + 1; *p; p++) {
+        if (*p < '0' || *p > '9') return 0;
+        port = port * 10 + (*p - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+
+static st_status_t check_register(const st_proto_register_req_t *r) {
+    if (r->role != ST_PROTO_ROLE_ATTENTION && r->role != ST_PROTO_ROLE_EXPERT)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "register: unknown role %d", (int)r->role);
+    if (!printable(r->name, sizeof ((member_t *)0)->name - 1))
+        return ST_REJECT(ST_ERR_INVALID_ARG, "register: name must be 1..%zu visible ASCII characters",
+                         sizeof ((member_t *)0)->name - 1);
+    if (!endpoint_ok(r->data_endpoint, sizeof ((member_t *)0)->endpoint - 1))
+        return ST_REJECT(ST_ERR_INVALID_ARG, "register: data_endpoint must be host:port (port 1..65535, at most %zu characters)",
+                         sizeof ((member_t *)0)->endpoint - 1);
+    if (r->capacity > MAX_CAPACITY || (r->role == ST_PROTO_ROLE_ATTENTION && r->capacity == 0))
+        return ST_REJECT(ST_ERR_INVALID_ARG, "register: capacity %u outside %u..%u", r->capacity,
+                         r->role == ST_PROTO_ROLE_ATTENTION ? 1u : 0u, MAX_CAPACITY);
+    if (r->ucx_address_len > MAX_UCX_ADDRESS)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "register: ucx_address of %zu bytes > %u", r->ucx_address_len, MAX_UCX_ADDRESS);
+    return ST_OK;
+}
+
+static const char *call_peer(st_rpc_call_t *call) {
+    const char *p = st_rpc_call_peer(call);
+    return p ? p : "";
+}
+
+static void peer_hash(st_rpc_call_t *call, uint8_t out[32]) { /* any length of peer name */
+    const char *p = call_peer(call);
+    st_sha256(p, strlen(p), out);
+}
+
+/* The live member that id + token name, if the call came on the connection that registered it;
+ * NULL otherwise (with why). Token compared in constant time. */
+static member_t *member_auth(coord_t *co, st_rpc_call_t *call, uint64_t id, const char *token, const char **why) {
+    member_t *m = st_coord_member_find(co, id);
+    *why = NULL;
+    if (!m) *why = "unknown member id";
+    else if (strlen(token) != ST_PROTO_TOKEN_LEN || !st_ct_equal(token, m->token, ST_PROTO_TOKEN_LEN))
+        *why = "wrong member token";
+    else {
+        uint8_t h[32];
+        peer_hash(call, h);
+        if (!st_ct_equal(h, m->peer_hash, sizeof h)) *why = "not the connection that registered";
+    }
+    return *why ? NULL : m;
+}
+
+/* A random id no entry has (never 0) and a 128-bit token. */
+static st_status_t new_identity(coord_t *co, uint64_t *id, char token[ST_PROTO_TOKEN_LEN + 1]) {
+    uint8_t t[ST_PROTO_TOKEN_LEN / 2];
+    uint64_t v = 0;
+    for (int tries = 0; v == 0 || st_coord_member_find(co, v); tries++) {
+        if (tries > 16 || st_random_bytes(&v, sizeof v) != ST_OK)
+            return ST_FAIL(ST_ERR_INTERNAL, "register: no randomness for a member id");
+    }
+    if (st_random_bytes(t, sizeof t) != ST_OK) return ST_FAIL(ST_ERR_INTERNAL, "register: no randomness for a member token");
+    st_hex(t, sizeof t, token);
+    *id = v;
+    return ST_OK;
+}
+
+/* A slot for a new registration: a never-used one, else the longest-dead entry with nothing
+ * proxied through it. NULL when every entry is alive or busy. */
+static member_t *member_slot(coord_t *co) {
+    if (co->n_members < MAX_MEMBERS) return &co->members[co->n_members++];
+    member_t *best = NULL;
+    for (int i = 0; i < co->n_members; i++) {
+        member_t *m = &co->members[i];
+        if (!m->alive && m->active == 0 && (!best || m->dead_at < best->dead_at)) best = m;
+    }
+    return best;
+}
+
+static void worker_sec(const coord_t *co, const char *token, st_rpc_sec_t *out) {
+    const st_sec_opts_t *sec = co->o.sec;
+    *out = (st_rpc_sec_t){.token = token};
+    if (!sec) return;
+    /* the worker serves TLS when the cluster does; this certificate doubles as the client one */
+    out->tls = sec->tls || sec->tls_cert;
+    out->tls_ca = sec->tls_ca;
+    out->tls_cert = sec->tls_cert;
+    out->tls_key = sec->tls_key;
 }
 
 /* ================================================================ gRPC: membership */
@@ -77,18 +253,26 @@ static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void
         st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
         return;
     }
-    st_status_t s = ST_OK;
+    st_status_t s = check_register(&r);
+    uint64_t id = 0, old_id = 0;
+    char token[ST_PROTO_TOKEN_LEN + 1] = "";
+    if (s == ST_OK) s = new_identity(co, &id, token);
     member_t *m = NULL;
-    if (r.role != ST_PROTO_ROLE_ATTENTION && r.role != ST_PROTO_ROLE_EXPERT)
-        s = ST_FAIL(ST_ERR_INVALID_ARG, "register: unknown role %d", (int)r.role);
-    else if (!r.data_endpoint || !strchr(r.data_endpoint, ':'))
-        s = ST_FAIL(ST_ERR_INVALID_ARG, "register: data_endpoint must be host:port");
     if (s == ST_OK) {
-        /* reuse a dead slot, else append */
-        for (int i = 0; i < co->n_members && !m; i++)
-            if (!co->members[i].alive && co->members[i].active == 0) m = &co->members[i];
-        if (!m && co->n_members < MAX_MEMBERS) m = &co->members[co->n_members++];
-        if (!m) s = ST_FAIL(ST_ERR_CAPACITY, "register: %d members already", MAX_MEMBERS);
+        /* the same member again (restarted, or its connection changed): it replaces its old entry */
+        for (int i = 0; i < co->n_members; i++) {
+            member_t *o = &co->members[i];
+            if (o->role != r.role || strcmp(o->name, r.name) != 0 || strcmp(o->endpoint, r.data_endpoint) != 0) continue;
+            if (o->alive) {
+                old_id = o->id;
+                member_drop(co, o);
+            }
+            if (o->active == 0 && !m) m = o; /* a busy one stays, dead, until its requests end */
+        }
+        if (!m) m = member_slot(co);
+        if (!m)
+            s = ST_REJECT(ST_ERR_CAPACITY, "register: member table full (%d live or busy members); none can be recycled "
+                          "until one misses its heartbeats", MAX_MEMBERS);
     }
     if (s == ST_OK) {
         if (m->ch) st_rpc_channel_destroy(m->ch);
@@ -96,27 +280,41 @@ static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void
         memset(m, 0, sizeof *m);
         m->load = load;
         memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
-        m->id = ++co->next_id;
+        m->id = id;
+        memcpy(m->token, token, sizeof m->token);
+        peer_hash(call, m->peer_hash);
         m->role = r.role;
-        snprintf(m->name, sizeof m->name, "%s", r.name ? r.name : "");
+        snprintf(m->name, sizeof m->name, "%s", r.name);
         snprintf(m->endpoint, sizeof m->endpoint, "%s", r.data_endpoint);
         m->capacity = r.capacity;
         m->alive = 1;
         m->last_seen = st_time_sec();
         m->registered_at = m->last_seen;
-        if (m->role == ST_PROTO_ROLE_ATTENTION && st_rpc_channel_create(m->endpoint, &m->ch) != ST_OK) m->ch = NULL;
-        st_log_info("coordinator: %s %s registered as %llu at %s", m->role == ST_PROTO_ROLE_EXPERT ? "expert server" : "attention worker",
-                    m->name, (unsigned long long)m->id, m->endpoint);
-        if (m->role == ST_PROTO_ROLE_EXPERT) replace_experts(co);
+        if (m->role == ST_PROTO_ROLE_ATTENTION) {
+            st_rpc_sec_t ws;
+            worker_sec(co, m->token, &ws);
+            if (st_rpc_channel_create_ex(m->endpoint, &ws, &m->ch) != ST_OK) m->ch = NULL;
+        }
+        st_log_info("coordinator: %s %s registered as %llu at %s%s", role_name(m->role), m->name, (unsigned long long)m->id,
+                    m->endpoint, old_id ? " (replacing its previous registration)" : "");
+        if (m->role == ST_PROTO_ROLE_EXPERT) {
+            st_placement_rename(&co->place, old_id, m->id); /* it keeps its experts */
+            replace_experts(co);
+        }
     }
     uint8_t *buf = NULL;
     size_t n = 0;
     if (s == ST_OK) {
         st_proto_register_reply_t rep = {.member_id = m->id, .heartbeat_interval_ms = co->o.heartbeat_ms,
                                          .placement_version = co->place.version, .threshold_version = co->tau_version};
+        memcpy(rep.member_token, m->token, sizeof m->token);
         s = st_proto_register_reply_encode(&rep, &buf, &n);
+    } else if (s != ST_ERR_INVALID_ARG) {
+        st_log_every(ST_LOG_WARN, 5.0, "coordinator: registration of %s from %s refused: %s", r.name ? r.name : "?",
+                     call_peer(call), st_err_last());
     }
     reply_msg(call, s, buf, n);
+    if (s == ST_OK) st_coord_queue_pump(co); /* a worker's slots, or the experts a full map needs */
     st_proto_register_req_cleanup(&r);
 }
 
@@ -127,18 +325,30 @@ static void h_heartbeat(st_rpc_call_t *call, const uint8_t *req, size_t len, voi
         st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
         return;
     }
-    member_t *m = st_coord_member_find(co, r.member_id);
+    if (r.inflight > MAX_INFLIGHT || r.step > MAX_STEP) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "heartbeat: inflight or step out of range");
+        return;
+    }
+    const char *why;
+    member_t *m = member_auth(co, call, r.member_id, r.member_token, &why);
+    if (!m)
+        st_log_every(ST_LOG_WARN, 5.0, "coordinator: heartbeat for member %llu from %s ignored: %s",
+                     (unsigned long long)r.member_id, call_peer(call), why);
+    /* known = false: the member registers again (a real member whose connection changed does) */
     st_proto_heartbeat_reply_t rep = {.known = m && m->alive, .placement_version = co->place.version,
                                       .threshold_version = co->tau_version};
+    int freed = 0;
     if (m && m->alive) {
         m->last_seen = st_time_sec();
         m->step = r.step;
+        freed = m->role == ST_PROTO_ROLE_ATTENTION && r.inflight < m->inflight;
         m->inflight = r.inflight;
     }
     uint8_t *buf;
     size_t n;
     st_status_t es_ = st_proto_heartbeat_reply_encode(&rep, &buf, &n);
     reply_msg(call, es_, buf, n);
+    if (freed) st_coord_queue_pump(co);
     st_proto_heartbeat_req_cleanup(&r);
 }
 
@@ -172,8 +382,10 @@ static void h_placement(st_rpc_call_t *call, const uint8_t *req, size_t len, voi
                     if (h[q]) p.member_ids[p.offsets[i + 1]++] = h[q];
             }
         p.n_member_ids = s == ST_OK ? p.offsets[cells] : 0;
+        /* live members only: a dead entry is of no use to a worker and must not take its table slots */
         for (int i = 0; s == ST_OK && i < co->n_members; i++) {
             member_t *m = &co->members[i];
+            if (!m->alive) continue;
             p.members[p.n_members++] = (st_proto_member_t){.member_id = m->id, .role = m->role, .name = m->name,
                                                            .data_endpoint = m->endpoint, .capacity = m->capacity, .alive = m->alive};
         }
@@ -210,6 +422,31 @@ static void on_tau_timer(uv_timer_t *t) {
     if (co->n_pending) publish_thresholds(co);
 }
 
+/* Every value of a worker's step report, before any of it is used (one NaN would poison /metrics
+ * and /status for good). */
+static st_status_t check_scores(const coord_t *co, const st_proto_scores_t *r) {
+    const st_config_t *c = &co->cfg;
+    if (r->n_layers != (uint32_t)c->n_layers || r->n_experts != (uint32_t)c->n_experts)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: %u layers x %u experts, the model has %d x %d", r->n_layers,
+                         r->n_experts, c->n_layers, c->n_experts);
+    for (int k = 0; k < ST_PROTO_STAGES; k++)
+        if (!(r->stage_s[k] >= 0.0 && r->stage_s[k] <= MAX_STAGE_S)) /* NOTE: false for NaN */
+            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: stage %d time %g s outside 0..%g", k, r->stage_s[k], MAX_STAGE_S);
+    if (r->step > MAX_STEP) return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: step %llu out of range", (unsigned long long)r->step);
+    if (r->dispatch_bytes > MAX_STEP_BYTES || r->reply_bytes > MAX_STEP_BYTES || r->messages > MAX_STEP_MESSAGES)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: %llu dispatch bytes, %llu reply bytes, %llu messages: out of range",
+                         (unsigned long long)r->dispatch_bytes, (unsigned long long)r->reply_bytes,
+                         (unsigned long long)r->messages);
+    for (size_t i = 0; i < r->n_load; i++)
+        if (r->load[i] > MAX_STEP_LOAD)
+            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: load %u at cell %zu > %u", r->load[i], i, MAX_STEP_LOAD);
+    for (size_t k = 0; k < r->n_summaries; k++)
+        if (r->summary_lens[k] < ST_QSUM_HEADER_BYTES)
+            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: summary %zu of %zu bytes is shorter than its header", k,
+                             r->summary_lens[k]);
+    return ST_OK;
+}
+
 static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
     coord_t *co = arg;
     st_proto_scores_t r;
@@ -218,23 +455,20 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         return;
     }
     st_status_t s = ST_OK;
-    member_t *m = st_coord_member_find(co, r.worker_id);
-    const st_config_t *c = &co->cfg;
-    if (!m || !m->alive) s = ST_FAIL(ST_ERR_INVALID_ARG, "ReportScores: unknown worker %llu", (unsigned long long)r.worker_id);
-    /* per-expert load of the worker's step (for /status and /metrics) */
-    if (s == ST_OK && r.n_load == (size_t)c->n_layers * c->n_experts) {
-        if (r.step != m->load_step) {
-            m->load_step = r.step;
-            memcpy(m->load, r.load, sizeof(uint32_t) * r.n_load);
-        }
-        co->dispatch_bytes += r.dispatch_bytes;
-        co->reply_bytes += r.reply_bytes;
-        co->messages += r.messages;
-        for (int k = 0; k < ST_PROTO_STAGES; k++) co->stage_s[k] += r.stage_s[k];
-        co->stage_steps++;
-        co->steps_total++;
-        m->step = r.step;
+    const char *why;
+    member_t *m = member_auth(co, call, r.worker_id, r.member_token, &why);
+    if (m && (!m->alive || m->role != ST_PROTO_ROLE_ATTENTION)) {
+        why = m->alive ? "not an attention worker" : "dropped";
+        m = NULL;
     }
+    if (!m) {
+        s = ST_REJECT(ST_ERR_AUTH, "ReportScores: worker %llu: %s", (unsigned long long)r.worker_id, why);
+        st_log_every(ST_LOG_WARN, 5.0, "coordinator: scores from %s refused: %s", call_peer(call), st_err_last());
+    }
+    if (s == ST_OK) s = check_scores(co, &r);
+    /* summaries first: a malformed one fails the report before any statistic moves.
+     * NOTE: common/quantile cannot unstage, so summaries before a malformed one in the same report
+     * stay merged (they were valid); nothing else is touched. */
     double t_merge = st_time_sec();
     for (size_t k = 0; s == ST_OK && k < r.n_summaries && co->q; k++) {
         if (co->n_pending >= MAX_PENDING) publish_thresholds(co);
@@ -247,8 +481,23 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         s = st_qstate_merge(co->q, copy, r.summary_lens[k]);
         if (s == ST_OK) co->pending[co->n_pending++] = copy; /* zero-copy merge: keep until end_step */
         else free(copy);
+        if (s != ST_OK && s != ST_ERR_CAPACITY && s != ST_ERR_NO_MEMORY) s = ST_ERR_INVALID_ARG; /* the sender's bytes */
     }
     co->merge_s += st_time_sec() - t_merge;
+    /* per-expert load of the worker's step (for /status and /metrics) */
+    if (s == ST_OK && r.n_load == (size_t)co->cfg.n_layers * co->cfg.n_experts) {
+        if (r.step != m->load_step) {
+            m->load_step = r.step;
+            memcpy(m->load, r.load, sizeof(uint32_t) * r.n_load);
+        }
+        co->dispatch_bytes += r.dispatch_bytes;
+        co->reply_bytes += r.reply_bytes;
+        co->messages += r.messages;
+        for (int k = 0; k < ST_PROTO_STAGES; k++) co->stage_s[k] += r.stage_s[k];
+        co->stage_steps++;
+        co->steps_total++;
+        m->step = r.step;
+    }
     if (s == ST_OK && r.n_summaries && co->q) {
         /* the step ends when every live worker has reported (or on the timer) */
         m->reported = 1;
@@ -406,7 +655,12 @@ int st_coord_run(const st_coord_opts_t *opts) {
     size_t cells = (size_t)c->n_layers * c->n_experts;
     co->tau_all = malloc(sizeof(float) * cells);
     co->rho_all = malloc(sizeof(float) * cells);
-    for (int i = 0; i < MAX_MEMBERS; i++) co->members[i].load = calloc(cells, sizeof(uint32_t));
+    int nomem = !co->tau_all || !co->rho_all;
+    for (int i = 0; i < MAX_MEMBERS; i++) nomem |= !(co->members[i].load = calloc(cells, sizeof(uint32_t)));
+    if (nomem) {
+        ST_FAIL(ST_ERR_NO_MEMORY, "coordinator: member tables for %zu experts", cells);
+        goto out_q;
+    }
     st_hist_init(&co->ttft);
     st_hist_init(&co->tpot);
     co->t_start = co->tick_at = st_time_sec();
@@ -418,15 +672,31 @@ int st_coord_run(const st_coord_opts_t *opts) {
         ST_FAIL(ST_ERR_INVALID_ARG, "--grpc and --http take host:port");
         goto out_rpc;
     }
-    if (st_rpc_server_create(co->o.grpc, &co->rpc) != ST_OK) goto out_rpc;
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_REGISTER, h_register, co);
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_HEARTBEAT, h_heartbeat, co);
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_PLACEMENT, h_placement, co);
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_REPORT_SCORES, h_report, co);
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_THRESHOLDS, h_thresholds, co);
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_GENERATE, st_coord_h_generate, co);
-    st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_STATUS, h_status, co);
-    if (st_rpc_server_start(co->rpc, &co->grpc_port) != ST_OK) goto out_rpc;
+    /* member methods need the cluster token; Generate and Status are the clients' (API key, checked
+     * in their handlers). TLS when the coordinator has a certificate; with a CA too, members must
+     * present a certificate from it (mTLS). */
+    st_rpc_sec_t rs = {0};
+    const st_sec_opts_t *sec = co->o.sec;
+    if (sec) {
+        if (sec->have_secret) rs.token = sec->grpc_token;
+        rs.tls_cert = sec->tls_cert;
+        rs.tls_key = sec->tls_key;
+        if (sec->tls_cert && sec->tls_ca) {
+            rs.tls_ca = sec->tls_ca;
+            rs.tls_client_auth = 1;
+        }
+    }
+    if (!rs.token) st_log_warn("coordinator: no cluster secret: anyone who reaches %s can register as a member", co->o.grpc);
+    if (st_rpc_server_create_ex(co->o.grpc, &rs, &co->rpc) != ST_OK) goto out_rpc;
+    if (st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_REGISTER, h_register, co) != ST_OK ||
+        st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_HEARTBEAT, h_heartbeat, co) != ST_OK ||
+        st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_PLACEMENT, h_placement, co) != ST_OK ||
+        st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_REPORT_SCORES, h_report, co) != ST_OK ||
+        st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_THRESHOLDS, h_thresholds, co) != ST_OK ||
+        st_rpc_server_add_open_method(co->rpc, ST_PROTO_METHOD_GENERATE, st_coord_h_generate, co) != ST_OK ||
+        st_rpc_server_add_open_method(co->rpc, ST_PROTO_METHOD_STATUS, h_status, co) != ST_OK ||
+        st_rpc_server_start(co->rpc, &co->grpc_port) != ST_OK)
+        goto out_rpc;
     if (st_http_server_create(&co->loop, co->http_host, (uint16_t)hport, NULL, &co->http) != ST_OK) goto out_rpc;
     st_coord_http_routes(co);
     uv_timer_init(&co->loop, &co->sweep);

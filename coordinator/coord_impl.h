@@ -15,6 +15,11 @@
 
 #define STRATA_VERSION "0.1.0"
 #define MAX_MEMBERS 256
+/* A dead member's entry is removed MEMBER_FORGET_BEATS heartbeat intervals after it died, except
+ * the MEMBER_KEEP_DEAD most recently dead, which stay listed (in /status) up to MEMBER_KEEP_DEAD_S. */
+#define MEMBER_FORGET_BEATS 10
+#define MEMBER_KEEP_DEAD 16
+#define MEMBER_KEEP_DEAD_S 120.0
 #define MAX_PENDING 256
 #define HIST_BUCKETS 14
 
@@ -37,6 +42,11 @@ typedef struct {
     uint64_t step, load_step;
     uint32_t *load; /* [n_layers][n_experts] tokens per expert in the member's last reported step */
     st_rpc_channel_t *ch; /* attention workers: their Worker service */
+    /* security (docs/security.md): heartbeats and reports must carry the token and arrive on the
+     * connection that registered */
+    char token[ST_PROTO_TOKEN_LEN + 1]; /* 32 hex digits, 128 random bits */
+    uint8_t peer_hash[32];              /* SHA-256 of st_rpc_call_peer() at registration */
+    double dead_at;                     /* when dropped (see MEMBER_FORGET_BEATS) */
 } member_t;
 
 typedef struct coord coord_t;

@@ -27,6 +27,19 @@ int st_placement_count(const st_placement_t *p, uint64_t server) {
     return n;
 }
 
+int st_placement_rename(st_placement_t *p, uint64_t from, uint64_t to) {
+    if (from == 0 || to == 0 || from == to) return 0;
+    size_t tot = (size_t)p->n_layers * (size_t)p->n_experts * (size_t)p->replicas;
+    int n = 0;
+    for (size_t i = 0; i < tot; i++)
+        if (p->holder[i] == from) {
+            p->holder[i] = to;
+            n++;
+        }
+    if (n) p->version++;
+    return n;
+}
+
 bool st_placement_complete(const st_placement_t *p) {
     for (int l = 0; l < p->n_layers; l++)
         for (int e = 0; e < p->n_experts; e++)

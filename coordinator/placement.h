@@ -34,6 +34,9 @@ st_status_t st_placement_update(st_placement_t *p, const st_place_server_t *live
 static inline const uint64_t *st_placement_holders(const st_placement_t *p, int l, int e) {
     return p->holder + ((size_t)l * (size_t)p->n_experts + (size_t)e) * (size_t)p->replicas;
 }
+/* A server re-registered under a new id (same name and endpoint): it keeps the experts it held.
+ * Returns the number of assignments moved; version bumps when any did. */
+int st_placement_rename(st_placement_t *p, uint64_t from, uint64_t to);
 /* Experts held by one server, in total. */
 int st_placement_count(const st_placement_t *p, uint64_t server);
 /* Every expert has at least one holder. */

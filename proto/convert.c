@@ -36,7 +36,7 @@ static st_status_t pack_into(const ProtobufCMessage *m, const char *what, uint8_
 
 static ProtobufCMessage *unpack_msg(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len) {
     ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, len, buf);
-    if (!m) ST_FAIL(ST_ERR_PROTOCOL, "proto: malformed %s (%zu bytes)", d->name, len);
+    if (!m) ST_REJECT(ST_ERR_PROTOCOL, "proto: malformed %s (%zu bytes)", d->name, len);
     return m;
 }
 
@@ -64,6 +64,15 @@ static int dup_bytes(uint8_t **dst, size_t *dlen, const ProtobufCBinaryData *b) 
     *dlen = 0;
     if (!dup_arr((void **)dst, b->data, b->len, 1)) return 0;
     *dlen = b->len;
+    return 1;
+}
+
+/* A member token from the wire into a fixed buffer; 0 when it is too long. */
+static int tok_copy(char dst[ST_PROTO_TOKEN_MAX + 1], const char *src) {
+    size_t n = strlen(src ? src : "");
+    if (n > ST_PROTO_TOKEN_MAX) return 0;
+    if (n) memcpy(dst, src, n);
+    dst[n] = 0;
     return 1;
 }
 
@@ -206,7 +215,7 @@ st_status_t st_proto_register_req_decode(const uint8_t *buf, size_t len, st_prot
     st_status_t st = ST_OK;
     st_proto_register_req_t r = {0};
     if (pb->n_experts > ST_PROTO_MAX_LAYERS) {
-        st = ST_FAIL(ST_ERR_PROTOCOL, "proto: register: %zu layers > %u", pb->n_experts, ST_PROTO_MAX_LAYERS);
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: register: %zu layers > %u", pb->n_experts, ST_PROTO_MAX_LAYERS);
         goto err_unpacked;
     }
     r.role = (st_proto_role_t)pb->role;
@@ -220,6 +229,12 @@ st_status_t st_proto_register_req_decode(const uint8_t *buf, size_t len, st_prot
         r.n_layers = pb->n_experts;
         for (size_t i = 0; i < pb->n_experts; i++) {
             const Strata__V1__LayerExperts *le = pb->experts[i];
+            if (le->n_experts > ST_PROTO_MAX_EXPERTS) {
+                st = ST_REJECT(ST_ERR_PROTOCOL, "proto: register: layer %u lists %zu experts > %u", le->layer,
+                             le->n_experts, ST_PROTO_MAX_EXPERTS);
+                st_proto_register_req_cleanup(&r);
+                goto err_unpacked;
+            }
             r.layers[i].layer = le->layer;
             if (!dup_arr((void **)&r.layers[i].experts, le->experts, le->n_experts, sizeof(uint32_t)))
                 goto err_nomem;
@@ -246,17 +261,19 @@ st_status_t st_proto_register_reply_encode(const st_proto_register_reply_t *m, u
     pb.heartbeat_interval_ms = m->heartbeat_interval_ms;
     pb.placement_version = m->placement_version;
     pb.threshold_version = m->threshold_version;
+    pb.member_token = str_in(m->member_token);
     return pack_msg(&pb.base, "RegisterMemberReply", out, len);
 }
 st_status_t st_proto_register_reply_decode(const uint8_t *buf, size_t len, st_proto_register_reply_t *out) {
     Strata__V1__RegisterMemberReply *pb =
         (void *)unpack_msg(&strata__v1__register_member_reply__descriptor, buf, len);
     if (!pb) return ST_ERR_PROTOCOL;
-    out->member_id = pb->member_id;
-    out->heartbeat_interval_ms = pb->heartbeat_interval_ms;
-    out->placement_version = pb->placement_version;
-    out->threshold_version = pb->threshold_version;
+    st_proto_register_reply_t r = {.member_id = pb->member_id, .heartbeat_interval_ms = pb->heartbeat_interval_ms,
+                                   .placement_version = pb->placement_version, .threshold_version = pb->threshold_version};
+    int ok = tok_copy(r.member_token, pb->member_token);
     protobuf_c_message_free_unpacked(&pb->base, NULL);
+    if (!ok) return ST_REJECT(ST_ERR_PROTOCOL, "proto: RegisterMemberReply: member_token over %u characters", ST_PROTO_TOKEN_MAX);
+    *out = r;
     return ST_OK;
 }
 void st_proto_register_reply_cleanup(st_proto_register_reply_t *m) { (void)m; }
@@ -267,15 +284,17 @@ st_status_t st_proto_heartbeat_req_encode(const st_proto_heartbeat_req_t *m, uin
     pb.member_id = m->member_id;
     pb.step = m->step;
     pb.inflight = m->inflight;
+    pb.member_token = str_in(m->member_token);
     return pack_msg(&pb.base, "HeartbeatRequest", out, len);
 }
 st_status_t st_proto_heartbeat_req_decode(const uint8_t *buf, size_t len, st_proto_heartbeat_req_t *out) {
     Strata__V1__HeartbeatRequest *pb = (void *)unpack_msg(&strata__v1__heartbeat_request__descriptor, buf, len);
     if (!pb) return ST_ERR_PROTOCOL;
-    out->member_id = pb->member_id;
-    out->step = pb->step;
-    out->inflight = pb->inflight;
+    st_proto_heartbeat_req_t r = {.member_id = pb->member_id, .step = pb->step, .inflight = pb->inflight};
+    int ok = tok_copy(r.member_token, pb->member_token);
     protobuf_c_message_free_unpacked(&pb->base, NULL);
+    if (!ok) return ST_REJECT(ST_ERR_PROTOCOL, "proto: HeartbeatRequest: member_token over %u characters", ST_PROTO_TOKEN_MAX);
+    *out = r;
     return ST_OK;
 }
 void st_proto_heartbeat_req_cleanup(st_proto_heartbeat_req_t *m) { (void)m; }
@@ -383,7 +402,7 @@ st_status_t st_proto_placement_decode(const uint8_t *buf, size_t len, st_proto_p
         size_t cells;
         if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_offsets != cells + 1 ||
             !offsets_ok(pb->offsets, pb->n_offsets, pb->n_member_ids)) {
-            st = ST_FAIL(ST_ERR_PROTOCOL, "proto: placement %u x %u: %zu offsets / %zu ids inconsistent",
+            st = ST_REJECT(ST_ERR_PROTOCOL, "proto: placement %u x %u: %zu offsets / %zu ids inconsistent",
                          pb->n_layers, pb->n_experts, pb->n_offsets, pb->n_member_ids);
             goto err_unpacked;
         }
@@ -392,7 +411,7 @@ st_status_t st_proto_placement_decode(const uint8_t *buf, size_t len, st_proto_p
             goto err_nomem;
         r.n_member_ids = pb->n_member_ids;
     } else if (pb->n_offsets || pb->n_member_ids) {
-        st = ST_FAIL(ST_ERR_PROTOCOL, "proto: placement marked unchanged but carries a map");
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: placement marked unchanged but carries a map");
         goto err_unpacked;
     }
     st = members_from_pb(pb->members, pb->n_members, &r.members);
@@ -435,6 +454,7 @@ static st_status_t scores_fill(Strata__V1__ScoreSummary *pb, ProtobufCBinaryData
     pb->messages = m->messages;
     pb->n_stage_s = ST_PROTO_STAGES;
     pb->stage_s = (double *)m->stage_s;
+    pb->member_token = str_in(m->member_token);
     return ST_OK;
 }
 
@@ -452,6 +472,27 @@ st_status_t st_proto_scores_encode_into(const st_proto_scores_t *m, uint8_t *buf
     return s == ST_OK ? pack_into(&pb.base, "ScoreSummary", buf, cap, len) : s;
 }
 
+st_status_t st_proto_scores_stamp(const uint8_t *buf, size_t len, uint64_t worker_id, const char *member_token,
+                                  uint8_t **out, size_t *out_len) {
+    if (member_token && strlen(member_token) > ST_PROTO_TOKEN_MAX)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "proto: scores stamp: member_token over %u characters", ST_PROTO_TOKEN_MAX);
+    Strata__V1__ScoreSummary pb;
+    strata__v1__score_summary__init(&pb);
+    pb.worker_id = worker_id;
+    pb.member_token = str_in(member_token);
+    size_t n = protobuf_c_message_get_packed_size(&pb.base);
+    uint8_t *b = malloc(len + n + 1);
+    if (!b) return ST_FAIL(ST_ERR_NO_MEMORY, "proto: scores stamp: cannot allocate %zu bytes", len + n);
+    if (len) memcpy(b, buf, len);
+    if (protobuf_c_message_pack(&pb.base, b + len) != n) {
+        free(b);
+        return ST_FAIL(ST_ERR_INTERNAL, "proto: scores stamp: short pack");
+    }
+    *out = b;
+    *out_len = len + n;
+    return ST_OK;
+}
+
 void st_proto_scores_cleanup(st_proto_scores_t *m) {
     for (size_t i = 0; i < m->n_summaries; i++) free((void *)m->summaries[i]);
     free((void *)m->summaries);
@@ -467,7 +508,7 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
     st_proto_scores_t r = {0};
     size_t cells;
     if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || (pb->n_load && pb->n_load != cells) || pb->n_summaries > 8) {
-        st = ST_FAIL(ST_ERR_PROTOCOL, "proto: scores from worker %llu step %llu: %u x %u with %zu loads, %zu summaries",
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: scores from worker %llu step %llu: %u x %u with %zu loads, %zu summaries",
                      (unsigned long long)pb->worker_id, (unsigned long long)pb->step, pb->n_layers, pb->n_experts,
                      pb->n_load, pb->n_summaries);
         goto err_unpacked;
@@ -481,6 +522,10 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
     r.reply_bytes = pb->reply_bytes;
     r.messages = pb->messages;
     for (size_t i = 0; i < pb->n_stage_s && i < ST_PROTO_STAGES; i++) r.stage_s[i] = pb->stage_s[i];
+    if (!tok_copy(r.member_token, pb->member_token)) {
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: scores: member_token over %u characters", ST_PROTO_TOKEN_MAX);
+        goto err_unpacked;
+    }
     r.summaries = calloc(pb->n_summaries + 1, sizeof(uint8_t *));
     r.summary_lens = calloc(pb->n_summaries + 1, sizeof(size_t));
     int okm = r.summaries && r.summary_lens && dup_arr((void **)&r.load, pb->load, pb->n_load, sizeof(uint32_t));
@@ -488,7 +533,8 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
         uint8_t *d = malloc(pb->summaries[i].len + 1);
         if (!d) okm = 0;
         else {
-            memcpy(d, pb->summaries[i].data, pb->summaries[i].len);
+            /* NOTE: an empty bytes field unpacks as data NULL, len 0: memcpy(d, NULL, 0) is UB */
+            if (pb->summaries[i].len) memcpy(d, pb->summaries[i].data, pb->summaries[i].len);
             r.summaries[i] = d;
             r.summary_lens[i] = pb->summaries[i].len;
             r.n_summaries = i + 1;
@@ -543,10 +589,11 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
     st_status_t st = ST_OK;
     size_t cells;
     st_proto_thresholds_t r = {0};
+    /* NOTE: "unchanged" carries no table at all (tau nor rho): what encode writes for it */
     if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_tau != (pb->unchanged ? 0 : cells) ||
-        (pb->n_rho && pb->n_rho != cells)) {
-        st = ST_FAIL(ST_ERR_PROTOCOL, "proto: thresholds %u x %u with %zu values", pb->n_layers, pb->n_experts,
-                     pb->n_tau);
+        (pb->n_rho && (pb->unchanged || pb->n_rho != cells))) {
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u%s with %zu tau, %zu rho", pb->n_layers, pb->n_experts,
+                       pb->unchanged ? " (unchanged)" : "", pb->n_tau, pb->n_rho);
         goto err_unpacked;
     }
     r.version = pb->version;
@@ -663,7 +710,7 @@ st_status_t st_proto_generate_chunk_decode(const uint8_t *buf, size_t len, st_pr
     r.token_id = pb->token_id;
     r.finish = (st_proto_finish_t)pb->finish_reason;
     if (pb->logits.len % 4 != 0) {
-        st_status_t st = ST_FAIL(ST_ERR_PROTOCOL, "proto: generate chunk: logits of %zu bytes is not fp32", pb->logits.len);
+        st_status_t st = ST_REJECT(ST_ERR_PROTOCOL, "proto: generate chunk: logits of %zu bytes is not fp32", pb->logits.len);
         protobuf_c_message_free_unpacked(&pb->base, NULL);
         return st;
     }

@@ -1,5 +1,5 @@
 /* Expert placement: coverage with R replicas, balance, order independence, minimal movement when
- * a server dies, capacity shortfall reported. */
+ * a server dies, capacity shortfall reported, a re-registered server keeps its experts. */
 #include <stdlib.h>
 
 #include "harness.h"
@@ -73,6 +73,18 @@ int main(void) {
     st_placement_update(&j, three, 3);
     CHECK(st_placement_count(&j, 5) == 16 && st_placement_count(&j, 6) == 16 && st_placement_count(&j, 7) == 16,
           "third server: balanced 16/16/16");
+    /* server 6 re-registers as 60 (a new random id): it keeps exactly its experts, the others stay */
+    uint64_t jb[3 * 16];
+    memcpy(jb, j.holder, sizeof jb);
+    uint64_t jv = j.version;
+    CHECK(st_placement_rename(&j, 6, 60) == 16 && j.version == jv + 1, "rename moves 16 assignments, new version");
+    int same = 1;
+    for (int i = 0; i < 3 * 16; i++) same &= j.holder[i] == (jb[i] == 6 ? 60 : jb[i]);
+    CHECK(same, "renamed server holds what it held");
+    st_place_server_t three2[3] = {{5, 0}, {60, 0}, {7, 0}};
+    jv = j.version;
+    CHECK(st_placement_update(&j, three2, 3) == ST_OK && j.version == jv, "update after rename: nothing moves");
+    CHECK(st_placement_rename(&j, 99, 100) == 0 && j.version == jv, "renaming an unknown server changes nothing");
     st_placement_cleanup(&j);
     st_placement_cleanup(&p);
     return st_test_done();

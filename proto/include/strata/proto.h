@@ -5,7 +5,10 @@
  * Per message X: st_proto_X_encode() packs into a malloc'd buffer (caller free()s); _decode()
  * parses, validates array shapes and fills *out (written only on success) with malloc'd strings and
  * arrays; _cleanup() frees exactly what _decode allocated — never call it on a struct you filled by
- * hand. Encode reads NULL strings as "". StatusRequest is empty: send zero bytes. */
+ * hand. Encode reads NULL strings as "". StatusRequest is empty: send zero bytes. Malformed input is
+ * the sender's mistake: decode records why (st_err_last) and logs it at DEBUG only; the caller
+ * replies or logs (rate-limited). Decode checks shapes and lengths, not values (ranges, NaN): the
+ * receiver range-checks every field before use. */
 #ifndef STRATA_PROTO_H
 #define STRATA_PROTO_H
 
@@ -33,6 +36,9 @@ extern "C" {
 #define ST_PROTO_MAX_LAYERS 4096u
 #define ST_PROTO_MAX_EXPERTS 65536u
 #define ST_PROTO_MAX_CELLS (1u << 24) /* n_layers * n_experts */
+/* member_token: 32 hex digits as issued; decode refuses longer ones (ST_ERR_PROTOCOL). */
+#define ST_PROTO_TOKEN_LEN 32u
+#define ST_PROTO_TOKEN_MAX 64u
 
 typedef enum {
     ST_PROTO_ROLE_UNSPECIFIED = 0,
@@ -69,11 +75,13 @@ typedef struct {
     uint64_t member_id;
     uint32_t heartbeat_interval_ms;
     uint64_t placement_version, threshold_version;
+    char member_token[ST_PROTO_TOKEN_MAX + 1]; /* NUL-terminated; "" = none */
 } st_proto_register_reply_t;
 
 typedef struct {
     uint64_t member_id, step;
     uint32_t inflight;
+    char member_token[ST_PROTO_TOKEN_MAX + 1]; /* the registration's token */
 } st_proto_heartbeat_req_t;
 
 typedef struct {
@@ -129,6 +137,7 @@ typedef struct {
     uint32_t *load;
     uint64_t dispatch_bytes, reply_bytes, messages;
     double stage_s[ST_PROTO_STAGES]; /* see ST_PROTO_STAGE_* */
+    char member_token[ST_PROTO_TOKEN_MAX + 1]; /* worker_id's registration token */
 } st_proto_scores_t;
 
 typedef struct {
@@ -205,6 +214,11 @@ ST_PROTO_DECLARE(status_reply)
  * ST_ERR_CAPACITY when it does not fit. */
 st_status_t st_proto_generate_chunk_encode_into(const st_proto_generate_chunk_t *m, uint8_t *buf, size_t cap, size_t *len);
 st_status_t st_proto_scores_encode_into(const st_proto_scores_t *m, uint8_t *buf, size_t cap, size_t *len);
+/* Stamp an encoded ScoreSummary with worker_id and member_token (protobuf merge: appended fields
+ * win), so a message encoded on another thread can be sent under the registration current on the
+ * member's loop. *out: malloc'd, caller free()s. */
+st_status_t st_proto_scores_stamp(const uint8_t *buf, size_t len, uint64_t worker_id, const char *member_token,
+                                  uint8_t **out, size_t *out_len);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,7 @@
 /* Cluster membership, member side: register with the coordinator, heartbeat, and follow the
- * versioned placement map and thresholds. Used by expert servers and attention workers. Runs on
+ * versioned placement map and thresholds. The registration's id and member token go with every
+ * heartbeat and score report; a coordinator that no longer knows them (restarted, or this
+ * member's connection changed) is registered with again. Used by expert servers and attention workers. Runs on
  * the process's libuv loop thread (over common/rpc); callbacks run there too. */
 #ifndef STRATA_MEMBER_H
 #define STRATA_MEMBER_H
@@ -43,7 +45,17 @@ st_status_t st_member_start(struct uv_loop_s *loop, const st_member_opts_t *o, s
 /* Stop timers and wait for calls in flight; done(arg) once everything is released. */
 void st_member_stop(st_member_t *m, void (*done)(void *arg), void *arg);
 uint64_t st_member_id(const st_member_t *m); /* 0 until registered */
+/* The current registration's member token ("" until registered); changes on re-registration. */
+const char *st_member_token(const st_member_t *m);
+/* The channel to the coordinator now (it changes when the coordinator moves: fetch it per call;
+ * NULL before any address is known). */
 st_rpc_channel_t *st_member_channel(st_member_t *m);
+/* Send an encoded ScoreSummary (e.g. made on another thread with st_proto_scores_encode_into)
+ * stamped with the current registration's id and member token, which the coordinator requires.
+ * Copies bytes. Fails (no callback) when not registered; else cb exactly once. st_member_stop
+ * waits for it. */
+st_status_t st_member_report_scores(st_member_t *m, const uint8_t *bytes, size_t len, uint32_t timeout_ms,
+                                    st_rpc_reply_fn cb, void *arg);
 void st_member_set_step(st_member_t *m, uint64_t step);
 
 #endif
