@@ -1133,8 +1133,7 @@ static void on_async(uv_async_t *a) {
             st_member_set_step(aw->mem, ev->gen); /* the member is the loop's */
             /* never wait on the coordinator: with two reports still in flight, drop this one */
             if (aw->reports_inflight < 2 &&
-                st_rpc_unary(st_member_channel(aw->mem), ST_PROTO_METHOD_REPORT_SCORES, ev->bytes, ev->len, 2000, on_reported,
-                             aw) == ST_OK) /* NOTE: the request bytes are copied: the buffer is free again */
+                st_member_report_scores(aw->mem, ev->bytes, ev->len, 2000, on_reported, aw) == ST_OK) /* NOTE: the request bytes are copied: the buffer is free again */
                 aw->reports_inflight++;
         } else {
             req_t *rq = &aw->reqs[ev->req];
