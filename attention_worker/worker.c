@@ -1070,7 +1070,8 @@ static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
     aw_t *aw = arg;
     srv_t *sv = st_tp_ep_user(ep);
     if (!sv) return;
-    st_log_warn("worker %s: lost expert server %s (%s): %s", aw->o.name, sv->name, sv->endpoint, st_status_str(why));
+    st_log_every(ST_LOG_WARN, 1.0, "worker %s: lost expert server %s (%s): %s", aw->o.name, sv->name, sv->endpoint,
+                 st_status_str(why));
     pthread_mutex_lock(&aw->mu);
     sv->ep = NULL;
     sv->alive = 0;
