@@ -973,7 +973,7 @@ static void *compute_main(void *arg) {
 /* ================================================================ loop thread */
 
 static st_status_t alloc_pend(aw_t *aw, int s);
-static void on_place_retry(uv_timer_t *t);
+static void on_table_timer(uv_timer_t *t);
 
 static void on_sent(st_tp_send_req_t *req, st_status_t st) {
     pend_t *pd = req->user;
@@ -1087,22 +1087,25 @@ static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
     pthread_mutex_unlock(&aw->mu);
 }
 
+/* "host:port" (port 0..65535, range-checked: a map's endpoint comes from the network) */
 static int split_hostport(const char *s, char *host, size_t hn, uint16_t *port) {
     const char *c = strrchr(s, ':');
     if (!c || c == s || (size_t)(c - s) >= hn) return -1;
+    char *end;
+    long p = strtol(c + 1, &end, 10);
+    if (end == c + 1 || *end || p < 0 || p > 65535) return -1;
     memcpy(host, s, (size_t)(c - s));
     host[c - s] = 0;
-    *port = (uint16_t)atoi(c + 1);
+    *port = (uint16_t)p;
     return 0;
 }
 
 /* ---- the expert-server table (loop thread; slot fields that the compute thread reads change under mu) */
 
-/* Whether slot s may take a new server: free, or retired with the compute thread past every map
- * that named it and UCX holding none of its buffers. Under mu. */
-static int slot_reusable(const aw_t *aw, int s) {
+/* Whether retired slot s can be closed and freed: the compute thread has copied a map without it
+ * (so no step can name it again) and UCX holds none of its buffers. Under mu. */
+static int slot_idle(const aw_t *aw, int s) {
     const srv_t *sv = &aw->srv[s];
-    if (sv->state == SRV_FREE) return 1;
     if (sv->state != SRV_RETIRED || aw->place_applied < sv->retired_gen) return 0;
     for (int m = 0; m < MAX_MB; m++) {
         const pend_t *pd = &aw->pend[m][s];
@@ -1111,30 +1114,43 @@ static int slot_reusable(const aw_t *aw, int s) {
     return 1;
 }
 
-/* Close a server that left the placement; its slot is reusable once the compute thread has copied
- * map `gen` (which no longer names it). */
+/* A server left the placement (map `gen` no longer names it). It stays connected while a step
+ * that began on an older map may still use it; srv_reap closes it afterwards. */
 static void srv_retire(aw_t *aw, int s, uint64_t gen, const char *why) {
     srv_t *sv = &aw->srv[s];
-    st_tp_ep_t *ep = sv->ep;
     pthread_mutex_lock(&aw->mu);
-    sv->ep = NULL;
-    sv->alive = 0;
     sv->state = SRV_RETIRED;
     sv->retired_gen = gen;
-    for (int m = 0; m < MAX_MB; m++) {
-        pend_t *pd = &aw->pend[m][s];
-        if (pd->state == P_QUEUED || pd->state == P_SENT) {
-            pd->state = P_FAILED;
-            snprintf(pd->err, sizeof pd->err, "expert server %s (%s) left the placement", sv->name, sv->endpoint);
-        }
-    }
-    pthread_cond_broadcast(&aw->cv);
     pthread_mutex_unlock(&aw->mu);
-    if (ep) st_tp_ep_close(ep); /* NOTE: outside mu: failing its sends runs on_sent, which takes mu */
-    st_log_info("worker %s: expert server %s (%s) %s: closed, slot %d recycled", aw->o.name, sv->name, sv->endpoint, why, s);
+    st_log_debug("worker %s: expert server %s (%s) %s", aw->o.name, sv->name, sv->endpoint, why);
 }
 
-/* Connect slot s (free or reusable) to member mm. ST_OK: the slot is in use. */
+/* Close the retired servers no step can use any more and free their slots; returns how many
+ * retired ones are still waiting. */
+static int srv_reap(aw_t *aw) {
+    int waiting = 0, closed = 0;
+    for (int s = 0; s < aw->n_srv; s++) {
+        srv_t *sv = &aw->srv[s];
+        pthread_mutex_lock(&aw->mu);
+        int idle = slot_idle(aw, s);
+        waiting += sv->state == SRV_RETIRED && !idle;
+        st_tp_ep_t *ep = idle ? sv->ep : NULL;
+        if (idle) {
+            sv->ep = NULL;
+            sv->alive = 0;
+            sv->state = SRV_FREE;
+        }
+        pthread_mutex_unlock(&aw->mu);
+        if (!idle) continue;
+        if (ep) st_tp_ep_close(ep); /* NOTE: outside mu (nothing is in flight on it: slot_idle) */
+        st_log_debug("worker %s: expert server %s (%s) closed; slot %d free", aw->o.name, sv->name, sv->endpoint, s);
+        closed++;
+    }
+    if (closed) st_log_info("worker %s: closed %d expert servers that left the placement; their slots are free", aw->o.name, closed);
+    return waiting;
+}
+
+/* Connect free slot s to member mm. ST_OK: the slot is in use. */
 static st_status_t srv_connect(aw_t *aw, int s, const st_proto_member_t *mm) {
     if (alloc_pend(aw, s) != ST_OK) return ST_ERR_NO_MEMORY; /* membership change, not the token path */
     srv_t *sv = &aw->srv[s];
@@ -1182,9 +1198,9 @@ static holder_t *holder_find(holder_t *hs, size_t n, uint64_t id) {
     return bsearch(&key, hs, n, sizeof *hs, holder_cmp);
 }
 
-/* Apply a map: close the servers that hold nothing in it, give every new holder a slot and connect,
- * rebuild the holder table. Returns how many holders got no slot (the table is full, or its retired
- * slots are not reusable yet: on_place_retry tries again), -1 when out of memory. */
+/* Apply a map: retire the servers that hold nothing in it, give every new holder a free slot and
+ * connect, rebuild the holder table. Returns how many holders got no slot (the table is full, or
+ * its retired slots are not free yet: on_table_timer tries again), -1 when out of memory. */
 static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
     const st_config_t *c = aw->c;
     size_t cells = (size_t)c->n_layers * c->n_experts;
@@ -1202,11 +1218,21 @@ static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
             if (h) h->held = 1, r++;
         }
     uint64_t gen = aw->place_gen + 1;
+    srv_reap(aw);
     for (int s = 0; s < aw->n_srv; s++) {
-        if (aw->srv[s].state != SRV_USED) continue;
-        holder_t *h = holder_find(hs, nh, aw->srv[s].id);
-        if (h && h->held && h->slot < 0) h->slot = s;
-        else srv_retire(aw, s, gen, h ? "holds no expert in the new placement" : "left the placement");
+        srv_t *sv = &aw->srv[s];
+        if (sv->state == SRV_FREE) continue;
+        holder_t *h = holder_find(hs, nh, sv->id);
+        if (h && h->held && h->slot < 0) { /* stays (or, retired but not closed yet, comes back) */
+            h->slot = s;
+            if (sv->state == SRV_RETIRED) {
+                pthread_mutex_lock(&aw->mu);
+                sv->state = SRV_USED;
+                pthread_mutex_unlock(&aw->mu);
+            }
+        } else if (sv->state == SRV_USED) {
+            srv_retire(aw, s, gen, h ? "holds no expert in the new placement" : "left the placement");
+        }
     }
     int missing = 0;
     const st_proto_member_t *first_missing = NULL;
@@ -1216,7 +1242,7 @@ static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
         int s = -1;
         pthread_mutex_lock(&aw->mu);
         for (int k = 0; k < aw->n_srv && s < 0; k++)
-            if (slot_reusable(aw, k)) s = k;
+            if (aw->srv[k].state == SRV_FREE) s = k;
         if (s < 0 && aw->n_srv < MAX_SERVERS) s = aw->n_srv;
         pthread_mutex_unlock(&aw->mu);
         if (s < 0) {
@@ -1256,37 +1282,38 @@ static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
     return missing;
 }
 
-static void place_retry_arm(aw_t *aw, const st_proto_placement_t *p, int missing) {
-    if (missing <= 0) {
+/* Table upkeep: while retired servers wait to be closed, or holders of the newest map wait for a
+ * slot, a timer (50 ms, backing off to 2 s) reaps and re-applies that map. p: a new map (kept,
+ * encoded, when some holders had no slot). */
+static void table_upkeep(aw_t *aw, const st_proto_placement_t *p, int missing, int retired) {
+    if (p) {
         free(aw->place_copy);
         aw->place_copy = NULL;
-        uv_timer_stop(&aw->retry_timer);
-        return;
-    }
-    if (p) { /* a new map: keep it to re-apply */
-        free(aw->place_copy);
-        aw->place_copy = NULL;
-        if (st_proto_placement_encode(p, &aw->place_copy, &aw->place_copy_len) != ST_OK) return;
+        if (missing > 0 && st_proto_placement_encode(p, &aw->place_copy, &aw->place_copy_len) != ST_OK) aw->place_copy = NULL;
         aw->retry_ms = 50;
     } else {
+        if (missing <= 0) {
+            free(aw->place_copy);
+            aw->place_copy = NULL;
+        }
         aw->retry_ms = ST_MIN(aw->retry_ms * 2, 2000u);
     }
-    uv_timer_start(&aw->retry_timer, on_place_retry, aw->retry_ms, 0);
+    if ((aw->place_copy || retired > 0) && !aw->compute_done) uv_timer_start(&aw->retry_timer, on_table_timer, aw->retry_ms, 0);
+    else uv_timer_stop(&aw->retry_timer);
 }
 
-/* Some holders of the newest map had no slot: try again (retired slots free up as soon as the
- * compute thread has copied the map that dropped them). */
-static void on_place_retry(uv_timer_t *t) {
+static void on_table_timer(uv_timer_t *t) {
     aw_t *aw = t->data;
-    if (!aw->place_copy || aw->compute_done) return;
-    st_proto_placement_t p;
-    if (st_proto_placement_decode(aw->place_copy, aw->place_copy_len, &p) != ST_OK) {
-        place_retry_arm(aw, NULL, 0);
-        return;
+    if (aw->compute_done) return;
+    int missing = 0;
+    if (aw->place_copy) {
+        st_proto_placement_t p;
+        if (st_proto_placement_decode(aw->place_copy, aw->place_copy_len, &p) == ST_OK) {
+            missing = apply_placement(aw, &p); /* reaps first */
+            st_proto_placement_cleanup(&p);
+        }
     }
-    int missing = apply_placement(aw, &p);
-    st_proto_placement_cleanup(&p);
-    place_retry_arm(aw, NULL, missing);
+    table_upkeep(aw, NULL, missing, srv_reap(aw));
 }
 
 /* New map: follow the expert servers it names, rebuild the holder table. */
@@ -1304,7 +1331,7 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
                      (unsigned long long)p->version);
         return;
     }
-    place_retry_arm(aw, p, missing);
+    table_upkeep(aw, p, missing, srv_reap(aw));
     int n = 0;
     for (int s = 0; s < aw->n_srv; s++) n += aw->srv[s].state == SRV_USED;
     st_log_info("worker %s: placement v%llu applied (%d expert servers%s)", aw->o.name, (unsigned long long)p->version, n,
@@ -1355,7 +1382,7 @@ static void handle_generate(st_rpc_call_t *call, const uint8_t *req, size_t len,
         return;
     }
     /* a client's mistake ends here, before anything is sized from the request */
-    char why[160] = "";
+    char why[256] = "";
     st_status_t st = st_aw_check_request(aw->c, &aw->lim, &m->r, &m->n_prompt, &m->max_tokens);
     if (st != ST_OK) snprintf(why, sizeof why, "%s", st_err_last());
     int slot = -1;
