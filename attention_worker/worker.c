@@ -118,8 +118,8 @@ struct aw {
     uv_loop_t loop;
     uv_async_t async;
     uv_signal_t sig_int, sig_term;
-    uv_timer_t retry_timer;  /* re-applies the last placement while some holders have no slot */
-    uv_timer_t flush_timer;  /* after a drain: lets the last chunks leave before the server closes */
+    uv_timer_t retry_timer; /* re-applies the last placement while some holders have no slot */
+    uv_timer_t flush_timer; /* after a drain: lets the last chunks leave before the server closes */
     st_aw_limits_t lim;
     st_rpc_sec_t member_sec; /* toward the coordinator (kept: the member may reconnect) */
     int secure;              /* a cluster secret: Worker/Generate needs the coordinator's member token */
@@ -136,8 +136,8 @@ struct aw {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop, compute_done;
-    int draining;            /* under mu: SIGTERM seen; new requests refused */
-    double drain_deadline;   /* under mu */
+    int draining;          /* under mu: SIGTERM seen; new requests refused */
+    double drain_deadline; /* under mu */
     /* shared under mu */
     ev_t *ev_pool, *ev_free;
     pthread_cond_t cv_ev;          /* an event went back to the pool */
@@ -217,8 +217,8 @@ st_status_t st_aw_check_request(const st_config_t *c, const st_aw_limits_t *lim,
     } else {
         n = r->prompt ? strnlen(r->prompt, cap + 1) : 0; /* bounded: never scans a huge prompt */
         if (n > cap)
-            return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt of more than %zu bytes exceeds this worker's limit of %zu tokens",
-                             cap, cap);
+            return ST_REJECT(ST_ERR_OUT_OF_RANGE,
+                             "prompt of more than %zu bytes exceeds this worker's limit of %zu tokens", cap, cap);
         for (size_t i = 0; i < n; i++) /* text is one token per byte */
             if ((uint8_t)r->prompt[i] >= vocab)
                 return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt byte %u outside the vocabulary 0..%u",
@@ -228,20 +228,23 @@ st_status_t st_aw_check_request(const st_config_t *c, const st_aw_limits_t *lim,
     uint32_t room = (uint32_t)((size_t)lim->max_ctx - n); /* >= 1 */
     uint32_t mt = r->max_tokens ? r->max_tokens : ST_MIN((uint32_t)ST_AW_DEFAULT_MAX_TOKENS, room);
     if (mt > room)
-        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt %zu + max_tokens %u exceeds the context limit %d", n, r->max_tokens,
-                         lim->max_ctx);
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt %zu + max_tokens %u exceeds the context limit %d", n,
+                         r->max_tokens, lim->max_ctx);
     if (!(r->temperature >= 0.0f && r->temperature <= 100.0f)) /* NaN fails both */
         return ST_REJECT(ST_ERR_INVALID_ARG, "temperature %g outside 0..100", (double)r->temperature);
     if (!(r->top_p >= 0.0f && r->top_p <= 1.0f))
         return ST_REJECT(ST_ERR_INVALID_ARG, "top_p %g outside 0..1", (double)r->top_p);
-    if (r->top_k > vocab) return ST_REJECT(ST_ERR_OUT_OF_RANGE, "top_k %u exceeds the vocabulary (%u)", r->top_k, vocab);
+    if (r->top_k > vocab)
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "top_k %u exceeds the vocabulary (%u)", r->top_k, vocab);
     if (r->n_stop_ids > (size_t)lim->max_stop)
         return ST_REJECT(ST_ERR_OUT_OF_RANGE, "%zu stop ids (at most %d)", r->n_stop_ids, lim->max_stop);
-    if (r->n_stop_ids && !r->stop_ids) return ST_REJECT(ST_ERR_INVALID_ARG, "stop_ids: %zu announced, none given", r->n_stop_ids);
+    if (r->n_stop_ids && !r->stop_ids)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "stop_ids: %zu announced, none given", r->n_stop_ids);
     for (size_t i = 0; i < r->n_stop_ids; i++)
         if (r->stop_ids[i] >= vocab)
             return ST_REJECT(ST_ERR_OUT_OF_RANGE, "stop id %u outside the vocabulary 0..%u", r->stop_ids[i], vocab - 1);
-    if (r->request_id && strnlen(r->request_id, 257) > 256) return ST_REJECT(ST_ERR_INVALID_ARG, "request_id over 256 bytes");
+    if (r->request_id && strnlen(r->request_id, 257) > 256)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "request_id over 256 bytes");
     *n_prompt = (int)n;
     *max_tokens = (int)mt;
     return ST_OK;
@@ -369,7 +372,8 @@ static int admit(aw_t *aw, in_msg_t *m) {
         return 1;
     }
     if (r->n_prompt_tokens)
-        for (int i = 0; i < n; i++) toks[i] = (int)r->prompt_tokens[i];
+        for (int i = 0; i < n; i++)
+            toks[i] = (int)r->prompt_tokens[i];
     else
         n = st_tok_encode(r->prompt, toks, n);
     int slot = -1;
@@ -683,7 +687,8 @@ static void route_hook(void *ctx, int layer, int T, int n, const float *scores, 
     if (aw->o.routing != ST_ROUTE_QUANTILE) return;
     double t0 = st_time_sec();
     if (st_qsum_add_layer(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), scores, (uint32_t)T) != ST_OK)
-        st_log_every(ST_LOG_WARN, 10.0, "worker %s: score summary of layer %d dropped: %s", aw->o.name, layer, st_err_last());
+        st_log_every(ST_LOG_WARN, 10.0, "worker %s: score summary of layer %d dropped: %s", aw->o.name, layer,
+                     st_err_last());
     aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
 }
 
@@ -920,7 +925,8 @@ static int placement_wait(aw_t *aw) {
     }
     if (st_time_sec() - aw->map_wait_since > aw->o.expert_timeout_ms / 1000.0) {
         for (int i = 0; i < aw->o.max_seqs; i++) /* nothing sent yet: UNAVAILABLE, the coordinator may retry */
-            if (aw->seqs[i].used) seq_abort(aw, &aw->seqs[i], ST_ERR_PEER, "no expert placement from the coordinator yet");
+            if (aw->seqs[i].used)
+                seq_abort(aw, &aw->seqs[i], ST_ERR_PEER, "no expert placement from the coordinator yet");
         aw->map_wait_since = 0;
     }
     return 0;
@@ -952,8 +958,10 @@ static void *compute_main(void *arg) {
     for (int i = 0; i < aw->o.max_seqs; i++) {
         seq_t *q = &aw->seqs[i];
         if (!q->used) continue;
-        if (q->n_gen == 0) seq_abort(aw, q, ST_ERR_PEER, why);
-        else seq_fail(aw, q, ST_PROTO_FINISH_CANCELLED, why);
+        if (q->n_gen == 0)
+            seq_abort(aw, q, ST_ERR_PEER, why);
+        else
+            seq_fail(aw, q, ST_PROTO_FINISH_CANCELLED, why);
     }
     while (aw->wait_head) {
         in_msg_t *w = aw->wait_head;
@@ -1146,7 +1154,9 @@ static int srv_reap(aw_t *aw) {
         st_log_debug("worker %s: expert server %s (%s) closed; slot %d free", aw->o.name, sv->name, sv->endpoint, s);
         closed++;
     }
-    if (closed) st_log_info("worker %s: closed %d expert servers that left the placement; their slots are free", aw->o.name, closed);
+    if (closed)
+        st_log_info("worker %s: closed %d expert servers that left the placement; their slots are free", aw->o.name,
+                    closed);
     return waiting;
 }
 
@@ -1160,7 +1170,8 @@ static st_status_t srv_connect(aw_t *aw, int s, const st_proto_member_t *mm) {
     snprintf(endpoint, sizeof endpoint, "%s", mm->data_endpoint ? mm->data_endpoint : "");
     st_tp_ep_t *ep = NULL;
     if (split_hostport(endpoint, host, sizeof host, &port) != 0 || port == 0) {
-        st_log_every(ST_LOG_WARN, 10.0, "worker %s: expert server %s has no usable endpoint '%s'", aw->o.name, name, endpoint);
+        st_log_every(ST_LOG_WARN, 10.0, "worker %s: expert server %s has no usable endpoint '%s'", aw->o.name, name,
+                     endpoint);
         return ST_ERR_INVALID_ARG;
     }
     if (st_tp_connect(aw->tp, host, port, &ep) != ST_OK) return ST_ERR_PEER;
@@ -1172,7 +1183,8 @@ static st_status_t srv_connect(aw_t *aw, int s, const st_proto_member_t *mm) {
     sv->ep = ep;
     sv->alive = 1;
     sv->state = SRV_USED;
-    for (int m = 0; m < MAX_MB; m++) aw->pend[m][s].state = P_IDLE;
+    for (int m = 0; m < MAX_MB; m++)
+        aw->pend[m][s].state = P_IDLE;
     if (s == aw->n_srv) aw->n_srv++;
     pthread_mutex_unlock(&aw->mu);
     st_tp_ep_set_user(ep, sv);
@@ -1213,7 +1225,8 @@ static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
     qsort(hs, nh, sizeof *hs, holder_cmp);
     /* only servers this worker would dispatch to take a slot: the first R holders of each expert */
     for (size_t i = 0; i < cells; i++)
-        for (uint32_t k = p->offsets[i], r = 0; k < p->offsets[i + 1] && k < p->n_member_ids && r < (uint32_t)aw->R; k++) {
+        for (uint32_t k = p->offsets[i], r = 0; k < p->offsets[i + 1] && k < p->n_member_ids && r < (uint32_t)aw->R;
+             k++) {
             holder_t *h = holder_find(hs, nh, p->member_ids[k]);
             if (h) h->held = 1, r++;
         }
@@ -1252,7 +1265,8 @@ static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
         if (srv_connect(aw, s, &p->members[h->mi]) == ST_OK) h->slot = s;
     }
     pthread_mutex_lock(&aw->mu);
-    for (size_t i = 0; i < cells * (size_t)aw->R; i++) aw->holders[i] = -1;
+    for (size_t i = 0; i < cells * (size_t)aw->R; i++)
+        aw->holders[i] = -1;
     for (size_t i = 0; i < cells; i++) {
         int r = 0;
         for (uint32_t k = p->offsets[i]; k < p->offsets[i + 1] && k < p->n_member_ids && r < aw->R; k++) {
@@ -1289,7 +1303,8 @@ static void table_upkeep(aw_t *aw, const st_proto_placement_t *p, int missing, i
     if (p) {
         free(aw->place_copy);
         aw->place_copy = NULL;
-        if (missing > 0 && st_proto_placement_encode(p, &aw->place_copy, &aw->place_copy_len) != ST_OK) aw->place_copy = NULL;
+        if (missing > 0 && st_proto_placement_encode(p, &aw->place_copy, &aw->place_copy_len) != ST_OK)
+            aw->place_copy = NULL;
         aw->retry_ms = 50;
     } else {
         if (missing <= 0) {
@@ -1298,8 +1313,10 @@ static void table_upkeep(aw_t *aw, const st_proto_placement_t *p, int missing, i
         }
         aw->retry_ms = ST_MIN(aw->retry_ms * 2, 2000u);
     }
-    if ((aw->place_copy || retired > 0) && !aw->compute_done) uv_timer_start(&aw->retry_timer, on_table_timer, aw->retry_ms, 0);
-    else uv_timer_stop(&aw->retry_timer);
+    if ((aw->place_copy || retired > 0) && !aw->compute_done)
+        uv_timer_start(&aw->retry_timer, on_table_timer, aw->retry_ms, 0);
+    else
+        uv_timer_stop(&aw->retry_timer);
 }
 
 static void on_table_timer(uv_timer_t *t) {
@@ -1321,8 +1338,8 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
     aw_t *aw = arg;
     const st_config_t *c = aw->c;
     if ((int)p->n_layers != c->n_layers || (int)p->n_experts != c->n_experts || !p->offsets) {
-        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored", aw->o.name,
-                     p->n_layers, p->n_experts, c->n_layers, c->n_experts);
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored",
+                     aw->o.name, p->n_layers, p->n_experts, c->n_layers, c->n_experts);
         return;
     }
     int missing = apply_placement(aw, p);
@@ -1333,9 +1350,10 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
     }
     table_upkeep(aw, p, missing, srv_reap(aw));
     int n = 0;
-    for (int s = 0; s < aw->n_srv; s++) n += aw->srv[s].state == SRV_USED;
-    st_log_info("worker %s: placement v%llu applied (%d expert servers%s)", aw->o.name, (unsigned long long)p->version, n,
-                missing ? ", some without a slot" : "");
+    for (int s = 0; s < aw->n_srv; s++)
+        n += aw->srv[s].state == SRV_USED;
+    st_log_info("worker %s: placement v%llu applied (%d expert servers%s)", aw->o.name, (unsigned long long)p->version,
+                n, missing ? ", some without a slot" : "");
 }
 
 /* The coordinator knows this worker: from now on only its member token opens Worker/Generate. */
@@ -1347,8 +1365,10 @@ static void on_registered(void *arg, uint64_t member_id, const char *member_toke
         st_log_info("worker %s: registered as %llu; Worker/Generate takes the coordinator's token", aw->o.name,
                     (unsigned long long)member_id);
     } else {
-        st_log_every(ST_LOG_WARN, 60.0, "worker %s: the coordinator sent no member token: Worker/Generate stays closed "
-                     "(is the coordinator running without the cluster secret?)", aw->o.name);
+        st_log_every(ST_LOG_WARN, 60.0,
+                     "worker %s: the coordinator sent no member token: Worker/Generate stays closed "
+                     "(is the coordinator running without the cluster secret?)",
+                     aw->o.name);
     }
 }
 
@@ -1546,8 +1566,8 @@ static void on_signal(uv_signal_t *h, int sig) {
     pthread_cond_broadcast(&aw->cv);
     pthread_mutex_unlock(&aw->mu);
     if (drain)
-        st_log_info("worker %s: SIGTERM: draining %u requests in flight (at most %d s); new requests are refused", aw->o.name,
-                    n, aw->o.drain_timeout_s);
+        st_log_info("worker %s: SIGTERM: draining %u requests in flight (at most %d s); new requests are refused",
+                    aw->o.name, n, aw->o.drain_timeout_s);
     else if (!already)
         st_log_info("worker %s: signal %d, stopping now (%u requests in flight)", aw->o.name, sig, n);
 }
@@ -1688,8 +1708,11 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (sec) {
         ssec.tls_cert = sec->tls_cert;
         ssec.tls_key = sec->tls_key;
-        aw->member_sec = (st_rpc_sec_t){.token = aw->secure ? sec->grpc_token : NULL, .tls = sec->tls || sec->tls_cert,
-                                        .tls_cert = sec->tls_cert, .tls_key = sec->tls_key, .tls_ca = sec->tls_ca};
+        aw->member_sec = (st_rpc_sec_t){.token = aw->secure ? sec->grpc_token : NULL,
+                                        .tls = sec->tls || sec->tls_cert,
+                                        .tls_cert = sec->tls_cert,
+                                        .tls_key = sec->tls_key,
+                                        .tls_ca = sec->tls_ca};
     }
     uv_loop_init(&aw->loop);
     pthread_mutex_init(&aw->mu, NULL);
@@ -1712,11 +1735,17 @@ int st_aw_run(const st_aw_opts_t *opts) {
     uint16_t p0;
     if (split_hostport(aw->o.listen, host, sizeof host, &p0) != 0) snprintf(host, sizeof host, "127.0.0.1");
     snprintf(endpoint, sizeof endpoint, "%s:%d", host, aw->rpc_port);
-    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION, .name = aw->o.name, .data_endpoint = endpoint,
-                           .capacity = (uint32_t)aw->o.max_seqs, .coordinator = aw->o.coordinator,
-                           .on_placement = on_placement, .inflight = inflight, .arg = aw,
+    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION,
+                           .name = aw->o.name,
+                           .data_endpoint = endpoint,
+                           .capacity = (uint32_t)aw->o.max_seqs,
+                           .coordinator = aw->o.coordinator,
+                           .on_placement = on_placement,
+                           .inflight = inflight,
+                           .arg = aw,
                            .on_thresholds = aw->o.routing == ST_ROUTE_QUANTILE ? on_thresholds : NULL,
-                           .on_registered = on_registered, .sec = sec ? &aw->member_sec : NULL};
+                           .on_registered = on_registered,
+                           .sec = sec ? &aw->member_sec : NULL};
     st_engine_set_route_observer(aw->e, route_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);

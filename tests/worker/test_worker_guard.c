@@ -71,7 +71,8 @@ static void forget_kid(pid_t p) {
 static void on_alarm(int sig) {
     (void)sig;
     static const char m[] = "FAIL test_worker_guard: watchdog expired\n";
-    if (write(2, m, sizeof m - 1) < 0) {}
+    if (write(2, m, sizeof m - 1) < 0) {
+    }
     for (int i = 0; i < n_kids; i++)
         if (kids[i] > 0) kill(kids[i], SIGKILL);
     _exit(1);
@@ -80,7 +81,8 @@ static void on_alarm(int sig) {
 static void tail_log(const char *name) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "echo '== %s'; tail -n 30 '%s/%s' 1>&2", name, tmp, name);
-    if (system(cmd) != 0) {}
+    if (system(cmd) != 0) {
+    }
 }
 
 /* ---------------------------------------------------------------- the fake coordinator */
@@ -107,7 +109,9 @@ static void reply(st_rpc_call_t *call, uint8_t *buf, size_t n, st_status_t s) {
     free(buf);
 }
 
-static void noop(void *arg) { (void)arg; }
+static void noop(void *arg) {
+    (void)arg;
+}
 
 static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
     (void)arg;
@@ -137,7 +141,8 @@ static void h_heartbeat(st_rpc_call_t *call, const uint8_t *req, size_t len, voi
         return;
     }
     int known = 0;
-    for (int i = 0; i < n_real; i++) known |= real[i].id == r.member_id;
+    for (int i = 0; i < n_real; i++)
+        known |= real[i].id == r.member_id;
     st_proto_heartbeat_req_cleanup(&r);
     st_proto_heartbeat_reply_t rep = {.known = known, .placement_version = pl_version};
     uint8_t *buf;
@@ -194,28 +199,35 @@ typedef int (*holders_fn)(size_t cell, uint64_t *out);
 
 static void publish(holders_fn holders, uint64_t fake_lo, uint64_t fake_hi, uint64_t fake2_lo, uint64_t fake2_hi) {
     size_t cells = (size_t)cfg.n_layers * cfg.n_experts;
-    st_proto_placement_t p = {.version = pl_version + 1, .n_layers = (uint32_t)cfg.n_layers, .n_experts = (uint32_t)cfg.n_experts};
+    st_proto_placement_t p = {
+        .version = pl_version + 1, .n_layers = (uint32_t)cfg.n_layers, .n_experts = (uint32_t)cfg.n_experts};
     p.offsets = calloc(cells + 1, sizeof(uint32_t));
     p.member_ids = calloc(cells * R, sizeof(uint64_t));
     size_t nm = (size_t)n_real + (size_t)(fake_hi - fake_lo) + (size_t)(fake2_hi - fake2_lo);
     p.members = calloc(nm ? nm : 1, sizeof(st_proto_member_t));
-    char (*names)[32] = calloc(nm ? nm : 1, 32);
+    char(*names)[32] = calloc(nm ? nm : 1, 32);
     for (size_t i = 0; i < cells; i++) {
         int k = holders(i, p.member_ids + p.offsets[i]);
         p.offsets[i + 1] = p.offsets[i] + (uint32_t)k;
     }
     p.n_member_ids = p.offsets[cells];
     for (int i = 0; i < n_real; i++)
-        p.members[p.n_members++] = (st_proto_member_t){.member_id = real[i].id, .role = real[i].role, .name = real[i].name,
-                                                       .data_endpoint = real[i].endpoint, .capacity = real[i].capacity,
+        p.members[p.n_members++] = (st_proto_member_t){.member_id = real[i].id,
+                                                       .role = real[i].role,
+                                                       .name = real[i].name,
+                                                       .data_endpoint = real[i].endpoint,
+                                                       .capacity = real[i].capacity,
                                                        .alive = 1};
     uint64_t lo[2] = {fake_lo, fake2_lo}, hi[2] = {fake_hi, fake2_hi};
     for (int g = 0; g < 2; g++)
         for (uint64_t f = lo[g]; f < hi[g]; f++) {
             snprintf(names[p.n_members], 32, "fake-%llu", (unsigned long long)f);
-            p.members[p.n_members] = (st_proto_member_t){.member_id = f, .role = ST_PROTO_ROLE_EXPERT,
-                                                         .name = names[p.n_members], .data_endpoint = "127.0.0.1:1",
-                                                         .capacity = 4096, .alive = 1};
+            p.members[p.n_members] = (st_proto_member_t){.member_id = f,
+                                                         .role = ST_PROTO_ROLE_EXPERT,
+                                                         .name = names[p.n_members],
+                                                         .data_endpoint = "127.0.0.1:1",
+                                                         .capacity = 4096,
+                                                         .alive = 1};
             p.n_members++;
         }
     uint8_t *buf;
@@ -247,7 +259,8 @@ static void on_msg(const uint8_t *msg, size_t len, void *arg) {
     st_proto_generate_chunk_t c;
     if (st_proto_generate_chunk_decode(msg, len, &c) != ST_OK) return;
     r->chunks++;
-    if (c.finish == ST_PROTO_FINISH_NONE || c.finish == ST_PROTO_FINISH_STOP || c.finish == ST_PROTO_FINISH_LENGTH) r->tokens++;
+    if (c.finish == ST_PROTO_FINISH_NONE || c.finish == ST_PROTO_FINISH_STOP || c.finish == ST_PROTO_FINISH_LENGTH)
+        r->tokens++;
     if (c.finish != ST_PROTO_FINISH_NONE) r->finish = c.finish;
     if (c.error && c.error[0]) snprintf(r->err, sizeof r->err, "%s", c.error);
     st_proto_generate_chunk_cleanup(&c);
@@ -290,18 +303,29 @@ static void call(st_rpc_channel_t *ch, const st_proto_generate_req_t *q, res_t *
 static uint32_t ptoks[512];
 
 static st_proto_generate_req_t req_tokens(size_t n, uint32_t max_tokens) {
-    for (size_t i = 0; i < n; i++) ptoks[i] = (uint32_t)(1 + (i * 7) % 200);
-    return (st_proto_generate_req_t){.n_prompt_tokens = n, .prompt_tokens = ptoks, .max_tokens = max_tokens,
-                                     .ignore_eos = 1};
+    for (size_t i = 0; i < n; i++)
+        ptoks[i] = (uint32_t)(1 + (i * 7) % 200);
+    return (st_proto_generate_req_t){
+        .n_prompt_tokens = n, .prompt_tokens = ptoks, .max_tokens = max_tokens, .ignore_eos = 1};
 }
 
-static int alive(pid_t p) { return waitpid(p, NULL, WNOHANG) == 0; }
+static int alive(pid_t p) {
+    return waitpid(p, NULL, WNOHANG) == 0;
+}
 
 /* ---------------------------------------------------------------- placements */
 
 static uint64_t id_a, id_b, flood_lo;
-static int all_on_a(size_t cell, uint64_t *out) { (void)cell; out[0] = id_a; return 1; }
-static int all_on_b(size_t cell, uint64_t *out) { (void)cell; out[0] = id_b; return 1; }
+static int all_on_a(size_t cell, uint64_t *out) {
+    (void)cell;
+    out[0] = id_a;
+    return 1;
+}
+static int all_on_b(size_t cell, uint64_t *out) {
+    (void)cell;
+    out[0] = id_b;
+    return 1;
+}
 /* flood round: expert-a first, then a fresh fake replica per expert (8 new fakes each round) */
 static int flood(size_t cell, uint64_t *out) {
     out[0] = id_a;
@@ -315,7 +339,8 @@ static int flood(size_t cell, uint64_t *out) {
 static int overfull(size_t cell, uint64_t *out) {
     size_t e = cell % (size_t)cfg.n_experts, l = cell / (size_t)cfg.n_experts;
     if (l == 0) {
-        for (int k = 0; k < 4; k++) out[k] = F_LO + e * 4 + (size_t)k;
+        for (int k = 0; k < 4; k++)
+            out[k] = F_LO + e * 4 + (size_t)k;
         return 4;
     }
     out[0] = G_LO + cell % 6;
@@ -330,13 +355,34 @@ static st_rpc_channel_t *ch;
 static int start_worker(void) {
     char log[700];
     snprintf(log, sizeof log, "%s/attn.log", tmp);
-    char *wargv[] = {exe, "--coordinator", caddr, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", "attn-t",
-                     "--max-seqs", "2", "--max-batch-tokens", "64", "--max-ctx", "512", "--micro-batches", "1",
-                     "--expert-timeout-ms", "1500", "--drain-timeout-s", "20", "--insecure", NULL};
+    char *wargv[] = {exe,
+                     "--coordinator",
+                     caddr,
+                     "--ckpt",
+                     ck,
+                     "--listen",
+                     "127.0.0.1:0",
+                     "--name",
+                     "attn-t",
+                     "--max-seqs",
+                     "2",
+                     "--max-batch-tokens",
+                     "64",
+                     "--max-ctx",
+                     "512",
+                     "--micro-batches",
+                     "1",
+                     "--expert-timeout-ms",
+                     "1500",
+                     "--drain-timeout-s",
+                     "20",
+                     "--insecure",
+                     NULL};
     int before = n_real;
     worker = spawn(wargv, log);
     double t0 = st_time_sec();
-    while (st_time_sec() - t0 < 30 && !(n_real > before && real_by_name("attn-t") >= &real[before])) pump(0.05, NULL);
+    while (st_time_sec() - t0 < 30 && !(n_real > before && real_by_name("attn-t") >= &real[before]))
+        pump(0.05, NULL);
     const member_t *w = real_by_name("attn-t");
     if (!w || w < &real[before]) return -1;
     if (ch) st_rpc_channel_destroy(ch);
@@ -344,7 +390,9 @@ static int start_worker(void) {
     return st_rpc_channel_create(w->endpoint, &ch) == ST_OK ? 0 : -1;
 }
 
-static int done_ok(const res_t *r, int tokens) { return r->done && r->st == ST_OK && r->tokens == tokens && r->finish == ST_PROTO_FINISH_LENGTH; }
+static int done_ok(const res_t *r, int tokens) {
+    return r->done && r->st == ST_OK && r->tokens == tokens && r->finish == ST_PROTO_FINISH_LENGTH;
+}
 
 int main(void) {
     signal(SIGALRM, on_alarm);
@@ -391,12 +439,13 @@ int main(void) {
     char eexe[700], elog[700];
     snprintf(eexe, sizeof eexe, "%s/strata-expert", bin);
     snprintf(elog, sizeof elog, "%s/expert-a.log", tmp);
-    char *eargv[] = {eexe, "--coordinator", caddr, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", "expert-a",
-                     "--max-rows", "512", "--slots", "4", "--insecure", NULL};
+    char *eargv[] = {eexe,       "--coordinator", caddr, "--ckpt",  ck,  "--listen",   "127.0.0.1:0", "--name",
+                     "expert-a", "--max-rows",    "512", "--slots", "4", "--insecure", NULL};
     spawn(eargv, elog);
     int wok = start_worker();
     double t0 = st_time_sec();
-    while (st_time_sec() - t0 < 30 && !real_by_name("expert-a")) pump(0.05, NULL);
+    while (st_time_sec() - t0 < 30 && !real_by_name("expert-a"))
+        pump(0.05, NULL);
     const member_t *ea = real_by_name("expert-a");
     CHECK(wok == 0 && ea, "the worker and the expert server register");
     if (wok != 0 || !ea) {
@@ -432,11 +481,13 @@ int main(void) {
     CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "17 stop ids: %s (%s)", st_status_str(r.st), r.detail);
     q = req_tokens(65, 4); /* one past --max-batch-tokens */
     call(ch, &q, &r);
-    CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "prompt over the step budget: %s (%s)", st_status_str(r.st), r.detail);
+    CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "prompt over the step budget: %s (%s)", st_status_str(r.st),
+          r.detail);
     q = req_tokens(200, 4);
     q.max_tokens = 500; /* 200 > 64 anyway; and prompt + max_tokens > 512 */
     call(ch, &q, &r);
-    CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "prompt + max_tokens over the context: %s", st_status_str(r.st));
+    CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "prompt + max_tokens over the context: %s",
+          st_status_str(r.st));
     pump(0.3, NULL);
     CHECK(alive(worker), "the worker survives the hostile requests");
     if (!alive(worker)) { /* (the code before the fix) go on with a fresh one */
@@ -451,21 +502,27 @@ int main(void) {
         q = req_tokens(4, 8);
         call(ch, &q, &r);
     } while (!done_ok(&r, 8) && st_time_sec() - t0 < 10 && (pump(0.1, NULL), 1));
-    CHECK(done_ok(&r, 8), "a valid request is served: %s %s %s (%d tokens)", st_status_str(r.st), r.detail, r.err, r.tokens);
+    CHECK(done_ok(&r, 8), "a valid request is served: %s %s %s (%d tokens)", st_status_str(r.st), r.detail, r.err,
+          r.tokens);
 
     /* ---- 2. a full worker (2 sequence slots): the third concurrent request is refused before any chunk */
     res_t c3[3];
     st_proto_generate_req_t lq = req_tokens(4, 200);
-    for (int i = 0; i < 3; i++) start(ch, &lq, &c3[i]);
+    for (int i = 0; i < 3; i++)
+        start(ch, &lq, &c3[i]);
     t0 = st_time_sec();
-    while (!(c3[0].done && c3[1].done && c3[2].done) && st_time_sec() - t0 < 60) pump(0.01, NULL);
+    while (!(c3[0].done && c3[1].done && c3[2].done) && st_time_sec() - t0 < 60)
+        pump(0.01, NULL);
     int n_ok = 0, n_full = 0;
     for (int i = 0; i < 3; i++) {
         n_ok += done_ok(&c3[i], 200);
         n_full += c3[i].st == ST_ERR_CAPACITY && c3[i].chunks == 0;
-        if (!done_ok(&c3[i], 200)) fprintf(stderr, "  call %d: %s (%s) %d chunks %s\n", i, st_status_str(c3[i].st), c3[i].detail, c3[i].chunks, c3[i].err);
+        if (!done_ok(&c3[i], 200))
+            fprintf(stderr, "  call %d: %s (%s) %d chunks %s\n", i, st_status_str(c3[i].st), c3[i].detail, c3[i].chunks,
+                    c3[i].err);
     }
-    CHECK(n_ok == 2 && n_full == 1, "two served, one RESOURCE_EXHAUSTED before any chunk (%d served, %d refused)", n_ok, n_full);
+    CHECK(n_ok == 2 && n_full == 1, "two served, one RESOURCE_EXHAUSTED before any chunk (%d served, %d refused)", n_ok,
+          n_full);
 
     /* ---- 3. a flood of placements: 10 rounds × 8 fresh replicas + 70 alive servers holding nothing */
     for (int round = 0; round < 10; round++) {
@@ -474,11 +531,12 @@ int main(void) {
         pump(0.15, NULL);
     }
     snprintf(elog, sizeof elog, "%s/expert-b.log", tmp);
-    char *bargv[] = {eexe, "--coordinator", caddr, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", "expert-b",
-                     "--max-rows", "512", "--slots", "4", "--insecure", NULL};
+    char *bargv[] = {eexe,       "--coordinator", caddr, "--ckpt",  ck,  "--listen",   "127.0.0.1:0", "--name",
+                     "expert-b", "--max-rows",    "512", "--slots", "4", "--insecure", NULL};
     spawn(bargv, elog);
     t0 = st_time_sec();
-    while (st_time_sec() - t0 < 30 && !real_by_name("expert-b")) pump(0.05, NULL);
+    while (st_time_sec() - t0 < 30 && !real_by_name("expert-b"))
+        pump(0.05, NULL);
     const member_t *eb = real_by_name("expert-b");
     CHECK(eb != NULL, "expert-b registers");
     if (eb) {
@@ -490,8 +548,8 @@ int main(void) {
             q = req_tokens(4, 8);
             call(ch, &q, &r);
         } while (!done_ok(&r, 8) && st_time_sec() - t0 < 8);
-        CHECK(done_ok(&r, 8), "after the flood a new expert server gets a slot and serves: %s %s %s", st_status_str(r.st),
-              r.detail, r.err);
+        CHECK(done_ok(&r, 8), "after the flood a new expert server gets a slot and serves: %s %s %s",
+              st_status_str(r.st), r.detail, r.err);
 
         /* ---- 4. more holders than slots: a clear error naming the table, then recovery */
         publish(overfull, F_LO, F_LO + 64, G_LO, G_LO + 6);
@@ -501,8 +559,8 @@ int main(void) {
             q = req_tokens(4, 8);
             call(ch, &q, &r);
         } while (!strstr(r.err, "table is full") && st_time_sec() - t0 < 8);
-        CHECK(r.done && r.tokens == 0 && strstr(r.err, "expert-server table is full"), "a full table fails requests naming it: %s %s",
-              st_status_str(r.st), r.err);
+        CHECK(r.done && r.tokens == 0 && strstr(r.err, "expert-server table is full"),
+              "a full table fails requests naming it: %s %s", st_status_str(r.st), r.err);
         publish(all_on_b, 0, 0, 0, 0);
         t0 = st_time_sec();
         do {
@@ -519,20 +577,22 @@ int main(void) {
     lq = req_tokens(4, 300);
     start(ch, &lq, &longr);
     t0 = st_time_sec();
-    while (longr.chunks == 0 && !longr.done && st_time_sec() - t0 < 10) pump(0.005, NULL);
+    while (longr.chunks == 0 && !longr.done && st_time_sec() - t0 < 10)
+        pump(0.005, NULL);
     kill(worker, SIGTERM);
     pump(0.2, NULL);
     q = req_tokens(4, 4);
     call(ch, &q, &late);
     CHECK(late.st == ST_ERR_CAPACITY && late.chunks == 0 && strstr(late.detail, "draining"),
-          "while draining a new request is refused before any chunk: %s (%s), %d chunks", st_status_str(late.st), late.detail,
-          late.chunks);
+          "while draining a new request is refused before any chunk: %s (%s), %d chunks", st_status_str(late.st),
+          late.detail, late.chunks);
     pump(30, &longr.done);
-    CHECK(done_ok(&longr, 300), "the request in flight finishes: %s %s %s, %d tokens", st_status_str(longr.st), longr.detail,
-          longr.err, longr.tokens);
+    CHECK(done_ok(&longr, 300), "the request in flight finishes: %s %s %s, %d tokens", st_status_str(longr.st),
+          longr.detail, longr.err, longr.tokens);
     int status = -1;
     t0 = st_time_sec();
-    while (st_time_sec() - t0 < 15 && waitpid(worker, &status, WNOHANG) == 0) pump(0.02, NULL);
+    while (st_time_sec() - t0 < 15 && waitpid(worker, &status, WNOHANG) == 0)
+        pump(0.02, NULL);
     forget_kid(worker);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the drained worker exits 0 (status %d)", status);
 
@@ -569,11 +629,26 @@ int main(void) {
             }
             chmod(sf, 0600);
             snprintf(log, sizeof log, "%s/attn-sec.log", tmp);
-            char *sargv[] = {exe, "--coordinator", caddr, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", "attn-sec",
-                             "--max-seqs", "2", "--max-batch-tokens", "64", "--cluster-secret-file", sf, NULL};
+            char *sargv[] = {exe,
+                             "--coordinator",
+                             caddr,
+                             "--ckpt",
+                             ck,
+                             "--listen",
+                             "127.0.0.1:0",
+                             "--name",
+                             "attn-sec",
+                             "--max-seqs",
+                             "2",
+                             "--max-batch-tokens",
+                             "64",
+                             "--cluster-secret-file",
+                             sf,
+                             NULL};
             spawn(sargv, log);
             t0 = st_time_sec();
-            while (st_time_sec() - t0 < 30 && !real_by_name("attn-sec")) pump(0.05, NULL);
+            while (st_time_sec() - t0 < 30 && !real_by_name("attn-sec"))
+                pump(0.05, NULL);
             const member_t *ws = real_by_name("attn-sec");
             CHECK(ws != NULL, "a worker with a cluster secret registers");
             if (ws) {
@@ -604,7 +679,8 @@ int main(void) {
     st_rpc_channel_destroy(ch);
     if (!st_t_fail && !getenv("KEEP_TMP")) {
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0) {}
+        if (system(cmd) != 0) {
+        }
     }
     int rc = st_test_done();
     fflush(stdout);

@@ -13,7 +13,8 @@ static const st_aw_limits_t lim = {.max_ctx = 128, .max_prompt = 64, .max_stop =
 static uint32_t toks[256];
 
 static st_proto_generate_req_t base(size_t n) {
-    for (size_t i = 0; i < ST_ARRAY_LEN(toks); i++) toks[i] = (uint32_t)(i % 300);
+    for (size_t i = 0; i < ST_ARRAY_LEN(toks); i++)
+        toks[i] = (uint32_t)(i % 300);
     return (st_proto_generate_req_t){.n_prompt_tokens = n, .prompt_tokens = toks, .max_tokens = 8};
 }
 
@@ -24,7 +25,8 @@ static void expect(const char *what, const st_proto_generate_req_t *r, st_status
     CHECK(s == want, "%s: got %s, want %s (%s)", what, st_status_str(s), st_status_str(want), s ? st_err_last() : "");
     if (want != ST_OK) {
         CHECK(n == -7 && mt == -7, "%s: outputs written on failure (%d, %d)", what, n, mt);
-        if (word) CHECK(strstr(st_err_last(), word) != NULL, "%s: reason '%s' does not name %s", what, st_err_last(), word);
+        if (word)
+            CHECK(strstr(st_err_last(), word) != NULL, "%s: reason '%s' does not name %s", what, st_err_last(), word);
     }
 }
 
