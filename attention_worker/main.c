@@ -6,15 +6,27 @@
 #include "worker.h"
 
 static void usage(void) {
-    fprintf(stderr, "usage: strata-attn --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
-                    "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
-                    "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
-                    "                   [--device cpu|cuda:N]\n"
-                    "       " ST_SEC_USAGE "\n");
+    fprintf(stderr,
+            "usage: strata-attn --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
+            "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
+            "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
+            "                   [--device cpu|cuda:N] [--drain-timeout-s S]\n"
+            "       " ST_SEC_USAGE "\n");
+}
+
+/* A whole decimal number in lo..hi, else -1 (after saying why). */
+static long num(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "strata-attn: %s wants a number in %ld..%ld, got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    return x;
 }
 
 int main(int argc, char **argv) {
-    st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1};
+    st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1, .drain_timeout_s = 30};
     static st_sec_opts_t sec;
     for (int i = 1; i < argc; i++) {
         int k = st_sec_opts_parse(&sec, argc, argv, &i);
@@ -26,27 +38,51 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ckpt")) o.ckpt = v;
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--name")) o.name = v;
-        else if (!strcmp(a, "--max-seqs")) o.max_seqs = atoi(v);
-        else if (!strcmp(a, "--max-batch-tokens")) o.max_batch_tokens = atoi(v);
-        else if (!strcmp(a, "--max-ctx")) o.max_ctx = atoi(v);
-        else if (!strcmp(a, "--k-max")) o.k_max = atoi(v);
-        else if (!strcmp(a, "--micro-batches")) o.micro_batches = atoi(v);
-        else if (!strcmp(a, "--min-mb-tokens")) o.min_mb_tokens = atoi(v);
-        else if (!strcmp(a, "--expert-timeout-ms")) o.expert_timeout_ms = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--device")) {
+        else if (!strcmp(a, "--max-seqs")) {
+            if ((o.max_seqs = (int)num(a, v, 0, 1 << 16)) < 0) return 2;
+        } else if (!strcmp(a, "--max-batch-tokens")) {
+            if ((o.max_batch_tokens = (int)num(a, v, 0, 1 << 20)) < 0) return 2;
+        } else if (!strcmp(a, "--max-ctx")) {
+            if ((o.max_ctx = (int)num(a, v, 0, 1 << 24)) < 0) return 2;
+        } else if (!strcmp(a, "--k-max")) {
+            if ((o.k_max = (int)num(a, v, 0, 4096)) < 0) return 2;
+        } else if (!strcmp(a, "--micro-batches")) {
+            if ((o.micro_batches = (int)num(a, v, 0, 64)) < 0) return 2;
+        } else if (!strcmp(a, "--min-mb-tokens")) {
+            if ((o.min_mb_tokens = (int)num(a, v, 0, 1 << 20)) < 0) return 2;
+        } else if (!strcmp(a, "--expert-timeout-ms")) {
+            long t = num(a, v, 0, 3600 * 1000);
+            if (t < 0) return 2;
+            o.expert_timeout_ms = (uint32_t)t;
+        } else if (!strcmp(a, "--drain-timeout-s")) {
+            if ((o.drain_timeout_s = (int)num(a, v, 0, 86400)) < 0) return 2;
+        } else if (!strcmp(a, "--device")) {
             if (!strcmp(v, "cpu")) o.device = -1;
-            else if (!strncmp(v, "cuda:", 5) && v[5] >= '0' && v[5] <= '9') o.device = atoi(v + 5);
-            else { usage(); return 2; }
+            else if (!strncmp(v, "cuda:", 5) && v[5] >= '0' && v[5] <= '9') {
+                if ((o.device = (int)num(a, v + 5, 0, 1023)) < 0) return 2;
+            } else {
+                usage();
+                return 2;
+            }
         } else if (!strcmp(a, "--routing")) {
             if (!strcmp(v, "topk")) o.routing = ST_ROUTE_TOPK;
             else if (!strcmp(v, "quantile")) o.routing = ST_ROUTE_QUANTILE;
             else { usage(); return 2; }
-        } else { usage(); return 2; }
+        } else {
+            usage();
+            return 2;
+        }
         i++;
     }
     if (!o.coordinator || !o.ckpt) { usage(); return 2; }
     st_log_set_tag(o.name ? o.name : "attn");
     if (st_sec_opts_finish(&sec, "strata-attn") != ST_OK) return 2;
+    if (sec.tls && !sec.tls_cert) { /* the coordinator reaches a TLS cluster's workers over TLS */
+        fprintf(
+            stderr,
+            "strata-attn: --tls needs --tls-cert and --tls-key: the coordinator calls this worker's port over TLS\n");
+        return 2;
+    }
     o.sec = &sec;
     return st_aw_run(&o);
 }

@@ -8,7 +8,12 @@
  *   pend    per (micro-batch, server) dispatch records: the compute thread fills and posts them,
  *           the loop sends them and lands replies in their preallocated buffers, then signals `cv`.
  * Every wait on the network is bounded by expert_timeout_ms. A server that fails or times out is
- * retried once on a replica; tokens with no live holder fail only their own sequences. */
+ * retried once on a replica; tokens with no live holder fail only their own sequences.
+ *
+ * Requests are range-checked on the loop before anything is sized from them (st_aw_check_request);
+ * a client's mistake ends the call with INVALID_ARGUMENT / OUT_OF_RANGE and a full or draining
+ * worker with RESOURCE_EXHAUSTED, both before any chunk, so the coordinator can answer 400 or queue
+ * and retry. With a cluster secret the gRPC port takes only the coordinator's member token. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -26,13 +31,17 @@
 #include "strata/wire.h"
 #include "worker.h"
 
+/* Expert-server table: slots are recycled (a server that leaves the placement is closed and its slot
+ * reused once the compute thread has moved past it), and only servers that hold experts in the
+ * current placement take one, so no flood of registrations fills it for good. */
 #define MAX_SERVERS 64
 #define MAX_MB 4 /* micro-batches in flight per step (--micro-batches) */
 enum { MB_DONE, MB_LAUNCHED, MB_AT_EXPERTS }; /* a micro-batch's state within a step */
 #define MAX_STOP 16
 
 enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
-enum { EV_CHUNK = 1, EV_SEND, EV_REPORT };
+enum { EV_CHUNK = 1, EV_SEND, EV_REPORT, EV_END };
+enum { SRV_FREE = 0, SRV_USED, SRV_RETIRED }; /* srv_t.state */
 enum { IN_NEW = 1, IN_CANCEL };
 
 typedef struct aw aw_t;
@@ -43,6 +52,8 @@ typedef struct {
     uint32_t capacity; /* rows per dispatch it accepts */
     st_tp_ep_t *ep;    /* loop thread only */
     int alive;         /* under mu */
+    int state;         /* SRV_*; changed on the loop thread under mu */
+    uint64_t retired_gen; /* SRV_RETIRED: reusable once the compute thread applied this placement */
 } srv_t;
 
 typedef struct {
@@ -55,6 +66,7 @@ typedef struct {
     size_t rlen;
     st_tp_send_req_t send;
     int send_busy; /* loop thread: UCX still holds `send` */
+    int recv_busy; /* loop thread: UCX is landing a reply in rbuf */
     int soft;      /* failed by an answer (error reply, capacity), not by the server going away */
     double t_sent, t_recv; /* loop thread: when UCX took the dispatch, when the reply landed */
     st_tp_recv_t recv;
@@ -71,6 +83,7 @@ typedef struct ev {
     uint8_t *bytes; /* inl, a report buffer, or malloc'd (a --dump-logits chunk) */
     size_t len;
     int finish, heap, rep;
+    st_status_t status; /* EV_END: how the call ends (text in inl) */
     uint8_t inl[EV_INLINE];
 } ev_t;
 
@@ -78,6 +91,7 @@ typedef struct in_msg {
     struct in_msg *next;
     int kind, req;
     uint64_t gen;
+    int n_prompt, max_tokens; /* IN_NEW: checked by st_aw_check_request */
     st_proto_generate_req_t r;
 } in_msg_t;
 
@@ -104,6 +118,12 @@ struct aw {
     uv_loop_t loop;
     uv_async_t async;
     uv_signal_t sig_int, sig_term;
+    uv_timer_t retry_timer; /* re-applies the last placement while some holders have no slot */
+    uv_timer_t flush_timer; /* after a drain: lets the last chunks leave before the server closes */
+    st_aw_limits_t lim;
+    st_rpc_sec_t member_sec; /* toward the coordinator (kept: the member may reconnect) */
+    int secure;              /* a cluster secret: Worker/Generate needs the coordinator's member token */
+    char boot_token[65];     /* random: what Worker/Generate requires until the coordinator's arrives */
     st_ckpt_t *ck;
     const st_config_t *c;
     st_engine_t *e;
@@ -116,6 +136,8 @@ struct aw {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop, compute_done;
+    int draining;          /* under mu: SIGTERM seen; new requests refused */
+    double drain_deadline; /* under mu */
     /* shared under mu */
     ev_t *ev_pool, *ev_free;
     pthread_cond_t cv_ev;          /* an event went back to the pool */
@@ -125,10 +147,18 @@ struct aw {
     in_msg_t *in_head, *in_tail;
     ev_t *ev_head, *ev_tail;
     srv_t srv[MAX_SERVERS];
-    int n_srv;
+    int n_srv;      /* slots ever used (high-water mark; never shrinks, so the compute thread's loops
+                     * over it stay valid); a slot's state says whether it holds a server */
     int *holders;   /* [n_layers][n_experts][R] server indices, -1 none */
     int R;
-    uint64_t place_version, place_applied;
+    uint64_t place_gen, place_applied; /* local placement generations: applied by the loop / copied
+                                        * by the compute thread */
+    uint64_t place_version;            /* the coordinator's version of the newest map */
+    char srv_full[200];                /* non-empty while holders were left out: the table is full */
+    /* loop thread: the newest map (encoded) while some holders wait for a slot */
+    uint8_t *place_copy;
+    size_t place_copy_len;
+    uint32_t retry_ms;
     pend_t pend[MAX_MB][MAX_SERVERS];
     req_t *reqs;    /* [max_seqs * 2] */
     int n_reqs;
@@ -162,6 +192,63 @@ struct aw {
     st_engine_stats_t est;         /* engine stats at the step's start */
     int reports_inflight;        /* loop thread */
 };
+
+/* ================================================================ request checks (pure) */
+
+st_status_t st_aw_check_request(const st_config_t *c, const st_aw_limits_t *lim, const st_proto_generate_req_t *r,
+                                int *n_prompt, int *max_tokens) {
+    /* NOTE: each field is compared in its own width (size_t, uint32_t, float) against limits that
+     * fit an int; only a value that passed is cast. */
+    if (c->vocab <= 0 || lim->max_ctx < 2 || lim->max_prompt < 1 || lim->max_stop < 0)
+        return ST_FAIL(ST_ERR_INTERNAL, "worker limits: vocab %d, max_ctx %d, max_prompt %d", c->vocab, lim->max_ctx,
+                       lim->max_prompt);
+    size_t cap = (size_t)ST_MIN(lim->max_prompt, lim->max_ctx - 1); /* leaves room for one token */
+    uint32_t vocab = (uint32_t)c->vocab;
+    size_t n;
+    if (r->n_prompt_tokens) {
+        n = r->n_prompt_tokens;
+        if (!r->prompt_tokens) return ST_REJECT(ST_ERR_INVALID_ARG, "prompt_tokens: %zu announced, none given", n);
+        if (n > cap)
+            return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt of %zu tokens exceeds this worker's limit of %zu", n, cap);
+        for (size_t i = 0; i < n; i++)
+            if (r->prompt_tokens[i] >= vocab)
+                return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt token %u (position %zu) outside the vocabulary 0..%u",
+                                 r->prompt_tokens[i], i, vocab - 1);
+    } else {
+        n = r->prompt ? strnlen(r->prompt, cap + 1) : 0; /* bounded: never scans a huge prompt */
+        if (n > cap)
+            return ST_REJECT(ST_ERR_OUT_OF_RANGE,
+                             "prompt of more than %zu bytes exceeds this worker's limit of %zu tokens", cap, cap);
+        for (size_t i = 0; i < n; i++) /* text is one token per byte */
+            if ((uint8_t)r->prompt[i] >= vocab)
+                return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt byte %u outside the vocabulary 0..%u",
+                                 (unsigned)(uint8_t)r->prompt[i], vocab - 1);
+    }
+    if (n == 0) return ST_REJECT(ST_ERR_INVALID_ARG, "empty prompt");
+    uint32_t room = (uint32_t)((size_t)lim->max_ctx - n); /* >= 1 */
+    uint32_t mt = r->max_tokens ? r->max_tokens : ST_MIN((uint32_t)ST_AW_DEFAULT_MAX_TOKENS, room);
+    if (mt > room)
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "prompt %zu + max_tokens %u exceeds the context limit %d", n,
+                         r->max_tokens, lim->max_ctx);
+    if (!(r->temperature >= 0.0f && r->temperature <= 100.0f)) /* NaN fails both */
+        return ST_REJECT(ST_ERR_INVALID_ARG, "temperature %g outside 0..100", (double)r->temperature);
+    if (!(r->top_p >= 0.0f && r->top_p <= 1.0f))
+        return ST_REJECT(ST_ERR_INVALID_ARG, "top_p %g outside 0..1", (double)r->top_p);
+    if (r->top_k > vocab)
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "top_k %u exceeds the vocabulary (%u)", r->top_k, vocab);
+    if (r->n_stop_ids > (size_t)lim->max_stop)
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "%zu stop ids (at most %d)", r->n_stop_ids, lim->max_stop);
+    if (r->n_stop_ids && !r->stop_ids)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "stop_ids: %zu announced, none given", r->n_stop_ids);
+    for (size_t i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] >= vocab)
+            return ST_REJECT(ST_ERR_OUT_OF_RANGE, "stop id %u outside the vocabulary 0..%u", r->stop_ids[i], vocab - 1);
+    if (r->request_id && strnlen(r->request_id, 257) > 256)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "request_id over 256 bytes");
+    *n_prompt = (int)n;
+    *max_tokens = (int)mt;
+    return ST_OK;
+}
 
 /* ================================================================ compute thread */
 
@@ -228,6 +315,24 @@ static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logi
     post_event(aw, ev);
 }
 
+/* End a request that has sent no chunk with a status (a client's mistake, capacity, shutdown): the
+ * coordinator sees a gRPC code before any token and can answer 400 or send the request elsewhere. */
+static void end_call(aw_t *aw, int req, uint64_t gen, st_status_t st, const char *why) {
+    ev_t *ev = ev_get(aw);
+    ev->kind = EV_END;
+    ev->req = req;
+    ev->gen = gen;
+    ev->finish = 1;
+    ev->status = st;
+    ev->bytes = ev->inl;
+    ev->len = (size_t)snprintf((char *)ev->inl, sizeof ev->inl, "%s", why ? why : st_status_str(st));
+    if (ev->len >= sizeof ev->inl) ev->len = sizeof ev->inl - 1;
+    post_event(aw, ev);
+    pthread_mutex_lock(&aw->mu);
+    aw->active--;
+    pthread_mutex_unlock(&aw->mu);
+}
+
 static void seq_end(aw_t *aw, seq_t *q) {
     st_engine_seq_close(aw->e, q->slot);
     free(q->toks);
@@ -243,47 +348,39 @@ static void seq_fail(aw_t *aw, seq_t *q, st_proto_finish_t fin, const char *err)
     seq_end(aw, q);
 }
 
-/* Admit a request into a free sequence slot; 0 when none is free (it waits), 1 when handled. */
+/* A sequence that has sent nothing yet ends with a status instead of a chunk (see end_call). */
+static void seq_abort(aw_t *aw, seq_t *q, st_status_t st, const char *why) {
+    st_engine_seq_close(aw->e, q->slot);
+    free(q->toks);
+    q->toks = NULL;
+    q->used = 0;
+    end_call(aw, q->req, q->gen, st, why);
+}
+
+/* Admit a request into a free sequence slot; 0 when none is free (it waits), 1 when handled. The
+ * request was range-checked on arrival (st_aw_check_request): n_prompt and max_tokens are sane. */
 static int admit(aw_t *aw, in_msg_t *m) {
-    const st_config_t *c = aw->c;
     st_proto_generate_req_t *r = &m->r;
-    seq_t tmp = {.req = m->req, .gen = m->gen};
     int free_i = -1;
     for (int i = 0; i < aw->o.max_seqs; i++)
         if (!aw->seqs[i].used) { free_i = i; break; }
-    char err[256] = "";
-    int n = r->n_prompt_tokens ? (int)r->n_prompt_tokens : (int)strlen(r->prompt ? r->prompt : "");
-    int max_tokens = r->max_tokens ? (int)r->max_tokens : 16;
     if (free_i < 0) return 0;
-    if (n <= 0) snprintf(err, sizeof err, "empty prompt");
-    else if (n > aw->o.max_batch_tokens) snprintf(err, sizeof err, "prompt of %d tokens exceeds the %d-token step budget", n, aw->o.max_batch_tokens);
-    else if (n + max_tokens > aw->o.max_ctx) snprintf(err, sizeof err, "prompt %d + max_tokens %d exceeds the context limit %d", n, max_tokens, aw->o.max_ctx);
-    else if (r->n_stop_ids > MAX_STOP) snprintf(err, sizeof err, "at most %d stop ids", MAX_STOP);
-    int *toks = NULL;
-    if (!err[0]) {
-        toks = malloc(sizeof(int) * (size_t)(n + max_tokens + 1));
-        if (!toks) snprintf(err, sizeof err, "out of memory");
+    int n = m->n_prompt, max_tokens = m->max_tokens;
+    int *toks = malloc(sizeof(int) * ((size_t)n + (size_t)max_tokens + 1));
+    if (!toks) {
+        end_call(aw, m->req, m->gen, ST_ERR_NO_MEMORY, "attention worker: out of memory for a sequence");
+        return 1;
     }
-    if (!err[0]) {
-        if (r->n_prompt_tokens)
-            for (int i = 0; i < n; i++) {
-                toks[i] = (int)r->prompt_tokens[i];
-                if (toks[i] < 0 || toks[i] >= c->vocab) {
-                    snprintf(err, sizeof err, "prompt token %u outside vocabulary 0..%d", r->prompt_tokens[i], c->vocab - 1);
-                    break;
-                }
-            }
-        else
-            n = st_tok_encode(r->prompt, toks, n);
-    }
+    if (r->n_prompt_tokens)
+        for (int i = 0; i < n; i++)
+            toks[i] = (int)r->prompt_tokens[i];
+    else
+        n = st_tok_encode(r->prompt, toks, n);
     int slot = -1;
-    if (!err[0] && st_engine_seq_open(aw->e, &slot) != ST_OK) snprintf(err, sizeof err, "%s", st_err_last());
-    if (err[0]) {
+    st_status_t st = st_engine_seq_open(aw->e, &slot);
+    if (st != ST_OK) {
         free(toks);
-        emit(aw, &tmp, 0, 0, NULL, ST_PROTO_FINISH_ERROR, err);
-        pthread_mutex_lock(&aw->mu);
-        aw->active--;
-        pthread_mutex_unlock(&aw->mu);
+        end_call(aw, m->req, m->gen, st, st_err_last());
         return 1;
     }
     seq_t *q = &aw->seqs[free_i];
@@ -293,14 +390,14 @@ static int admit(aw_t *aw, in_msg_t *m) {
     q->sp.top_k = (int)r->top_k;
     q->sp.top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f;
     q->rng.s = r->has_seed ? r->seed : (uint64_t)st_time_ns();
-    q->n_stop = (int)r->n_stop_ids;
+    q->n_stop = (int)ST_MIN(r->n_stop_ids, (size_t)MAX_STOP);
     for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
     return 1;
 }
 
 /* New requests join the waiting line; cancellations reach waiting and running ones; then the
- * line is admitted in order while sequence slots are free (continuous batching). */
-static void drain_inbox(aw_t *aw) {
+ * line is admitted in order while sequence slots are free (continuous batching) unless stopping. */
+static void drain_inbox(aw_t *aw, int admit_ok) {
     pthread_mutex_lock(&aw->mu);
     in_msg_t *m = aw->in_head;
     aw->in_head = aw->in_tail = NULL;
@@ -336,7 +433,7 @@ static void drain_inbox(aw_t *aw) {
         }
         m = next;
     }
-    while (aw->wait_head && admit(aw, aw->wait_head)) {
+    while (admit_ok && aw->wait_head && admit(aw, aw->wait_head)) {
         in_msg_t *w = aw->wait_head;
         aw->wait_head = w->next;
         if (!aw->wait_head) aw->wait_tail = NULL;
@@ -345,12 +442,13 @@ static void drain_inbox(aw_t *aw) {
     }
 }
 
-/* Copy the newest placement (server indices) for the compute thread. */
+/* Copy the newest placement (server indices) for the compute thread, at a step boundary. NOTE: once
+ * place_applied reaches a slot's retired_gen, no step can name that slot again: the loop may reuse it. */
 static void sync_placement(aw_t *aw) {
     pthread_mutex_lock(&aw->mu);
-    if (aw->place_version != aw->place_applied) {
+    if (aw->place_gen != aw->place_applied) {
         memcpy(aw->hl, aw->holders, sizeof(int) * (size_t)aw->c->n_layers * aw->c->n_experts * aw->R);
-        aw->place_applied = aw->place_version;
+        aw->place_applied = aw->place_gen;
     }
     pthread_mutex_unlock(&aw->mu);
 }
@@ -475,7 +573,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         }
         failed_mask[s] = 1;
         (*n_failed)++;
-        st_log_warn("worker %s: %s", aw->o.name, pd->err);
+        st_log_every(ST_LOG_WARN, 5.0, "worker %s: %s", aw->o.name, pd->err); /* every layer of every step */
     }
     aw->stage[ST_PROTO_STAGE_EXPERT] += slowest_us * 1e-6;
     aw->stage[ST_PROTO_STAGE_NETWORK] += slowest_net;
@@ -496,9 +594,18 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
             for (int t = 0; t < w->T && !used; t++)
                 for (int i = 0; i < w->cnt[t]; i++) used |= w->ids[(size_t)t * w->kc + i] == e;
             int h = aw->hl[((size_t)w->layer * aw->c->n_experts + e) * aw->R];
-            if (used)
+            if (!used) continue;
+            if (h >= 0) {
                 snprintf(why, why_len, "expert %d of layer %d has no live server (lost: %s at %s)", e, w->layer,
-                         h >= 0 ? aw->srv[h].name : "none placed", h >= 0 ? aw->srv[h].endpoint : "-");
+                         aw->srv[h].name, aw->srv[h].endpoint);
+            } else {
+                char full[sizeof aw->srv_full];
+                pthread_mutex_lock(&aw->mu);
+                memcpy(full, aw->srv_full, sizeof full);
+                pthread_mutex_unlock(&aw->mu);
+                snprintf(why, why_len, "expert %d of layer %d has no live server (%s)", e, w->layer,
+                         full[0] ? full : "none placed");
+            }
         }
     send_plan(aw, mb, &aw->plan[mb], w);
 }
@@ -580,7 +687,8 @@ static void route_hook(void *ctx, int layer, int T, int n, const float *scores, 
     if (aw->o.routing != ST_ROUTE_QUANTILE) return;
     double t0 = st_time_sec();
     if (st_qsum_add_layer(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), scores, (uint32_t)T) != ST_OK)
-        st_log_warn("worker %s: score summary of layer %d dropped: %s", aw->o.name, layer, st_err_last());
+        st_log_every(ST_LOG_WARN, 10.0, "worker %s: score summary of layer %d dropped: %s", aw->o.name, layer,
+                     st_err_last());
     aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
 }
 
@@ -808,16 +916,17 @@ static int placement_wait(aw_t *aw) {
         dl.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&aw->mu);
-    if (aw->place_version == 0) pthread_cond_timedwait(&aw->cv, &aw->mu, &dl);
-    int have = aw->place_version != 0;
+    if (aw->place_gen == 0) pthread_cond_timedwait(&aw->cv, &aw->mu, &dl);
+    int have = aw->place_gen != 0;
     pthread_mutex_unlock(&aw->mu);
     if (have) {
         sync_placement(aw);
         return 1;
     }
     if (st_time_sec() - aw->map_wait_since > aw->o.expert_timeout_ms / 1000.0) {
-        for (int i = 0; i < aw->o.max_seqs; i++)
-            if (aw->seqs[i].used) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_ERROR, "no expert placement from the coordinator yet");
+        for (int i = 0; i < aw->o.max_seqs; i++) /* nothing sent yet: UNAVAILABLE, the coordinator may retry */
+            if (aw->seqs[i].used)
+                seq_abort(aw, &aw->seqs[i], ST_ERR_PEER, "no expert placement from the coordinator yet");
         aw->map_wait_since = 0;
     }
     return 0;
@@ -827,18 +936,41 @@ static void *compute_main(void *arg) {
     aw_t *aw = arg;
     for (;;) {
         pthread_mutex_lock(&aw->mu);
-        while (!aw->stop && !aw->in_head && aw->active == 0) pthread_cond_wait(&aw->cv, &aw->mu);
-        int stop = aw->stop;
+        /* idle until work, a stop, or a new map (copied at once: the loop reuses retired server
+         * slots only after that) */
+        while (!aw->stop && !aw->draining && !aw->in_head && aw->active == 0 && aw->place_gen == aw->place_applied)
+            pthread_cond_wait(&aw->cv, &aw->mu);
+        /* draining: stop once the requests in flight are done or the grace period is over */
+        int stop = aw->stop || (aw->draining && (aw->active == 0 || st_time_sec() >= aw->drain_deadline));
         pthread_mutex_unlock(&aw->mu);
         if (stop) break;
-        drain_inbox(aw);
+        drain_inbox(aw, 1);
         sync_placement(aw);
         sync_thresholds(aw);
         if (!aw->place_applied && !placement_wait(aw)) continue;
         step(aw);
     }
-    for (int i = 0; i < aw->o.max_seqs; i++)
-        if (aw->seqs[i].used) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_CANCELLED, "worker shutting down");
+    /* what is left: a request that has sent nothing ends UNAVAILABLE (the coordinator may send it
+     * elsewhere), one that has streamed tokens ends "cancelled" */
+    drain_inbox(aw, 0);
+    char why[128];
+    snprintf(why, sizeof why, "attention worker %s is shutting down", aw->o.name);
+    for (int i = 0; i < aw->o.max_seqs; i++) {
+        seq_t *q = &aw->seqs[i];
+        if (!q->used) continue;
+        if (q->n_gen == 0)
+            seq_abort(aw, q, ST_ERR_PEER, why);
+        else
+            seq_fail(aw, q, ST_PROTO_FINISH_CANCELLED, why);
+    }
+    while (aw->wait_head) {
+        in_msg_t *w = aw->wait_head;
+        aw->wait_head = w->next;
+        end_call(aw, w->req, w->gen, ST_ERR_PEER, why);
+        st_proto_generate_req_cleanup(&w->r);
+        free(w);
+    }
+    aw->wait_tail = NULL;
     pthread_mutex_lock(&aw->mu);
     aw->compute_done = 1;
     pthread_mutex_unlock(&aw->mu);
@@ -849,6 +981,7 @@ static void *compute_main(void *arg) {
 /* ================================================================ loop thread */
 
 static st_status_t alloc_pend(aw_t *aw, int s);
+static void on_table_timer(uv_timer_t *t);
 
 static void on_sent(st_tp_send_req_t *req, st_status_t st) {
     pend_t *pd = req->user;
@@ -909,6 +1042,7 @@ static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t
         pd->recv.buf = pd->rbuf;
         pd->recv.cap = pd->cap;
         pd->recv.user = pd;
+        pd->recv_busy = 1;
         r = &pd->recv;
     }
     pthread_mutex_unlock(&aw->mu);
@@ -919,6 +1053,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     aw_t *aw = arg;
     pend_t *pd = r->user;
     st_wire_info_t info;
+    pd->recv_busy = 0;
     pthread_mutex_lock(&aw->mu);
     if (pd->state == P_SENT) {
         if (r->status != ST_OK || st_wire_header_decode(r->hdr, r->hdr_len, r->len, &info) != ST_OK) {
@@ -943,7 +1078,8 @@ static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
     aw_t *aw = arg;
     srv_t *sv = st_tp_ep_user(ep);
     if (!sv) return;
-    st_log_warn("worker %s: lost expert server %s (%s): %s", aw->o.name, sv->name, sv->endpoint, st_status_str(why));
+    st_log_every(ST_LOG_WARN, 1.0, "worker %s: lost expert server %s (%s): %s", aw->o.name, sv->name, sv->endpoint,
+                 st_status_str(why));
     pthread_mutex_lock(&aw->mu);
     sv->ep = NULL;
     sv->alive = 0;
@@ -959,68 +1095,281 @@ static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
     pthread_mutex_unlock(&aw->mu);
 }
 
+/* "host:port" (port 0..65535, range-checked: a map's endpoint comes from the network) */
 static int split_hostport(const char *s, char *host, size_t hn, uint16_t *port) {
     const char *c = strrchr(s, ':');
     if (!c || c == s || (size_t)(c - s) >= hn) return -1;
+    char *end;
+    long p = strtol(c + 1, &end, 10);
+    if (end == c + 1 || *end || p < 0 || p > 65535) return -1;
     memcpy(host, s, (size_t)(c - s));
     host[c - s] = 0;
-    *port = (uint16_t)atoi(c + 1);
+    *port = (uint16_t)p;
     return 0;
 }
 
-/* New map: learn expert servers (connect to new ones), rebuild the holder table. */
-static void on_placement(void *arg, const st_proto_placement_t *p) {
-    aw_t *aw = arg;
-    const st_config_t *c = aw->c;
-    if ((int)p->n_layers != c->n_layers || (int)p->n_experts != c->n_experts) {
-        st_log_error("worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored", aw->o.name, p->n_layers,
-                     p->n_experts, c->n_layers, c->n_experts);
-        return;
+/* ---- the expert-server table (loop thread; slot fields that the compute thread reads change under mu) */
+
+/* Whether retired slot s can be closed and freed: the compute thread has copied a map without it
+ * (so no step can name it again) and UCX holds none of its buffers. Under mu. */
+static int slot_idle(const aw_t *aw, int s) {
+    const srv_t *sv = &aw->srv[s];
+    if (sv->state != SRV_RETIRED || aw->place_applied < sv->retired_gen) return 0;
+    for (int m = 0; m < MAX_MB; m++) {
+        const pend_t *pd = &aw->pend[m][s];
+        if (pd->send_busy || pd->recv_busy || pd->state == P_QUEUED || pd->state == P_SENT) return 0;
     }
-    for (size_t i = 0; i < p->n_members; i++) {
-        const st_proto_member_t *mm = &p->members[i];
-        if (mm->role != ST_PROTO_ROLE_EXPERT) continue;
-        int s = -1;
-        for (int k = 0; k < aw->n_srv; k++)
-            if (aw->srv[k].id == mm->member_id) s = k;
-        if (s < 0 && aw->n_srv < MAX_SERVERS && mm->alive) {
-            s = aw->n_srv;
-            if (alloc_pend(aw, s) != ST_OK) continue; /* membership change, not the token path */
-            srv_t *sv = &aw->srv[s];
-            memset(sv, 0, sizeof *sv);
-            sv->id = mm->member_id;
-            snprintf(sv->name, sizeof sv->name, "%s", mm->name ? mm->name : "?");
-            snprintf(sv->endpoint, sizeof sv->endpoint, "%s", mm->data_endpoint ? mm->data_endpoint : "");
-            sv->capacity = mm->capacity;
-            char host[128];
-            uint16_t port;
-            if (split_hostport(sv->endpoint, host, sizeof host, &port) == 0 && st_tp_connect(aw->tp, host, port, &sv->ep) == ST_OK) {
-                st_tp_ep_set_user(sv->ep, sv);
-                st_tp_ep_on_lost(sv->ep, on_srv_lost, aw);
+    return 1;
+}
+
+/* A server left the placement (map `gen` no longer names it). It stays connected while a step
+ * that began on an older map may still use it; srv_reap closes it afterwards. */
+static void srv_retire(aw_t *aw, int s, uint64_t gen, const char *why) {
+    srv_t *sv = &aw->srv[s];
+    pthread_mutex_lock(&aw->mu);
+    sv->state = SRV_RETIRED;
+    sv->retired_gen = gen;
+    pthread_mutex_unlock(&aw->mu);
+    st_log_debug("worker %s: expert server %s (%s) %s", aw->o.name, sv->name, sv->endpoint, why);
+}
+
+/* Close the retired servers no step can use any more and free their slots; returns how many
+ * retired ones are still waiting. */
+static int srv_reap(aw_t *aw) {
+    int waiting = 0, closed = 0;
+    for (int s = 0; s < aw->n_srv; s++) {
+        srv_t *sv = &aw->srv[s];
+        pthread_mutex_lock(&aw->mu);
+        int idle = slot_idle(aw, s);
+        waiting += sv->state == SRV_RETIRED && !idle;
+        st_tp_ep_t *ep = idle ? sv->ep : NULL;
+        if (idle) {
+            sv->ep = NULL;
+            sv->alive = 0;
+            sv->state = SRV_FREE;
+        }
+        pthread_mutex_unlock(&aw->mu);
+        if (!idle) continue;
+        if (ep) st_tp_ep_close(ep); /* NOTE: outside mu (nothing is in flight on it: slot_idle) */
+        st_log_debug("worker %s: expert server %s (%s) closed; slot %d free", aw->o.name, sv->name, sv->endpoint, s);
+        closed++;
+    }
+    if (closed)
+        st_log_info("worker %s: closed %d expert servers that left the placement; their slots are free", aw->o.name,
+                    closed);
+    return waiting;
+}
+
+/* Connect free slot s to member mm. ST_OK: the slot is in use. */
+static st_status_t srv_connect(aw_t *aw, int s, const st_proto_member_t *mm) {
+    if (alloc_pend(aw, s) != ST_OK) return ST_ERR_NO_MEMORY; /* membership change, not the token path */
+    srv_t *sv = &aw->srv[s];
+    char name[sizeof sv->name], endpoint[sizeof sv->endpoint], host[128];
+    uint16_t port;
+    snprintf(name, sizeof name, "%s", mm->name ? mm->name : "?");
+    snprintf(endpoint, sizeof endpoint, "%s", mm->data_endpoint ? mm->data_endpoint : "");
+    st_tp_ep_t *ep = NULL;
+    if (split_hostport(endpoint, host, sizeof host, &port) != 0 || port == 0) {
+        st_log_every(ST_LOG_WARN, 10.0, "worker %s: expert server %s has no usable endpoint '%s'", aw->o.name, name,
+                     endpoint);
+        return ST_ERR_INVALID_ARG;
+    }
+    if (st_tp_connect(aw->tp, host, port, &ep) != ST_OK) return ST_ERR_PEER;
+    pthread_mutex_lock(&aw->mu);
+    memcpy(sv->name, name, sizeof name);
+    memcpy(sv->endpoint, endpoint, sizeof endpoint);
+    sv->id = mm->member_id;
+    sv->capacity = mm->capacity;
+    sv->ep = ep;
+    sv->alive = 1;
+    sv->state = SRV_USED;
+    for (int m = 0; m < MAX_MB; m++)
+        aw->pend[m][s].state = P_IDLE;
+    if (s == aw->n_srv) aw->n_srv++;
+    pthread_mutex_unlock(&aw->mu);
+    st_tp_ep_set_user(ep, sv);
+    st_tp_ep_on_lost(ep, on_srv_lost, aw);
+    st_log_info("worker %s: connected to expert server %s at %s (slot %d)", aw->o.name, sv->name, sv->endpoint, s);
+    return ST_OK;
+}
+
+typedef struct {
+    uint64_t id;
+    int mi;   /* index in placement.members */
+    int held; /* among the first R holders of some expert */
+    int slot; /* -1: not connected */
+} holder_t;
+
+static int holder_cmp(const void *a, const void *b) {
+    uint64_t x = ((const holder_t *)a)->id, y = ((const holder_t *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
+static holder_t *holder_find(holder_t *hs, size_t n, uint64_t id) {
+    holder_t key = {.id = id};
+    return bsearch(&key, hs, n, sizeof *hs, holder_cmp);
+}
+
+/* Apply a map: retire the servers that hold nothing in it, give every new holder a free slot and
+ * connect, rebuild the holder table. Returns how many holders got no slot (the table is full, or
+ * its retired slots are not free yet: on_table_timer tries again), -1 when out of memory. */
+static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
+    const st_config_t *c = aw->c;
+    size_t cells = (size_t)c->n_layers * c->n_experts;
+    holder_t *hs = malloc(sizeof *hs * (p->n_members ? p->n_members : 1));
+    if (!hs) return -1;
+    size_t nh = 0;
+    for (size_t i = 0; i < p->n_members; i++)
+        if (p->members[i].role == ST_PROTO_ROLE_EXPERT && p->members[i].alive)
+            hs[nh++] = (holder_t){.id = p->members[i].member_id, .mi = (int)i, .slot = -1};
+    qsort(hs, nh, sizeof *hs, holder_cmp);
+    /* only servers this worker would dispatch to take a slot: the first R holders of each expert */
+    for (size_t i = 0; i < cells; i++)
+        for (uint32_t k = p->offsets[i], r = 0; k < p->offsets[i + 1] && k < p->n_member_ids && r < (uint32_t)aw->R;
+             k++) {
+            holder_t *h = holder_find(hs, nh, p->member_ids[k]);
+            if (h) h->held = 1, r++;
+        }
+    uint64_t gen = aw->place_gen + 1;
+    srv_reap(aw);
+    for (int s = 0; s < aw->n_srv; s++) {
+        srv_t *sv = &aw->srv[s];
+        if (sv->state == SRV_FREE) continue;
+        holder_t *h = holder_find(hs, nh, sv->id);
+        if (h && h->held && h->slot < 0) { /* stays (or, retired but not closed yet, comes back) */
+            h->slot = s;
+            if (sv->state == SRV_RETIRED) {
                 pthread_mutex_lock(&aw->mu);
-                sv->alive = 1;
-                aw->n_srv++;
+                sv->state = SRV_USED;
                 pthread_mutex_unlock(&aw->mu);
-                st_log_info("worker %s: connected to expert server %s at %s", aw->o.name, sv->name, sv->endpoint);
             }
+        } else if (sv->state == SRV_USED) {
+            srv_retire(aw, s, gen, h ? "holds no expert in the new placement" : "left the placement");
         }
     }
-    pthread_mutex_lock(&aw->mu);
-    for (size_t i = 0; i < (size_t)c->n_layers * c->n_experts * aw->R; i++) aw->holders[i] = -1;
-    for (size_t i = 0; i < (size_t)c->n_layers * c->n_experts; i++) {
-        int r = 0;
-        for (uint32_t k = p->offsets[i]; k < p->offsets[i + 1] && r < aw->R; k++)
-            for (int s = 0; s < aw->n_srv; s++)
-                if (aw->srv[s].id == p->member_ids[k] && aw->srv[s].ep) aw->holders[i * aw->R + r++] = s;
+    int missing = 0;
+    const st_proto_member_t *first_missing = NULL;
+    for (size_t i = 0; i < nh; i++) {
+        holder_t *h = &hs[i];
+        if (!h->held || h->slot >= 0) continue;
+        int s = -1;
+        pthread_mutex_lock(&aw->mu);
+        for (int k = 0; k < aw->n_srv && s < 0; k++)
+            if (aw->srv[k].state == SRV_FREE) s = k;
+        if (s < 0 && aw->n_srv < MAX_SERVERS) s = aw->n_srv;
+        pthread_mutex_unlock(&aw->mu);
+        if (s < 0) {
+            if (!missing++) first_missing = &p->members[h->mi];
+            continue;
+        }
+        if (srv_connect(aw, s, &p->members[h->mi]) == ST_OK) h->slot = s;
     }
-    /* a server the coordinator lists as alive and we hold an endpoint to is usable again */
-    for (size_t i = 0; i < p->n_members; i++)
-        for (int s = 0; s < aw->n_srv; s++)
-            if (aw->srv[s].id == p->members[i].member_id) aw->srv[s].alive = p->members[i].alive && aw->srv[s].ep != NULL;
+    pthread_mutex_lock(&aw->mu);
+    for (size_t i = 0; i < cells * (size_t)aw->R; i++)
+        aw->holders[i] = -1;
+    for (size_t i = 0; i < cells; i++) {
+        int r = 0;
+        for (uint32_t k = p->offsets[i]; k < p->offsets[i + 1] && k < p->n_member_ids && r < aw->R; k++) {
+            holder_t *h = holder_find(hs, nh, p->member_ids[k]);
+            if (h && h->slot >= 0) aw->holders[i * aw->R + r++] = h->slot;
+        }
+    }
+    /* a held server is usable while we hold an endpoint to it (a lost one stays out until the
+     * coordinator drops it from the map) */
+    for (size_t i = 0; i < nh; i++)
+        if (hs[i].slot >= 0) aw->srv[hs[i].slot].alive = aw->srv[hs[i].slot].ep != NULL;
+    if (missing)
+        snprintf(aw->srv_full, sizeof aw->srv_full,
+                 "the worker's expert-server table is full (%d slots): expert server %.48s (%.64s)%s not connected",
+                 MAX_SERVERS, first_missing->name ? first_missing->name : "?",
+                 first_missing->data_endpoint ? first_missing->data_endpoint : "", missing > 1 ? " and others" : "");
+    else
+        aw->srv_full[0] = 0;
+    aw->place_gen = gen;
     aw->place_version = p->version;
     pthread_cond_broadcast(&aw->cv);
     pthread_mutex_unlock(&aw->mu);
-    st_log_info("worker %s: placement v%llu applied (%d expert servers)", aw->o.name, (unsigned long long)p->version, aw->n_srv);
+    free(hs);
+    if (missing)
+        st_log_every(ST_LOG_WARN, 10.0, "worker %s: placement v%llu: %d expert servers have no slot: %s", aw->o.name,
+                     (unsigned long long)p->version, missing, aw->srv_full);
+    return missing;
+}
+
+/* Table upkeep: while retired servers wait to be closed, or holders of the newest map wait for a
+ * slot, a timer (50 ms, backing off to 2 s) reaps and re-applies that map. p: a new map (kept,
+ * encoded, when some holders had no slot). */
+static void table_upkeep(aw_t *aw, const st_proto_placement_t *p, int missing, int retired) {
+    if (p) {
+        free(aw->place_copy);
+        aw->place_copy = NULL;
+        if (missing > 0 && st_proto_placement_encode(p, &aw->place_copy, &aw->place_copy_len) != ST_OK)
+            aw->place_copy = NULL;
+        aw->retry_ms = 50;
+    } else {
+        if (missing <= 0) {
+            free(aw->place_copy);
+            aw->place_copy = NULL;
+        }
+        aw->retry_ms = ST_MIN(aw->retry_ms * 2, 2000u);
+    }
+    if ((aw->place_copy || retired > 0) && !aw->compute_done)
+        uv_timer_start(&aw->retry_timer, on_table_timer, aw->retry_ms, 0);
+    else
+        uv_timer_stop(&aw->retry_timer);
+}
+
+static void on_table_timer(uv_timer_t *t) {
+    aw_t *aw = t->data;
+    if (aw->compute_done) return;
+    int missing = 0;
+    if (aw->place_copy) {
+        st_proto_placement_t p;
+        if (st_proto_placement_decode(aw->place_copy, aw->place_copy_len, &p) == ST_OK) {
+            missing = apply_placement(aw, &p); /* reaps first */
+            st_proto_placement_cleanup(&p);
+        }
+    }
+    table_upkeep(aw, NULL, missing, srv_reap(aw));
+}
+
+/* New map: follow the expert servers it names, rebuild the holder table. */
+static void on_placement(void *arg, const st_proto_placement_t *p) {
+    aw_t *aw = arg;
+    const st_config_t *c = aw->c;
+    if ((int)p->n_layers != c->n_layers || (int)p->n_experts != c->n_experts || !p->offsets) {
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored",
+                     aw->o.name, p->n_layers, p->n_experts, c->n_layers, c->n_experts);
+        return;
+    }
+    int missing = apply_placement(aw, p);
+    if (missing < 0) {
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement v%llu: out of memory; kept the previous map", aw->o.name,
+                     (unsigned long long)p->version);
+        return;
+    }
+    table_upkeep(aw, p, missing, srv_reap(aw));
+    int n = 0;
+    for (int s = 0; s < aw->n_srv; s++)
+        n += aw->srv[s].state == SRV_USED;
+    st_log_info("worker %s: placement v%llu applied (%d expert servers%s)", aw->o.name, (unsigned long long)p->version,
+                n, missing ? ", some without a slot" : "");
+}
+
+/* The coordinator knows this worker: from now on only its member token opens Worker/Generate. */
+static void on_registered(void *arg, uint64_t member_id, const char *member_token) {
+    aw_t *aw = arg;
+    if (!aw->secure) return; /* --insecure: the port is open (loopback experiments) */
+    if (member_token && member_token[0]) {
+        st_rpc_server_set_token(aw->rpc, member_token);
+        st_log_info("worker %s: registered as %llu; Worker/Generate takes the coordinator's token", aw->o.name,
+                    (unsigned long long)member_id);
+    } else {
+        st_log_every(ST_LOG_WARN, 60.0,
+                     "worker %s: the coordinator sent no member token: Worker/Generate stays closed "
+                     "(is the coordinator running without the cluster secret?)",
+                     aw->o.name);
+    }
 }
 
 /* loop → compute: append to the inbox and wake the compute thread */
@@ -1036,7 +1385,8 @@ static void inbox_push(aw_t *aw, in_msg_t *m) {
 static void on_call_cancel(st_rpc_call_t *call, void *arg) {
     req_t *rq = arg;
     if (rq->call != call) return;
-    rq->call = NULL; /* compute side learns through the inbox */
+    rq->call = NULL; /* compute side learns through the inbox (the next chunk's write) */
+    st_rpc_call_finish(call, ST_ERR_CANCELLED, "cancelled"); /* releases the call now */
 }
 
 static void handle_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
@@ -1051,17 +1401,32 @@ static void handle_generate(st_rpc_call_t *call, const uint8_t *req, size_t len,
         free(m);
         return;
     }
+    /* a client's mistake ends here, before anything is sized from the request */
+    char why[256] = "";
+    st_status_t st = st_aw_check_request(aw->c, &aw->lim, &m->r, &m->n_prompt, &m->max_tokens);
+    if (st != ST_OK) snprintf(why, sizeof why, "%s", st_err_last());
     int slot = -1;
-    for (int i = 0; i < aw->n_reqs; i++)
+    for (int i = 0; i < aw->n_reqs && st == ST_OK; i++)
         if (!aw->reqs[i].used) { slot = i; break; }
-    pthread_mutex_lock(&aw->mu);
-    int full = slot < 0 || aw->stop;
-    if (!full) aw->active++;
-    pthread_mutex_unlock(&aw->mu);
-    if (full) {
+    if (st == ST_OK) {
+        /* full or draining: RESOURCE_EXHAUSTED before any chunk, so the coordinator queues or
+         * sends it elsewhere */
+        pthread_mutex_lock(&aw->mu);
+        if (aw->stop || aw->draining) {
+            st = ST_ERR_CAPACITY;
+            snprintf(why, sizeof why, "attention worker %s is draining (shutting down)", aw->o.name);
+        } else if (slot < 0 || aw->active >= (uint32_t)aw->o.max_seqs) {
+            st = ST_ERR_CAPACITY;
+            snprintf(why, sizeof why, "attention worker %s is full (%d sequences)", aw->o.name, aw->o.max_seqs);
+        } else {
+            aw->active++;
+        }
+        pthread_mutex_unlock(&aw->mu);
+    }
+    if (st != ST_OK) {
         st_proto_generate_req_cleanup(&m->r);
         free(m);
-        st_rpc_call_finish(call, ST_ERR_CAPACITY, "attention worker is full");
+        st_rpc_call_finish(call, st, why);
         return;
     }
     req_t *rq = &aw->reqs[slot];
@@ -1091,11 +1456,20 @@ static void on_rpc_closed(void *arg) {
     uv_close((uv_handle_t *)&aw->async, NULL);
     uv_close((uv_handle_t *)&aw->sig_int, NULL);
     uv_close((uv_handle_t *)&aw->sig_term, NULL);
+    uv_close((uv_handle_t *)&aw->retry_timer, NULL);
+    uv_close((uv_handle_t *)&aw->flush_timer, NULL);
 }
 
 static void on_member_stopped(void *arg) {
     aw_t *aw = arg;
     st_rpc_server_close(aw->rpc, on_rpc_closed, aw);
+}
+
+/* After a drain: the last chunks and statuses have been handed to gRPC; give them a moment to leave
+ * before closing the server cancels whatever is still queued. */
+static void on_flushed(uv_timer_t *t) {
+    aw_t *aw = t->data;
+    st_member_stop(aw->mem, on_member_stopped, aw);
 }
 
 static void on_reported(st_status_t st, const uint8_t *reply, size_t len, const char *detail, void *arg) {
@@ -1108,7 +1482,7 @@ static void on_thresholds(void *arg, const st_proto_thresholds_t *t) {
     aw_t *aw = arg;
     size_t cells = (size_t)aw->c->n_layers * aw->c->n_experts;
     if (t->n_layers != (uint32_t)aw->c->n_layers || t->n_experts != (uint32_t)aw->c->n_experts || !t->tau || t->n_rho != cells) {
-        st_log_error("worker %s: thresholds of the wrong shape; ignored", aw->o.name);
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: thresholds of the wrong shape; ignored", aw->o.name);
         return;
     }
     pthread_mutex_lock(&aw->mu);
@@ -1123,7 +1497,7 @@ static void on_async(uv_async_t *a) {
     pthread_mutex_lock(&aw->mu);
     ev_t *ev = aw->ev_head;
     aw->ev_head = aw->ev_tail = NULL;
-    int done = aw->compute_done;
+    int done = aw->compute_done, drained = aw->draining && !aw->stop;
     pthread_mutex_unlock(&aw->mu);
     while (ev) {
         ev_t *next = ev->next;
@@ -1135,6 +1509,13 @@ static void on_async(uv_async_t *a) {
             if (aw->reports_inflight < 2 &&
                 st_member_report_scores(aw->mem, ev->bytes, ev->len, 2000, on_reported, aw) == ST_OK) /* NOTE: the request bytes are copied: the buffer is free again */
                 aw->reports_inflight++;
+        } else if (ev->kind == EV_END) { /* no chunk was sent: end with a status */
+            req_t *rq = &aw->reqs[ev->req];
+            if (rq->used && rq->gen == ev->gen) {
+                if (rq->call) st_rpc_call_finish(rq->call, ev->status, (const char *)ev->inl);
+                rq->used = 0;
+                rq->call = NULL;
+            }
         } else {
             req_t *rq = &aw->reqs[ev->req];
             if (rq->used && rq->gen == ev->gen) {
@@ -1158,24 +1539,44 @@ static void on_async(uv_async_t *a) {
     }
     if (done && aw->compute_done != 2) {
         aw->compute_done = 2;
-        st_member_stop(aw->mem, on_member_stopped, aw);
+        uv_timer_stop(&aw->retry_timer);
+        if (drained) {
+            st_log_info("worker %s: drained; exiting", aw->o.name);
+            uv_timer_start(&aw->flush_timer, on_flushed, 200, 0);
+        } else {
+            st_member_stop(aw->mem, on_member_stopped, aw);
+        }
     }
 }
 
+/* SIGTERM drains (new requests refused, those in flight finish within --drain-timeout-s); SIGINT,
+ * or a second signal, stops at once. */
 static void on_signal(uv_signal_t *h, int sig) {
     aw_t *aw = h->data;
     pthread_mutex_lock(&aw->mu);
-    int already = aw->stop;
-    aw->stop = 1;
+    int already = aw->stop, drain = sig == SIGTERM && !aw->draining && !aw->stop;
+    uint32_t n = aw->active;
+    if (drain) {
+        aw->draining = 1;
+        aw->drain_deadline = st_time_sec() + aw->o.drain_timeout_s;
+    } else {
+        aw->stop = 1;
+    }
     pthread_cond_broadcast(&aw->cv);
     pthread_mutex_unlock(&aw->mu);
-    if (!already) st_log_info("worker %s: signal %d, stopping after %llu steps", aw->o.name, sig, (unsigned long long)aw->step);
+    if (drain)
+        st_log_info("worker %s: SIGTERM: draining %u requests in flight (at most %d s); new requests are refused",
+                    aw->o.name, n, aw->o.drain_timeout_s);
+    else if (!already)
+        st_log_info("worker %s: signal %d, stopping now (%u requests in flight)", aw->o.name, sig, n);
 }
 
+/* Reported in heartbeats: a draining worker shows itself full, so the coordinator sends it nothing. */
 static uint32_t inflight(void *arg) {
     aw_t *aw = arg;
     pthread_mutex_lock(&aw->mu);
     uint32_t n = aw->active;
+    if (aw->draining || aw->stop) n = ST_MAX(n, (uint32_t)aw->o.max_seqs);
     pthread_mutex_unlock(&aw->mu);
     return n;
 }
@@ -1264,12 +1665,16 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (aw->o.max_seqs > 256) aw->o.max_seqs = 256;
     if (aw->o.max_batch_tokens <= 0) aw->o.max_batch_tokens = 2048;
     if (aw->o.max_ctx <= 0) aw->o.max_ctx = 4096;
+    if (aw->o.max_ctx < 2) aw->o.max_ctx = 2; /* a prompt token and a generated one */
     if (aw->o.micro_batches <= 0) aw->o.micro_batches = 2;
     if (aw->o.micro_batches > MAX_MB) aw->o.micro_batches = MAX_MB;
     if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 64;
     const char *sv = getenv("STRATA_WORKER_SYNC");
     aw->sync_mb = sv && atoi(sv) != 0;
     if (!aw->o.expert_timeout_ms) aw->o.expert_timeout_ms = 5000;
+    if (aw->o.drain_timeout_s < 0) aw->o.drain_timeout_s = 30;
+    const st_sec_opts_t *sec = aw->o.sec;
+    aw->secure = sec && sec->have_secret;
     int rc = 1;
     if (st_ckpt_open(&aw->ck, aw->o.ckpt) != ST_OK) goto out;
     aw->c = st_ckpt_config(aw->ck);
@@ -1288,22 +1693,45 @@ int st_aw_run(const st_aw_opts_t *opts) {
     eo.device = aw->o.device;
     if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
     if (alloc_buffers(aw) != ST_OK) goto out_engine;
+    /* a prompt is prefilled in one step; prompt + generated tokens fit the context */
+    aw->lim = (st_aw_limits_t){.max_ctx = aw->o.max_ctx, .max_prompt = aw->o.max_batch_tokens, .max_stop = MAX_STOP};
+    /* until the coordinator gives its member token, Worker/Generate requires a random one: nobody
+     * gets in before registration */
+    st_rpc_sec_t ssec = {0};
+    if (aw->secure) {
+        uint8_t rnd[32];
+        if (st_random_bytes(rnd, sizeof rnd) != ST_OK) goto out_engine;
+        st_hex(rnd, sizeof rnd, aw->boot_token);
+        ssec.token = aw->boot_token;
+    }
+    if (sec) {
+        ssec.tls_cert = sec->tls_cert;
+        ssec.tls_key = sec->tls_key;
+        aw->member_sec = (st_rpc_sec_t){.token = aw->secure ? sec->grpc_token : NULL,
+                                        .tls = sec->tls || sec->tls_cert,
+                                        .tls_cert = sec->tls_cert,
+                                        .tls_key = sec->tls_key,
+                                        .tls_ca = sec->tls_ca};
+    }
     uv_loop_init(&aw->loop);
     pthread_mutex_init(&aw->mu, NULL);
     pthread_cond_init(&aw->cv, NULL);
     pthread_cond_init(&aw->cv_ev, NULL);
     uv_async_init(&aw->loop, &aw->async, on_async);
     aw->async.data = aw;
+    uv_timer_init(&aw->loop, &aw->retry_timer);
+    uv_timer_init(&aw->loop, &aw->flush_timer);
+    aw->retry_timer.data = aw->flush_timer.data = aw;
     if (st_rpc_init(&aw->loop) != ST_OK) goto out_loop;
     if (st_tp_create(&aw->loop, &aw->tp) != ST_OK) goto out_rpc;
-    if (aw->o.sec && aw->o.sec->have_secret) st_tp_set_secret(aw->tp, &aw->o.sec->secret);
+    if (aw->secure) st_tp_set_secret(aw->tp, &sec->secret); /* before any connection */
     {
         char lh[128];
         uint16_t lp;
         if (split_hostport(aw->o.listen, lh, sizeof lh, &lp) == 0) st_tp_set_local_host(aw->tp, lh);
     }
     if (st_tp_set_am_handler(aw->tp, ST_WIRE_AM_REPLY, am_begin, am_done, aw) != ST_OK) goto out_tp;
-    if (st_rpc_server_create(aw->o.listen, &aw->rpc) != ST_OK ||
+    if (st_rpc_server_create_ex(aw->o.listen, &ssec, &aw->rpc) != ST_OK ||
         st_rpc_server_add_method(aw->rpc, ST_PROTO_METHOD_WORKER_GENERATE, handle_generate, aw) != ST_OK ||
         st_rpc_server_start(aw->rpc, &aw->rpc_port) != ST_OK)
         goto out_tp;
@@ -1311,10 +1739,17 @@ int st_aw_run(const st_aw_opts_t *opts) {
     uint16_t p0;
     if (split_hostport(aw->o.listen, host, sizeof host, &p0) != 0) snprintf(host, sizeof host, "127.0.0.1");
     snprintf(endpoint, sizeof endpoint, "%s:%d", host, aw->rpc_port);
-    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION, .name = aw->o.name, .data_endpoint = endpoint,
-                           .capacity = (uint32_t)aw->o.max_seqs, .coordinator = aw->o.coordinator,
-                           .on_placement = on_placement, .inflight = inflight, .arg = aw,
-                           .on_thresholds = aw->o.routing == ST_ROUTE_QUANTILE ? on_thresholds : NULL};
+    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION,
+                           .name = aw->o.name,
+                           .data_endpoint = endpoint,
+                           .capacity = (uint32_t)aw->o.max_seqs,
+                           .coordinator = aw->o.coordinator,
+                           .on_placement = on_placement,
+                           .inflight = inflight,
+                           .arg = aw,
+                           .on_thresholds = aw->o.routing == ST_ROUTE_QUANTILE ? on_thresholds : NULL,
+                           .on_registered = on_registered,
+                           .sec = sec ? &aw->member_sec : NULL};
     st_engine_set_route_observer(aw->e, route_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);
@@ -1338,6 +1773,8 @@ out_rpc:
     st_rpc_cleanup();
 out_loop:
     uv_close((uv_handle_t *)&aw->async, NULL);
+    uv_close((uv_handle_t *)&aw->retry_timer, NULL);
+    uv_close((uv_handle_t *)&aw->flush_timer, NULL);
     uv_run(&aw->loop, UV_RUN_DEFAULT);
 out_closed:
     uv_loop_close(&aw->loop);
@@ -1373,6 +1810,7 @@ out:
     free(aw->server_of2);
     free(aw->seqs);
     free(aw->reqs);
+    free(aw->place_copy);
     free(aw);
     return rc;
 }
