@@ -15,6 +15,7 @@
  * before the close). */
 #include "strata/http.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <llhttp.h>
@@ -493,7 +494,9 @@ static void conn_settle(conn_t *c) {
     }
     /* NOTE: read while there is room, even with a response pending, so that a client leaving is
        noticed (EOF → on_close); stop when the buffer is full (under TLS: its plaintext) */
-    set_reading(c, !c->eof && (c->phase == PH_DRAIN || c->reject || !c->in || in_room(c) > 0));
+    int want = !c->eof && (c->phase == PH_DRAIN || c->reject || !c->in || in_room(c) > 0);
+    if (want && c->ssl && BIO_ctrl_pending(c->rbio) >= SLAB) want = 0; /* belt and braces */
+    set_reading(c, want);
 }
 
 /* Parses what is buffered: dispatches each complete request, one at a time. */
@@ -501,9 +504,11 @@ static void conn_pump(conn_t *c) {
     if (c->pumping) return; /* a handler ended its response synchronously: the loop below goes on */
     c->pumping = 1;
     int msgs = 0;
-    while (!c->closing && !c->doomed && !c->res && c->phase != PH_DRAIN && !c->reject) {
+    while (!c->closing && !c->doomed && c->phase != PH_DRAIN && !c->reject) {
+        /* NOTE: decrypt even while a response is pending, so that the plaintext buffer's cap is
+           what stops reading and ciphertext cannot pile up in the read BIO */
         if (c->ssl && tls_pull(c) != 0) break;
-        if (c->in_off == c->in_len) break;
+        if (c->res || c->in_off == c->in_len) break;
         if (c->wq_bytes > WQ_PAUSE) { /* the client is not reading its responses: wait */
             c->wq_blocked = 1;
             break;
@@ -958,6 +963,12 @@ static st_status_t tls_error(const char *what, const char *path) {
 }
 
 static st_status_t tls_ctx_create(const char *cert, const char *key, SSL_CTX **out) {
+    const char *files[2] = {cert, key};
+    for (int i = 0; i < 2; i++) { /* OpenSSL's own text for these is vague */
+        FILE *f = fopen(files[i], "r");
+        if (!f) return ST_FAIL(ST_ERR_CONFIG, "http: TLS %s %s: %s", i ? "private key" : "certificate", files[i], strerror(errno));
+        fclose(f);
+    }
     ERR_clear_error();
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) return tls_error("context", NULL);
@@ -967,7 +978,7 @@ static st_status_t tls_ctx_create(const char *cert, const char *key, SSL_CTX **o
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
     if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) st = tls_error("certificate", cert);
     else if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) st = tls_error("private key", key);
-    else if (SSL_CTX_check_private_key(ctx) != 1) st = tls_error("private key does not match the certificate:", key);
+    else if (SSL_CTX_check_private_key(ctx) != 1) st = tls_error("private key does not match the certificate;", key);
     if (st) {
         SSL_CTX_free(ctx);
         return st;
@@ -1062,10 +1073,16 @@ st_status_t st_http_server_create(uv_loop_t *loop, const char *host, uint16_t po
     return ST_OK;
 }
 
-st_status_t st_http_server_create_detached(uv_loop_t *loop, const st_http_opts_t *opts, st_http_server_t **out) {
+st_status_t st_http_server_create_detached(uv_loop_t *loop, const st_http_opts_t *opts, size_t in_cap,
+                                           st_http_server_t **out) {
     st_http_opts_t o = opts ? *opts : (st_http_opts_t){0};
     o.tls_cert = o.tls_key = NULL;
-    return server_new(loop, &o, out);
+    st_http_server_t *s;
+    st_status_t st = server_new(loop, &o, &s);
+    if (st) return st;
+    if (in_cap) s->in_cap = in_cap;
+    *out = s;
+    return ST_OK;
 }
 
 uint16_t st_http_server_port(const st_http_server_t *s) { return s->port; }

@@ -13,8 +13,10 @@ struct uv_loop_s;
 
 typedef void (*st_http_sink_fn)(void *arg, const void *data, size_t len);
 
-/* Like st_http_server_create without listening (no TLS). Close with st_http_server_close. */
-st_status_t st_http_server_create_detached(struct uv_loop_s *loop, const st_http_opts_t *opts,
+/* Like st_http_server_create without listening (no TLS). in_cap: the per-connection input buffer
+ * in bytes (0: the default, 64 KiB + max_header; small values exercise the full-buffer paths).
+ * Close with st_http_server_close. */
+st_status_t st_http_server_create_detached(struct uv_loop_s *loop, const st_http_opts_t *opts, size_t in_cap,
                                            st_http_server_t **out);
 
 /* Runs one fake connection of srv to its end: data arrives as socket reads of at most chunk bytes
