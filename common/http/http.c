@@ -706,6 +706,14 @@ static int on_headers_complete(llhttp_t *p) {
     c->body_off = c->len;
     c->phase = PH_BODY;
     timer_arm(c, c->srv->opts.body_timeout_ms);
+    if ((p->flags & F_CHUNKED) || p->content_length > 0) { /* curl waits a second for this before a body */
+        for (size_t i = 0; i < c->n_hdr; i++)
+            if (!strcasecmp(c->buf + c->hdr[i].name_off, "expect") && !strcasecmp(c->buf + c->hdr[i].val_off, "100-continue")) {
+                static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+                conn_write(c, cont, sizeof cont - 1, NULL, 0, NULL, 0);
+                break;
+            }
+    }
     return 0;
 }
 

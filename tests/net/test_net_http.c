@@ -323,6 +323,20 @@ static void check_basics(void) {
               strstr(body, "\"abcde\""),
           "chunked request body: %s", body);
 
+    { /* Expect: 100-continue gets the interim response before the body is sent */
+        int fd = dial();
+        const char *h = "POST /echo HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
+        send_all(fd, h, strlen(h));
+        char got[64] = "";
+        ssize_t r = recv(fd, got, sizeof got - 1, 0);
+        CHECK(r == 25 && !strcmp(got, "HTTP/1.1 100 Continue\r\n\r\n"), "interim 100: '%s'", got);
+        send_all(fd, "abc", 3);
+        rbuf_t *b = calloc(1, sizeof *b);
+        CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && strstr(body, "\"abc\""),
+              "body after 100-continue: %s", body);
+        free(b);
+        close(fd);
+    }
     CHECK(simple("GARBAGE\r\n\r\n", body, sizeof body, &closed) == 400 && closed, "malformed → 400 + close");
     CHECK(strstr(body, "\"type\":\"invalid_request_error\"") != NULL, "400 body OpenAI-shaped: %s", body);
     CHECK(simple("GET /healthz HTTP/1.1\r\nContent-Length: abc\r\n\r\n", body, sizeof body, &closed) == 400 && closed,
