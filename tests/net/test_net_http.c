@@ -597,9 +597,13 @@ static void check_pipeline_flood(void) {
     while (len < (1u << 20)) len += (size_t)sprintf(data + len, "GET /q?%d HTTP/1.1\r\nHost: x\r\n\r\n", n++);
     int fd = dial_to(srv_pipe);
     sender_t s = {.fd = fd, .data = data, .len = len};
+    /* the machine's own scheduling noise: the longest gap of the idle loop over a while */
+    atomic_store(&max_gap_ns, 0);
+    atomic_store(&measuring, 1);
+    usleep(300000);
+    double noise = atomic_load(&max_gap_ns) * 1e-6;
     atomic_store(&max_gap_ns, 0);
     atomic_store(&max_cpu_gap_ns, 0);
-    atomic_store(&measuring, 1);
     pthread_t th;
     pthread_create(&th, NULL, sender, &s);
     for (int i = 0; i < 50 && atomic_load(&s.sent) < len; i++) usleep(10000); /* the server holds, input piles up */
@@ -625,10 +629,15 @@ static void check_pipeline_flood(void) {
     for (int i = 0; i < 500 && atomic_load(&ticks) < t0 + 2; i++) usleep(1000);
     atomic_store(&measuring, 0);
     double gap = atomic_load(&max_gap_ns) * 1e-6, cpu = atomic_load(&max_cpu_gap_ns) * 1e-6;
-    printf("pipelined %d requests (%zu bytes) behind an open response: longest loop gap %.1f ms (%.1f ms CPU)\n", n,
-           len, gap, cpu);
+    printf("pipelined %d requests (%zu bytes) behind an open response: longest loop gap %.1f ms (%.1f ms CPU); "
+           "idle loop %.1f ms\n",
+           n, len, gap, cpu, noise);
     CHECK(answered == n, "%d of %d pipelined requests answered in order", answered, n);
-    CHECK(gap < 50 && cpu < 50, "the loop stalled: longest 5 ms-timer gap %.1f ms (%.1f ms CPU)", gap, cpu);
+    /* NOTE: CPU time the loop thread spent between ticks is what a stall is made of; the wall gap
+       also holds the machine's scheduling delay (tens of ms on a shared, loaded box), measured
+       above on the idle loop and allowed for */
+    CHECK(cpu < 50, "the loop stalled: %.1f ms of CPU between 5 ms-timer ticks", cpu);
+    CHECK(gap < 50 + noise, "the loop stalled: longest 5 ms-timer gap %.1f ms (idle loop: %.1f ms)", gap, noise);
     free(b);
     free(data);
     close(fd);
