@@ -361,11 +361,13 @@ static char *error_json(int status, const char *msg, size_t *len) {
 static void error_reply(conn_t *c, int status, const char *msg) {
     size_t bl = 0;
     char *body = error_json(status, msg, &bl);
-    static const char fallback[] = "{\"error\":{\"message\":\"error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n";
+    static const char fallback[] =
+        "{\"error\":{\"message\":\"error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n";
     char head[256];
-    int n = snprintf(head, sizeof head,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                     status, reason(status), body ? bl : sizeof fallback - 1);
+    int n =
+        snprintf(head, sizeof head,
+                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                 status, reason(status), body ? bl : sizeof fallback - 1);
     conn_write(c, head, (size_t)n, body ? body : fallback, body ? bl : sizeof fallback - 1, NULL, 0);
     free(body);
     conn_finish(c);
@@ -550,12 +552,16 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread < 0) {
         c->reading = 0;
-        if (nread != UV_EOF || c->res || c->phase == PH_DRAIN || c->reject) {
+        if (nread != UV_EOF || c->res) { /* an error, or the client left while its response is pending */
             conn_close(c);
             return;
         }
         uv_read_stop(st);
         c->eof = 1;
+        if (c->phase == PH_DRAIN || c->reject) { /* closing already: once what is queued is written */
+            if (c->phase != PH_DRAIN || !c->writes) conn_close(c);
+            return;
+        }
         conn_pump(c);
         return;
     }
@@ -708,7 +714,8 @@ static int on_headers_complete(llhttp_t *p) {
     timer_arm(c, c->srv->opts.body_timeout_ms);
     if ((p->flags & F_CHUNKED) || p->content_length > 0) { /* curl waits a second for this before a body */
         for (size_t i = 0; i < c->n_hdr; i++)
-            if (!strcasecmp(c->buf + c->hdr[i].name_off, "expect") && !strcasecmp(c->buf + c->hdr[i].val_off, "100-continue")) {
+            if (!strcasecmp(c->buf + c->hdr[i].name_off, "expect") &&
+                !strcasecmp(c->buf + c->hdr[i].val_off, "100-continue")) {
                 static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
                 conn_write(c, cont, sizeof cont - 1, NULL, 0, NULL, 0);
                 break;
@@ -760,14 +767,16 @@ static void res_send_ex(st_http_res_t *r, int status, const char *ctype, const c
     conn_t *c = r->conn;
     if (c) {
         char h[1024];
-        int n = snprintf(h, sizeof h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n",
+        int n = snprintf(h, sizeof h,
+                         "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n",
                          status, reason(status), ctype ? ctype : "text/plain", len, extra ? extra : "",
                          c->keep_alive ? "keep-alive" : "close");
         if (n > 0 && (size_t)n < sizeof h) {
             conn_write(c, h, (size_t)n, body, len, NULL, 0);
         } else {
             st_log_error("http: response head too long (content type %.40s...)", ctype);
-            static const char e[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+            static const char e[] =
+                "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
             conn_write(c, e, sizeof e - 1, NULL, 0, NULL, 0);
             c->keep_alive = 0;
         }
@@ -974,7 +983,9 @@ static st_status_t tls_ctx_create(const char *cert, const char *key, SSL_CTX **o
     const char *files[2] = {cert, key};
     for (int i = 0; i < 2; i++) { /* OpenSSL's own text for these is vague */
         FILE *f = fopen(files[i], "r");
-        if (!f) return ST_FAIL(ST_ERR_CONFIG, "http: TLS %s %s: %s", i ? "private key" : "certificate", files[i], strerror(errno));
+        if (!f)
+            return ST_FAIL(ST_ERR_CONFIG, "http: TLS %s %s: %s", i ? "private key" : "certificate", files[i],
+                           strerror(errno));
         fclose(f);
     }
     ERR_clear_error();

@@ -1,11 +1,13 @@
 /* st_http on loopback: the servers' loop runs on its own thread; this thread is a raw-socket client
- * with receive timeouts. Covers routes (200, OpenAI-shaped 404/405), request body, malformed → 400 +
- * close, a request target outside printable ASCII → 400, oversized body → 413 (Content-Length and
- * chunked), oversized headers → 431, keep-alive (sequential and pipelined; a later request's headers
- * are its own), SSE streaming, a client leaving mid-stream, header/body deadlines (408) and the idle
- * timeout, the connection cap (503) and the descriptor-limit clamp, ~1 MB pipelined behind an open
- * response without stalling the loop, and the counters. `test_net_http tls` runs the HTTPS checks
- * (certificate made with the openssl CLI; 77 when it is missing). */
+ * with receive timeouts. Covers routes (200, OpenAI-shaped 404/405 with Allow), request body,
+ * Expect: 100-continue, malformed → 400 + close, a request target outside printable ASCII → 400,
+ * oversized body → 413 (Content-Length and chunked), oversized headers → 431, keep-alive (sequential,
+ * pipelined, half-closed; a later request's headers are its own), SSE streaming, a client leaving
+ * mid-stream, header/body deadlines (408) and the idle timeout, the connection cap (503) and the
+ * descriptor-limit clamp, ~1 MB pipelined behind an open response without stalling the loop, and the
+ * counters. `test_net_http tls` runs the HTTPS checks (certificate made with the openssl CLI; 77 when
+ * it is missing): bad files refused, requests and a stream, pipelining, a plaintext client, the
+ * handshake deadline, the cap. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -166,7 +168,8 @@ static void loop_start(pthread_t *th) {
 static void loop_stop(pthread_t th) {
     uv_async_send(&stop_async);
     pthread_join(th, NULL);
-    CHECK(atomic_load(&servers_closed) == n_servers, "%d of %d servers closed", atomic_load(&servers_closed), n_servers);
+    CHECK(atomic_load(&servers_closed) == n_servers, "%d of %d servers closed", atomic_load(&servers_closed),
+          n_servers);
     CHECK(uv_loop_close(&loop) == 0, "loop closed cleanly");
 }
 
@@ -311,8 +314,9 @@ static void check_basics(void) {
     const char *r405 = "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n";
     CHECK(simple_to(srv, r405, strlen(r405), body, sizeof body, head, sizeof head, NULL) == 405, "wrong method");
     CHECK(strcasestr(head, "\r\nAllow: POST\r\n") != NULL, "405 names the allowed method: %s", head);
-    CHECK(strcmp(body, "{\"error\":{\"message\":\"Invalid method for URL (GET /echo)\",\"type\":\"invalid_request_error\","
-                       "\"param\":null,\"code\":null}}\n") == 0,
+    CHECK(strcmp(body,
+                 "{\"error\":{\"message\":\"Invalid method for URL (GET /echo)\",\"type\":\"invalid_request_error\","
+                 "\"param\":null,\"code\":null}}\n") == 0,
           "405 body OpenAI-shaped: %s", body);
     CHECK(simple("POST /echo?a=1 HTTP/1.1\r\nHost: x\r\nContent-Type: text/x\r\nContent-Length: 5\r\n\r\nhello", body,
                  sizeof body, NULL) == 200,
@@ -378,7 +382,8 @@ static void check_keepalive(void) {
     CHECK(strcasestr(head, "Connection: keep-alive") != NULL, "keep-alive header: %s", head);
     send_all(fd, r1, strlen(r1));
     CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && !strcmp(body, "ok\n"), "keep-alive 2");
-    const char *pipe3 = "GET /healthz HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET /nope HTTP/1.1\r\n\r\n";
+    const char *pipe3 =
+        "GET /healthz HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET /nope HTTP/1.1\r\n\r\n";
     send_all(fd, pipe3, strlen(pipe3));
     CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200, "pipelined 1");
     CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && strstr(body, "\"hi\""),
@@ -406,6 +411,22 @@ static void check_keepalive(void) {
     CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && !strcmp(body, "(none)"),
           "request 5 has no authorization: %s", body);
 
+    { /* 40 pipelined requests (more than are parsed per loop iteration), then the client's EOF:
+         all answered, then closed */
+        int hfd = dial();
+        char many[2048];
+        size_t ml = 0;
+        for (int i = 0; i < 40; i++) ml += (size_t)sprintf(many + ml, "GET /healthz HTTP/1.1\r\n\r\n");
+        send_all(hfd, many, ml);
+        shutdown(hfd, SHUT_WR);
+        rbuf_t *hb = calloc(1, sizeof *hb);
+        int ok = 0;
+        while (ok < 40 && read_response(hfd, hb, body, sizeof body, head, sizeof head) == 200) ok++;
+        CHECK(ok == 40, "%d of 40 pipelined requests answered after the client's EOF", ok);
+        CHECK(peer_closed(hfd), "closed after answering a half-closed client");
+        free(hb);
+        close(hfd);
+    }
     const char *last = "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n";
     send_all(fd, last, strlen(last));
     CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200, "close request");
@@ -424,8 +445,9 @@ static void check_streams(void) {
         send_all(fd, r, strlen(r));
         CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200, "sse status");
         CHECK(strcasestr(head, "Content-Type: text/event-stream") != NULL, "sse content type: %s", head);
-        const char *want = "event: tok\ndata: {\"i\":0}\n\nevent: tok\ndata: {\"i\":1}\n\nevent: tok\ndata: {\"i\":2}\n\n"
-                           "event: tok\ndata: {\"i\":3}\n\nevent: tok\ndata: {\"i\":4}\n\ndata: [DONE]\n\n";
+        const char *want =
+            "event: tok\ndata: {\"i\":0}\n\nevent: tok\ndata: {\"i\":1}\n\nevent: tok\ndata: {\"i\":2}\n\n"
+            "event: tok\ndata: {\"i\":3}\n\nevent: tok\ndata: {\"i\":4}\n\ndata: [DONE]\n\n";
         CHECK(strcmp(body, want) == 0, "sse body:\n%s", body);
         const char *r1 = "GET /healthz HTTP/1.1\r\n\r\n";
         send_all(fd, r1, strlen(r1));
@@ -612,7 +634,8 @@ static void check_pipeline_flood(void) {
     uv_async_send(&release_async);
     rbuf_t *b = calloc(1, sizeof *b);
     char body[256], head[1024], want[32];
-    CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && !strcmp(body, "held\n"), "held: %s", body);
+    CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && !strcmp(body, "held\n"), "held: %s",
+          body);
     int answered = 0;
     for (int i = 0; i < n; i++) {
         snprintf(want, sizeof want, "%d", i);
@@ -731,7 +754,8 @@ static void check_tls_flood(SSL_CTX *ctx) {
     CHECK(poll(&p, 1, 0) == 0, "nothing answered over TLS while the first response is open");
     uv_async_send(&release_async);
     pthread_join(th, NULL);
-    CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && !strcmp(body, "held\n"), "held: %s", body);
+    CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200 && !strcmp(body, "held\n"), "held: %s",
+          body);
     int answered = 0;
     for (int i = 0; i < n; i++) {
         snprintf(want, sizeof want, "%d", i);
@@ -788,6 +812,10 @@ static int run_tls(void) {
     st_http_route(srv_tls, "GET", "/events", h_events, NULL);
     st_http_route(srv_tls, "GET", "/hold", h_hold, NULL);
     st_http_route(srv_tls, "GET", "/q", h_query, NULL);
+    st_http_opts_t oc = {.tls_cert = cert, .tls_key = key, .max_conns = 1};
+    srv_cap = server(&oc);
+    if (!srv_cap) return st_test_done();
+    st_http_route(srv_cap, "GET", "/healthz", h_health, NULL);
     pthread_t th;
     loop_start(&th);
 
@@ -808,8 +836,9 @@ static int run_tls(void) {
               "HTTPS request: %s", body);
         tls_send(ssl, "GET /events HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n");
         CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 200, "HTTPS stream status");
-        const char *want = "event: tok\ndata: {\"i\":0}\n\nevent: tok\ndata: {\"i\":1}\n\nevent: tok\ndata: {\"i\":2}\n\n"
-                           "event: tok\ndata: {\"i\":3}\n\nevent: tok\ndata: {\"i\":4}\n\ndata: [DONE]\n\n";
+        const char *want =
+            "event: tok\ndata: {\"i\":0}\n\nevent: tok\ndata: {\"i\":1}\n\nevent: tok\ndata: {\"i\":2}\n\n"
+            "event: tok\ndata: {\"i\":3}\n\nevent: tok\ndata: {\"i\":4}\n\ndata: [DONE]\n\n";
         CHECK(strcmp(body, want) == 0, "HTTPS stream body:\n%s", body);
         CHECK(read_response(fd, b, body, sizeof body, head, sizeof head) == 404, "pipelined over HTTPS after a stream");
         SSL_free(ssl);
@@ -835,10 +864,37 @@ static int run_tls(void) {
         close(sfd);
     }
     check_tls_flood(ctx);
+    { /* beyond the cap over TLS: the handshake completes, then a 503 */
+        SSL *a = NULL, *z = NULL;
+        int fa = tls_dial(srv_cap, ctx, &a);
+        CHECK(fa >= 0, "TLS connection within the cap");
+        if (fa >= 0) {
+            rbuf_t *b = calloc(1, sizeof *b);
+            char body[512], head[1024];
+            b->ssl = a;
+            tls_send(a, "GET /healthz HTTP/1.1\r\n\r\n");
+            CHECK(read_response(fa, b, body, sizeof body, head, sizeof head) == 200, "served within the cap");
+            int fz = tls_dial(srv_cap, ctx, &z);
+            CHECK(fz >= 0, "TLS handshake beyond the cap");
+            if (fz >= 0) {
+                memset(b, 0, sizeof *b);
+                b->ssl = z;
+                int st = read_response(fz, b, body, sizeof body, head, sizeof head);
+                CHECK(st == 503 && strcasestr(head, "\r\nRetry-After: 1\r\n") && strstr(body, "\"server_error\""),
+                      "beyond the cap over TLS → %d: %s%s", st, head, body);
+                SSL_free(z);
+                close(fz);
+            }
+            SSL_free(a);
+            free(b);
+            close(fa);
+        }
+    }
     SSL_CTX_free(ctx);
     loop_stop(th);
     CHECK(stats_tls.buffered_high > 0 && stats_tls.buffered_high <= (64u << 10) + (16u << 10) + (64u << 10) + 17000,
           "input held per TLS connection: %llu bytes", (unsigned long long)stats_tls.buffered_high);
+    CHECK(stats_cap.rejected == 1, "TLS rejections counted: %llu", (unsigned long long)stats_cap.rejected);
     CHECK(stats_tls.timed_out >= 1 && stats_tls.accepted >= 3, "TLS stats: timed out %llu, accepted %llu",
           (unsigned long long)stats_tls.timed_out, (unsigned long long)stats_tls.accepted);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
