@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 
 const char *st_status_str(st_status_t s) {
@@ -221,4 +222,22 @@ st_status_t st_file_write_all(const char *path, const void *data, size_t len) {
     }
     if (fclose(f) != 0) return ST_FAIL(ST_ERR_IO, "close failed on %s", path);
     return ST_OK;
+}
+
+void st_fd_limit_raise(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        st_log_warn("fd limit: getrlimit: %s", strerror(errno));
+        return;
+    }
+    unsigned long long was = (unsigned long long)rl.rlim_cur;
+    if (rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            st_log_warn("fd limit: cannot raise %llu to the hard limit %llu: %s", was,
+                        (unsigned long long)rl.rlim_max, strerror(errno));
+            return;
+        }
+    }
+    st_log_info("fd limit: %llu open files (was %llu)", (unsigned long long)rl.rlim_cur, was);
 }

@@ -120,6 +120,11 @@ void st_arena_cleanup(st_arena_t *a);
 void *st_arena_alloc(st_arena_t *a, size_t bytes); /* 64-byte aligned; NULL (no log) when full */
 static inline void st_arena_reset(st_arena_t *a) { a->used = 0; }
 
+/* ---- process limits ---- */
+/* Raise the soft RLIMIT_NOFILE to the hard limit (servers hold one descriptor per client) and log
+ * the result at INFO. Roles call it once at start, before creating their servers. */
+void st_fd_limit_raise(void);
+
 /* ---- small file helpers ---- */
 st_status_t st_file_read_all(const char *path, char **out, size_t *len); /* NUL-terminated, caller frees */
 st_status_t st_file_write_all(const char *path, const void *data, size_t len);
