@@ -16,9 +16,15 @@
 #define FRONT_TICK_MS 20       /* the stall probe's period */
 #define FRONT_SWEEP_TICKS 10   /* queue and stream timeouts every 200 ms */
 
-int st_coord_queue_cap(const coord_t *co) { return co->o.max_queue < 0 ? 0 : co->o.max_queue ? co->o.max_queue : 1024; }
-static double queue_timeout(const coord_t *co) { return co->o.queue_timeout_s > 0 ? co->o.queue_timeout_s : 60.0; }
-static double idle_timeout(const coord_t *co) { return co->o.stream_idle_timeout_s > 0 ? co->o.stream_idle_timeout_s : 60.0; }
+int st_coord_queue_cap(const coord_t *co) {
+    return co->o.max_queue < 0 ? 0 : co->o.max_queue ? co->o.max_queue : 1024;
+}
+static double queue_timeout(const coord_t *co) {
+    return co->o.queue_timeout_s > 0 ? co->o.queue_timeout_s : 60.0;
+}
+static double idle_timeout(const coord_t *co) {
+    return co->o.stream_idle_timeout_s > 0 ? co->o.stream_idle_timeout_s : 60.0;
+}
 
 /* ================================================================ lists */
 
@@ -26,22 +32,30 @@ static void list_push(gen_t **head, gen_t **tail, gen_t *g, int front) {
     g->prev = g->next = NULL;
     if (front) {
         g->next = *head;
-        if (*head) (*head)->prev = g;
-        else if (tail) *tail = g;
+        if (*head)
+            (*head)->prev = g;
+        else if (tail)
+            *tail = g;
         *head = g;
     } else {
         g->prev = tail ? *tail : NULL;
-        if (g->prev) g->prev->next = g;
-        else *head = g;
+        if (g->prev)
+            g->prev->next = g;
+        else
+            *head = g;
         if (tail) *tail = g;
     }
 }
 
 static void list_unlink(gen_t **head, gen_t **tail, gen_t *g) {
-    if (g->prev) g->prev->next = g->next;
-    else *head = g->next;
-    if (g->next) g->next->prev = g->prev;
-    else if (tail) *tail = g->prev;
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        *head = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    else if (tail)
+        *tail = g->prev;
     g->prev = g->next = NULL;
 }
 
@@ -64,7 +78,9 @@ static void run_unlink(coord_t *co, gen_t *g) {
 
 /* ================================================================ workers */
 
-static int worker_usable(const member_t *m) { return m->alive && m->role == ST_PROTO_ROLE_ATTENTION && m->ch; }
+static int worker_usable(const member_t *m) {
+    return m->alive && m->role == ST_PROTO_ROLE_ATTENTION && m->ch;
+}
 
 /* The attention worker with the most free slots (capacity - requests proxied to it now), not
  * backing off; NULL when every slot is taken. */
@@ -105,13 +121,16 @@ static void gen_answer(gen_t *g) {
     if (g->detached) return;
     g->detached = 1;
     int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
-    if (ok) co->requests_ok++;
-    else co->requests_err++;
+    if (ok)
+        co->requests_ok++;
+    else
+        co->requests_err++;
     if (g->call) {
         st_rpc_call_t *call = g->call;
         g->call = NULL;
         st_rpc_call_on_cancel(call, NULL, NULL);
-        if (g->status != ST_OK && !g->err_in_chunk) st_rpc_call_finish(call, g->status, g->err);
+        if (g->status != ST_OK && !g->err_in_chunk)
+            st_rpc_call_finish(call, g->status, g->err);
         else if (g->finish == ST_PROTO_FINISH_NONE)
             st_rpc_call_finish(call, ST_ERR_PEER, "the attention worker ended the stream without finishing");
         else /* finished by the worker; an error travelled in the last chunk */
@@ -160,10 +179,13 @@ static void gen_on_msg(const uint8_t *msg, size_t len, void *arg) {
     if (g->detached || st_proto_generate_chunk_decode(msg, len, &ch) != ST_OK) return;
     double now = st_time_sec();
     g->chunks++;
-    if (ch.finish != ST_PROTO_FINISH_ERROR && ch.finish != ST_PROTO_FINISH_CANCELLED && (ch.text || ch.token_id || ch.finish == ST_PROTO_FINISH_NONE || g->n_tokens < (int)ch.index + 1)) {
+    if (ch.finish != ST_PROTO_FINISH_ERROR && ch.finish != ST_PROTO_FINISH_CANCELLED &&
+        (ch.text || ch.token_id || ch.finish == ST_PROTO_FINISH_NONE || g->n_tokens < (int)ch.index + 1)) {
         if (ch.finish == ST_PROTO_FINISH_NONE || ch.index >= (uint32_t)g->n_tokens) {
-            if (g->n_tokens == 0) st_hist_add(&co->ttft, now - g->t0);
-            else st_hist_add(&co->tpot, now - g->t_last);
+            if (g->n_tokens == 0)
+                st_hist_add(&co->ttft, now - g->t0);
+            else
+                st_hist_add(&co->tpot, now - g->t_last);
             g->n_tokens++;
             co->tokens_total++;
             co->tokens_window++;
@@ -195,13 +217,13 @@ static void gen_on_done(st_status_t st, const char *detail, void *arg) {
     member_t *m = st_coord_member_find(co, g->worker_id);
     /* full or draining (or not reachable) before any chunk: nothing reached the client, so the
        request goes back to the head of the queue and the worker is left alone for a moment */
-    if ((st == ST_ERR_CAPACITY || st == ST_ERR_PEER) && g->chunks == 0 && g->retries < GEN_MAX_RETRIES && !g->http_gone &&
-        !(g->call && st_rpc_call_is_cancelled(g->call)) && !co->stopping) {
+    if ((st == ST_ERR_CAPACITY || st == ST_ERR_PEER) && g->chunks == 0 && g->retries < GEN_MAX_RETRIES &&
+        !g->http_gone && !(g->call && st_rpc_call_is_cancelled(g->call)) && !co->stopping) {
         g->retries++;
         co->requeued++;
         if (m) m->busy_until = st_time_sec() + GEN_BUSY_BACKOFF_S;
-        st_log_every(ST_LOG_INFO, 5.0, "coordinator: attention worker %s refused a request (%s: %s): queued again", g->worker,
-                     st_status_str(st), detail ? detail : "");
+        st_log_every(ST_LOG_INFO, 5.0, "coordinator: attention worker %s refused a request (%s: %s): queued again",
+                     g->worker, st_status_str(st), detail ? detail : "");
         q_push(co, g, 1);
         st_coord_queue_pump(co);
         return;
@@ -210,9 +232,13 @@ static void gen_on_done(st_status_t st, const char *detail, void *arg) {
         /* the worker's own word on a client's mistake stays a client's mistake (400); load and
            loss keep their class; anything else is the worker's failure (502) */
         if (st == ST_ERR_INVALID_ARG || st == ST_ERR_PARSE || st == ST_ERR_OUT_OF_RANGE)
-            gen_fail(g, st == ST_ERR_OUT_OF_RANGE ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, "%s", detail ? detail : st_status_str(st));
+            gen_fail(g, st == ST_ERR_OUT_OF_RANGE ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, "%s",
+                     detail ? detail : st_status_str(st));
         else
-            gen_fail(g, st == ST_ERR_CAPACITY || st == ST_ERR_PEER || st == ST_ERR_TIMEOUT || st == ST_ERR_CANCELLED ? st : ST_ERR_INTERNAL,
+            gen_fail(g,
+                     st == ST_ERR_CAPACITY || st == ST_ERR_PEER || st == ST_ERR_TIMEOUT || st == ST_ERR_CANCELLED
+                         ? st
+                         : ST_ERR_INTERNAL,
                      "attention worker %s: %s (%s)", g->worker, st_status_str(st), detail ? detail : "");
     } else if (g->finish == ST_PROTO_FINISH_ERROR || g->finish == ST_PROTO_FINISH_CANCELLED) {
         /* failed by the worker: its message travelled in the last chunk (a gRPC client has it) */
@@ -232,8 +258,8 @@ static st_status_t gen_dispatch(coord_t *co, gen_t *g, member_t *w) {
     snprintf(g->worker, sizeof g->worker, "%.63s", w->name[0] ? w->name : w->endpoint);
     g->t0 = g->t_last = st_time_sec();
     g->chunks = 0;
-    st_status_t s = st_rpc_stream_open(w->ch, ST_PROTO_METHOD_WORKER_GENERATE, g->req, g->req_len, 3600u * 1000u, gen_on_msg,
-                                       gen_on_done, g, &g->up);
+    st_status_t s = st_rpc_stream_open(w->ch, ST_PROTO_METHOD_WORKER_GENERATE, g->req, g->req_len, 3600u * 1000u,
+                                       gen_on_msg, gen_on_done, g, &g->up);
     if (s != ST_OK) return s;
     w->active++;
     co->active_requests++;
@@ -271,7 +297,9 @@ st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_r
     st_coord_queue_pump(co);
     if (co->n_waiting >= st_coord_queue_cap(co) && (co->q_head || !pick_worker(co))) {
         co->rejected_full++;
-        return ST_REJECT(ST_ERR_CAPACITY, "server busy: every attention worker slot is taken and %d requests are waiting", co->n_waiting);
+        return ST_REJECT(ST_ERR_CAPACITY,
+                         "server busy: every attention worker slot is taken and %d requests are waiting",
+                         co->n_waiting);
     }
     s = st_proto_generate_req_encode(r, &g->req, &g->req_len);
     if (s != ST_OK) return s;
@@ -308,7 +336,8 @@ static void front_sweep(coord_t *co) {
         gen_t *g = co->q_head;
         q_unlink(co, g);
         co->rejected_timeout++;
-        gen_fail(g, ST_ERR_TIMEOUT, "server busy: no attention worker slot became free within %g s (%d requests waiting)", qt,
+        gen_fail(g, ST_ERR_TIMEOUT,
+                 "server busy: no attention worker slot became free within %g s (%d requests waiting)", qt,
                  co->n_waiting);
         gen_free(g);
     }
@@ -380,8 +409,8 @@ void st_coord_front_start(coord_t *co) {
 
 st_status_t st_coord_rpc_authorized(coord_t *co, st_rpc_call_t *call) {
     if (!co->o.api_key || st_openai_bearer_ok(st_rpc_call_header(call, "authorization"), co->o.api_key)) return ST_OK;
-    st_log_every(ST_LOG_WARN, 10.0, "coordinator: %s from %s without a valid API key: refused", st_rpc_call_method(call),
-                 st_rpc_call_peer(call) ? st_rpc_call_peer(call) : "?");
+    st_log_every(ST_LOG_WARN, 10.0, "coordinator: %s from %s without a valid API key: refused",
+                 st_rpc_call_method(call), st_rpc_call_peer(call) ? st_rpc_call_peer(call) : "?");
     st_rpc_call_finish(call, ST_ERR_AUTH, "missing or invalid API key (send \"authorization: Bearer <key>\")");
     return ST_ERR_AUTH;
 }

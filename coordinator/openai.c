@@ -20,10 +20,12 @@ static st_status_t refuse(st_openai_err_t *e, st_status_t s, const char *param, 
     /* a client's string (valid UTF-8: JSON) may have been cut mid-character: drop the cut one */
     size_t n = strlen(e->message);
     if (!st_openai_utf8_valid((const unsigned char *)e->message, n)) {
-        while (n > 0 && ((unsigned char)e->message[n - 1] & 0xC0) == 0x80) n--;
+        while (n > 0 && ((unsigned char)e->message[n - 1] & 0xC0) == 0x80)
+            n--;
         if (n > 0 && (unsigned char)e->message[n - 1] >= 0xC0) n--;
         e->message[n] = 0;
-        if (!st_openai_utf8_valid((const unsigned char *)e->message, n)) snprintf(e->message, sizeof e->message, "invalid request");
+        if (!st_openai_utf8_valid((const unsigned char *)e->message, n))
+            snprintf(e->message, sizeof e->message, "invalid request");
     }
     e->param = param;
     return s;
@@ -140,7 +142,8 @@ static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t
     if (json_is_string(p)) {
         size_t n = json_string_length(p);
         if (n == 0) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt is empty");
-        if (memchr(json_string_value(p), 0, n)) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt contains a NUL character");
+        if (memchr(json_string_value(p), 0, n))
+            return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt contains a NUL character");
         r->prompt = malloc(n + 1);
         if (!r->prompt) return ST_ERR_NO_MEMORY;
         memcpy(r->prompt, json_string_value(p), n + 1);
@@ -159,7 +162,8 @@ static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t
         }
         return ST_OK;
     }
-    return refuse(e, ST_ERR_INVALID_ARG, "prompt", "'prompt' must be a string, a one-string array, or an array of token ids");
+    return refuse(e, ST_ERR_INVALID_ARG, "prompt",
+                  "'prompt' must be a string, a one-string array, or an array of token ids");
 }
 
 /* An integer field in [lo, hi]; *out untouched when absent. 1 present, 0 absent, -1 refused. */
@@ -169,21 +173,22 @@ static int int_field(json_t *body, const char *key, json_int_t lo, json_int_t hi
     if (!v) return 0;
     /* 16.0 is not an integer to OpenAI either; huge values arrive as reals (or fail to parse) */
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        *s = refuse(e, json_is_integer(v) ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, key, "'%s' must be an integer %lld..%lld",
-                    key, (long long)lo, (long long)hi);
+        *s = refuse(e, json_is_integer(v) ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, key,
+                    "'%s' must be an integer %lld..%lld", key, (long long)lo, (long long)hi);
         return -1;
     }
     *out = json_integer_value(v);
     return 1;
 }
 
-static int num_field(json_t *body, const char *key, double lo, double hi, double *out, st_openai_err_t *e, st_status_t *s) {
+static int num_field(json_t *body, const char *key, double lo, double hi, double *out, st_openai_err_t *e,
+                     st_status_t *s) {
     json_t *v = field(body, key);
     if (!v) return 0;
     double d = json_is_number(v) ? json_number_value(v) : NAN;
     if (!json_is_number(v) || !(d >= lo && d <= hi)) {
-        *s = refuse(e, json_is_number(v) ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, key, "'%s' must be a number %g..%g", key,
-                    lo, hi);
+        *s = refuse(e, json_is_number(v) ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, key,
+                    "'%s' must be a number %g..%g", key, lo, hi);
         return -1;
     }
     *out = d;
@@ -232,8 +237,10 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
         r->has_seed = 1;
     }
     if (int_field(body, "n", 1, 1, &iv, e, &s) < 0) return refuse(e, s, "n", "only n = 1 is supported");
-    if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0) return refuse(e, s, "best_of", "only best_of = 1 is supported");
-    if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0) return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
+    if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0)
+        return refuse(e, s, "best_of", "only best_of = 1 is supported");
+    if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0)
+        return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
     int b = 0;
     if (bool_field(body, "echo", &b, e, &s) < 0) return s;
     if (b) return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo is not supported");
@@ -246,11 +253,14 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
     if ((v = field(body, "stop"))) {
         /* byte-level tokenizer: a one-byte stop string is a stop token */
         size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        if (n > ST_OPENAI_MAX_STOP) return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings", ST_OPENAI_MAX_STOP);
+        if (n > ST_OPENAI_MAX_STOP)
+            return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
+                          ST_OPENAI_MAX_STOP);
         for (size_t i = 0; i < n; i++) {
             json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
             if (!json_is_string(x) || json_string_length(x) != 1 || (unsigned char)json_string_value(x)[0] >= 0x80)
-                return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings", ST_OPENAI_MAX_STOP);
+                return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
+                              ST_OPENAI_MAX_STOP);
             out->stops[i] = (unsigned char)json_string_value(x)[0];
         }
         r->stop_ids = n ? out->stops : NULL;
@@ -259,8 +269,8 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
     return st_openai_check(r, lim, e);
 }
 
-st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim, st_openai_req_t *out,
-                                       st_openai_err_t *e) {
+st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
+                                       st_openai_req_t *out, st_openai_err_t *e) {
     st_openai_req_t r;
     memset(&r, 0, sizeof r);
     e->message[0] = 0;
@@ -269,8 +279,9 @@ st_status_t st_openai_parse_completion(const char *body, size_t len, const st_op
     json_t *j = json_loadb(body ? body : "", body ? len : 0, JSON_REJECT_DUPLICATES, &je);
     if (!j || !json_is_object(j)) {
         json_decref(j);
-        if (!j) return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body is not valid JSON: %s (line %d column %d)",
-                              je.text, je.line, je.column);
+        if (!j)
+            return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body is not valid JSON: %s (line %d column %d)",
+                          je.text, je.line, je.column);
         return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body must be a JSON object");
     }
     st_status_t s = parse_body(j, lim, &r, e);
@@ -294,12 +305,15 @@ void st_openai_req_cleanup(st_openai_req_t *r) {
 
 int st_openai_bearer_ok(const char *h, const char *key) {
     if (!h || !key) return 0;
-    while (*h == ' ' || *h == '\t') h++;
+    while (*h == ' ' || *h == '\t')
+        h++;
     if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return 0;
     h += 6;
-    while (*h == ' ' || *h == '\t') h++;
+    while (*h == ' ' || *h == '\t')
+        h++;
     size_t n = strlen(h);
-    while (n > 0 && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
+    while (n > 0 && (h[n - 1] == ' ' || h[n - 1] == '\t'))
+        n--;
     uint8_t a[32], b[32];
     st_sha256(h, n, a);
     st_sha256(key, strlen(key), b);

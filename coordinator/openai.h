@@ -11,8 +11,8 @@
 #include "strata/base.h"
 #include "strata/proto.h"
 
-#define ST_OPENAI_MAX_TOKENS 1000000u  /* max_tokens: 1..this */
-#define ST_OPENAI_MAX_TOP_K 1000000    /* top_k: -1 or 0 (off) .. this */
+#define ST_OPENAI_MAX_TOKENS 1000000u /* max_tokens: 1..this */
+#define ST_OPENAI_MAX_TOP_K 1000000   /* top_k: -1 or 0 (off) .. this */
 #define ST_OPENAI_MAX_TEMPERATURE 100.0
 #define ST_OPENAI_MAX_STOP 16
 
@@ -38,8 +38,8 @@ typedef struct {
 /* Parse and check a /v1/completions body of len bytes (need not be NUL-terminated). ST_OK fills
  * *out; ST_ERR_INVALID_ARG or ST_ERR_OUT_OF_RANGE (a client's mistake: answer 400) fills *err;
  * ST_ERR_NO_MEMORY otherwise. Every numeric field is range-checked before it is converted. */
-st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim, st_openai_req_t *out,
-                                       st_openai_err_t *err);
+st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
+                                       st_openai_req_t *out, st_openai_err_t *err);
 void st_openai_req_cleanup(st_openai_req_t *r);
 
 /* The checks every Generate request passes before it is queued or proxied (also the gRPC one,

@@ -15,9 +15,9 @@
 
 #include "openai.h"
 
-#define REQUIRE(c) \
-    do {           \
-        if (!(c)) abort(); \
+#define REQUIRE(c)                                                                                                     \
+    do {                                                                                                               \
+        if (!(c)) abort();                                                                                             \
     } while (0)
 
 static void check_clean(const uint8_t *d, size_t n) {
@@ -60,7 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(q->temperature >= 0 && q->temperature <= ST_OPENAI_MAX_TEMPERATURE);
         REQUIRE(q->top_p >= 0 && q->top_p <= 1 && q->top_k <= ST_OPENAI_MAX_TOP_K);
         REQUIRE(q->n_prompt_tokens ? q->prompt_tokens != NULL : (q->prompt && q->prompt[0]));
-        for (size_t i = 0; i < q->n_prompt_tokens; i++) REQUIRE(q->prompt_tokens[i] < 512);
+        for (size_t i = 0; i < q->n_prompt_tokens; i++)
+            REQUIRE(q->prompt_tokens[i] < 512);
         REQUIRE(q->n_stop_ids <= ST_OPENAI_MAX_STOP && (!q->n_stop_ids || q->stop_ids == r.stops));
         st_openai_req_cleanup(&r);
     } else {

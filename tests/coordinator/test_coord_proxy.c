@@ -26,7 +26,8 @@
 #include "strata/rpc.h"
 
 static const char *CONFIG =
-    "{\"text_config\": {\"hidden_size\": 128, \"num_hidden_layers\": 8, \"vocab_size\": 512, \"intermediate_size\": 256,"
+    "{\"text_config\": {\"hidden_size\": 128, \"num_hidden_layers\": 8, \"vocab_size\": 512, \"intermediate_size\": "
+    "256,"
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"q_lora_rank\": 64, \"kv_lora_rank\": 64,"
     " \"qk_nope_head_dim\": 32, \"qk_rope_head_dim\": 16, \"v_head_dim\": 32, \"first_k_dense_replace\": 1,"
     " \"num_experts\": 16, \"num_experts_per_token\": 4, \"num_shared_experts\": 1, \"moe_intermediate_size\": 64,"
@@ -49,7 +50,8 @@ static fake_t F;
 /* ================================================================ the fake worker */
 
 static void send_chunk(st_rpc_call_t *call, uint32_t i, const char *text, st_proto_finish_t fin, const char *err) {
-    st_proto_generate_chunk_t ch = {.index = i, .token_id = 65 + i, .text = (char *)text, .finish = fin, .error = (char *)err};
+    st_proto_generate_chunk_t ch = {
+        .index = i, .token_id = 65 + i, .text = (char *)text, .finish = fin, .error = (char *)err};
     uint8_t *b;
     size_t n;
     if (st_proto_generate_chunk_encode(&ch, &b, &n) == ST_OK) {
@@ -82,8 +84,12 @@ static void h_worker_generate(st_rpc_call_t *call, const uint8_t *req, size_t le
             return;
         }
         break;
-    case 5: st_rpc_call_finish(call, ST_ERR_CAPACITY, "attention worker is full"); return;
-    case 2: st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "prompt of 9999 tokens exceeds the 256-token step budget"); return;
+    case 5:
+        st_rpc_call_finish(call, ST_ERR_CAPACITY, "attention worker is full");
+        return;
+    case 2:
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "prompt of 9999 tokens exceeds the 256-token step budget");
+        return;
     case 3:
         send_chunk(call, 0, "A", ST_PROTO_FINISH_NONE, NULL);
         F.stalled = call;
@@ -93,7 +99,8 @@ static void h_worker_generate(st_rpc_call_t *call, const uint8_t *req, size_t le
         send_chunk(call, 0, NULL, ST_PROTO_FINISH_ERROR, "an expert of this request has no live server");
         st_rpc_call_finish(call, ST_OK, NULL);
         return;
-    default: break;
+    default:
+        break;
     }
     send_chunk(call, 0, "A", ST_PROTO_FINISH_NONE, NULL);
     send_chunk(call, 1, "B", ST_PROTO_FINISH_NONE, NULL);
@@ -116,9 +123,11 @@ static int http_post(const char *body, char *out, size_t cap, double timeout_s) 
         return 0;
     }
     char req[2048];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n =
+        snprintf(req, sizeof req,
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n%s",
+                 strlen(body), body);
     if (write(fd, req, (size_t)n) != n) {
         close(fd);
         return 0;
@@ -147,7 +156,8 @@ static void *client_main(void *arg) {
 
     /* refused once before any chunk: queued again at the head, served */
     st = http_post("{\"prompt\":[1,1],\"max_tokens\":3}", r, sizeof r, 10);
-    CHECK(st == 200 && strstr(r, "\"text\":\"ABC\""), "a request refused once (full) is served after a re-queue: %d %s", st, r);
+    CHECK(st == 200 && strstr(r, "\"text\":\"ABC\""), "a request refused once (full) is served after a re-queue: %d %s",
+          st, r);
     CHECK(F.calls[1] == 2, "the worker saw it twice (%d)", F.calls[1]);
     st = http_post("{\"prompt\":[1,1],\"max_tokens\":3,\"stream\":true}", r, sizeof r, 10);
     CHECK(st == 200 && strstr(r, "[DONE]") && !strstr(r, "error"), "the same for a stream: %d", st);
@@ -155,12 +165,15 @@ static void *client_main(void *arg) {
     /* refused every time: bounded retries, then 429 */
     double t0 = st_time_sec();
     st = http_post("{\"prompt\":[5,1],\"max_tokens\":3}", r, sizeof r, 10);
-    CHECK(st == 429 && strstr(r, "\r\nRetry-After: "), "a request refused every time ends 429 with Retry-After: %d %s", st, r);
-    CHECK(F.calls[5] >= 2 && F.calls[5] <= 5, "after a bounded number of tries (%d) in %.2f s", F.calls[5], st_time_sec() - t0);
+    CHECK(st == 429 && strstr(r, "\r\nRetry-After: "), "a request refused every time ends 429 with Retry-After: %d %s",
+          st, r);
+    CHECK(F.calls[5] >= 2 && F.calls[5] <= 5, "after a bounded number of tries (%d) in %.2f s", F.calls[5],
+          st_time_sec() - t0);
 
     /* a client's mistake found by the worker is the client's: 400, a stream included */
     st = http_post("{\"prompt\":[2,1],\"max_tokens\":3}", r, sizeof r, 10);
-    CHECK(st == 400 && strstr(r, "step budget") && strstr(r, "invalid_request_error"), "worker INVALID_ARGUMENT → 400: %d %s", st, r);
+    CHECK(st == 400 && strstr(r, "step budget") && strstr(r, "invalid_request_error"),
+          "worker INVALID_ARGUMENT → 400: %d %s", st, r);
     st = http_post("{\"prompt\":[2,1],\"max_tokens\":3,\"stream\":true}", r, sizeof r, 10);
     CHECK(st == 400 && !strstr(r, "text/event-stream"), "for a stream too, before its first byte: %d %s", st, r);
 
@@ -174,7 +187,8 @@ static void *client_main(void *arg) {
     t0 = st_time_sec();
     st = http_post("{\"prompt\":[3,1],\"max_tokens\":50,\"stream\":true}", r, sizeof r, 8);
     double dt = st_time_sec() - t0;
-    CHECK(st == 200 && strstr(r, "\"text\":\"A\"") && strstr(r, "fake-attn") && strstr(r, "sent nothing") && strstr(r, "[DONE]"),
+    CHECK(st == 200 && strstr(r, "\"text\":\"A\"") && strstr(r, "fake-attn") && strstr(r, "sent nothing") &&
+              strstr(r, "[DONE]"),
           "a silent stream ends with an error event naming the worker: %d %s", st, r);
     CHECK(dt > 0.8 && dt < 3.5, "after the idle timeout (%.2f s)", dt);
     /* and its slot comes back once the worker's stream is cancelled */
@@ -246,8 +260,8 @@ int main(void) {
             dup2(fd, 2);
         }
         execl(coord, coord, "--ckpt", dir, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--heartbeat-ms", "300",
-              "--ready-file", ready, "--cluster-secret-file", secret, "--max-queue", "8", "--stream-idle-timeout-s", "1",
-              (char *)NULL);
+              "--ready-file", ready, "--cluster-secret-file", secret, "--max-queue", "8", "--stream-idle-timeout-s",
+              "1", (char *)NULL);
         _exit(127);
     }
     char grpc[200] = "";
@@ -278,8 +292,14 @@ int main(void) {
     char ep[64];
     snprintf(ep, sizeof ep, "127.0.0.1:%d", F.port);
     st_rpc_sec_t rs = {.token = sec.grpc_token};
-    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION, .name = "fake-attn", .data_endpoint = ep, .capacity = 2,
-                           .coordinator = grpc, .sec = &rs, .on_placement = on_placement, .on_registered = on_registered};
+    st_member_opts_t mo = {.role = ST_PROTO_ROLE_ATTENTION,
+                           .name = "fake-attn",
+                           .data_endpoint = ep,
+                           .capacity = 2,
+                           .coordinator = grpc,
+                           .sec = &rs,
+                           .on_placement = on_placement,
+                           .on_registered = on_registered};
     CHECK(st_member_start(&F.loop, &mo, &F.mem) == ST_OK, "member start");
     /* bounded: the client thread has its own timeouts; the coordinator's own deadline guards the rest */
     uv_run(&F.loop, UV_RUN_DEFAULT);

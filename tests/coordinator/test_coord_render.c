@@ -20,12 +20,18 @@ static int prom_ok(const char *text, char *why, size_t wn) {
         p += n + (nl ? 1 : 0);
         if (!line[0] || line[0] == '#') continue;
         char *sp = strrchr(line, ' ');
-        if (!sp) { snprintf(why, wn, "no value: %s", line); return 0; }
+        if (!sp) {
+            snprintf(why, wn, "no value: %s", line);
+            return 0;
+        }
         const char *v = sp + 1;
         if (!strcmp(v, "NaN") || !strcmp(v, "+Inf") || !strcmp(v, "-Inf")) continue;
         char *end;
         double d = strtod(v, &end);
-        if (end == v || *end || !isfinite(d)) { snprintf(why, wn, "bad value: %s", line); return 0; }
+        if (end == v || *end || !isfinite(d)) {
+            snprintf(why, wn, "bad value: %s", line);
+            return 0;
+        }
     }
     return 1;
 }
@@ -43,13 +49,19 @@ int main(void) {
     st_hist_init(&co->tpot);
     co->t_start = st_time_sec();
     co->n_members = 2;
-    for (int i = 0; i < 2; i++) co->members[i].load = calloc(12, sizeof(uint32_t));
-    co->members[0] = (member_t){.id = 1, .role = ST_PROTO_ROLE_ATTENTION, .alive = 1, .capacity = 4, .load = co->members[0].load,
-                                .last_seen = st_time_sec(), .load_step = 1};
+    for (int i = 0; i < 2; i++)
+        co->members[i].load = calloc(12, sizeof(uint32_t));
+    co->members[0] = (member_t){.id = 1,
+                                .role = ST_PROTO_ROLE_ATTENTION,
+                                .alive = 1,
+                                .capacity = 4,
+                                .load = co->members[0].load,
+                                .last_seen = st_time_sec(),
+                                .load_step = 1};
     snprintf(co->members[0].name, sizeof co->members[0].name, "attn-\xff\xfe-\xed\xa0\x80"); /* not UTF-8 */
     snprintf(co->members[0].endpoint, sizeof co->members[0].endpoint, "127.0.0.1:1");
-    co->members[1] = (member_t){.id = 2, .role = ST_PROTO_ROLE_EXPERT, .alive = 1, .load = co->members[1].load,
-                                .last_seen = NAN};
+    co->members[1] =
+        (member_t){.id = 2, .role = ST_PROTO_ROLE_EXPERT, .alive = 1, .load = co->members[1].load, .last_seen = NAN};
     snprintf(co->members[1].name, sizeof co->members[1].name, "expert-0");
 
     /* a clean state renders */
@@ -73,11 +85,13 @@ int main(void) {
     json_t *j = s ? json_loads(s, 0, &je) : NULL;
     CHECK(j != NULL, "status is JSON: %s", s ? je.text : "(none)");
     json_t *name = json_object_get(json_array_get(json_object_get(j, "members"), 0), "name");
-    CHECK(json_is_string(name) && strstr(json_string_value(name), "attn-") && strstr(json_string_value(name), "\xEF\xBF\xBD"),
+    CHECK(json_is_string(name) && strstr(json_string_value(name), "attn-") &&
+              strstr(json_string_value(name), "\xEF\xBF\xBD"),
           "the member's name with U+FFFD for its bad bytes");
     CHECK(json_is_null(json_object_get(json_object_get(j, "step_ms"), "attention")), "NaN → null");
     CHECK(json_is_null(json_object_get(json_object_get(j, "throughput"), "tokens_per_s")), "Inf → null");
-    CHECK(json_is_object(json_object_get(j, "queue")) && json_is_object(json_object_get(j, "loop")), "queue and loop sections");
+    CHECK(json_is_object(json_object_get(j, "queue")) && json_is_object(json_object_get(j, "loop")),
+          "queue and loop sections");
     json_decref(j);
     free(s);
 
@@ -90,10 +104,12 @@ int main(void) {
               strstr(m, "strata_step_stage_seconds_total{stage=\"dispatch\"} +Inf\n") &&
               strstr(m, "strata_step_stage_seconds_total{stage=\"wait\"} -Inf\n"),
           "NaN, +Inf, -Inf spelled the Prometheus way");
-    CHECK(m && strstr(m, "strata_requests_waiting 0\n") && strstr(m, "strata_loop_stall_max_seconds "), "queue and stall gauges");
+    CHECK(m && strstr(m, "strata_requests_waiting 0\n") && strstr(m, "strata_loop_stall_max_seconds "),
+          "queue and stall gauges");
     free(m);
 
-    for (int i = 0; i < 2; i++) free(co->members[i].load);
+    for (int i = 0; i < 2; i++)
+        free(co->members[i].load);
     st_placement_cleanup(&co->place);
     free(co);
     return st_test_done();

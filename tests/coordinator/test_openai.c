@@ -57,11 +57,13 @@ static void test_utf8_exhaustive(void) {
     for (int len = 1; len <= 3; len++) {
         long total = 1L << (8 * len);
         for (long v = 0; v < total; v++, n++) {
-            for (int k = 0; k < len; k++) in[k] = (unsigned char)(v >> (8 * k));
+            for (int k = 0; k < len; k++)
+                in[k] = (unsigned char)(v >> (8 * k));
             int valid = st_openai_utf8_valid(in, (size_t)len);
             bad_valid += valid != ref_valid(in, (size_t)len);
             size_t used = st_openai_utf8_clean(in, (size_t)len, out, &ol, 1);
-            if (used != (size_t)len || !ref_valid((unsigned char *)out, ol) || (valid && (ol != (size_t)len || memcmp(out, in, ol))))
+            if (used != (size_t)len || !ref_valid((unsigned char *)out, ol) ||
+                (valid && (ol != (size_t)len || memcmp(out, in, ol))))
                 bad_clean++;
             json_t *j = json_stringn(out, ol);
             bad_json += !j;
@@ -95,7 +97,8 @@ static void test_utf8_exhaustive(void) {
         st_openai_utf8_clean(in, 4, out, &ol, 1);
         bad_clean += !ref_valid((unsigned char *)out, ol);
     }
-    CHECK(bad_valid == 0 && bad_clean == 0, "4-byte strings: %ld misclassified, %ld badly cleaned of %ld", bad_valid, bad_clean, n);
+    CHECK(bad_valid == 0 && bad_clean == 0, "4-byte strings: %ld misclassified, %ld badly cleaned of %ld", bad_valid,
+          bad_clean, n);
 }
 
 static void test_utf8_cases(void) {
@@ -105,11 +108,15 @@ static void test_utf8_cases(void) {
        61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 → a FFFD FFFD FFFD b FFFD c FFFD FFFD d */
     const unsigned char ex[] = {0x61, 0xF1, 0x80, 0x80, 0xE1, 0x80, 0xC2, 0x62, 0x80, 0x63, 0x80, 0xBF, 0x64};
     st_openai_utf8_clean(ex, sizeof ex, out, &ol, 1);
-    const char *want = "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c\xEF\xBF\xBD\xEF\xBF\xBD" "d";
+    const char *want = "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                       "b\xEF\xBF\xBD"
+                       "c\xEF\xBF\xBD\xEF\xBF\xBD"
+                       "d";
     CHECK(ol == strlen(want) && !memcmp(out, want, ol), "maximal subparts: got %zu bytes", ol);
     /* what the old cleaner let through: F5..F7 leads, overlong forms, surrogates, beyond U+10FFFF */
-    const char *bad[] = {"\xF5\x80\x80\x80", "\xF7\xBF\xBF\xBF", "\xC0\xAF", "\xE0\x80\xAF", "\xF0\x80\x80\xAF",
-                         "\xED\xA0\x80", "\xED\xBF\xBF", "\xF4\x90\x80\x80", "\xF8\x88\x80\x80\x80"};
+    const char *bad[] = {"\xF5\x80\x80\x80", "\xF7\xBF\xBF\xBF", "\xC0\xAF",
+                         "\xE0\x80\xAF",     "\xF0\x80\x80\xAF", "\xED\xA0\x80",
+                         "\xED\xBF\xBF",     "\xF4\x90\x80\x80", "\xF8\x88\x80\x80\x80"};
     for (size_t i = 0; i < ST_ARRAY_LEN(bad); i++) {
         st_openai_utf8_clean((const unsigned char *)bad[i], strlen(bad[i]), out, &ol, 1);
         CHECK(st_openai_utf8_valid((unsigned char *)out, ol) && json_ok(out, ol) && strstr(out, "\xEF\xBF\xBD"),
@@ -119,10 +126,14 @@ static void test_utf8_cases(void) {
     st_openai_utf8_clean((const unsigned char *)"\x01\x1F\xC2\x80\xC2\x9F", 6, out, &ol, 1);
     CHECK(ol == 6 && json_ok(out, ol), "controls kept");
     /* a stream's cut: an incomplete but valid prefix waits for the next chunk, a broken one does not */
-    CHECK(st_openai_utf8_clean((const unsigned char *)"ab\xF0\x9F\x98", 5, out, &ol, 0) == 2 && ol == 2, "prefix held back");
-    CHECK(st_openai_utf8_clean((const unsigned char *)"ab\xF0\x9F\x98", 5, out, &ol, 1) == 5 && ol == 5, "final: replaced");
-    CHECK(st_openai_utf8_clean((const unsigned char *)"ab\xF0\x41", 4, out, &ol, 0) == 4 && ol == 6, "broken prefix not held");
-    CHECK(st_openai_utf8_clean((const unsigned char *)"\xF5", 1, out, &ol, 0) == 1 && ol == 3, "impossible lead not held");
+    CHECK(st_openai_utf8_clean((const unsigned char *)"ab\xF0\x9F\x98", 5, out, &ol, 0) == 2 && ol == 2,
+          "prefix held back");
+    CHECK(st_openai_utf8_clean((const unsigned char *)"ab\xF0\x9F\x98", 5, out, &ol, 1) == 5 && ol == 5,
+          "final: replaced");
+    CHECK(st_openai_utf8_clean((const unsigned char *)"ab\xF0\x41", 4, out, &ol, 0) == 4 && ol == 6,
+          "broken prefix not held");
+    CHECK(st_openai_utf8_clean((const unsigned char *)"\xF5", 1, out, &ol, 0) == 1 && ol == 3,
+          "impossible lead not held");
 }
 
 /* Random bytes cut into random chunks, cleaned as a stream (holding back each chunk's tail), give
@@ -137,8 +148,10 @@ static void test_utf8_stream(void) {
         for (size_t i = 0; i < n; i++) {
             uint64_t r = st_rng_next(&rng);
             /* biased toward UTF-8-looking bytes so that long valid runs occur too */
-            buf[i] = (r & 3) == 0 ? (unsigned char)(r >> 8) : (r & 3) == 1 ? (unsigned char)(0x80 | ((r >> 8) & 0x3F))
-                     : (r & 3) == 2 ? (unsigned char)(0xC2 + (r >> 8) % 0x33) : (unsigned char)('a' + (r >> 8) % 26);
+            buf[i] = (r & 3) == 0   ? (unsigned char)(r >> 8)
+                     : (r & 3) == 1 ? (unsigned char)(0x80 | ((r >> 8) & 0x3F))
+                     : (r & 3) == 2 ? (unsigned char)(0xC2 + (r >> 8) % 0x33)
+                                    : (unsigned char)('a' + (r >> 8) % 26);
         }
         size_t wl;
         st_openai_utf8_clean(buf, n, whole, &wl, 1);
@@ -209,7 +222,9 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":\"hi\",\"ignore_eos\":1}", "ignore_eos");
     expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"bc\"]}", "stop");
     expect_refused("{\"prompt\":\"hi\",\"stop\":[\"\\u00e9\"]}", "stop");
-    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+                   "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}",
+                   "stop");
     expect_refused("{\"prompt\":\"hi\",\"model\":\"other\"}", "model");
     expect_refused("{\"prompt\":\"hi\",\"model\":7}", "model");
     expect_refused("{\"max_tokens\":4}", "prompt");
@@ -231,22 +246,27 @@ static void test_parse(void) {
     /* a long model name cut in the middle of a character still gives a UTF-8 message */
     char big[600];
     int k = snprintf(big, sizeof big, "{\"prompt\":\"hi\",\"model\":\"");
-    for (int i = 0; i < 200; i++) k += snprintf(big + k, sizeof big - (size_t)k, "\xC3\xA9");
+    for (int i = 0; i < 200; i++)
+        k += snprintf(big + k, sizeof big - (size_t)k, "\xC3\xA9");
     snprintf(big + k, sizeof big - (size_t)k, "\"}");
     expect_refused(big, "model");
 
     /* accepted, with every field where it belongs */
-    const char *ok = "{\"model\":\"tiny\",\"prompt\":\"hello\",\"max_tokens\":1000000,\"temperature\":0.5,\"top_p\":0.9,"
-                     "\"top_k\":40,\"seed\":9223372036854775807,\"n\":1,\"best_of\":1,\"logprobs\":null,\"echo\":false,"
-                     "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\".\"],\"user\":\"x\"}";
+    const char *ok =
+        "{\"model\":\"tiny\",\"prompt\":\"hello\",\"max_tokens\":1000000,\"temperature\":0.5,\"top_p\":0.9,"
+        "\"top_k\":40,\"seed\":9223372036854775807,\"n\":1,\"best_of\":1,\"logprobs\":null,\"echo\":false,"
+        "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\".\"],\"user\":\"x\"}";
     CHECK(parse(ok, &r, &e) == ST_OK, "full request refused: %s", e.message);
     CHECK(r.req.max_tokens == 1000000 && r.req.temperature == 0.5f && r.req.top_p == 0.9f && r.req.top_k == 40 &&
-              r.req.has_seed && r.req.seed == 9223372036854775807ull && r.stream && r.req.ignore_eos && r.req.n_stop_ids == 2 &&
-              r.req.stop_ids == r.stops && r.stops[0] == '\n' && r.stops[1] == '.' && !strcmp(r.req.prompt, "hello"),
+              r.req.has_seed && r.req.seed == 9223372036854775807ull && r.stream && r.req.ignore_eos &&
+              r.req.n_stop_ids == 2 && r.req.stop_ids == r.stops && r.stops[0] == '\n' && r.stops[1] == '.' &&
+              !strcmp(r.req.prompt, "hello"),
           "fields");
     st_openai_req_cleanup(&r);
-    CHECK(parse("{\"prompt\":[5,6,299],\"top_k\":-1,\"max_tokens\":null}", &r, &e) == ST_OK, "token prompt: %s", e.message);
-    CHECK(r.req.n_prompt_tokens == 3 && r.req.prompt_tokens[2] == 299 && r.req.top_k == 0 && r.req.max_tokens == 16 && !r.stream,
+    CHECK(parse("{\"prompt\":[5,6,299],\"top_k\":-1,\"max_tokens\":null}", &r, &e) == ST_OK, "token prompt: %s",
+          e.message);
+    CHECK(r.req.n_prompt_tokens == 3 && r.req.prompt_tokens[2] == 299 && r.req.top_k == 0 && r.req.max_tokens == 16 &&
+              !r.stream,
           "token prompt fields");
     st_openai_req_cleanup(&r);
     CHECK(parse("{\"prompt\":[\"one\"]}", &r, &e) == ST_OK && !strcmp(r.req.prompt, "one"), "one-string array");
