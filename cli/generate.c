@@ -1,4 +1,5 @@
 /* `strata generate`: a gRPC client of the coordinator's Generate (server-streaming). */
+#include <errno.h>
 #include <stdlib.h>
 #include <uv.h>
 
@@ -58,8 +59,22 @@ static void on_done(st_status_t st, const char *detail, void *arg) {
     g->done = 1;
 }
 
+/* An unsigned integer flag in 1..hi, checked before any cast. */
+static int u32_arg(const char *flag, const char *v, unsigned long hi, uint32_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-' || x < 1 || x > hi) {
+        fprintf(stderr, "strata generate: %s takes an integer 1..%lu (got '%s')\n", flag, hi, v);
+        return -1;
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
 int st_cmd_generate(int argc, char **argv) {
     const char *state_arg = NULL, *coord = NULL, *prompt = NULL, *ptoks = NULL, *dump = NULL;
+    const char *api_key = getenv("STRATA_API_KEY");
     st_proto_generate_req_t r = {.max_tokens = 16, .top_p = 1.0f};
     gen_cli_t g = {0};
     uint32_t *ids = NULL;
@@ -69,10 +84,11 @@ int st_cmd_generate(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--coordinator"))) coord = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--prompt"))) prompt = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--prompt-tokens"))) ptoks = v;
-        else if ((v = st_cli_opt(argc, argv, &i, "--max-tokens"))) r.max_tokens = (uint32_t)atoi(v);
+        else if ((v = st_cli_opt(argc, argv, &i, "--max-tokens"))) { if (u32_arg("--max-tokens", v, 1000000, &r.max_tokens)) return 2; }
+        else if ((v = st_cli_opt(argc, argv, &i, "--api-key"))) api_key = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--temperature"))) r.temperature = strtof(v, NULL);
         else if ((v = st_cli_opt(argc, argv, &i, "--top-p"))) r.top_p = strtof(v, NULL);
-        else if ((v = st_cli_opt(argc, argv, &i, "--top-k"))) r.top_k = (uint32_t)atoi(v);
+        else if ((v = st_cli_opt(argc, argv, &i, "--top-k"))) { if (u32_arg("--top-k", v, 1000000, &r.top_k)) return 2; }
         else if ((v = st_cli_opt(argc, argv, &i, "--seed"))) { r.seed = strtoull(v, NULL, 10); r.has_seed = 1; }
         else if ((v = st_cli_opt(argc, argv, &i, "--dump-logits"))) dump = v;
         else if (!strcmp(argv[i], "--stream")) g.stream = 1;
@@ -116,7 +132,9 @@ int st_cmd_generate(int argc, char **argv) {
     uv_loop_t loop;
     uv_loop_init(&loop);
     st_rpc_channel_t *ch = NULL;
-    if (st_rpc_init(&loop) != ST_OK || st_rpc_channel_create(coord, &ch) != ST_OK) {
+    /* the coordinator's client API key, when it has one, rides as "authorization: Bearer" */
+    st_rpc_sec_t sec = {.bearer = api_key && api_key[0] ? api_key : NULL};
+    if (st_rpc_init(&loop) != ST_OK || st_rpc_channel_create_ex(coord, &sec, &ch) != ST_OK) {
         fprintf(stderr, "strata generate: %s\n", st_err_last());
         return 1;
     }

@@ -19,6 +19,12 @@ typedef struct {
     float lambda;             /* quantile decay (default 0.9) */
     int expect_workers, expect_experts; /* /readyz needs this many alive (default 1 each) */
     const st_sec_opts_t *sec;  /* cluster secret and TLS (st_sec_opts_finish done) */
+    /* the client front door (docs/security.md) */
+    const char *api_key;      /* clients send "Authorization: Bearer <api_key>" on /v1/ routes and gRPC Generate/Status; NULL: open */
+    int auth_all;             /* /metrics and /status need the key too (/healthz, /readyz never do) */
+    int max_queue;            /* requests waiting for a worker slot beyond it get 429 (0: default 1024; -1: none wait) */
+    double queue_timeout_s;   /* a request waits at most this long for a slot (0: default 60) */
+    double stream_idle_timeout_s; /* no token from the worker this long: cancel, tell the client (0: default 60) */
 } st_coord_opts_t;
 
 int st_coord_run(const st_coord_opts_t *o);

@@ -47,25 +47,37 @@ typedef struct {
     char token[ST_PROTO_TOKEN_LEN + 1]; /* 32 hex digits, 128 random bits */
     uint8_t peer_hash[32];              /* SHA-256 of st_rpc_call_peer() at registration */
     double dead_at;                     /* when dropped (see MEMBER_FORGET_BEATS) */
+    /* front door (gen.c) */
+    double busy_until;    /* refused a request (full, draining, unreachable): not picked before this */
 } member_t;
 
 typedef struct coord coord_t;
 
-typedef struct {
+/* One client request at the front door (gen.c): waiting in the queue, then proxied to a worker. */
+typedef enum { ST_GEN_WAITING = 1, ST_GEN_RUNNING = 2 } st_gen_state_t;
+typedef struct gen gen_t;
+struct gen {
     coord_t *co;
+    gen_t *prev, *next;   /* in co->q_head (waiting) or co->run_head (running) */
+    st_gen_state_t state;
     uint64_t worker_id;
+    char worker[64];      /* its name, for errors */
     st_rpc_call_t *call;  /* gRPC client, or */
-    st_http_res_t *res;   /* HTTP client */
-    int stream, http_gone;
+    st_http_res_t *res;   /* HTTP client; both NULL once the client has been answered (detached) */
+    int stream, http_gone, http_begun, detached, err_in_chunk;
     st_rpc_stream_t *up;  /* to the worker */
-    double t0, t_last;
+    uint8_t *req;         /* the encoded Worker/Generate request, kept for a re-dispatch */
+    size_t req_len;
+    double t_enq, t0, t_last; /* t_last: the worker's last chunk (or the dispatch) */
+    int retries, chunks;
     int n_tokens, prompt_tokens;
     st_proto_finish_t finish;
+    st_status_t status;   /* what the client is told: ST_OK, or the error's class */
     char err[256];
     char id[48];
     char *text;                     /* raw bytes of the completion so far */
     size_t text_len, text_cap, emitted; /* emitted: bytes already streamed */
-} gen_t;
+};
 
 struct coord {
     st_coord_opts_t o;
@@ -96,6 +108,15 @@ struct coord {
     uint64_t stage_steps, reply_bytes, messages;
     double merge_s;                         /* coordinator: threshold merges + publishes */
     uint64_t merges;
+    /* front door (gen.c, rest.c): client auth, the request queue, stream watchdogs, loop stalls */
+    gen_t *q_head, *q_tail, *run_head;      /* waiting (FIFO) and running requests */
+    int n_waiting, pumping;
+    uint64_t rejected_full, rejected_timeout, idle_timeouts, workers_lost_cancelled, requeued;
+    uv_timer_t front_timer;                 /* stall probe every tick; sweeps every few */
+    int front_started, front_ticks;
+    double front_last;                      /* when the probe last ran (real time) */
+    double stall_max, stall_sec_max[60];    /* longest loop stall since start; per second, last 60 s */
+    int64_t stall_sec_at[60];
 };
 
 int st_coord_ready(const coord_t *co);
@@ -104,8 +125,20 @@ member_t *st_coord_member_find(coord_t *co, uint64_t id);
 void st_coord_h_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg); /* Coordinator/Generate */
 void st_coord_worker_lost(coord_t *co, uint64_t worker_id); /* membership dropped it: end its requests */
 void st_coord_queue_pump(coord_t *co); /* capacity may have appeared: start queued requests */
+/* A client's gRPC call carries "authorization: Bearer <api key>" (or no key is set): ST_OK. Else
+ * the call is finished UNAUTHENTICATED and ST_ERR_AUTH returned (for Coordinator/Status too). */
+st_status_t st_coord_rpc_authorized(coord_t *co, st_rpc_call_t *call);
+/* Check r and queue it for the client already attached to g (g->call or g->res, g->stream):
+ * ST_OK: the front door owns g and answers the client (g may already be gone: do not touch it).
+ * Otherwise nothing was kept (free g and answer): ST_ERR_INVALID_ARG / ST_ERR_OUT_OF_RANGE a
+ * client's mistake, ST_ERR_CAPACITY the queue is full, ST_ERR_PEER no attention worker at all. */
+st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_req_t *r);
+void st_coord_gen_client_gone(gen_t *g); /* the client went away: leave the queue, or cancel upstream */
+int st_coord_queue_cap(const coord_t *co);
+double st_coord_stall_max_60s(const coord_t *co);
+void st_coord_front_start(coord_t *co); /* timers; stops itself once co->stopping */
 char *st_coord_status_json(coord_t *co); /* malloc'd */
-st_status_t st_coord_gen_start(coord_t *co, gen_t *g, const st_proto_generate_req_t *r);
+char *st_coord_metrics_text(coord_t *co, size_t *len); /* malloc'd Prometheus text */
 void st_coord_http_routes(coord_t *co);
 void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch);
 void st_coord_http_done(gen_t *g);

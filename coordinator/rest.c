@@ -1,5 +1,6 @@
 /* Coordinator HTTP: health, readiness, /status JSON, Prometheus /metrics, and the OpenAI-compatible
- * /v1/completions (plain and SSE streaming) and /v1/models. */
+ * /v1/completions (plain and SSE streaming) and /v1/models, behind the client API key when one is
+ * set. Request parsing lives in openai.c, queueing and proxying in gen.c. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <time.h>
 
 #include "coord_impl.h"
+#include "openai.h"
 
 /* ================================================================ histograms */
 
@@ -52,45 +54,89 @@ static void bprintf(buf_t *b, const char *fmt, ...) {
     }
 }
 
-static void json_reply(st_http_res_t *res, int status, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
-    if (s) st_http_res_send(res, status, "application/json", s, strlen(s));
-    else st_http_res_send(res, 500, "text/plain", "json\n", 5);
+/* A JSON string from bytes that may not be UTF-8 (member names, worker messages): never NULL. */
+static json_t *jstr(const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    json_t *j = NULL;
+    if (st_openai_utf8_valid((const unsigned char *)(s ? s : ""), n)) {
+        j = json_stringn(s ? s : "", n);
+    } else {
+        char *c = malloc(3 * n + 1);
+        size_t cl = 0;
+        if (c) {
+            st_openai_utf8_clean((const unsigned char *)s, n, c, &cl, 1);
+            j = json_stringn(c, cl);
+        }
+        free(c);
+    }
+    return j ? j : json_null();
+}
+
+/* A JSON number that NaN and infinities cannot break: they become null. */
+static json_t *jnum(double v) {
+    json_t *j = isfinite(v) ? json_real(v) : NULL;
+    return j ? j : json_null();
+}
+
+/* NOTE: st_http_res_send takes no extra header yet; a header line of ours (a constant, never
+ * client text) rides after the content type. Switch to an st_http_res_header() once common/http
+ * has one. */
+static void send_with(st_http_res_t *res, int status, const char *ctype, const char *extra_header, const void *body, size_t len) {
+    char ct[256];
+    if (extra_header) snprintf(ct, sizeof ct, "%s\r\n%s", ctype, extra_header);
+    st_http_res_send(res, status, extra_header ? ct : ctype, body, len);
+}
+
+static void json_reply_with(st_http_res_t *res, int status, json_t *j, const char *extra_header) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (s) send_with(res, status, "application/json", extra_header, s, strlen(s));
+    else st_http_res_send(res, 500, "application/json", "{\"error\":{\"message\":\"reply\",\"type\":\"server_error\"}}", 51);
     free(s);
     json_decref(j);
 }
 
-static void api_error(st_http_res_t *res, int status, const char *type, const char *msg) {
-    json_reply(res, status, json_pack("{s:{s:s, s:s, s:n}}", "error", "message", msg, "type", type, "code"));
+static void json_reply(st_http_res_t *res, int status, json_t *j) { json_reply_with(res, status, j, NULL); }
+
+/* OpenAI's error shape: {"error": {"message", "type", "param", "code"}}. */
+static json_t *error_obj(const char *msg, const char *type, const char *param, const char *code) {
+    return json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", jstr(msg), "type", type, "param",
+                     param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null());
 }
 
-/* Valid UTF-8 out of arbitrary bytes (byte-level tokens split characters): complete sequences are
- * copied, invalid bytes become U+FFFD, and an incomplete sequence at the end is held back unless
- * final. Returns bytes consumed from in; out needs 3·n + 1. */
-static size_t utf8_clean(const unsigned char *in, size_t n, char *out, size_t *out_len, int final) {
-    size_t i = 0, o = 0;
-    while (i < n) {
-        unsigned char c = in[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (len == 0) goto bad;
-        if (i + len > n) {
-            if (!final) break;
-            goto bad;
-        }
-        for (size_t k = 1; k < len; k++)
-            if ((in[i + k] & 0xC0) != 0x80) goto bad;
-        memcpy(out + o, in + i, len);
-        o += len;
-        i += len;
-        continue;
-    bad:
-        memcpy(out + o, "\xEF\xBF\xBD", 3);
-        o += 3;
-        i++;
+static void api_error(st_http_res_t *res, int status, const char *type, const char *msg) {
+    json_reply(res, status, error_obj(msg, type, NULL, NULL));
+}
+
+/* A refused or failed request by its status class: a client's mistake 400, no key 401, a full
+ * queue 429, a queue wait or a lost worker 503, the worker's own failure 502; never a 500 for
+ * either a client's mistake or for load. */
+static void status_error(st_http_res_t *res, st_status_t s, const char *msg, const char *param) {
+    switch (s) {
+    case ST_ERR_INVALID_ARG:
+    case ST_ERR_OUT_OF_RANGE:
+    case ST_ERR_PARSE: json_reply(res, 400, error_obj(msg, "invalid_request_error", param, NULL)); return;
+    case ST_ERR_AUTH:
+        json_reply_with(res, 401, error_obj(msg, "invalid_request_error", NULL, "invalid_api_key"), "WWW-Authenticate: Bearer");
+        return;
+    case ST_ERR_CAPACITY: json_reply_with(res, 429, error_obj(msg, "rate_limit_error", NULL, "server_busy"), "Retry-After: 1"); return;
+    case ST_ERR_TIMEOUT:
+    case ST_ERR_PEER: json_reply_with(res, 503, error_obj(msg, "server_error", NULL, "server_busy"), "Retry-After: 2"); return;
+    case ST_ERR_CANCELLED: json_reply(res, 499, error_obj(msg, "server_error", NULL, NULL)); return;
+    case ST_ERR_NO_MEMORY: json_reply(res, 500, error_obj(msg, "server_error", NULL, NULL)); return;
+    default: json_reply(res, 502, error_obj(msg, "server_error", NULL, NULL)); return;
     }
-    out[o] = 0;
-    *out_len = o;
-    return i;
+}
+
+/* The client API key (docs/security.md): 1 when the request may go on, else answered 401. */
+static int authorized(coord_t *co, const st_http_req_t *req, st_http_res_t *res) {
+    if (!co->o.api_key) return 1;
+    const char *h = st_http_req_header(req, "Authorization");
+    if (st_openai_bearer_ok(h, co->o.api_key)) return 1;
+    st_log_every(ST_LOG_WARN, 10.0, "coordinator: %s %s without a valid API key: 401", req->method, req->path);
+    status_error(res, ST_ERR_AUTH,
+                 h ? "Incorrect API key provided." : "You didn't provide an API key: send it as \"Authorization: Bearer <key>\".",
+                 NULL);
+    return 0;
 }
 
 /* ================================================================ status and metrics */
@@ -115,10 +161,13 @@ char *st_coord_status_json(coord_t *co) {
     json_t *members = json_array();
     for (int i = 0; i < co->n_members; i++) {
         member_t *m = &co->members[i];
-        json_t *j = json_pack("{s:I, s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:f, s:i}", "id", (json_int_t)m->id, "role",
-                              role_name(m->role), "name", m->name, "endpoint", m->endpoint, "alive", m->alive, "capacity",
-                              (int)m->capacity, "inflight", (int)m->inflight, "step", (json_int_t)m->step,
-                              "last_seen_s_ago", st_time_sec() - m->last_seen, "active_requests", m->active);
+        /* names and endpoints are members' words: never trusted to be UTF-8 */
+        json_t *j = json_pack("{s:I, s:s, s:o, s:o, s:b, s:I, s:I, s:I, s:o, s:i}", "id", (json_int_t)m->id, "role",
+                              role_name(m->role), "name", jstr(m->name), "endpoint", jstr(m->endpoint), "alive", m->alive,
+                              "capacity", (json_int_t)m->capacity, "inflight", (json_int_t)m->inflight, "step",
+                              (json_int_t)m->step, "last_seen_s_ago", jnum(st_time_sec() - m->last_seen), "active_requests",
+                              m->active);
+        if (!j) continue;
         if (m->role == ST_PROTO_ROLE_EXPERT) json_object_set_new(j, "experts_held", json_integer(st_placement_count(&co->place, m->id)));
         json_array_append_new(members, j);
     }
@@ -144,36 +193,59 @@ char *st_coord_status_json(coord_t *co) {
     free(load);
     st_qstate_stats_t qs = {0};
     if (co->q) st_qstate_stats(co->q, &qs);
+    /* NOTE: every double goes through jnum: one NaN or Inf reported by a member must not take
+       /status down (json_pack refuses them) */
     json_t *root = json_pack(
-        "{s:s, s:s, s:f, s:b, s:s, s:{s:i, s:i, s:i, s:i}, s:{s:I, s:i, s:b}, s:{s:I, s:I, s:f, s:I}, s:o, s:o, s:f,"
-        " s:{s:I, s:I, s:I, s:I, s:i, s:f, s:I}}",
-        "version", STRATA_VERSION, "model", co->model, "uptime_s", st_time_sec() - co->t_start, "ready", st_coord_ready(co),
+        "{s:s, s:o, s:o, s:b, s:s, s:{s:i, s:i, s:i, s:i}, s:{s:I, s:i, s:b}, s:{s:I, s:I, s:o, s:I}, s:o, s:o, s:o,"
+        " s:{s:I, s:I, s:I, s:I, s:i, s:o, s:I}}",
+        "version", STRATA_VERSION, "model", jstr(co->model), "uptime_s", jnum(st_time_sec() - co->t_start), "ready", st_coord_ready(co),
         "routing", co->o.quantile ? "quantile" : "topk",
         "shape", "layers", c->n_layers, "experts", c->n_experts, "top_k", c->top_k, "moe_layers", c->n_layers - c->first_k_dense,
         "placement", "version", (json_int_t)co->place.version, "replicas", co->place.replicas, "complete", st_placement_complete(&co->place),
         "thresholds", "version", (json_int_t)co->tau_version, "steps", (json_int_t)co->tau_steps, "max_rel_uncertainty",
-        qs.max_rel_uncert, "set", (json_int_t)qs.n_set,
-        "members", members, "expert_load_last_step", loads, "expert_load_max_over_mean", maxmean,
+        jnum(qs.max_rel_uncert), "set", (json_int_t)qs.n_set,
+        "members", members, "expert_load_last_step", loads, "expert_load_max_over_mean", jnum(maxmean),
         "throughput", "requests_total", (json_int_t)co->requests_total, "requests_ok", (json_int_t)co->requests_ok,
         "requests_error", (json_int_t)co->requests_err, "tokens_total", (json_int_t)co->tokens_total, "active_requests",
-        co->active_requests, "tokens_per_s", co->tokens_per_s, "dispatch_bytes_total", (json_int_t)co->dispatch_bytes);
+        co->active_requests, "tokens_per_s", jnum(co->tokens_per_s), "dispatch_bytes_total", (json_int_t)co->dispatch_bytes);
+    if (!root) return NULL;
+    json_object_set_new(root, "queue",
+                        json_pack("{s:i, s:i, s:o, s:I, s:I, s:I, s:I, s:I, s:o}", "waiting", co->n_waiting, "max",
+                                  st_coord_queue_cap(co), "timeout_s", jnum(co->o.queue_timeout_s > 0 ? co->o.queue_timeout_s : 60),
+                                  "rejected_full", (json_int_t)co->rejected_full, "rejected_timeout",
+                                  (json_int_t)co->rejected_timeout, "requeued", (json_int_t)co->requeued, "idle_timeouts",
+                                  (json_int_t)co->idle_timeouts, "cancelled_worker_lost", (json_int_t)co->workers_lost_cancelled,
+                                  "stream_idle_timeout_s",
+                                  jnum(co->o.stream_idle_timeout_s > 0 ? co->o.stream_idle_timeout_s : 60)));
+    json_object_set_new(root, "loop", json_pack("{s:o, s:o}", "stall_max_s_last_60s", jnum(st_coord_stall_max_60s(co)),
+                                                "stall_max_s", jnum(co->stall_max)));
+    json_object_set_new(root, "auth", json_pack("{s:b, s:b}", "api_key", co->o.api_key != NULL, "all_endpoints", co->o.auth_all));
     /* where a worker step's time goes (means over the reported steps, all workers) */
     double n = co->stage_steps ? (double)co->stage_steps : 1.0;
     static const char *names[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds", "network"};
     json_t *split = json_object();
-    for (int k = 0; k < ST_PROTO_STAGES; k++) json_object_set_new(split, names[k], json_real(1e3 * co->stage_s[k] / n));
-    json_object_set_new(split, "coordinator_merge", json_real(co->merges ? 1e3 * co->merge_s / (double)co->merges : 0));
+    for (int k = 0; k < ST_PROTO_STAGES; k++) json_object_set_new(split, names[k], jnum(1e3 * co->stage_s[k] / n));
+    json_object_set_new(split, "coordinator_merge", jnum(co->merges ? 1e3 * co->merge_s / (double)co->merges : 0));
     json_object_set_new(split, "steps", json_integer((json_int_t)co->stage_steps));
     json_object_set_new(split, "dispatch_bytes", json_integer((json_int_t)co->dispatch_bytes));
     json_object_set_new(split, "reply_bytes", json_integer((json_int_t)co->reply_bytes));
     json_object_set_new(split, "messages", json_integer((json_int_t)co->messages));
     json_object_set_new(root, "step_ms", split);
-    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    char *s = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     return s;
 }
 
+/* A sample value as Prometheus writes it: NaN, +Inf and -Inf by name (never "nan" or "inf"). */
+static const char *prom_num(char out[48], double v) {
+    if (isnan(v)) return "NaN";
+    if (isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    snprintf(out, 48, fabs(v) < 1e15 ? "%.6f" : "%.17g", v);
+    return out;
+}
+
 static void hist_metric(buf_t *b, const char *name, const char *help, const st_hist_t *h) {
+    char nb[48];
     bprintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < HIST_BUCKETS; i++) {
@@ -181,19 +253,33 @@ static void hist_metric(buf_t *b, const char *name, const char *help, const st_h
         bprintf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
     }
     cum += h->count[HIST_BUCKETS];
-    bprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name, h->sum, name,
+    bprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %s\n%s_count %llu\n", name, (unsigned long long)cum, name, prom_num(nb, h->sum), name,
             (unsigned long long)h->n);
 }
 
-static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
-    coord_t *co = arg;
+char *st_coord_metrics_text(coord_t *co, size_t *len) {
     const st_config_t *c = &co->cfg;
     buf_t b = {0};
+    char nb[48];
     bprintf(&b, "# HELP strata_requests_total Generate requests by outcome.\n# TYPE strata_requests_total counter\n");
     bprintf(&b, "strata_requests_total{outcome=\"ok\"} %llu\nstrata_requests_total{outcome=\"error\"} %llu\n",
             (unsigned long long)co->requests_ok, (unsigned long long)co->requests_err);
     bprintf(&b, "# HELP strata_requests_active Requests being generated now.\n# TYPE strata_requests_active gauge\n"
                 "strata_requests_active %d\n", co->active_requests);
+    bprintf(&b, "# HELP strata_requests_waiting Requests queued for a free attention worker slot.\n"
+                "# TYPE strata_requests_waiting gauge\nstrata_requests_waiting %d\n", co->n_waiting);
+    bprintf(&b, "# HELP strata_requests_rejected_total Requests refused for load: queue full (429) or queue wait timed out (503).\n"
+                "# TYPE strata_requests_rejected_total counter\nstrata_requests_rejected_total{reason=\"queue_full\"} %llu\n"
+                "strata_requests_rejected_total{reason=\"queue_timeout\"} %llu\n",
+            (unsigned long long)co->rejected_full, (unsigned long long)co->rejected_timeout);
+    bprintf(&b, "# HELP strata_requests_requeued_total Requests a worker refused before any token (full, draining), queued again.\n"
+                "# TYPE strata_requests_requeued_total counter\nstrata_requests_requeued_total %llu\n", (unsigned long long)co->requeued);
+    bprintf(&b, "# HELP strata_streams_cancelled_total Streams the coordinator cancelled: no token within the idle timeout, or the worker was lost.\n"
+                "# TYPE strata_streams_cancelled_total counter\nstrata_streams_cancelled_total{reason=\"idle\"} %llu\n"
+                "strata_streams_cancelled_total{reason=\"worker_lost\"} %llu\n",
+            (unsigned long long)co->idle_timeouts, (unsigned long long)co->workers_lost_cancelled);
+    bprintf(&b, "# HELP strata_loop_stall_max_seconds Longest stall of the coordinator's event loop over the last 60 s.\n"
+                "# TYPE strata_loop_stall_max_seconds gauge\nstrata_loop_stall_max_seconds %s\n", prom_num(nb, st_coord_stall_max_60s(co)));
     bprintf(&b, "# HELP strata_tokens_generated_total Tokens streamed to clients.\n# TYPE strata_tokens_generated_total counter\n"
                 "strata_tokens_generated_total %llu\n", (unsigned long long)co->tokens_total);
     bprintf(&b, "# HELP strata_worker_steps_total Steps reported by attention workers.\n# TYPE strata_worker_steps_total counter\n"
@@ -215,7 +301,7 @@ static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
     static const char *stages[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds", "network"};
     bprintf(&b, "# HELP strata_step_stage_seconds_total Worker step time by stage.\n# TYPE strata_step_stage_seconds_total counter\n");
     for (int k = 0; k < ST_PROTO_STAGES; k++)
-        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %.6f\n", stages[k], co->stage_s[k]);
+        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", stages[k], prom_num(nb, co->stage_s[k]));
     bprintf(&b, "# HELP strata_reply_bytes_total Bytes expert servers sent back.\n# TYPE strata_reply_bytes_total counter\n"
                 "strata_reply_bytes_total %llu\n", (unsigned long long)co->reply_bytes);
     hist_metric(&b, "strata_time_to_first_token_seconds", "Time from request to first token.", &co->ttft);
@@ -232,8 +318,19 @@ static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
                         (unsigned long long)load[(size_t)l * c->n_experts + e]);
         free(load);
     }
-    st_http_res_send(res, 200, "text/plain; version=0.0.4", b.p ? b.p : "", b.n);
-    free(b.p);
+    if (!b.p) return NULL;
+    *len = b.n;
+    return b.p;
+}
+
+static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
+    coord_t *co = arg;
+    if (co->o.auth_all && !authorized(co, req, res)) return;
+    size_t n = 0;
+    char *t = st_coord_metrics_text(co, &n);
+    if (t) st_http_res_send(res, 200, "text/plain; version=0.0.4", t, n);
+    else st_http_res_send(res, 500, "text/plain", "metrics\n", 8);
+    free(t);
 }
 
 static void h_healthz(const st_http_req_t *req, st_http_res_t *res, void *arg) {
@@ -258,7 +355,9 @@ static void h_readyz(const st_http_req_t *req, st_http_res_t *res, void *arg) {
 }
 
 static void h_status(const st_http_req_t *req, st_http_res_t *res, void *arg) {
-    char *s = st_coord_status_json(arg);
+    coord_t *co = arg;
+    if (co->o.auth_all && !authorized(co, req, res)) return;
+    char *s = st_coord_status_json(co);
     if (s) st_http_res_send(res, 200, "application/json", s, strlen(s));
     else st_http_res_send(res, 500, "text/plain", "status\n", 7);
     free(s);
@@ -266,16 +365,18 @@ static void h_status(const st_http_req_t *req, st_http_res_t *res, void *arg) {
 
 static void h_models(const st_http_req_t *req, st_http_res_t *res, void *arg) {
     coord_t *co = arg;
-    json_reply(res, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", co->model, "object",
+    if (!authorized(co, req, res)) return;
+    json_reply(res, 200, json_pack("{s:s, s:[{s:o, s:s, s:I, s:s}]}", "object", "list", "data", "id", jstr(co->model), "object",
                                    "model", "created", (json_int_t)co->t_start, "owned_by", "strata"));
 }
 
 /* ================================================================ /v1/completions */
 
-static json_t *completion_obj(gen_t *g, const char *text, const char *finish) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:s, s:i, s:n, s:s?}]}", "id", g->id, "object", "text_completion", "created",
-                     (json_int_t)time(NULL), "model", g->co->model, "choices", "text", text, "index", 0, "logprobs",
-                     "finish_reason", finish);
+static json_t *completion_obj(gen_t *g, const char *text, size_t len, const char *finish) {
+    json_t *t = json_stringn(text, len); /* text is st_openai_utf8_clean's output: always valid */
+    return json_pack("{s:s, s:s, s:I, s:o, s:[{s:o, s:i, s:n, s:s?}]}", "id", g->id, "object", "text_completion", "created",
+                     (json_int_t)time(NULL), "model", jstr(g->co->model), "choices", "text", t ? t : json_string(""), "index", 0,
+                     "logprobs", "finish_reason", finish);
 }
 
 static const char *finish_name(st_proto_finish_t f) {
@@ -295,44 +396,45 @@ static void text_append(gen_t *g, const char *s) {
     g->text_len += n;
 }
 
+static void sse_json(gen_t *g, json_t *o) {
+    char *js = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (js) st_http_res_sse(g->res, NULL, js);
+    else st_log_error("coordinator: %s: an event could not be encoded", g->id);
+    free(js);
+    json_decref(o);
+}
+
+/* NOTE: a stream's 200 is sent with the worker's first good chunk, not before: an error before
+ * then (a refusal, a lost worker, a client's mistake the worker found) is a proper HTTP status. */
 void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
-    if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return;
+    if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return; /* gen.c keeps the error */
     if (ch->text && ch->text[0]) text_append(g, ch->text);
     if (!g->stream || g->http_gone) return;
+    if (!g->http_begun) {
+        g->http_begun = 1;
+        st_http_res_stream_begin(g->res, 200, "text/event-stream");
+    }
     /* emit the complete characters that arrived since the last event */
     int final = ch->finish != ST_PROTO_FINISH_NONE;
     size_t n = g->text_len - g->emitted, cl = 0;
     char *clean = malloc(3 * n + 1);
     if (!clean) return;
-    g->emitted += utf8_clean((const unsigned char *)g->text + g->emitted, n, clean, &cl, final);
-    if (cl > 0 || final) {
-        json_t *o = completion_obj(g, clean, final ? finish_name(ch->finish) : NULL);
-        char *js = o ? json_dumps(o, JSON_COMPACT) : NULL;
-        if (js) st_http_res_sse(g->res, NULL, js);
-        free(js);
-        json_decref(o);
-    }
+    g->emitted += st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : "") + g->emitted, n, clean, &cl, final);
+    if (cl > 0 || final) sse_json(g, completion_obj(g, clean, cl, final ? finish_name(ch->finish) : NULL));
     free(clean);
 }
 
 void st_coord_http_done(gen_t *g) {
-    int ok = g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH;
-    if (g->stream) {
-        if (!ok && !g->http_gone) {
-            json_t *e = json_pack("{s:{s:s, s:s}}", "error", "message", g->err[0] ? g->err : "generation failed", "type",
-                                  "server_error");
-            char *js = e ? json_dumps(e, JSON_COMPACT) : NULL;
-            if (js) st_http_res_sse(g->res, NULL, js);
-            free(js);
-            json_decref(e);
-        }
+    int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
+    const char *msg = g->err[0] ? g->err : "the attention worker ended the stream without finishing";
+    if (g->stream && g->http_begun) { /* too late for a status: the error is an event */
+        if (!ok && !g->http_gone) sse_json(g, error_obj(msg, "server_error", NULL, NULL));
         if (!g->http_gone) st_http_res_sse(g->res, NULL, "[DONE]");
         st_http_res_stream_end(g->res);
         return;
     }
     if (!ok) {
-        api_error(g->res, g->finish == ST_PROTO_FINISH_CANCELLED ? 499 : 500, "server_error",
-                  g->err[0] ? g->err : "generation failed");
+        status_error(g->res, g->status != ST_OK ? g->status : ST_ERR_INTERNAL, msg, NULL);
         return;
     }
     size_t cl = 0;
@@ -341,141 +443,62 @@ void st_coord_http_done(gen_t *g) {
         api_error(g->res, 500, "server_error", "out of memory");
         return;
     }
-    utf8_clean((const unsigned char *)(g->text ? g->text : ""), g->text_len, clean, &cl, 1);
-    json_t *o = completion_obj(g, clean, finish_name(g->finish));
+    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : ""), g->text_len, clean, &cl, 1);
+    json_t *o = completion_obj(g, clean, cl, finish_name(g->finish));
+    free(clean);
+    if (g->stream) { /* finished without any chunk the stream could begin with */
+        st_http_res_stream_begin(g->res, 200, "text/event-stream");
+        g->http_begun = 1;
+        sse_json(g, o);
+        st_http_res_sse(g->res, NULL, "[DONE]");
+        st_http_res_stream_end(g->res);
+        return;
+    }
     json_object_set_new(o, "usage", json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens",
                                               g->n_tokens, "total_tokens", g->prompt_tokens + g->n_tokens));
     json_reply(g->res, 200, o);
-    free(clean);
 }
 
 static void http_gone(st_http_res_t *res, void *arg) {
     gen_t *g = arg;
+    (void)res;
     g->http_gone = 1;
-    if (g->up) st_rpc_stream_cancel(g->up);
-}
-
-static int parse_prompt(json_t *p, st_proto_generate_req_t *r, const char **err) {
-    if (json_is_string(p)) {
-        r->prompt = (char *)json_string_value(p);
-        return 0;
-    }
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) {
-        r->prompt = (char *)json_string_value(json_array_get(p, 0));
-        return 0;
-    }
-    if (json_is_array(p) && json_array_size(p) > 0) {
-        size_t n = json_array_size(p);
-        r->prompt_tokens = malloc(sizeof(uint32_t) * n);
-        if (!r->prompt_tokens) return -1;
-        for (size_t i = 0; i < n; i++) {
-            json_t *v = json_array_get(p, i);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff) {
-                *err = "prompt token arrays must hold non-negative integers";
-                return -1;
-            }
-            r->prompt_tokens[i] = (uint32_t)json_integer_value(v);
-        }
-        r->n_prompt_tokens = n;
-        return 0;
-    }
-    *err = "prompt must be a string, a one-string array, or an array of token ids";
-    return -1;
+    st_coord_gen_client_gone(g);
 }
 
 static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *arg) {
     coord_t *co = arg;
-    json_error_t je;
-    json_t *body = json_loadb(req->body ? req->body : "", req->body_len, 0, &je);
-    if (!body || !json_is_object(body)) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "request body is not a JSON object: %s (line %d column %d)", je.text, je.line, je.column);
-        api_error(res, 400, "invalid_request_error", msg);
-        json_decref(body);
-        return;
-    }
-    st_proto_generate_req_t r = {.max_tokens = 16, .temperature = 1.0f, .top_p = 1.0f};
-    const char *err = NULL;
-    json_t *v;
-    if (!(v = json_object_get(body, "prompt"))) err = "missing 'prompt'";
-    else if (parse_prompt(v, &r, &err) != 0 && !err) err = "out of memory";
-    if (!err && (v = json_object_get(body, "max_tokens")) && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1) err = "'max_tokens' must be a positive integer";
-        else r.max_tokens = (uint32_t)json_integer_value(v);
-    }
-    if (!err && (v = json_object_get(body, "temperature")) && !json_is_null(v)) {
-        if (!json_is_number(v)) err = "'temperature' must be a number";
-        else r.temperature = (float)json_number_value(v);
-    }
-    if (!err && (v = json_object_get(body, "top_p")) && !json_is_null(v)) {
-        if (!json_is_number(v)) err = "'top_p' must be a number";
-        else r.top_p = (float)json_number_value(v);
-    }
-    if (!err && (v = json_object_get(body, "top_k")) && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < -1) err = "'top_k' must be an integer";
-        else r.top_k = json_integer_value(v) > 0 ? (uint32_t)json_integer_value(v) : 0;
-    }
-    if (!err && (v = json_object_get(body, "seed")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) err = "'seed' must be an integer";
-        else {
-            r.seed = (uint64_t)json_integer_value(v);
-            r.has_seed = 1;
-        }
-    }
-    if (!err && (v = json_object_get(body, "n")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
-        err = "only n = 1 is supported";
-    if (!err && (v = json_object_get(body, "best_of")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1))
-        err = "only best_of = 1 is supported";
-    if (!err && (v = json_object_get(body, "logprobs")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
-        err = "logprobs are not supported";
-    if (!err && (v = json_object_get(body, "echo")) && json_is_true(v)) err = "echo is not supported";
-    if (!err && (v = json_object_get(body, "ignore_eos")) && !json_is_null(v)) { /* vLLM's extension */
-        if (!json_is_boolean(v)) err = "'ignore_eos' must be a boolean";
-        else r.ignore_eos = json_is_true(v);
-    }
-    uint32_t stops[16];
-    if (!err && (v = json_object_get(body, "stop")) && !json_is_null(v)) {
-        /* byte-level tokenizer: a one-byte stop string is a stop token */
-        size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        for (size_t i = 0; i < n && !err; i++) {
-            json_t *s = json_is_array(v) ? json_array_get(v, i) : v;
-            if (!json_is_string(s) || json_string_length(s) != 1 || n > 16) err = "'stop' supports up to 16 single-byte strings";
-            else stops[i] = (unsigned char)json_string_value(s)[0];
-        }
-        if (!err) {
-            r.stop_ids = stops;
-            r.n_stop_ids = n;
-        }
-    }
-    int stream = json_is_true(json_object_get(body, "stream"));
-    if (!err && (v = json_object_get(body, "model")) && json_is_string(v) && strcmp(json_string_value(v), co->model) != 0) {
-        static char m[300];
-        snprintf(m, sizeof m, "model '%s' is not served here (this server has '%s')", json_string_value(v), co->model);
-        err = m;
-    }
-    if (err) {
-        api_error(res, 400, "invalid_request_error", err);
-        free(r.prompt_tokens);
-        json_decref(body);
+    if (!authorized(co, req, res)) return;
+    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab};
+    st_openai_req_t r;
+    st_openai_err_t e;
+    st_status_t s = st_openai_parse_completion(req->body, req->body_len, &lim, &r, &e);
+    if (s != ST_OK) {
         co->requests_err++;
+        if (s == ST_ERR_NO_MEMORY) api_error(res, 500, "server_error", "out of memory");
+        else status_error(res, ST_ERR_INVALID_ARG, e.message, e.param);
         return;
     }
     gen_t *g = calloc(1, sizeof *g);
-    st_status_t s = g ? st_coord_gen_start(co, g, &r) : ST_ERR_NO_MEMORY;
-    free(r.prompt_tokens);
-    json_decref(body);
-    if (s != ST_OK) {
-        co->requests_err++;
-        api_error(res, s == ST_ERR_CAPACITY ? 503 : 400, s == ST_ERR_CAPACITY ? "server_busy" : "invalid_request_error",
-                  st_err_last());
-        free(g);
+    if (!g) {
+        st_openai_req_cleanup(&r);
+        api_error(res, 500, "server_error", "out of memory");
         return;
     }
-    snprintf(g->id, sizeof g->id, "cmpl-%llx%04llx", (unsigned long long)co->t_start, (unsigned long long)++co->gen_seq);
+    g->co = co;
     g->res = res;
-    g->stream = stream;
+    g->stream = r.stream;
+    snprintf(g->id, sizeof g->id, "cmpl-%llx%04llx", (unsigned long long)co->t_start, (unsigned long long)++co->gen_seq);
     st_http_res_on_close(res, http_gone, g);
-    if (stream) st_http_res_stream_begin(res, 200, "text/event-stream");
+    s = st_coord_gen_submit(co, g, &r.req); /* ST_OK: g is the front door's now */
+    st_openai_req_cleanup(&r);
+    if (s != ST_OK) {
+        co->requests_err++;
+        st_http_res_on_close(res, NULL, NULL);
+        status_error(res, s, st_err_last(), NULL);
+        free(g->req);
+        free(g);
+    }
 }
 
 void st_coord_http_routes(coord_t *co) {
@@ -485,4 +508,5 @@ void st_coord_http_routes(coord_t *co) {
     st_http_route(co->http, "GET", "/metrics", h_metrics, co);
     st_http_route(co->http, "GET", "/v1/models", h_models, co);
     st_http_route(co->http, "POST", "/v1/completions", h_completions, co);
+    st_coord_front_start(co);
 }

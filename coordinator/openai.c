@@ -1,0 +1,321 @@
+/* OpenAI request parsing, the Generate request checks and strict UTF-8 cleaning (see openai.h).
+ * Pure: no loop, no logging, nothing global; every failure is the caller's to report. */
+#include "openai.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static st_status_t refuse(st_openai_err_t *e, st_status_t s, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static st_status_t refuse(st_openai_err_t *e, st_status_t s, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    /* a client's string (valid UTF-8: JSON) may have been cut mid-character: drop the cut one */
+    size_t n = strlen(e->message);
+    if (!st_openai_utf8_valid((const unsigned char *)e->message, n)) {
+        while (n > 0 && ((unsigned char)e->message[n - 1] & 0xC0) == 0x80)
+            n--;
+        if (n > 0 && (unsigned char)e->message[n - 1] >= 0xC0) n--;
+        e->message[n] = 0;
+        if (!st_openai_utf8_valid((const unsigned char *)e->message, n))
+            snprintf(e->message, sizeof e->message, "invalid request");
+    }
+    e->param = param;
+    return s;
+}
+
+/* ================================================================ UTF-8 */
+
+/* Table 3-7: the second byte's range depends on the lead; later bytes are 80..BF. Returns the
+ * sequence length for a lead byte (0: cannot start one) and the second byte's bounds. */
+static int utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi) {
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c < 0x80) return 1;
+    if (c < 0xC2) return 0; /* continuation bytes, C0 and C1 (overlong 2-byte forms) */
+    if (c < 0xE0) return 2;
+    if (c < 0xF0) {
+        if (c == 0xE0) *lo = 0xA0; /* overlong 3-byte forms */
+        if (c == 0xED) *hi = 0x9F; /* surrogates D800..DFFF */
+        return 3;
+    }
+    if (c < 0xF5) {
+        if (c == 0xF0) *lo = 0x90; /* overlong 4-byte forms */
+        if (c == 0xF4) *hi = 0x8F; /* beyond U+10FFFF */
+        return 4;
+    }
+    return 0; /* F5..FF */
+}
+
+size_t st_openai_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *out_len, int final) {
+    size_t i = 0, o = 0;
+    while (i < n) {
+        unsigned char lo, hi;
+        int len = utf8_lead(in[i], &lo, &hi);
+        if (len == 1) {
+            out[o++] = (char)in[i++];
+            continue;
+        }
+        /* the maximal subpart: as many bytes as continue a well-formed prefix */
+        size_t k = 1;
+        if (len > 1)
+            while (k < (size_t)len && i + k < n) {
+                unsigned char b = in[i + k], l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+                if (b < l || b > h) break;
+                k++;
+            }
+        if (len > 1 && k == (size_t)len) { /* well-formed */
+            memcpy(out + o, in + i, k);
+            o += k;
+            i += k;
+            continue;
+        }
+        if (len > 1 && i + k == n && !final) break; /* a prefix cut by the chunk's end: hold it */
+        memcpy(out + o, "\xEF\xBF\xBD", 3);
+        o += 3;
+        i += k;
+    }
+    out[o] = 0;
+    *out_len = o;
+    return i;
+}
+
+int st_openai_utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char lo, hi;
+        int len = utf8_lead(s[i], &lo, &hi);
+        if (len == 0 || i + (size_t)len > n) return 0;
+        for (int k = 1; k < len; k++) {
+            unsigned char b = s[i + k];
+            if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return 0;
+        }
+        i += (size_t)len;
+    }
+    return 1;
+}
+
+/* ================================================================ checks */
+
+st_status_t st_openai_check(const st_proto_generate_req_t *r, const st_openai_limits_t *lim, st_openai_err_t *e) {
+    if (r->max_tokens < 1 || r->max_tokens > ST_OPENAI_MAX_TOKENS)
+        return refuse(e, ST_ERR_OUT_OF_RANGE, "max_tokens", "'max_tokens' must be 1..%u", ST_OPENAI_MAX_TOKENS);
+    if (!r->n_prompt_tokens && (!r->prompt || !r->prompt[0]))
+        return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt is empty");
+    if (r->n_prompt_tokens && !r->prompt_tokens) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "no prompt tokens");
+    for (size_t i = 0; lim->vocab > 0 && i < r->n_prompt_tokens; i++)
+        if (r->prompt_tokens[i] >= (uint32_t)lim->vocab)
+            return refuse(e, ST_ERR_OUT_OF_RANGE, "prompt", "prompt token %u is outside the vocabulary 0..%d",
+                          r->prompt_tokens[i], lim->vocab - 1);
+    if (!(r->temperature >= 0) || r->temperature > ST_OPENAI_MAX_TEMPERATURE) /* NaN fails both */
+        return refuse(e, ST_ERR_OUT_OF_RANGE, "temperature", "'temperature' must be 0..%g", ST_OPENAI_MAX_TEMPERATURE);
+    if (!(r->top_p >= 0) || r->top_p > 1) return refuse(e, ST_ERR_OUT_OF_RANGE, "top_p", "'top_p' must be 0..1");
+    if (r->top_k > ST_OPENAI_MAX_TOP_K)
+        return refuse(e, ST_ERR_OUT_OF_RANGE, "top_k", "'top_k' must be -1..%d", ST_OPENAI_MAX_TOP_K);
+    if (r->n_stop_ids > ST_OPENAI_MAX_STOP || (r->n_stop_ids && !r->stop_ids))
+        return refuse(e, ST_ERR_INVALID_ARG, "stop", "at most %d stop ids", ST_OPENAI_MAX_STOP);
+    for (size_t i = 0; lim->vocab > 0 && i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] >= (uint32_t)lim->vocab)
+            return refuse(e, ST_ERR_OUT_OF_RANGE, "stop", "stop id %u is outside the vocabulary 0..%d", r->stop_ids[i],
+                          lim->vocab - 1);
+    return ST_OK;
+}
+
+/* ================================================================ /v1/completions */
+
+/* present and not null */
+static json_t *field(json_t *body, const char *key) {
+    json_t *v = json_object_get(body, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t *e) {
+    st_proto_generate_req_t *r = &out->req;
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        size_t n = json_string_length(p);
+        if (n == 0) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt is empty");
+        if (memchr(json_string_value(p), 0, n))
+            return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt contains a NUL character");
+        r->prompt = malloc(n + 1);
+        if (!r->prompt) return ST_ERR_NO_MEMORY;
+        memcpy(r->prompt, json_string_value(p), n + 1);
+        return ST_OK;
+    }
+    if (json_is_array(p) && json_array_size(p) > 0) {
+        size_t n = json_array_size(p);
+        r->prompt_tokens = malloc(sizeof(uint32_t) * n);
+        if (!r->prompt_tokens) return ST_ERR_NO_MEMORY;
+        r->n_prompt_tokens = n;
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(p, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX)
+                return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a token-id prompt must hold non-negative integers");
+            r->prompt_tokens[i] = (uint32_t)json_integer_value(v);
+        }
+        return ST_OK;
+    }
+    return refuse(e, ST_ERR_INVALID_ARG, "prompt",
+                  "'prompt' must be a string, a one-string array, or an array of token ids");
+}
+
+/* An integer field in [lo, hi]; *out untouched when absent. 1 present, 0 absent, -1 refused. */
+static int int_field(json_t *body, const char *key, json_int_t lo, json_int_t hi, json_int_t *out, st_openai_err_t *e,
+                     st_status_t *s) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    /* 16.0 is not an integer to OpenAI either; huge values arrive as reals (or fail to parse) */
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        *s = refuse(e, json_is_integer(v) ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, key,
+                    "'%s' must be an integer %lld..%lld", key, (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 1;
+}
+
+static int num_field(json_t *body, const char *key, double lo, double hi, double *out, st_openai_err_t *e,
+                     st_status_t *s) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!json_is_number(v) || !(d >= lo && d <= hi)) {
+        *s = refuse(e, json_is_number(v) ? ST_ERR_OUT_OF_RANGE : ST_ERR_INVALID_ARG, key,
+                    "'%s' must be a number %g..%g", key, lo, hi);
+        return -1;
+    }
+    *out = d;
+    return 1;
+}
+
+static int bool_field(json_t *body, const char *key, int *out, st_openai_err_t *e, st_status_t *s) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) {
+        *s = refuse(e, ST_ERR_INVALID_ARG, key, "'%s' must be a boolean", key);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 1;
+}
+
+static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_openai_req_t *out, st_openai_err_t *e) {
+    st_proto_generate_req_t *r = &out->req;
+    st_status_t s = ST_OK;
+    json_t *v;
+    if ((v = field(body, "model"))) {
+        if (!json_is_string(v)) return refuse(e, ST_ERR_INVALID_ARG, "model", "'model' must be a string");
+        if (lim->model && strcmp(json_string_value(v), lim->model) != 0)
+            return refuse(e, ST_ERR_INVALID_ARG, "model", "model '%.120s' is not served here (this server has '%s')",
+                          json_string_value(v), lim->model);
+    }
+    if (!(v = field(body, "prompt"))) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "missing 'prompt'");
+    if ((s = parse_prompt(v, out, e)) != ST_OK) return s;
+    json_int_t iv = 16;
+    if (int_field(body, "max_tokens", 1, ST_OPENAI_MAX_TOKENS, &iv, e, &s) < 0) return s;
+    r->max_tokens = (uint32_t)iv;
+    double dv = 1.0;
+    if (num_field(body, "temperature", 0, ST_OPENAI_MAX_TEMPERATURE, &dv, e, &s) < 0) return s;
+    r->temperature = (float)dv;
+    dv = 1.0;
+    if (num_field(body, "top_p", 0, 1, &dv, e, &s) < 0) return s;
+    r->top_p = (float)dv;
+    iv = 0;
+    if (int_field(body, "top_k", -1, ST_OPENAI_MAX_TOP_K, &iv, e, &s) < 0) return s;
+    r->top_k = iv > 0 ? (uint32_t)iv : 0;
+    int k = int_field(body, "seed", 0, INT64_MAX, &iv, e, &s);
+    if (k < 0) return s;
+    if (k > 0) {
+        r->seed = (uint64_t)iv;
+        r->has_seed = 1;
+    }
+    if (int_field(body, "n", 1, 1, &iv, e, &s) < 0) return refuse(e, s, "n", "only n = 1 is supported");
+    if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0)
+        return refuse(e, s, "best_of", "only best_of = 1 is supported");
+    if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0)
+        return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
+    int b = 0;
+    if (bool_field(body, "echo", &b, e, &s) < 0) return s;
+    if (b) return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo is not supported");
+    b = 0;
+    if (bool_field(body, "ignore_eos", &b, e, &s) < 0) return s; /* vLLM's extension */
+    r->ignore_eos = b;
+    b = 0;
+    if (bool_field(body, "stream", &b, e, &s) < 0) return s;
+    out->stream = b;
+    if ((v = field(body, "stop"))) {
+        /* byte-level tokenizer: a one-byte stop string is a stop token */
+        size_t n = json_is_array(v) ? json_array_size(v) : 1;
+        if (n > ST_OPENAI_MAX_STOP)
+            return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
+                          ST_OPENAI_MAX_STOP);
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+            if (!json_is_string(x) || json_string_length(x) != 1 || (unsigned char)json_string_value(x)[0] >= 0x80)
+                return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
+                              ST_OPENAI_MAX_STOP);
+            out->stops[i] = (unsigned char)json_string_value(x)[0];
+        }
+        r->stop_ids = n ? out->stops : NULL;
+        r->n_stop_ids = n;
+    }
+    return st_openai_check(r, lim, e);
+}
+
+st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
+                                       st_openai_req_t *out, st_openai_err_t *e) {
+    st_openai_req_t r;
+    memset(&r, 0, sizeof r);
+    e->message[0] = 0;
+    e->param = NULL;
+    json_error_t je;
+    json_t *j = json_loadb(body ? body : "", body ? len : 0, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        if (!j)
+            return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body is not valid JSON: %s (line %d column %d)",
+                          je.text, je.line, je.column);
+        return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body must be a JSON object");
+    }
+    st_status_t s = parse_body(j, lim, &r, e);
+    json_decref(j);
+    if (s != ST_OK) {
+        st_openai_req_cleanup(&r);
+        return s;
+    }
+    *out = r;
+    if (out->req.n_stop_ids) out->req.stop_ids = out->stops; /* into *out, not the local copy */
+    return ST_OK;
+}
+
+void st_openai_req_cleanup(st_openai_req_t *r) {
+    free(r->req.prompt);
+    free(r->req.prompt_tokens);
+    memset(r, 0, sizeof *r);
+}
+
+/* ================================================================ client authentication */
+
+int st_openai_bearer_ok(const char *h, const char *key) {
+    if (!h || !key) return 0;
+    while (*h == ' ' || *h == '\t')
+        h++;
+    if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return 0;
+    h += 6;
+    while (*h == ' ' || *h == '\t')
+        h++;
+    size_t n = strlen(h);
+    while (n > 0 && (h[n - 1] == ' ' || h[n - 1] == '\t'))
+        n--;
+    uint8_t a[32], b[32];
+    st_sha256(h, n, a);
+    st_sha256(key, strlen(key), b);
+    return st_ct_equal(a, b, sizeof a);
+}
