@@ -7,7 +7,7 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: strata-attn --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
+            "usage: strata-attn --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
             "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
             "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
             "                   [--device cpu|cuda:N] [--drain-timeout-s S]\n"
@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--coordinator")) o.coordinator = v;
+        else if (!strcmp(a, "--coordinator-file")) o.coordinator_file = v;
         else if (!strcmp(a, "--ckpt")) o.ckpt = v;
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--name")) o.name = v;
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
     }
     if (!o.coordinator || !o.ckpt) { usage(); return 2; }
     st_log_set_tag(o.name ? o.name : "attn");
+    st_fd_limit_raise();
     if (st_sec_opts_finish(&sec, "strata-attn") != ST_OK) return 2;
     if (sec.tls && !sec.tls_cert) { /* the coordinator reaches a TLS cluster's workers over TLS */
         fprintf(

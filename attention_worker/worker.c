@@ -1744,6 +1744,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
                            .data_endpoint = endpoint,
                            .capacity = (uint32_t)aw->o.max_seqs,
                            .coordinator = aw->o.coordinator,
+                           .coordinator_file = aw->o.coordinator_file,
                            .on_placement = on_placement,
                            .inflight = inflight,
                            .arg = aw,

@@ -13,6 +13,7 @@
 typedef struct {
     const char *ckpt;
     const char *coordinator;   /* host:port */
+    const char *coordinator_file; /* optional: the coordinator's current address (its ready file), re-read on reconnect */
     const char *listen;        /* gRPC host:port for Worker.Generate (port 0 = ephemeral) */
     const char *name;
     int max_seqs, max_batch_tokens, max_ctx;

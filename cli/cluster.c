@@ -178,6 +178,7 @@ int st_cmd_up(int argc, char **argv) {
     uint64_t seed = 1;
     float skew = 0;
     const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "64";
+    const char *api_key = NULL, *max_queue = NULL;
     for (int i = 0; i < argc; i++) {
         const char *v;
         if ((v = st_cli_opt(argc, argv, &i, "--preset"))) preset = v;
@@ -198,6 +199,8 @@ int st_cmd_up(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--expert-timeout-ms"))) timeout_ms = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--attn-device"))) attn_dev = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--expert-device"))) expert_dev = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--api-key"))) api_key = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--max-queue"))) max_queue = v;
         else { fprintf(stderr, "strata up: unknown option %s\n", argv[i]); return 2; }
     }
     if (!preset && !ckpt) preset = "tiny";
@@ -207,7 +210,7 @@ int st_cmd_up(int argc, char **argv) {
         return 2;
     }
     const char *state = st_cli_state_dir(state_arg);
-    mkdir(state, 0755);
+    mkdir(state, 0700); /* the cluster secret lives here */
     pid_t old[MAX_PROCS];
     int nold = read_pids(state, old);
     for (int i = 0; i < nold; i++)
@@ -240,6 +243,7 @@ int st_cmd_up(int argc, char **argv) {
         return 1;
     }
     setenv("STRATA_CLUSTER_SECRET_FILE", secret, 1);
+    if (api_key) setenv("STRATA_API_KEY", api_key, 1); /* the environment, not argv: ps shows argv */
     if (!getenv("UCX_TLS")) setenv("UCX_TLS", "tcp", 1); /* loopback everywhere, containers included */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
     char bin[PATH_MAX - 64], exe[PATH_MAX], ready[700], log[700];
@@ -256,7 +260,8 @@ int st_cmd_up(int argc, char **argv) {
     snprintf(s_x, sizeof s_x, "%d", experts);
     char *cargv[] = {exe, "--ckpt", ck, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--replicas", s_rep,
                      "--routing", (char *)routing, "--heartbeat-ms", (char *)heartbeat, "--expect-workers", s_w,
-                     "--expect-experts", s_x, "--ready-file", ready, NULL};
+                     "--expect-experts", s_x, "--ready-file", ready, NULL, NULL, NULL};
+    if (max_queue) cargv[19] = "--max-queue", cargv[20] = (char *)max_queue;
     pids[np++] = spawn(cargv, log);
     char grpc[160] = "", http[160] = "";
     double t0 = st_time_sec();
@@ -295,8 +300,8 @@ int st_cmd_up(int argc, char **argv) {
         snprintf(name, sizeof name, "expert-%d", i);
         snprintf(log, sizeof log, "%s/%s.log", state, name);
         char *eargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
-                         "--max-rows", s_rows, "--slots", s_slots, NULL, NULL, NULL};
-        if (expert_dev) eargv[13] = "--device", eargv[14] = (char *)expert_dev;
+                         "--max-rows", s_rows, "--slots", s_slots, "--coordinator-file", ready, NULL, NULL, NULL};
+        if (expert_dev) eargv[15] = "--device", eargv[16] = (char *)expert_dev;
         pids[np++] = spawn(eargv, log);
     }
     snprintf(exe, sizeof exe, "%s/strata-attn", bin);
@@ -312,8 +317,8 @@ int st_cmd_up(int argc, char **argv) {
         char *wargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
                          "--max-seqs", s_seqs, "--max-batch-tokens", s_batch, "--max-ctx", s_ctx, "--routing", (char *)routing,
                          "--micro-batches", s_mb, "--min-mb-tokens", (char *)min_mb, "--expert-timeout-ms", (char *)timeout_ms,
-                         NULL, NULL, NULL};
-        if (attn_dev) wargv[23] = "--device", wargv[24] = (char *)attn_dev;
+                         "--coordinator-file", ready, NULL, NULL, NULL};
+        if (attn_dev) wargv[25] = "--device", wargv[26] = (char *)attn_dev;
         pids[np++] = spawn(wargv, log);
     }
     /* state file first, so `strata down` can clean up even if readiness never comes */

@@ -38,9 +38,10 @@ static void usage(void) {
             "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--min-mb-tokens N] [--state DIR]\n"
             "     [--attn-device cpu|cuda:N] [--expert-device cpu|cuda:N]   (passed to strata-attn / strata-expert as --device)\n"
+            "     [--api-key KEY] [--max-queue N]   (a fresh cluster secret is written to the state directory)\n"
             "  generate (--prompt TEXT | --prompt-tokens 1,2,3) [--max-tokens N] [--temperature T] [--top-p P]\n"
             "     [--top-k K] [--seed S] [--stream] [--print-tokens] [--ignore-eos] [--dump-logits FILE.npy]\n"
-            "     [--coordinator HOST:PORT]\n"
+            "     [--coordinator HOST:PORT] [--api-key KEY (or $STRATA_API_KEY)]\n"
             "  status [--json] [--http HOST:PORT]\n"
             "  down [--state DIR]\n");
 }

@@ -549,6 +549,7 @@ static void h_thresholds(st_rpc_call_t *call, const uint8_t *req, size_t len, vo
 
 static void h_status(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
     coord_t *co = arg;
+    if (st_coord_rpc_authorized(co, call) != ST_OK) return;
     char *json = st_coord_status_json(co);
     st_proto_member_t *mm = calloc((size_t)co->n_members + 1, sizeof *mm);
     for (int i = 0; mm && i < co->n_members; i++) {
@@ -697,7 +698,8 @@ int st_coord_run(const st_coord_opts_t *opts) {
         st_rpc_server_add_open_method(co->rpc, ST_PROTO_METHOD_STATUS, h_status, co) != ST_OK ||
         st_rpc_server_start(co->rpc, &co->grpc_port) != ST_OK)
         goto out_rpc;
-    if (st_http_server_create(&co->loop, co->http_host, (uint16_t)hport, NULL, &co->http) != ST_OK) goto out_rpc;
+    st_http_opts_t ho = {.tls_cert = co->o.http_tls_cert, .tls_key = co->o.http_tls_key};
+    if (st_http_server_create(&co->loop, co->http_host, (uint16_t)hport, &ho, &co->http) != ST_OK) goto out_rpc;
     st_coord_http_routes(co);
     uv_timer_init(&co->loop, &co->sweep);
     uv_timer_init(&co->loop, &co->tau_timer);

@@ -24,6 +24,7 @@ typedef struct {
     int auth_all;             /* /metrics and /status need the key too (/healthz, /readyz never do) */
     int max_queue;            /* requests waiting for a worker slot beyond it get 429 (0: default 1024; -1: none wait) */
     double queue_timeout_s;   /* a request waits at most this long for a slot (0: default 60) */
+    const char *http_tls_cert, *http_tls_key; /* PEM files: serve HTTPS only (NULL: plain HTTP) */
     double stream_idle_timeout_s; /* no token from the worker this long: cancel, tell the client (0: default 60) */
 } st_coord_opts_t;
 

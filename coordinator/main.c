@@ -13,6 +13,7 @@ static void usage(void) {
                     "                          [--expect-workers N] [--expect-experts N] [--model-name NAME] [--ready-file PATH]\n"
                     "                          [--api-key KEY | --api-key-file F] [--auth-all] [--max-queue N]\n"
                     "                          [--queue-timeout-s S] [--stream-idle-timeout-s S]\n"
+                    "                          [--http-tls-cert F --http-tls-key F]\n"
                     "       " ST_SEC_USAGE "\n"
                     "  --api-key-file F / $STRATA_API_KEY: clients send \"Authorization: Bearer KEY\" on /v1/* (and gRPC\n"
                     "  Generate/Status); --auth-all requires it on /metrics and /status too (/healthz, /readyz stay open).\n"
@@ -91,11 +92,28 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--ckpt")) o.ckpt = v;
         else if (!strcmp(a, "--grpc")) o.grpc = v;
         else if (!strcmp(a, "--http")) o.http = v;
-        else if (!strcmp(a, "--replicas")) o.replicas = atoi(v);
-        else if (!strcmp(a, "--heartbeat-ms")) o.heartbeat_ms = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--lambda")) o.lambda = strtof(v, NULL);
-        else if (!strcmp(a, "--expect-workers")) o.expect_workers = atoi(v);
-        else if (!strcmp(a, "--expect-experts")) o.expect_experts = atoi(v);
+        else if (!strcmp(a, "--replicas")) {
+            if (int_arg(a, v, 1, 8, &x) != 0) return 2;
+            o.replicas = (int)x;
+        } else if (!strcmp(a, "--heartbeat-ms")) {
+            if (int_arg(a, v, 10, 60000, &x) != 0) return 2;
+            o.heartbeat_ms = (uint32_t)x;
+        } else if (!strcmp(a, "--lambda")) {
+            char *end;
+            o.lambda = strtof(v, &end);
+            if (end == v || *end || !(o.lambda >= 0 && o.lambda < 1)) {
+                fprintf(stderr, "strata-coordinator: --lambda takes a decay in [0, 1) (got '%s')\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--expect-workers")) {
+            if (int_arg(a, v, 0, 4096, &x) != 0) return 2;
+            o.expect_workers = (int)x;
+        } else if (!strcmp(a, "--expect-experts")) {
+            if (int_arg(a, v, 0, 4096, &x) != 0) return 2;
+            o.expect_experts = (int)x;
+        }
+        else if (!strcmp(a, "--http-tls-cert")) o.http_tls_cert = v;
+        else if (!strcmp(a, "--http-tls-key")) o.http_tls_key = v;
         else if (!strcmp(a, "--model-name")) o.model_name = v;
         else if (!strcmp(a, "--ready-file")) o.ready_file = v;
         else if (!strcmp(a, "--api-key")) key_flag = v;
@@ -126,7 +144,7 @@ int main(int argc, char **argv) {
     o.api_key = api_key[0] ? api_key : NULL;
     st_log_set_tag("coordinator");
     if (o.auth_all && !o.api_key) st_log_warn("coordinator: --auth-all without an API key: nothing to require");
-    /* NOTE: st_fd_limit_raise() (common/base) belongs here once it exists */
+    st_fd_limit_raise();
     if (st_sec_opts_finish(&sec, "strata-coordinator") != ST_OK) return 2;
     o.sec = &sec;
     return st_coord_run(&o);

@@ -334,6 +334,13 @@ static void h_metrics(const st_http_req_t *req, st_http_res_t *res, void *arg) {
 }
 
 static void h_healthz(const st_http_req_t *req, st_http_res_t *res, void *arg) {
+    /* gRPC core 1.51 never accepts again after accept() hit the fd limit: members could not
+     * register any more, so report the process unhealthy (a supervisor restarts it) */
+    if (st_rpc_accept_failures() > 0) {
+        static const char msg[] = "gRPC port lost (accept failed: file descriptor limit)\n";
+        st_http_res_send(res, 503, "text/plain", msg, sizeof msg - 1);
+        return;
+    }
     st_http_res_send(res, 200, "text/plain", "ok\n", 3);
 }
 

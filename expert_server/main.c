@@ -1,13 +1,26 @@
 /* strata-expert: holds latent experts and runs them on batches that arrive over UCX. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "server.h"
 
 static void usage(void) {
-    fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
+    fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
                     "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n"
                     "       " ST_SEC_USAGE "\n");
+}
+
+static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "strata-expert: %s takes an integer %ld..%ld (got '%s')\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -21,13 +34,17 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--coordinator")) o.coordinator = v;
+        else if (!strcmp(a, "--coordinator-file")) o.coordinator_file = v;
         else if (!strcmp(a, "--ckpt")) o.ckpt = v;
         else if (!strcmp(a, "--name")) o.name = v;
-        else if (!strcmp(a, "--max-rows")) o.max_rows = atoi(v);
-        else if (!strcmp(a, "--slots")) o.slots = atoi(v);
+        else if (!strcmp(a, "--max-rows")) {
+            if (int_arg(a, v, 1, 1 << 22, &o.max_rows) != 0) return 2;
+        } else if (!strcmp(a, "--slots")) {
+            if (int_arg(a, v, 1, 1024, &o.slots) != 0) return 2;
+        }
         else if (!strcmp(a, "--device")) {
             if (!strcmp(v, "cpu")) o.use_cuda = false;
-            else if (!strncmp(v, "cuda:", 5) && v[5] >= '0' && v[5] <= '9') o.use_cuda = true, o.cuda_device = atoi(v + 5);
+            else if (!strncmp(v, "cuda:", 5) && int_arg("--device cuda:N", v + 5, 0, 63, &o.cuda_device) == 0) o.use_cuda = true;
             else { usage(); return 2; }
         }
         else if (!strcmp(a, "--listen")) {
@@ -35,7 +52,9 @@ int main(int argc, char **argv) {
             if (!c || c == v || (size_t)(c - v) >= sizeof host) { usage(); return 2; }
             memcpy(host, v, (size_t)(c - v));
             o.host = host;
-            o.port = (uint16_t)atoi(c + 1);
+            int port;
+            if (int_arg("--listen port", c + 1, 0, 65535, &port) != 0) return 2;
+            o.port = (uint16_t)port;
         } else { usage(); return 2; }
         i++;
     }
@@ -48,6 +67,7 @@ int main(int argc, char **argv) {
     }
 #endif
     st_log_set_tag(o.name ? o.name : "expert");
+    st_fd_limit_raise();
     if (st_sec_opts_finish(&sec, "strata-expert") != ST_OK) return 2;
     o.sec = &sec;
     return st_es_run(&o);

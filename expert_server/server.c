@@ -458,6 +458,7 @@ int st_es_run(const st_es_opts_t *opts) {
                                      .tls_key = sec->tls_key};
     st_member_opts_t mo = {.role = ST_PROTO_ROLE_EXPERT, .name = es->o.name, .data_endpoint = endpoint,
                            .capacity = (uint32_t)es->o.max_rows, .coordinator = es->o.coordinator,
+                           .coordinator_file = es->o.coordinator_file,
                            .sec = sec ? &es->rpc_sec : NULL, .on_placement = on_placement, .arg = es};
     if (st_member_start(&es->loop, &mo, &es->mem) != ST_OK) goto out_tp;
     pthread_create(&es->th, NULL, compute_main, es);

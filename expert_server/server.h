@@ -11,6 +11,7 @@
 typedef struct {
     const char *ckpt;        /* checkpoint directory */
     const char *coordinator; /* host:port (gRPC) */
+    const char *coordinator_file; /* optional: the coordinator's current address (its ready file), re-read on reconnect */
     const char *host;        /* UCX listen host (default 127.0.0.1) */
     uint16_t port;           /* 0 = ephemeral */
     const char *name;
