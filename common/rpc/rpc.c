@@ -1003,9 +1003,9 @@ static void cl_maybe_done(st_rpc_stream_t *s) {
         ST_REJECT(st, "rpc: %s refused: %s (grpc status %d)", s->path, detail, (int)s->status);
         break;
     case ST_ERR_PEER:
-    case ST_ERR_TIMEOUT:
+    case ST_ERR_TIMEOUT: /* an unreachable or slow peer: the caller knows what it means and logs it */
         st_err_set("rpc: %s failed: %s (grpc status %d)", s->path, detail, (int)s->status);
-        st_log_every(ST_LOG_ERROR, 10.0, "%s (%s)", st_err_last(), st_status_str(st));
+        st_log_every(ST_LOG_DEBUG, 10.0, "%s (%s)", st_err_last(), st_status_str(st));
         break;
     case ST_ERR_AUTH:
         st_err_set("rpc: %s refused: %s (grpc status %d)", s->path, detail, (int)s->status);
