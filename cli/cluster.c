@@ -128,7 +128,19 @@ static pid_t spawn(char *const argv[], const char *log) {
     return pid;
 }
 
-static int alive(pid_t p) { return p > 0 && kill(p, 0) == 0; }
+/* A zombie is not alive: in a container whose pid 1 does not reap, killed roles stay zombies. */
+static int alive(pid_t p) {
+    if (p <= 0 || kill(p, 0) != 0) return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return !(rp && rp[1] == ' ' && rp[2] == 'Z');
+}
 
 static void stop_pids(pid_t *pids, int n, int verbose) {
     for (int i = n - 1; i >= 0; i--)
