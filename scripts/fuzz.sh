@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses of fuzz/ (clang, ASan + UBSan) into build-fuzz/ (or $FUZZ_BUILD_DIR)
 # and runs each for SECONDS (default 60) on a copy of its seed corpus fuzz/corpus/<name>/, two at a
-# time ($FUZZ_JOBS). Fails if any harness crashes, leaks, times out or breaks an invariant; prints
+# time ($FUZZ_JOBS; results in $FUZZ_RUN_DIR, default build-fuzz/fuzz-run). Fails if any harness crashes, leaks, times out or breaks an invariant; prints
 # where the crashing input was written. Usage: scripts/fuzz.sh [SECONDS] [HARNESS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ else
   harnesses=()
   for src in fuzz/fuzz_*.c; do harnesses+=("$(basename "$src" .c)"); done
 fi
-run="$bdir/fuzz-run"
+run=${FUZZ_RUN_DIR:-$bdir/fuzz-run}
 rm -rf "$run"
 mkdir -p "$run"
 # NOTE: detect_leaks: a leak is a failure too. abort_on_error + handle_abort make libFuzzer write the
