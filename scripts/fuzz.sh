@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses of fuzz/ (clang, ASan + UBSan) into build-fuzz/ (or $FUZZ_BUILD_DIR)
 # and runs each for SECONDS (default 60) on a copy of its seed corpus fuzz/corpus/<name>/, two at a
-# time ($FUZZ_JOBS; results in $FUZZ_RUN_DIR, default build-fuzz/fuzz-run). Fails if any harness crashes, leaks, times out or breaks an invariant; prints
-# where the crashing input was written. Usage: scripts/fuzz.sh [SECONDS] [HARNESS...]
+# time ($FUZZ_JOBS); logs and artifacts go to $FUZZ_RUN_DIR (default build-fuzz/fuzz-run). Fails if any
+# harness crashes, leaks, times out or breaks an invariant, and prints where the input was written.
+# Usage: scripts/fuzz.sh [SECONDS] [fuzz_NAME...]   (docs/fuzzing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}

@@ -3,16 +3,18 @@
 cases per harness, deterministic. Run from anywhere: python3 fuzz/corpus/make_seeds.py"""
 import json
 import os
-import shutil
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def out(name, files):
+    """Replaces the generated seeds of fuzz/corpus/<name>/; inputs the fuzzers found (found_*) stay."""
     d = os.path.join(HERE, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    os.makedirs(d, exist_ok=True)
+    for fn in os.listdir(d):
+        if not fn.startswith("found_"):
+            os.remove(os.path.join(d, fn))
     for fn, data in files.items():
         with open(os.path.join(d, fn), "wb") as f:
             f.write(data if isinstance(data, bytes) else data.encode())
