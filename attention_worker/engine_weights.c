@@ -1,6 +1,7 @@
 /* Engine weight binding: resolves every tensor the attention worker needs from an open checkpoint
  * (views into the mmap for matrices, fp32 copies for vectors), with shapes checked against the
  * config. Routed experts are bound too when the engine runs them locally. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,6 +12,18 @@
     do {                                                                                          \
         st_status_t s_ = (x);                                                                     \
         if (s_ != ST_OK) return s_;                                                               \
+    } while (0)
+
+/* a*b (+ c) as a matrix width, or -1 when it is not in 1..INT_MAX. NOTE: widths multiply config.json
+ * values (each up to 2^30 as parsed), so they are formed in 64 bits and checked before any int use. */
+static int width(int64_t a, int64_t b, int64_t c) {
+    int64_t w = a * b + c;
+    return a >= 0 && b >= 0 && c >= 0 && w > 0 && w <= INT_MAX ? (int)w : -1;
+}
+#define WIDTH_OR_FAIL(var, a, b, c, what)                                                                     \
+    do {                                                                                                      \
+        (var) = width((a), (b), (c));                                                                         \
+        if ((var) < 0) return ST_FAIL(ST_ERR_CHECKPOINT, "layer %d: %s width out of range", l, (what));       \
     } while (0)
 
 static st_status_t wt(const st_ckpt_t *ck, st_weight_t *w, int rows, int cols, const char *fmt, int l) {
@@ -57,14 +70,15 @@ static st_status_t res_weff(const st_ckpt_t *ck, float **dst, int d, const char 
 
 
 static st_status_t bind_kda(const st_ckpt_t *ck, const st_config_t *c, st_layer_w_t *L, int l) {
-    int H = c->kda_heads, dk = c->kda_head_dim, dv = dk, P = H * dk, d = c->d;
+    int H = c->kda_heads, dk = c->kda_head_dim, dv = dk, P, d = c->d; /* P = H * dk = H * dv */
+    WIDTH_OR_FAIL(P, H, dk, 0, "KDA heads x head_dim");
     if (c->f_rank <= 0) return ST_FAIL(ST_ERR_CHECKPOINT, "layer %d: f_a_proj rank unknown", l);
     TRY(wt(ck, &L->q, P, d, "model.layers.%d.self_attn.q_proj", l));
     TRY(wt(ck, &L->k, P, d, "model.layers.%d.self_attn.k_proj", l));
-    TRY(wt(ck, &L->v, H * dv, d, "model.layers.%d.self_attn.v_proj", l));
+    TRY(wt(ck, &L->v, P, d, "model.layers.%d.self_attn.v_proj", l));
     TRY(conv_w(ck, &L->conv_q, P, c->conv_k, "model.layers.%d.self_attn.q_conv1d.weight", l));
     TRY(conv_w(ck, &L->conv_k, P, c->conv_k, "model.layers.%d.self_attn.k_conv1d.weight", l));
-    TRY(conv_w(ck, &L->conv_v, H * dv, c->conv_k, "model.layers.%d.self_attn.v_conv1d.weight", l));
+    TRY(conv_w(ck, &L->conv_v, P, c->conv_k, "model.layers.%d.self_attn.v_conv1d.weight", l));
     TRY(wt(ck, &L->f_a, c->f_rank, d, "model.layers.%d.self_attn.f_a_proj", l));
     TRY(wt(ck, &L->f_b, P, c->f_rank, "model.layers.%d.self_attn.f_b_proj", l));
     TRY(vec(ck, &L->A_log, H, true, "model.layers.%d.self_attn.A_log", l));
@@ -72,36 +86,40 @@ static st_status_t bind_kda(const st_ckpt_t *ck, const st_config_t *c, st_layer_
     TRY(wt(ck, &L->b, H, d, "model.layers.%d.self_attn.b_proj", l));
     TRY(vec(ck, &L->o_norm, dv, false, "model.layers.%d.self_attn.o_norm.weight", l));
     if (c->full_rank_gate) {
-        TRY(wt(ck, &L->g, H * dv, d, "model.layers.%d.self_attn.g_proj", l));
+        TRY(wt(ck, &L->g, P, d, "model.layers.%d.self_attn.g_proj", l));
     } else {
         if (c->g_rank <= 0) return ST_FAIL(ST_ERR_CHECKPOINT, "layer %d: g_a_proj rank unknown", l);
         TRY(wt(ck, &L->g_a, c->g_rank, d, "model.layers.%d.self_attn.g_a_proj", l));
-        TRY(wt(ck, &L->g, H * dv, c->g_rank, "model.layers.%d.self_attn.g_b_proj", l));
+        TRY(wt(ck, &L->g, P, c->g_rank, "model.layers.%d.self_attn.g_b_proj", l));
     }
-    TRY(wt(ck, &L->o, d, H * dv, "model.layers.%d.self_attn.o_proj", l));
+    TRY(wt(ck, &L->o, d, P, "model.layers.%d.self_attn.o_proj", l));
     return ST_OK;
 }
 
 static st_status_t bind_mla(const st_ckpt_t *ck, const st_config_t *c, st_layer_w_t *L, int l) {
-    int H = c->mla_heads, dqk = c->qk_nope + c->qk_rope, d = c->d;
+    int H = c->mla_heads, d = c->d, q_w, kva_w, kvb_w, v_w;
+    WIDTH_OR_FAIL(q_w, H, (int64_t)c->qk_nope + c->qk_rope, 0, "MLA query");
+    WIDTH_OR_FAIL(kva_w, c->kv_lora_rank, 1, c->qk_rope, "MLA kv_a");
+    WIDTH_OR_FAIL(kvb_w, H, (int64_t)c->qk_nope + c->v_head_dim, 0, "MLA kv_b");
+    WIDTH_OR_FAIL(v_w, H, c->v_head_dim, 0, "MLA value");
     if (c->q_lora_rank > 0) {
         TRY(wt(ck, &L->q_a, c->q_lora_rank, d, "model.layers.%d.self_attn.q_a_proj", l));
         TRY(vec(ck, &L->q_a_norm, c->q_lora_rank, false, "model.layers.%d.self_attn.q_a_layernorm.weight", l));
-        TRY(wt(ck, &L->q, H * dqk, c->q_lora_rank, "model.layers.%d.self_attn.q_b_proj", l));
+        TRY(wt(ck, &L->q, q_w, c->q_lora_rank, "model.layers.%d.self_attn.q_b_proj", l));
     } else {
-        TRY(wt(ck, &L->q, H * dqk, d, "model.layers.%d.self_attn.q_proj", l));
+        TRY(wt(ck, &L->q, q_w, d, "model.layers.%d.self_attn.q_proj", l));
     }
-    TRY(wt(ck, &L->kv_a, c->kv_lora_rank + c->qk_rope, d, "model.layers.%d.self_attn.kv_a_proj_with_mqa", l));
+    TRY(wt(ck, &L->kv_a, kva_w, d, "model.layers.%d.self_attn.kv_a_proj_with_mqa", l));
     TRY(vec(ck, &L->kv_a_norm, c->kv_lora_rank, false, "model.layers.%d.self_attn.kv_a_layernorm.weight", l));
-    TRY(wt(ck, &L->kv_b, H * (c->qk_nope + c->v_head_dim), c->kv_lora_rank, "model.layers.%d.self_attn.kv_b_proj", l));
+    TRY(wt(ck, &L->kv_b, kvb_w, c->kv_lora_rank, "model.layers.%d.self_attn.kv_b_proj", l));
     /* fp32 copy of W_UKV for the absorbed decode form */
     size_t n = (size_t)L->kv_b.rows * (size_t)L->kv_b.cols;
     L->kv_b_f32 = malloc(n * sizeof(float));
     if (!L->kv_b_f32) return ST_FAIL(ST_ERR_NO_MEMORY, "layer %d: kv_b copy", l);
     st_weight_rows_f32(&L->kv_b, 0, L->kv_b.rows, L->kv_b_f32);
     if (c->mla_output_gate)
-        TRY(wt(ck, &L->g, H * c->v_head_dim, d, "model.layers.%d.self_attn.g_proj", l));
-    TRY(wt(ck, &L->o, d, H * c->v_head_dim, "model.layers.%d.self_attn.o_proj", l));
+        TRY(wt(ck, &L->g, v_w, d, "model.layers.%d.self_attn.g_proj", l));
+    TRY(wt(ck, &L->o, d, v_w, "model.layers.%d.self_attn.o_proj", l));
     return ST_OK;
 }
 
@@ -134,8 +152,11 @@ static st_status_t bind_moe(const st_ckpt_t *ck, const st_config_t *c, st_layer_
         if (c->latent_norm)
             TRY(vec(ck, &L->lat_norm, c->latent, false, "model.layers.%d.block_sparse_moe.routed_expert_norm.weight", l));
     }
-    if (c->n_shared > 0)
-        TRY(bind_ffn(ck, c, &L->shared, c->n_shared * c->moe_inter, "block_sparse_moe.shared_experts", l));
+    if (c->n_shared > 0) {
+        int sw;
+        WIDTH_OR_FAIL(sw, c->n_shared, c->moe_inter, 0, "shared experts");
+        TRY(bind_ffn(ck, c, &L->shared, sw, "block_sparse_moe.shared_experts", l));
+    }
     if (local_experts) {
         L->experts = calloc((size_t)n, sizeof(st_expert_weights_t));
         if (!L->experts) return ST_FAIL(ST_ERR_NO_MEMORY, "expert table");

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "safetensors.h"
+#include "model_impl.h"
 
 #define K3_PREFIX "language_model."
 
@@ -97,73 +97,117 @@ static st_status_t add_file(st_ckpt_t *ck, const char *name) {
     return ST_OK;
 }
 
-/* Index: open every shard it names, then check each named tensor is in its shard. */
-static st_status_t load_index(st_ckpt_t *ck, const char *index_path) {
+void st_st_index_free(st_st_index_t *ix) {
+    if (!ix) return;
+    for (size_t i = 0; i < ix->n_shards; i++) free(ix->shards[i]);
+    for (size_t i = 0; i < ix->n_tensors; i++) free(ix->tensors[i]);
+    free(ix->shards);
+    free(ix->tensors);
+    free(ix->shard_of);
+    memset(ix, 0, sizeof *ix);
+}
+
+st_status_t st_st_index_parse(st_st_index_t *out, const char *path, const char *text, size_t len) {
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return ST_FAIL(ST_ERR_CHECKPOINT, "%s: invalid JSON (line %d: %s)", index_path, jerr.line, jerr.text);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return ST_FAIL(ST_ERR_CHECKPOINT, "%s: invalid JSON (line %d: %s)", path, jerr.line, jerr.text);
     st_status_t s = ST_OK;
-    const char **names = NULL; /* distinct shard names, borrowed from root */
-    size_t n_names = 0;
+    st_st_index_t ix;
+    memset(&ix, 0, sizeof ix);
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
-        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: key 'weight_map' missing or not an object", index_path);
-        goto out;
+        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: key 'weight_map' missing or not an object", path);
+        goto err;
+    }
+    size_t nt = json_object_size(wm);
+    if (nt == 0) {
+        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: weight_map is empty", path);
+        goto err;
+    }
+    ix.tensors = calloc(nt, sizeof *ix.tensors);
+    ix.shard_of = calloc(nt, sizeof *ix.shard_of);
+    if (!ix.tensors || !ix.shard_of) {
+        s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: %zu index entries", path, nt);
+        goto err;
     }
     const char *tname;
     json_t *v;
     size_t last = 0;
     json_object_foreach(wm, tname, v) {
         if (!json_is_string(v)) {
-            s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: weight_map['%s'] is not a file name", index_path, tname);
-            goto out;
+            s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: weight_map['%s'] is not a file name", path, tname);
+            goto err;
         }
         const char *fn = json_string_value(v);
         if (!*fn || strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0) {
-            s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: weight_map['%s'] = '%s' is not a plain file name", index_path,
-                        tname, fn);
-            goto out;
+            s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: weight_map['%s'] = '%s' is not a plain file name", path, tname, fn);
+            goto err;
         }
-        if (n_names && strcmp(names[last], fn) == 0) continue;
-        size_t i;
-        for (i = 0; i < n_names; i++)
-            if (strcmp(names[i], fn) == 0) break;
-        if (i == n_names) {
-            const char **nn = realloc(names, (n_names + 1) * sizeof *names);
-            if (!nn) {
-                s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: shard list", index_path);
-                goto out;
+        size_t i = last;
+        if (!ix.n_shards || strcmp(ix.shards[last], fn) != 0) {
+            for (i = 0; i < ix.n_shards; i++)
+                if (strcmp(ix.shards[i], fn) == 0) break;
+            if (i == ix.n_shards) {
+                char **nn = realloc(ix.shards, (ix.n_shards + 1) * sizeof *nn);
+                if (!nn) {
+                    s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: shard list", path);
+                    goto err;
+                }
+                ix.shards = nn;
+                if (!(ix.shards[ix.n_shards] = strdup(fn))) {
+                    s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: shard list", path);
+                    goto err;
+                }
+                ix.n_shards++;
             }
-            names = nn;
-            names[n_names++] = fn;
         }
         last = i;
+        if (!(ix.tensors[ix.n_tensors] = strdup(tname))) {
+            s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: tensor names", path);
+            goto err;
+        }
+        ix.shard_of[ix.n_tensors++] = (uint32_t)i;
     }
-    if (n_names == 0) {
-        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: weight_map is empty", index_path);
-        goto out;
-    }
-    ck->files = calloc(n_names, sizeof *ck->files);
+    json_decref(root);
+    *out = ix;
+    return ST_OK;
+
+err:
+    st_st_index_free(&ix);
+    json_decref(root);
+    return s;
+}
+
+/* Index: open every shard it names, then check each named tensor is in its shard. */
+static st_status_t load_index(st_ckpt_t *ck, const char *index_path) {
+    char *text = NULL;
+    size_t len = 0;
+    st_status_t s = st_model_read_file(index_path, ST_MODEL_MAX_JSON, ST_ERR_CHECKPOINT, &text, &len);
+    if (s) return s;
+    st_st_index_t ix;
+    s = st_st_index_parse(&ix, index_path, text, len);
+    free(text);
+    if (s) return s;
+    ck->files = calloc(ix.n_shards, sizeof *ck->files);
     if (!ck->files) {
-        s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: %zu shards", index_path, n_names);
+        s = ST_FAIL(ST_ERR_NO_MEMORY, "%s: %zu shards", index_path, ix.n_shards);
         goto out;
     }
-    for (size_t i = 0; i < n_names; i++)
-        if ((s = add_file(ck, names[i]))) goto out;
+    for (size_t i = 0; i < ix.n_shards; i++)
+        if ((s = add_file(ck, ix.shards[i]))) goto out;
     if ((s = tab_build(ck))) goto out;
-    json_object_foreach(wm, tname, v) {
-        const slot_t *sl = tab_find(ck, strip(tname));
-        const char *fn = json_string_value(v);
+    for (size_t i = 0; i < ix.n_tensors; i++) {
+        const slot_t *sl = tab_find(ck, strip(ix.tensors[i]));
+        const char *fn = ix.shards[ix.shard_of[i]];
         const char *got = sl ? strrchr(ck->files[sl->file].path, '/') + 1 : NULL;
         if (!sl || strcmp(got, fn) != 0) {
             s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: tensor '%s' is named by the index in shard '%s' but %s%s", ck->dir,
-                        tname, fn, sl ? "found in " : "no shard holds it", sl ? got : "");
+                        ix.tensors[i], fn, sl ? "found in " : "no shard holds it", sl ? got : "");
             goto out;
         }
     }
 out:
-    free(names);
-    json_decref(root);
+    st_st_index_free(&ix);
     return s;
 }
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "strata/model.h"
+#include "model_impl.h"
 
 #define CFG_FAIL(...) ST_FAIL(ST_ERR_CONFIG, "config.json: " __VA_ARGS__)
 
@@ -68,6 +68,44 @@ static st_status_t get_num(json_t *obj, const char *key, const char *path, bool 
     if (!isfinite(d)) return CFG_FAIL("key '%s%s' must be finite", path, key);
     if (present) *present = true;
     *out = d;
+    return ST_OK;
+}
+
+/* d as a float: refuses a value that overflows to ±inf or underflows to 0 (the checks that follow
+ * are on the float the model uses, not on the double that was written) */
+static st_status_t to_float(double d, const char *path, const char *key, float *out) {
+    float f = (float)d;
+    if (!isfinite(f) || (f == 0.0f && d != 0.0))
+        return CFG_FAIL("key '%s%s' = %g is outside the range of a float", path, key, d);
+    *out = f;
+    return ST_OK;
+}
+
+/* The widths the engine forms from the config must fit comfortably in an int (see model.h). */
+static st_status_t check_widths(const st_config_t *z) {
+    const struct {
+        const char *key;
+        int64_t w;
+    } k[] = {
+        {"hidden_size", z->d},
+        {"intermediate_size", z->intermediate},
+        {"moe_intermediate_size", z->moe_inter},
+        {"routed_expert_hidden_size", z->latent},
+        {"q_lora_rank", z->q_lora_rank},
+        {"linear_attn_config.num_heads' x 'linear_attn_config.head_dim", (int64_t)z->kda_heads * z->kda_head_dim},
+        {"linear_attn_config.head_dim' x 'linear_attn_config.head_dim", (int64_t)z->kda_head_dim * z->kda_head_dim},
+        {"num_attention_heads' x 'qk_nope_head_dim + qk_rope_head_dim",
+         (int64_t)z->mla_heads * ((int64_t)z->qk_nope + z->qk_rope)},
+        {"num_attention_heads' x 'qk_nope_head_dim + v_head_dim",
+         (int64_t)z->mla_heads * ((int64_t)z->qk_nope + z->v_head_dim)},
+        {"num_attention_heads' x 'kv_lora_rank", (int64_t)z->mla_heads * z->kv_lora_rank},
+        {"kv_lora_rank' + 'qk_rope_head_dim", (int64_t)z->kv_lora_rank + z->qk_rope},
+        {"num_shared_experts' x 'moe_intermediate_size", (int64_t)z->n_shared * z->moe_inter},
+    };
+    for (size_t i = 0; i < ST_ARRAY_LEN(k); i++)
+        if (k[i].w > ST_CONFIG_MAX_WIDTH)
+            return CFG_FAIL("key '%s' = %lld exceeds the supported maximum width %d", k[i].key, (long long)k[i].w,
+                            ST_CONFIG_MAX_WIDTH);
     return ST_OK;
 }
 
@@ -181,7 +219,8 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
     if ((s = get_pos_int(tc, "vocab_size", "", true, 0, &z.vocab))) return s;
     if ((s = get_num(tc, "rms_norm_eps", "", NULL, 1e-5, &dv))) return s;
     if (!(dv > 0 && dv < 1)) return CFG_FAIL("key 'rms_norm_eps' must be in (0, 1)");
-    z.rms_eps = (float)dv;
+    if ((s = to_float(dv, "", "rms_norm_eps", &z.rms_eps))) return s;
+    if (!(z.rms_eps < 1.0f)) return CFG_FAIL("key 'rms_norm_eps' must be in (0, 1) as a float (got %.9g)", dv);
     {
         json_t *tie = json_object_get(tc, "tie_word_embeddings");
         json_t *src = (tie && !json_is_null(tie)) ? tc : top;
@@ -202,7 +241,7 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
         if (present && !(dv < 0))
             return CFG_FAIL("key 'linear_attn_config.gate_lower_bound' must be negative (got %g)", dv);
         z.gate_bounded = present;
-        z.gate_lower_bound = (float)dv;
+        if (present && (s = to_float(dv, p, "gate_lower_bound", &z.gate_lower_bound))) return s;
         if ((s = get_bool(lac, "use_full_rank_gate", p, false, &z.full_rank_gate))) return s;
         bool full_present, kda_present;
         bool kda_mark[ST_MAX_LAYERS] = {false};
@@ -295,7 +334,7 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
         if ((s = get_bool(tc, "moe_renormalize", "", true, &z.renormalize))) return s;
         if ((s = get_num(tc, "routed_scaling_factor", "", NULL, 1.0, &dv))) return s;
         if (!(dv > 0)) return CFG_FAIL("key 'routed_scaling_factor' must be positive");
-        z.routed_scale = (float)dv;
+        if ((s = to_float(dv, "", "routed_scaling_factor", &z.routed_scale))) return s;
     } else {
         z.renormalize = true;
         z.routed_scale = 1.0f;
@@ -311,10 +350,10 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
         return CFG_FAIL("key 'hidden_act' = \"%s\" is not supported (situ or silu)", str);
     if ((s = get_num(tc, "activation_situ_beta", "", NULL, 4.0, &dv))) return s;
     if (!(dv > 0)) return CFG_FAIL("key 'activation_situ_beta' must be positive");
-    z.situ_beta1 = (float)dv;
+    if ((s = to_float(dv, "", "activation_situ_beta", &z.situ_beta1))) return s;
     if ((s = get_num(tc, "activation_situ_linear_beta", "", NULL, 25.0, &dv))) return s;
     if (!(dv > 0)) return CFG_FAIL("key 'activation_situ_linear_beta' must be positive");
-    z.situ_beta2 = (float)dv;
+    if ((s = to_float(dv, "", "activation_situ_linear_beta", &z.situ_beta2))) return s;
 
     /* quantization: text_config first (the raw K3 file), then top level (HF hoists it) */
     json_t *q = json_object_get(tc, "quantization_config");
@@ -329,6 +368,7 @@ static st_status_t parse_obj(st_config_t *c, json_t *top) {
             return CFG_FAIL("key 'moe_intermediate_size' = %d must be a multiple of 32 for MXFP4 experts",
                             z.moe_inter);
     }
+    if ((s = check_widths(&z))) return s;
     *c = z;
     return ST_OK;
 }
@@ -346,7 +386,7 @@ st_status_t st_config_parse(st_config_t *cfg, const char *json_text) {
 st_status_t st_config_load(st_config_t *cfg, const char *path) {
     char *text = NULL;
     size_t len = 0;
-    st_status_t s = st_file_read_all(path, &text, &len);
+    st_status_t s = st_model_read_file(path, ST_MODEL_MAX_JSON, ST_ERR_CONFIG, &text, &len);
     if (s) return s;
     if (strlen(text) != len) {
         free(text);

@@ -2,6 +2,7 @@
  * notes/checkpoint-layout.md §6) into fp32. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "strata/model.h"
 
@@ -14,10 +15,25 @@ float st_mxfp4_value(uint8_t nibble, uint8_t scale) {
     return ldexpf(v, (int)scale - 127);
 }
 
-/* bf16 → fp32 is a 16-bit shift; O3 lets the compiler vectorise it (SSE4.1 on x86-64-v2) */
-__attribute__((optimize("O3"))) static void bf16_row(float *restrict out, const uint16_t *restrict src, size_t n) {
-    uint32_t *o = (uint32_t *)(void *)out;
-    for (size_t c = 0; c < n; c++) o[c] = (uint32_t)src[c] << 16;
+/* NOTE: element loads go through memcpy: a tensor's payload offset in a safetensors file need not be
+ * a multiple of its element size, so a uint16_t/float pointer into the mapping may be misaligned
+ * (undefined behaviour, and a UBSan report, if dereferenced). The compiler turns these into plain
+ * (unaligned) vector loads. */
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* bf16 → fp32 is a 16-bit shift; O3 lets GCC vectorise it (SSE4.1 on x86-64-v2) */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+static void bf16_row(float *restrict out, const uint8_t *restrict src, size_t n) {
+    for (size_t c = 0; c < n; c++) {
+        uint32_t u = (uint32_t)ld16(src + 2 * c) << 16;
+        memcpy(&out[c], &u, 4);
+    }
 }
 
 void st_weight_rows_f32(const st_weight_t *w, int r0, int n, float *dst) {
@@ -27,19 +43,18 @@ void st_weight_rows_f32(const st_weight_t *w, int r0, int n, float *dst) {
         float *out = dst + (size_t)r * cols;
         switch (w->dtype) {
         case ST_DT_F32: {
-            const float *src = (const float *)w->data + row * cols;
-            memcpy(out, src, cols * sizeof(float));
+            memcpy(out, (const uint8_t *)w->data + 4 * row * cols, cols * sizeof(float));
             break;
         }
         case ST_DT_BF16: {
             /* NOTE: written as a 16→32-bit shift so the compiler vectorises it: this decode is
              * most of a CPU decode step (every step re-reads the weights it touches) */
-            bf16_row(out, (const uint16_t *)w->data + row * cols, cols);
+            bf16_row(out, (const uint8_t *)w->data + 2 * row * cols, cols);
             break;
         }
         case ST_DT_F16: {
-            const uint16_t *src = (const uint16_t *)w->data + row * cols;
-            for (size_t c = 0; c < cols; c++) out[c] = st_f16_to_f32(src[c]);
+            const uint8_t *src = (const uint8_t *)w->data + 2 * row * cols;
+            for (size_t c = 0; c < cols; c++) out[c] = st_f16_to_f32(ld16(src + 2 * c));
             break;
         }
         case ST_DT_MXFP4: {

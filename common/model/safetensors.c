@@ -46,14 +46,14 @@ bool st_st_dtype_parse(const char *s, st_dtype_t *out) {
     return false;
 }
 
-static void free_ents(st_st_entry_t *ents, size_t n) {
+void st_st_entries_free(st_st_entry_t *ents, size_t n) {
     for (size_t i = 0; i < n; i++) free(ents[i].name);
     free(ents);
 }
 
 void st_st_close(st_st_file_t *f) {
     if (!f) return;
-    free_ents(f->ents, f->n);
+    st_st_entries_free(f->ents, f->n);
     if (f->map) munmap(f->map, f->size);
     free(f->path);
     memset(f, 0, sizeof *f);
@@ -190,16 +190,40 @@ static st_status_t parse_header(const char *path, const char *hdr, size_t hlen, 
 err_sorted:
     free(sorted);
 err_ents:
-    free_ents(ents, n);
+    st_st_entries_free(ents, n);
 err_root:
     json_decref(root);
     return s;
 }
 
+st_status_t st_st_parse(const char *path, const uint8_t *p, size_t size, size_t *payload_off, st_st_entry_t **ents,
+                        size_t *n) {
+    if (size < 8) return ST_FAIL(ST_ERR_CHECKPOINT, "%s: truncated (%zu bytes, no header length)", path, size);
+    uint64_t hn = 0;
+    for (int i = 7; i >= 0; i--) hn = (hn << 8) | p[i]; /* little-endian */
+    if (hn == 0) return ST_FAIL(ST_ERR_CHECKPOINT, "%s: header length is 0", path);
+    if (hn > size - 8)
+        return ST_FAIL(ST_ERR_CHECKPOINT, "%s: header length %llu exceeds the file (%zu bytes)", path,
+                       (unsigned long long)hn, size);
+    if (hn > ST_SAFETENSORS_MAX_HEADER)
+        return ST_FAIL(ST_ERR_CHECKPOINT, "%s: header length %llu exceeds the 100 MB limit", path,
+                       (unsigned long long)hn);
+    /* trailing padding (spaces by the format; NULs seen from some writers) */
+    size_t hlen = (size_t)hn;
+    while (hlen > 0 && (p[8 + hlen - 1] == ' ' || p[8 + hlen - 1] == 0)) hlen--;
+    size_t off = 8 + (size_t)hn;
+    st_status_t s = parse_header(path, (const char *)p + 8, hlen, size - off, p + off, ents, n);
+    if (s) return s;
+    *payload_off = off;
+    return ST_OK;
+}
+
 st_status_t st_st_open(st_st_file_t *f, const char *path) {
     memset(f, 0, sizeof *f);
     st_status_t s;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* NOTE: O_NONBLOCK so that opening a FIFO returns at once and fstat can refuse it (a blocking
+     * open waits forever for a writer); it changes nothing for a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return ST_FAIL(ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     struct stat stt;
     if (fstat(fd, &stt) != 0) {
@@ -222,36 +246,15 @@ st_status_t st_st_open(st_st_file_t *f, const char *path) {
     }
     close(fd);
     fd = -1;
-    const uint8_t *p = map;
-    uint64_t hn = 0;
-    for (int i = 7; i >= 0; i--) hn = (hn << 8) | p[i]; /* little-endian */
-    if (hn == 0) {
-        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: header length is 0", path);
-        goto err_map;
-    }
-    if (hn > size - 8) {
-        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: header length %llu exceeds the file (%zu bytes)", path,
-                    (unsigned long long)hn, size);
-        goto err_map;
-    }
-    if (hn > ST_SAFETENSORS_MAX_HEADER) {
-        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: header length %llu exceeds the 100 MB limit", path,
-                    (unsigned long long)hn);
-        goto err_map;
-    }
-    /* trailing padding (spaces by the format; NULs seen from some writers) */
-    size_t hlen = (size_t)hn;
-    while (hlen > 0 && (p[8 + hlen - 1] == ' ' || p[8 + hlen - 1] == 0)) hlen--;
     f->path = strdup(path);
     if (!f->path) {
         s = ST_FAIL(ST_ERR_NO_MEMORY, "%s", path);
         goto err_map;
     }
+    s = st_st_parse(path, map, size, &f->payload_off, &f->ents, &f->n);
+    if (s) goto err_path;
     f->map = map;
     f->size = size;
-    f->payload_off = 8 + (size_t)hn;
-    s = parse_header(path, (const char *)p + 8, hlen, size - f->payload_off, p + f->payload_off, &f->ents, &f->n);
-    if (s) goto err_path;
     return ST_OK;
 
 err_path:

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "strata/model.h"
@@ -111,6 +113,77 @@ static void e_groups(json_t *t, json_t *tc) { json_object_set_new(tc, "num_exper
 static void e_moe_inter_mx(json_t *t, json_t *tc) {
     json_object_set_new(tc, "quantization_config", json_pack("{s:s}", "format", "mxfp4-pack-quantized"));
     json_object_set_new(tc, "moe_intermediate_size", json_integer(48));
+}
+
+/* Regressions (issue 13, fuzz_config): floats that pass the double checks but overflow or underflow
+ * as floats (routed_scaling_factor 2e74 became +inf; rms_norm_eps 1e-50 became 0), and widths whose
+ * products overflow the engine's int arithmetic (engine_weights.c: heads x head_dim). */
+static void e_scale_inf(json_t *t, json_t *tc) { json_object_set_new(tc, "routed_scaling_factor", json_real(2.1e74)); }
+static void e_eps_zero(json_t *t, json_t *tc) { json_object_set_new(tc, "rms_norm_eps", json_real(1e-50)); }
+static void e_eps_one(json_t *t, json_t *tc) { json_object_set_new(tc, "rms_norm_eps", json_real(0.99999999999)); }
+static void e_beta_inf(json_t *t, json_t *tc) { json_object_set_new(tc, "activation_situ_beta", json_real(1e300)); }
+static void e_beta2_inf(json_t *t, json_t *tc) {
+    json_object_set_new(tc, "activation_situ_linear_beta", json_real(1e39));
+}
+static void e_gate_zero(json_t *t, json_t *tc) {
+    json_object_set_new(json_object_get(tc, "linear_attn_config"), "gate_lower_bound", json_real(-1e-50));
+}
+static void e_gate_inf(json_t *t, json_t *tc) {
+    json_object_set_new(json_object_get(tc, "linear_attn_config"), "gate_lower_bound", json_real(-1e300));
+}
+static void e_kda_width(json_t *t, json_t *tc) { /* 2^16 x 2^16 = 2^32: int overflow in the engine */
+    json_t *lac = json_object_get(tc, "linear_attn_config");
+    json_object_set_new(lac, "num_heads", json_integer(65536));
+    json_object_set_new(lac, "head_dim", json_integer(65536));
+}
+static void e_kv_width(json_t *t, json_t *tc) { /* kv_lora_rank + qk_rope_head_dim = 2^31 */
+    json_object_set_new(tc, "kv_lora_rank", json_integer(1 << 30));
+    json_object_set_new(tc, "qk_rope_head_dim", json_integer(1 << 30));
+}
+static void e_mla_width(json_t *t, json_t *tc) {
+    json_object_set_new(tc, "num_attention_heads", json_integer(40000));
+    json_object_set_new(tc, "num_key_value_heads", json_integer(40000));
+    json_object_set_new(tc, "qk_nope_head_dim", json_integer(60000));
+}
+static void e_shared_width(json_t *t, json_t *tc) {
+    json_object_set_new(tc, "num_shared_experts", json_integer(1 << 20));
+    json_object_set_new(tc, "moe_intermediate_size", json_integer(1 << 12));
+}
+static void e_hidden_huge(json_t *t, json_t *tc) { json_object_set_new(tc, "hidden_size", json_integer(1 << 30)); }
+
+/* config.json that is not a regular file: refused at once with a config error. Before the fix a
+ * directory sized its read buffer from lseek's LLONG_MAX (malloc failure; an abort under ASan) and a
+ * FIFO blocked in open() forever (the alarm turns that into a failure). */
+static void check_special_files(void) {
+    const char *tmp = getenv("STRATA_TEST_TMP");
+    if (!tmp || !*tmp) tmp = "/tmp";
+    char dir[512], fifo[512];
+    snprintf(dir, sizeof dir, "%s/test_config_dir.%d", tmp, (int)getpid());
+    snprintf(fifo, sizeof fifo, "%s/test_config_fifo.%d", tmp, (int)getpid());
+    mkdir(tmp, 0755);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+    CHECK(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    st_config_t c;
+    memset(&c, 0x5a, sizeof c);
+    st_config_t before = c;
+    alarm(20);
+    st_status_t s = st_config_load(&c, dir);
+    CHECK(s == ST_ERR_CONFIG && strstr(st_err_last(), "not a regular file"), "directory: %d '%s'", (int)s,
+          st_err_last());
+    s = st_config_load(&c, fifo);
+    CHECK(s == ST_ERR_CONFIG && strstr(st_err_last(), "not a regular file"), "FIFO: %d '%s'", (int)s, st_err_last());
+    alarm(0);
+    CHECK(memcmp(&c, &before, sizeof c) == 0, "output written on failure");
+    rmdir(dir);
+    unlink(fifo);
+    /* a regular file still loads */
+    char file[512];
+    snprintf(file, sizeof file, "%s/test_config_file.%d.json", tmp, (int)getpid());
+    FILE *f = fopen(file, "wb");
+    CHECK(f && fwrite(k_tiny, 1, strlen(k_tiny), f) == strlen(k_tiny), "write %s", file);
+    if (f) fclose(f);
+    CHECK(st_config_load(&c, file) == ST_OK && c.d == 128, "regular file: %s", st_err_last());
+    unlink(file);
 }
 
 int main(void) {
@@ -226,6 +299,19 @@ int main(void) {
     expect_error("dense layer without intermediate_size", e_dense, "'intermediate_size'");
     expect_error("mxfp4 width", e_moe_inter_mx, "'moe_intermediate_size'");
     expect_error("grouped top-k", e_groups, "'num_expert_group'");
+    expect_error("routed_scaling_factor overflows a float", e_scale_inf, "'routed_scaling_factor'");
+    expect_error("rms_norm_eps underflows a float", e_eps_zero, "'rms_norm_eps'");
+    expect_error("rms_norm_eps rounds to 1 as a float", e_eps_one, "'rms_norm_eps'");
+    expect_error("activation_situ_beta overflows a float", e_beta_inf, "'activation_situ_beta'");
+    expect_error("activation_situ_linear_beta overflows a float", e_beta2_inf, "'activation_situ_linear_beta'");
+    expect_error("gate_lower_bound underflows to -0", e_gate_zero, "gate_lower_bound");
+    expect_error("gate_lower_bound overflows to -inf", e_gate_inf, "gate_lower_bound");
+    expect_error("KDA heads x head_dim overflows an int", e_kda_width, "linear_attn_config.num_heads");
+    expect_error("kv_lora_rank + qk_rope_head_dim overflows an int", e_kv_width, "maximum width");
+    expect_error("MLA heads x head dims too wide", e_mla_width, "num_attention_heads");
+    expect_error("shared experts x moe width too wide", e_shared_width, "num_shared_experts");
+    expect_error("hidden_size too wide", e_hidden_huge, "'hidden_size'");
+    check_special_files();
 
     /* not JSON, or not an object */
     const char *bad[] = {"", "{", "{\"hidden_size\":}", "[1,2,3]", "null", "42", "\"x\"", "{\"text_config\":[]}",

@@ -73,6 +73,38 @@ int main(void) {
     st_weight_rows_f32(&m, 0, 2, both);
     CHECK(both[0] == 6.0f && both[63] == 6.0f && memcmp(both + 64, row, sizeof row) == 0, "two rows at once");
 
+    /* Regression (issue 13, UBSan "misaligned load" at mxfp4.c:20): a safetensors payload offset need
+     * not be a multiple of the element size, so BF16/F16/F32 rows may start at an odd address. The
+     * decode must give the same values there (and, under UBSan, not load a misaligned uint16_t). */
+    {
+        enum { R = 3, C = 37 }; /* odd width: the vector loop's tail too */
+        uint8_t raw[1 + 4 * R * C];
+        float ref[R * C], got[R * C];
+        st_rng_t rng = {5};
+        for (int i = 0; i < R * C; i++) ref[i] = st_bf16_to_f32(st_f32_to_bf16(st_rng_normal(&rng)));
+        for (int i = 0; i < R * C; i++) {
+            uint16_t h = st_f32_to_bf16(ref[i]);
+            memcpy(raw + 1 + 2 * i, &h, 2);
+        }
+        st_weight_t wb = {ST_DT_BF16, R, C, raw + 1, NULL};
+        st_weight_rows_f32(&wb, 0, R, got);
+        CHECK(memcmp(got, ref, sizeof ref) == 0, "BF16 rows at an odd address");
+        st_weight_rows_f32(&wb, 2, 1, got);
+        CHECK(memcmp(got, ref + 2 * C, C * sizeof(float)) == 0, "BF16 row 2 at an odd address");
+        for (int i = 0; i < R * C; i++) {
+            ref[i] = st_f16_to_f32(st_f32_to_f16(ref[i]));
+            uint16_t h = st_f32_to_f16(ref[i]);
+            memcpy(raw + 1 + 2 * i, &h, 2);
+        }
+        st_weight_t wh = {ST_DT_F16, R, C, raw + 1, NULL};
+        st_weight_rows_f32(&wh, 0, R, got);
+        CHECK(memcmp(got, ref, sizeof ref) == 0, "F16 rows at an odd address");
+        memcpy(raw + 1, ref, sizeof ref);
+        st_weight_t wf = {ST_DT_F32, R, C, raw + 1, NULL};
+        st_weight_rows_f32(&wf, 1, 2, got);
+        CHECK(memcmp(got, ref + C, 2 * C * sizeof(float)) == 0, "F32 rows at an odd address");
+    }
+
     /* E8M0 extremes: the reference has no clamp */
     CHECK(isinf(st_mxfp4_value(2, 0xFF)) && st_mxfp4_value(2, 0xFF) > 0, "scale 0xFF → +inf");
     CHECK(st_mxfp4_value(2, 0) == ldexpf(1.0f, -127), "scale 0 → 2^-127");

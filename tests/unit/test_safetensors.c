@@ -189,6 +189,81 @@ int main(void) {
     rm("model.safetensors");
     expect_reject("no weights at all", "model.safetensors");
 
+    /* ---- regressions (issue 13) ---- */
+    /* A shard, index or config.json that is a FIFO is refused at once. Before the fix open() waited
+     * forever for a writer (S_ISREG was checked after it); the alarm turns a hang into a failure. */
+    {
+        char p[700];
+        alarm(20);
+        snprintf(p, sizeof p, "%s/model.safetensors", g_dir);
+        CHECK(mkfifo(p, 0644) == 0, "mkfifo shard");
+        expect_reject("shard is a FIFO", "not a regular file");
+        rm("model.safetensors");
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", g_dir);
+        CHECK(mkfifo(p, 0644) == 0, "mkfifo index");
+        expect_reject("index is a FIFO", "not a regular file");
+        rm("model.safetensors.index.json");
+        put_st("model.safetensors", ~0ull, k_good_hdr, g_payload, 56);
+        rm("config.json");
+        snprintf(p, sizeof p, "%s/config.json", g_dir);
+        CHECK(mkfifo(p, 0644) == 0, "mkfifo config");
+        expect_reject("config.json is a FIFO", "not a regular file");
+        rm("config.json");
+        /* config.json as a directory: before the fix its read buffer was sized from lseek's LLONG_MAX
+         * (an allocation failure; an abort under ASan) */
+        CHECK(mkdir(p, 0755) == 0, "mkdir config.json");
+        expect_reject("config.json is a directory", "not a regular file");
+        rmdir(p);
+        alarm(0);
+        put("config.json", k_cfg, strlen(k_cfg));
+        rm("model.safetensors");
+    }
+    /* A header of odd length puts every tensor at an odd address in the mapping: decoding must not
+     * load misaligned uint16_t/float (UBSan: misaligned load at mxfp4.c:20 before the fix) and gives
+     * the same values. */
+    {
+        const char *hdr = "{\"w.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,8]},"
+                          "\"h\":{\"dtype\":\"F16\",\"shape\":[1,3],\"data_offsets\":[8,14]},"
+                          "\"f\":{\"dtype\":\"F32\",\"shape\":[1,2],\"data_offsets\":[14,22]}}  ";
+        const float wv[4] = {1.0f, -0.5f, 2.0f, 384.0f}, hv[3] = {0.25f, -3.0f, 1024.0f}, fv[2] = {1e-3f, -7.5f};
+        uint8_t pl[22];
+        for (int i = 0; i < 4; i++) {
+            uint16_t b = st_f32_to_bf16(wv[i]);
+            memcpy(pl + 2 * i, &b, 2);
+        }
+        for (int i = 0; i < 3; i++) {
+            uint16_t h = st_f32_to_f16(hv[i]);
+            memcpy(pl + 8 + 2 * i, &h, 2);
+        }
+        memcpy(pl + 14, fv, 8);
+        CHECK((8 + strlen(hdr)) % 2 == 1, "header length is odd");
+        put_st("model.safetensors", ~0ull, hdr, pl, sizeof pl);
+        ck = NULL;
+        CHECK(st_ckpt_open(&ck, g_dir) == ST_OK, "odd header: %s", st_err_last());
+        if (ck) {
+            st_weight_t w;
+            float out[4] = {0}, vec[3] = {0};
+            CHECK(((uintptr_t)st_ckpt_find(ck, "w.weight")->data & 1) == 1, "w lies at an odd address");
+            CHECK(st_ckpt_weight(ck, "w", 2, 2, &w) == ST_OK, "weight w");
+            st_weight_rows_f32(&w, 0, 2, out);
+            CHECK(memcmp(out, wv, sizeof wv) == 0, "misaligned BF16 rows");
+            st_weight_rows_f32(&w, 1, 1, out);
+            CHECK(out[0] == 2.0f && out[1] == 384.0f, "misaligned BF16 row 1");
+            const st_tensor_t *h = st_ckpt_find(ck, "h");
+            st_weight_t hw = {ST_DT_F16, 1, 3, h->data, NULL};
+            st_weight_rows_f32(&hw, 0, 1, vec);
+            CHECK(memcmp(vec, hv, sizeof hv) == 0, "misaligned F16 row");
+            const st_tensor_t *f = st_ckpt_find(ck, "f");
+            st_weight_t fw = {ST_DT_F32, 1, 2, f->data, NULL};
+            st_weight_rows_f32(&fw, 0, 1, out);
+            CHECK(out[0] == fv[0] && out[1] == fv[1], "misaligned F32 row");
+            CHECK(st_ckpt_vec_f32(ck, "h", 3, false, vec) == ST_OK && memcmp(vec, hv, sizeof hv) == 0,
+                  "misaligned F16 vector");
+            st_ckpt_close(ck);
+        }
+        rm("model.safetensors");
+    }
+
     /* random corruption of the good file's header: never a crash */
     {
         size_t hn = strlen(k_good_hdr);

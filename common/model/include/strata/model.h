@@ -14,6 +14,10 @@ extern "C" {
 #endif
 
 #define ST_MAX_LAYERS 256
+/* Largest width config.json may imply: hidden_size, intermediate sizes, ranks, and the products the
+ * engine forms (heads × head dims, kv_lora_rank + rope dims, shared experts × moe width, a KDA
+ * head's state dk × dv). Keeps every width and its products with small counts inside an int. */
+#define ST_CONFIG_MAX_WIDTH (1 << 24)
 
 typedef enum { ST_ACT_SITU = 0, ST_ACT_SILU = 1 } st_act_t;
 
@@ -54,8 +58,11 @@ typedef struct {
     bool experts_mxfp4;       /* quantization_config present with mxfp4-pack-quantized */
 } st_config_t;
 
-/* Parse config.json text (top-level or nested text_config). Errors name the key. */
+/* Parse config.json text (top-level or nested text_config). Errors name the key. Every width is at
+ * most ST_CONFIG_MAX_WIDTH and every float finite and in range after conversion to float. */
 st_status_t st_config_parse(st_config_t *cfg, const char *json_text);
+/* Read and parse a config.json file: a regular file of at most 64 MiB (a directory or FIFO is
+ * refused at once, ST_ERR_CONFIG); open/read errors are ST_ERR_IO. */
 st_status_t st_config_load(st_config_t *cfg, const char *path);
 static inline bool st_config_is_moe_layer(const st_config_t *c, int l) {
     return c->n_experts > 0 && l >= c->first_k_dense;

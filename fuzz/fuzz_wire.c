@@ -1,0 +1,87 @@
+/* libFuzzer harness: the data-plane wire format (strata/wire.h) as an expert server or attention
+ * worker receives it: bytes [0, 64) are the UCX AM header, the rest the payload. Beyond "no crash":
+ * a decoded header is within every ST_WIRE_MAX_* bound with payload_bytes equal to what arrived,
+ * and encodes back to the same 64 bytes; a decoded table has ascending expert ids, offsets that
+ * partition [0, token_count), sources below `unique`, and its row views end exactly at the end of
+ * the payload (every row byte is read, so ASan sees any view past it). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz/fuzz.h"
+#include "strata/wire.h"
+
+static void check_table(const st_wire_info_t *in, const uint8_t *pl) {
+    const uint32_t *ids = NULL, *off = NULL, *src = (const uint32_t *)(uintptr_t)0x1;
+    const float *rows = NULL;
+    st_status_t s = st_wire_table_decode(pl, in, &ids, &off, &src, &rows);
+    if (s != ST_OK) {
+        FUZZ_REQUIRE(s == ST_ERR_PROTOCOL);
+        FUZZ_REQUIRE(ids == NULL && off == NULL && rows == NULL);
+        return;
+    }
+    FUZZ_REQUIRE((const uint8_t *)ids == pl && off == ids + in->expert_count);
+    for (uint32_t i = 1; i < in->expert_count; i++) FUZZ_REQUIRE(ids[i] > ids[i - 1]);
+    FUZZ_REQUIRE(off[0] == 0 && off[in->expert_count] == in->token_count);
+    for (uint32_t i = 0; i < in->expert_count; i++) FUZZ_REQUIRE(off[i] <= off[i + 1]);
+    uint64_t n_rows = in->token_count;
+    if (in->unique) {
+        FUZZ_REQUIRE(src != NULL && (const uint8_t *)src == pl + st_wire_table_bytes(in->expert_count));
+        for (uint32_t r = 0; r < in->token_count; r++) FUZZ_REQUIRE(src[r] < in->unique);
+        n_rows = in->unique;
+        /* a plain-rows receiver must refuse it */
+        const uint32_t *i2, *o2;
+        const float *r2;
+        FUZZ_REQUIRE(st_wire_table_decode(pl, in, &i2, &o2, NULL, &r2) == ST_ERR_PROTOCOL);
+    } else {
+        FUZZ_REQUIRE(src == NULL);
+    }
+    const uint8_t *end = (const uint8_t *)rows + n_rows * in->row_width * sizeof(float);
+    FUZZ_REQUIRE(end == pl + in->payload_bytes);
+    volatile uint8_t sink = 0;
+    for (const uint8_t *q = (const uint8_t *)rows; q < end; q++) sink ^= *q;
+    (void)sink;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    st_wire_info_t in;
+    memset(&in, 0x5a, sizeof in);
+    st_wire_info_t before = in;
+    size_t hl = size < ST_WIRE_HEADER_BYTES ? size : ST_WIRE_HEADER_BYTES;
+    size_t plen = size - hl;
+    st_status_t s = st_wire_header_decode(data, hl, plen, &in);
+    if (s != ST_OK) {
+        FUZZ_REQUIRE(s == ST_ERR_PROTOCOL);
+        FUZZ_REQUIRE(memcmp(&in, &before, sizeof in) == 0);
+        return 0;
+    }
+    FUZZ_REQUIRE(hl == ST_WIRE_HEADER_BYTES && in.payload_bytes == plen);
+    /* the header as the sender would have written it */
+    st_wire_header_t h;
+    FUZZ_REQUIRE(st_wire_header_encode(&in, &h) == ST_OK);
+    FUZZ_REQUIRE(memcmp(&h, data, ST_WIRE_HEADER_BYTES) == 0);
+    switch (in.kind) {
+    case ST_WIRE_KIND_DISPATCH:
+    case ST_WIRE_KIND_COMBINE: {
+        FUZZ_REQUIRE(in.token_count <= ST_WIRE_MAX_TOKENS && in.expert_count <= ST_WIRE_MAX_EXPERTS &&
+                in.row_width <= ST_WIRE_MAX_ROW_WIDTH && in.unique <= in.token_count && in.status == ST_OK);
+        FUZZ_REQUIRE(in.payload_bytes ==
+                st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, in.unique));
+        /* an exact-size, 16-byte aligned copy of the payload (UCX hands the receiver such a buffer) */
+        uint8_t *pl = aligned_alloc(16, (plen + 15) / 16 * 16 + 16);
+        FUZZ_REQUIRE(pl);
+        memcpy(pl, data + ST_WIRE_HEADER_BYTES, plen);
+        check_table(&in, pl);
+        free(pl);
+        break;
+    }
+    case ST_WIRE_KIND_ERROR:
+        FUZZ_REQUIRE(in.status < 0 && in.payload_bytes <= ST_WIRE_MAX_ERROR_TEXT && in.token_count == 0 &&
+                in.expert_count == 0 && in.row_width == 0 && in.unique == 0);
+        break;
+    default:
+        FUZZ_REQUIRE(!"unknown kind decoded");
+    }
+    return 0;
+}
