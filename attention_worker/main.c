@@ -16,13 +16,8 @@ static void usage(void) {
 
 /* A whole decimal number in lo..hi, else -1 (after saying why). */
 static long num(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "strata-attn: %s wants a number in %ld..%ld, got '%s'\n", flag, lo, hi, v);
-        return -1;
-    }
-    return x;
+    long x;
+    return st_parse_long(flag, v, lo, hi, &x) != 0 ? -1 : x;
 }
 
 int main(int argc, char **argv) {

@@ -20,18 +20,6 @@ static void usage(void) {
                     "  --max-queue N: requests waiting for a worker slot (default 1024, 0: none); beyond it 429.\n");
 }
 
-static int int_arg(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "strata-coordinator: %s takes an integer %ld..%ld (got '%s')\n", flag, lo, hi, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int secs_arg(const char *flag, const char *v, double *out) {
     char *end;
     double x = strtod(v, &end);
@@ -93,10 +81,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--grpc")) o.grpc = v;
         else if (!strcmp(a, "--http")) o.http = v;
         else if (!strcmp(a, "--replicas")) {
-            if (int_arg(a, v, 1, 8, &x) != 0) return 2;
+            if (st_parse_long(a, v, 1, 8, &x) != 0) return 2;
             o.replicas = (int)x;
         } else if (!strcmp(a, "--heartbeat-ms")) {
-            if (int_arg(a, v, 10, 60000, &x) != 0) return 2;
+            if (st_parse_long(a, v, 10, 60000, &x) != 0) return 2;
             o.heartbeat_ms = (uint32_t)x;
         } else if (!strcmp(a, "--lambda")) {
             char *end;
@@ -106,10 +94,10 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--expect-workers")) {
-            if (int_arg(a, v, 0, 4096, &x) != 0) return 2;
+            if (st_parse_long(a, v, 0, 4096, &x) != 0) return 2;
             o.expect_workers = (int)x;
         } else if (!strcmp(a, "--expect-experts")) {
-            if (int_arg(a, v, 0, 4096, &x) != 0) return 2;
+            if (st_parse_long(a, v, 0, 4096, &x) != 0) return 2;
             o.expect_experts = (int)x;
         }
         else if (!strcmp(a, "--http-tls-cert")) o.http_tls_cert = v;
@@ -119,7 +107,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) key_flag = v;
         else if (!strcmp(a, "--api-key-file")) key_file = v;
         else if (!strcmp(a, "--max-queue")) {
-            if (int_arg(a, v, 0, 1000000, &x) != 0) return 2;
+            if (st_parse_long(a, v, 0, 1000000, &x) != 0) return 2;
             o.max_queue = x ? (int)x : -1;
         } else if (!strcmp(a, "--queue-timeout-s")) {
             if (secs_arg(a, v, &o.queue_timeout_s) != 0) return 2;

@@ -12,13 +12,8 @@ static void usage(void) {
 }
 
 static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "strata-expert: %s takes an integer %ld..%ld (got '%s')\n", flag, lo, hi, v);
-        return -1;
-    }
+    long x;
+    if (st_parse_long(flag, v, lo, hi, &x) != 0) return -1;
     *out = (int)x;
     return 0;
 }

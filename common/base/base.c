@@ -84,22 +84,40 @@ void st_err_set(const char *fmt, ...) {
 
 const char *st_err_last(void) { return g_err; }
 
+/* record the text as the last error and log it at lvl */
+static st_status_t err_record(st_log_level_t lvl, const char *prefix, st_status_t s, const char *file, int line,
+                              const char *fmt, va_list ap) {
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    st_log_msg(lvl, file, line, "%s%s (%s)", prefix, g_err, st_status_str(s));
+    return s;
+}
+
 st_status_t st_fail(st_status_t s, const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    err_record(ST_LOG_ERROR, "", s, file, line, fmt, ap);
     va_end(ap);
-    st_log_msg(ST_LOG_ERROR, file, line, "%s (%s)", g_err, st_status_str(s));
     return s;
 }
 
 st_status_t st_reject(st_status_t s, const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    err_record(ST_LOG_DEBUG, "rejected: ", s, file, line, fmt, ap);
     va_end(ap);
-    st_log_msg(ST_LOG_DEBUG, file, line, "rejected: %s (%s)", g_err, st_status_str(s));
     return s;
+}
+
+int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s takes an integer in %ld..%ld (got '%s')\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
 }
 
 int st_log_rl_pass(st_log_rl_t *rl, double interval_s, uint64_t *suppressed) {

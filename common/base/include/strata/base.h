@@ -125,6 +125,10 @@ static inline void st_arena_reset(st_arena_t *a) { a->used = 0; }
  * the result at INFO. Roles call it once at start, before creating their servers. */
 void st_fd_limit_raise(void);
 
+/* A command-line number: the whole of v is a decimal integer in lo..hi; else says so on stderr
+ * (naming flag) and returns -1 with *out untouched. */
+int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out);
+
 /* ---- small file helpers ---- */
 st_status_t st_file_read_all(const char *path, char **out, size_t *len); /* NUL-terminated, caller frees */
 st_status_t st_file_write_all(const char *path, const void *data, size_t len);
