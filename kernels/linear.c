@@ -174,9 +174,18 @@ void st_linear(float *y, const float *x, const st_weight_t *W, int T, float *ws)
 static float weight_at(const st_weight_t *W, int r, int c) {
     size_t i = (size_t)r * (size_t)W->cols + (size_t)c;
     switch (W->dtype) {
-    case ST_DT_F32: return ((const float *)W->data)[i];
-    case ST_DT_BF16: return st_bf16_to_f32(((const uint16_t *)W->data)[i]);
-    case ST_DT_F16: return st_f16_to_f32(((const uint16_t *)W->data)[i]);
+    /* NOTE: element loads through memcpy: a tensor in a mapped shard may sit at any offset */
+    case ST_DT_F32: {
+        float f;
+        memcpy(&f, (const uint8_t *)W->data + 4 * i, 4);
+        return f;
+    }
+    case ST_DT_BF16:
+    case ST_DT_F16: {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)W->data + 2 * i, 2);
+        return W->dtype == ST_DT_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+    }
     case ST_DT_U8: return (float)((const uint8_t *)W->data)[i];
     case ST_DT_MXFP4: {
         uint8_t b = ((const uint8_t *)W->data)[i / 2];

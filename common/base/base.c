@@ -2,6 +2,9 @@
 #include "strata/base.h"
 
 #include <errno.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -202,32 +205,34 @@ void *st_arena_alloc(st_arena_t *a, size_t bytes) {
 }
 
 st_status_t st_file_read_all(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ST_FAIL(ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return ST_FAIL(ST_ERR_IO, "cannot seek %s", path);
+    /* NOTE: O_NONBLOCK so a FIFO cannot block us; only regular files of at most 256 MiB are read */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return ST_FAIL(ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (256 << 20)) {
+        close(fd);
+        return ST_FAIL(ST_ERR_IO, "%s: not a regular file of at most 256 MiB", path);
     }
-    long n = ftell(f);
-    rewind(f);
-    if (n < 0) {
-        fclose(f);
-        return ST_FAIL(ST_ERR_IO, "cannot size %s", path);
-    }
-    char *buf = malloc((size_t)n + 1);
+    size_t n = (size_t)st.st_size, got = 0;
+    char *buf = malloc(n + 1);
     if (!buf) {
-        fclose(f);
-        return ST_FAIL(ST_ERR_NO_MEMORY, "reading %s (%ld bytes)", path, n);
+        close(fd);
+        return ST_FAIL(ST_ERR_NO_MEMORY, "reading %s (%zu bytes)", path, n);
     }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    while (got < n) {
+        ssize_t k = read(fd, buf + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    close(fd);
+    if (got != n) {
         free(buf);
-        fclose(f);
         return ST_FAIL(ST_ERR_IO, "short read on %s", path);
     }
-    fclose(f);
     buf[n] = 0;
     *out = buf;
-    if (len) *len = (size_t)n;
+    if (len) *len = n;
     return ST_OK;
 }
 

@@ -239,7 +239,7 @@ static void test_microbatch(void) {
     st_engine_seq_open(e, &s1);
     c0.slot = s0;
     c1.slot = s1;
-    st_engine_mb_t *m0, *m1;
+    st_engine_mb_t *m0 = NULL, *m1 = NULL;
     CHECK(st_engine_mb_create(e, &m0) == ST_OK && st_engine_mb_create(e, &m1) == ST_OK, "mb create");
     CHECK(st_engine_mb_begin(m0, &c0, 1, got) == ST_OK, "mb0 begin");
     CHECK(st_engine_mb_begin(m1, &c1, 1, got + (size_t)N0 * V) == ST_OK, "mb1 begin");

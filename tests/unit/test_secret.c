@@ -1,4 +1,4 @@
-/* common/base secrets: SHA-256 and HMAC-SHA256 against FIPS 180-4 / RFC 4231 vectors, the secret
+/* common/base secrets and file reading: SHA-256 and HMAC-SHA256 against FIPS 180-4 / RFC 4231 vectors, the secret
  * file rules (size, regular file, permissions), constant-time compare, rate-limited logging. */
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -61,6 +61,19 @@ int main(void) {
     CHECK(st_secret_load(path, &s2) == ST_ERR_CONFIG, "a FIFO is refused without blocking");
     unlink(path);
     CHECK(st_secret_load(tmp, &s2) == ST_ERR_CONFIG, "a directory is refused");
+
+    /* st_file_read_all (API key files, ready files): a FIFO or a directory is refused, not waited on */
+    char *txt = NULL;
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+    CHECK(st_file_read_all(path, &txt, NULL) == ST_ERR_IO && !txt, "a FIFO is refused without blocking");
+    unlink(path);
+    CHECK(st_file_read_all(tmp, &txt, NULL) == ST_ERR_IO && !txt, "a directory is refused");
+    size_t n = 0;
+    CHECK(st_file_write_all(path, "abc", 3) == ST_OK && st_file_read_all(path, &txt, &n) == ST_OK && n == 3 &&
+              !strcmp(txt, "abc"),
+          "a regular file is read");
+    free(txt);
+    unlink(path);
 
     st_log_rl_t rl = {0};
     uint64_t sup = 99;
