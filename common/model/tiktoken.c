@@ -522,35 +522,64 @@ static st_status_t emit_piece(const st_tokenizer_t *tk, enc_ctx_t *cx, const uin
     return bpe(tk, p, n, &cx->bpe, out);
 }
 
-static st_status_t encode_ordinary(const st_tokenizer_t *tk, enc_ctx_t *cx, const uint8_t *s, size_t n,
-                                   st_tok_ids_t *out) {
-    size_t p = 0;
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(cx->md);
+/* The next piece of s[0, n) at or after p: [*a, *b). Returns 1, 0 at the end, or a status < 0. */
+static int next_piece(const st_tokenizer_t *tk, pcre2_match_data *md, const uint8_t *s, size_t n, size_t p,
+                      size_t *a, size_t *b) {
     while (p < n) {
-        size_t start = p, e = 0;
-        if (tk->fast_ascii && s[p] < 0x80) e = ascii_piece(s, p, n);
-        if (!e) {
-            int rc = tk->jit ? pcre2_jit_match(tk->re, s, n, p, 0, cx->md, NULL)
-                             : pcre2_match(tk->re, s, n, p, PCRE2_NO_UTF_CHECK, cx->md, NULL);
-            if (rc == PCRE2_ERROR_NOMATCH) break; /* as tiktoken: text no alternative matches is dropped */
-            if (rc < 0) {
-                PCRE2_UCHAR msg[256];
-                pcre2_get_error_message(rc, msg, sizeof msg);
-                return ST_FAIL(ST_ERR_INTERNAL, "tokenizer: PCRE2 match failed: %s", (char *)msg);
-            }
-            start = ov[0];
-            e = ov[1];
-            if (e == start) { /* an empty match (a custom pattern): step over one character */
-                p = start + 1;
-                while (p < n && (s[p] & 0xC0) == 0x80) p++;
-                continue;
+        if (tk->fast_ascii && s[p] < 0x80) {
+            size_t e = ascii_piece(s, p, n);
+            if (e) {
+                *a = p;
+                *b = e;
+                return 1;
             }
         }
-        st_status_t st = emit_piece(tk, cx, s + start, e - start, out);
-        if (st) return st;
-        p = e;
+        int rc = tk->jit ? pcre2_jit_match(tk->re, s, n, p, 0, md, NULL)
+                         : pcre2_match(tk->re, s, n, p, PCRE2_NO_UTF_CHECK, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) return 0; /* as tiktoken: text no alternative matches is dropped */
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return ST_FAIL(ST_ERR_INTERNAL, "tokenizer: PCRE2 match failed: %s", (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        if (ov[1] > ov[0]) {
+            *a = ov[0];
+            *b = ov[1];
+            return 1;
+        }
+        /* an empty match (only a custom pattern can give one): step over one character */
+        p = ov[0] + 1;
+        while (p < n && (s[p] & 0xC0) == 0x80) p++;
     }
-    return ST_OK;
+    return 0;
+}
+
+static st_status_t encode_ordinary(const st_tokenizer_t *tk, enc_ctx_t *cx, const uint8_t *s, size_t n,
+                                   st_tok_ids_t *out) {
+    size_t p = 0, a, b;
+    int rc;
+    while ((rc = next_piece(tk, cx->md, s, n, p, &a, &b)) == 1) {
+        st_status_t st = emit_piece(tk, cx, s + a, b - a, out);
+        if (st) return st;
+        p = b;
+    }
+    return (st_status_t)rc;
+}
+
+st_status_t st_tt_split(const st_tokenizer_t *tk, const uint8_t *s, size_t n, size_t *ends, size_t max,
+                        size_t *count) {
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md) return ST_FAIL(ST_ERR_NO_MEMORY, "tokenizer: no memory");
+    size_t p = 0, a, b, k = 0;
+    int rc;
+    while ((rc = next_piece(tk, md, s, n, p, &a, &b)) == 1 && k < max) {
+        ends[k++] = b;
+        p = b;
+    }
+    pcre2_match_data_free(md);
+    *count = k;
+    return rc < 0 ? (st_status_t)rc : ST_OK;
 }
 
 static st_status_t encode_segment(const st_tokenizer_t *tk, enc_ctx_t *cx, const uint8_t *s, size_t n,

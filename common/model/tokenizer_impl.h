@@ -54,6 +54,9 @@ int32_t st_tt_rank(const st_tokenizer_t *tk, const uint8_t *p, size_t n);
 st_status_t st_tt_encode(const st_tokenizer_t *tk, const uint8_t *s, size_t n, bool allow_special,
                          st_tok_ids_t *out);
 void st_tt_free(st_tokenizer_t *tk);
+/* Tests: the end offsets of the pre-tokenisation pieces of s[0, n) (no specials, no cuts). */
+st_status_t st_tt_split(const st_tokenizer_t *tk, const uint8_t *s, size_t n, size_t *ends, size_t max,
+                        size_t *count);
 
 /* tokenizer.c */
 st_status_t st_tok_ids_reserve(st_tok_ids_t *v, size_t extra);
