@@ -42,24 +42,64 @@ static const char KIMI_PATTERN[] = "\\p{sc:Han}+"
 
 /* ---- rank table ---- */
 
+/* NOTE: pieces are short (English averages under 5 bytes), so the hash reads them with a few
+ * overlapping loads instead of a byte loop or a variable-length memcpy, and a 64x64->128 multiply
+ * mixes (the technique of wyhash). */
+static inline uint64_t rd64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline uint64_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t mum(uint64_t a, uint64_t b) {
+    __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+#define H0 0xa0761d6478bd642full
+#define H1 0xe7037ed1a0b428dbull
+#define H2 0x8ebc6af09c88c6e3ull
+
 static inline uint64_t tt_hash(const uint8_t *p, size_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-        p += 8;
-        n -= 8;
+    uint64_t a, b, seed = H0;
+    if (n <= 16) {
+        if (n >= 4) {
+            size_t m = (n >> 3) << 2;
+            a = rd32(p) << 32 | rd32(p + m);
+            b = rd32(p + n - 4) << 32 | rd32(p + n - 4 - m);
+        } else {
+            a = (uint64_t)p[0] << 16 | (uint64_t)p[n >> 1] << 8 | p[n - 1];
+            b = 0;
+        }
+    } else {
+        size_t i = n;
+        const uint8_t *q = p;
+        while (i > 16) {
+            seed = mum(rd64(q) ^ H1, rd64(q + 8) ^ seed);
+            q += 16;
+            i -= 16;
+        }
+        a = rd64(p + n - 16);
+        b = rd64(p + n - 8);
     }
-    uint64_t w = 0;
-    memcpy(&w, p, n);
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 29;
-    return h;
+    return mum(H1 ^ n, mum(a ^ H1, b ^ seed ^ H2));
 }
 
-int32_t st_tt_rank(const st_tokenizer_t *tk, const uint8_t *p, size_t n) {
+/* p[0, n) == q[0, n) for n >= 1, without a call for short n */
+static inline bool same_bytes(const uint8_t *p, const uint8_t *q, size_t n) {
+    if (n >= 8) {
+        if (rd64(p) != rd64(q) || rd64(p + n - 8) != rd64(q + n - 8)) return false;
+        return n <= 16 || !memcmp(p + 8, q + 8, n - 16);
+    }
+    if (n >= 4) return rd32(p) == rd32(q) && rd32(p + n - 4) == rd32(q + n - 4);
+    return p[0] == q[0] && p[n >> 1] == q[n >> 1] && p[n - 1] == q[n - 1];
+}
+
+/* NOTE: inlined into the encoder's loops; a call's register saves cost a third of a lookup */
+static inline __attribute__((always_inline)) int32_t tt_rank(const st_tokenizer_t *tk, const uint8_t *p, size_t n) {
     if (n == 1) return tk->byte_rank[p[0]];
     uint64_t h = tt_hash(p, n), tag = h >> 32;
     for (uint64_t i = h & tk->slot_mask;; i = (i + 1) & tk->slot_mask) {
@@ -67,9 +107,11 @@ int32_t st_tt_rank(const st_tokenizer_t *tk, const uint8_t *p, size_t n) {
         if (!e) return -1;
         if ((e >> 32) != tag) continue;
         uint32_t r = (uint32_t)e - 1;
-        if (tk->off[r + 1] - tk->off[r] == n && !memcmp(tk->blob + tk->off[r], p, n)) return (int32_t)r;
+        if (tk->off[r + 1] - tk->off[r] == n && same_bytes(tk->blob + tk->off[r], p, n)) return (int32_t)r;
     }
 }
+
+int32_t st_tt_rank(const st_tokenizer_t *tk, const uint8_t *p, size_t n) { return tt_rank(tk, p, n); }
 
 static int b64_val(uint8_t c) {
     if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -203,7 +245,7 @@ st_status_t st_tt_load_ranks(st_tokenizer_t *tk, const char *path, const char *t
     for (uint32_t r = 0; r < n; r++) {
         const uint8_t *p = tk->blob + tk->off[r];
         size_t tl = tk->off[r + 1] - tk->off[r];
-        if (tl == 1 ? tk->byte_rank[p[0]] >= 0 : st_tt_rank(tk, p, tl) >= 0) {
+        if (tl == 1 ? tk->byte_rank[p[0]] >= 0 : tt_rank(tk, p, tl) >= 0) {
             s = RANKS_FAIL("%s: the token of rank %u appears twice", path, r);
             goto out;
         }
@@ -300,9 +342,10 @@ static size_t find_special(const st_tokenizer_t *tk, const uint8_t *s, size_t a,
  * as every character it has to look at is ASCII; the moment it would look at a byte >= 0x80 the
  * piece goes to PCRE2 instead (return 0). NOTE: the pattern has no lookbehind and every character
  * starts some alternative, so a match found from position p starts at p, by hand or by PCRE2. */
-enum { C_UP = 1, C_LO = 2, C_DIG = 4, C_WS = 8, C_NL = 16, C_OTHER = 32, C_PREFIX = 64 };
-static uint8_t g_cls[128];
+enum { C_UP = 1, C_LO = 2, C_DIG = 4, C_WS = 8, C_NL = 16, C_OTHER = 32, C_PREFIX = 64, C_HI = 128 };
+static uint8_t g_cls[256]; /* C_HI alone for bytes >= 0x80: every class test fails there */
 static void init_cls(void) {
+    for (int c = 128; c < 256; c++) g_cls[c] = C_HI;
     for (int c = 0; c < 128; c++) {
         uint8_t k = 0;
         if (c >= 'A' && c <= 'Z') k = C_UP;
@@ -333,34 +376,34 @@ static inline size_t contraction(const uint8_t *s, size_t j, size_t end) {
     return j;
 }
 
-static size_t ascii_piece(const uint8_t *s, size_t p, size_t end) {
+static inline __attribute__((always_inline)) size_t ascii_piece(const uint8_t *s, size_t p, size_t end) {
     uint8_t c = s[p], k = g_cls[c];
     /* alternatives 2 and 3: [^\r\n\p{L}\p{N}]? Upper* Lower+ | ... Upper+ Lower*, then a contraction */
     size_t q = p + ((k & C_PREFIX) ? 1 : 0);
     if (q < end) {
         size_t i = q;
-        while (i < end && s[i] < 0x80 && (g_cls[s[i]] & C_UP)) i++;
-        if (i < end && s[i] >= 0x80) return 0;
+        while (i < end && (g_cls[s[i]] & C_UP)) i++;
+        if (i < end && (g_cls[s[i]] & C_HI)) return 0;
         size_t j = i;
-        while (j < end && s[j] < 0x80 && (g_cls[s[j]] & C_LO)) j++;
-        if (j < end && s[j] >= 0x80) return 0;
+        while (j < end && (g_cls[s[j]] & C_LO)) j++;
+        if (j < end && (g_cls[s[j]] & C_HI)) return 0;
         if (j > q) return contraction(s, j, end);
     }
     /* alternative 4: \p{N}{1,3} */
     if (k & C_DIG) {
         size_t i = p + 1;
-        while (i < end && i < p + 3 && s[i] < 0x80 && (g_cls[s[i]] & C_DIG)) i++;
-        if (i < end && i < p + 3 && s[i] >= 0x80) return 0;
+        while (i < end && i < p + 3 && (g_cls[s[i]] & C_DIG)) i++;
+        if (i < end && i < p + 3 && (g_cls[s[i]] & C_HI)) return 0;
         return i;
     }
     /* alternative 5: ' '?[^\s\p{L}\p{N}]+[\r\n]* */
     {
         size_t i = p + (c == ' ' ? 1 : 0);
-        if (i < end && s[i] >= 0x80) return 0;
+        if (i < end && (g_cls[s[i]] & C_HI)) return 0;
         if (i < end && (g_cls[s[i]] & C_OTHER)) {
-            while (i < end && s[i] < 0x80 && (g_cls[s[i]] & C_OTHER)) i++;
-            if (i < end && s[i] >= 0x80) return 0;
-            while (i < end && s[i] < 0x80 && (g_cls[s[i]] & C_NL)) i++;
+            while (i < end && (g_cls[s[i]] & C_OTHER)) i++;
+            if (i < end && (g_cls[s[i]] & C_HI)) return 0;
+            while (i < end && (g_cls[s[i]] & C_NL)) i++;
             return i;
         }
     }
@@ -369,10 +412,10 @@ static size_t ascii_piece(const uint8_t *s, size_t p, size_t end) {
         size_t i = p, last_nl = 0;
         bool nl = false;
         for (; i < end; i++) {
-            uint8_t b = s[i];
-            if (b >= 0x80) return 0; /* may be non-ASCII White_Space */
-            if (!(g_cls[b] & C_WS)) break;
-            if (g_cls[b] & C_NL) {
+            uint8_t b = g_cls[s[i]];
+            if (b & C_HI) return 0; /* may be non-ASCII White_Space */
+            if (!(b & C_WS)) break;
+            if (b & C_NL) {
                 nl = true;
                 last_nl = i;
             }
@@ -441,7 +484,7 @@ static inline int32_t pair_rank(const st_tokenizer_t *tk, const uint8_t *s, cons
     uint32_t j = nxt[i];
     if (j >= n) return -1;
     uint32_t e = nxt[j];
-    return st_tt_rank(tk, s + i, e - i);
+    return tt_rank(tk, s + i, e - i);
 }
 
 static st_status_t bpe(const st_tokenizer_t *tk, const uint8_t *s, size_t n, bpe_scratch_t *b, st_tok_ids_t *out) {
@@ -494,7 +537,7 @@ static st_status_t bpe(const st_tokenizer_t *tk, const uint8_t *s, size_t n, bpe
         }
     }
     for (uint32_t i = 0; i < n; i = nxt[i]) {
-        int32_t r = st_tt_rank(tk, s + i, nxt[i] - i);
+        int32_t r = tt_rank(tk, s + i, nxt[i] - i);
         if (r < 0) return ST_FAIL(ST_ERR_INTERNAL, "tokenizer: BPE produced a part with no rank");
         out->ids[out->n++] = r;
     }
@@ -510,7 +553,7 @@ typedef struct {
 
 static st_status_t emit_piece(const st_tokenizer_t *tk, enc_ctx_t *cx, const uint8_t *p, size_t n,
                               st_tok_ids_t *out) {
-    int32_t r = st_tt_rank(tk, p, n);
+    int32_t r = tt_rank(tk, p, n);
     if (r >= 0) {
         if (out->n == out->cap) {
             st_status_t s = st_tok_ids_reserve(out, 1);
@@ -523,7 +566,7 @@ static st_status_t emit_piece(const st_tokenizer_t *tk, enc_ctx_t *cx, const uin
 }
 
 /* The next piece of s[0, n) at or after p: [*a, *b). Returns 1, 0 at the end, or a status < 0. */
-static int next_piece(const st_tokenizer_t *tk, pcre2_match_data *md, const uint8_t *s, size_t n, size_t p,
+static inline __attribute__((always_inline)) int next_piece(const st_tokenizer_t *tk, pcre2_match_data *md, const uint8_t *s, size_t n, size_t p,
                       size_t *a, size_t *b) {
     while (p < n) {
         if (tk->fast_ascii && s[p] < 0x80) {
@@ -557,7 +600,7 @@ static int next_piece(const st_tokenizer_t *tk, pcre2_match_data *md, const uint
 
 static st_status_t encode_ordinary(const st_tokenizer_t *tk, enc_ctx_t *cx, const uint8_t *s, size_t n,
                                    st_tok_ids_t *out) {
-    size_t p = 0, a, b;
+    size_t p = 0, a = 0, b = 0;
     int rc;
     while ((rc = next_piece(tk, cx->md, s, n, p, &a, &b)) == 1) {
         st_status_t st = emit_piece(tk, cx, s + a, b - a, out);
@@ -571,7 +614,7 @@ st_status_t st_tt_split(const st_tokenizer_t *tk, const uint8_t *s, size_t n, si
                         size_t *count) {
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md) return ST_FAIL(ST_ERR_NO_MEMORY, "tokenizer: no memory");
-    size_t p = 0, a, b, k = 0;
+    size_t p = 0, a = 0, b = 0, k = 0;
     int rc;
     while ((rc = next_piece(tk, md, s, n, p, &a, &b)) == 1 && k < max) {
         ends[k++] = b;
@@ -612,6 +655,15 @@ static inline bool py_isspace(uint32_t c) {
            c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+/* 0x80 in each byte of w (eight ASCII bytes) that Python's isspace() calls space: 0x09-0x0D, 0x1C-0x20.
+ * NOTE: with every byte below 0x80 the additions carry into no neighbouring byte. */
+static inline uint64_t ascii_space_mask(uint64_t w) {
+    const uint64_t k = 0x0101010101010101ull, hi = 0x8080808080808080ull;
+    uint64_t a = (w + k * (0x80 - 0x09)) & ~(w + k * (0x7F - 0x0D));
+    uint64_t b = (w + k * (0x80 - 0x1C)) & ~(w + k * (0x7F - 0x20));
+    return (a | b) & hi;
+}
+
 st_status_t st_tt_encode(const st_tokenizer_t *tk, const uint8_t *s, size_t n, bool allow_special,
                          st_tok_ids_t *out) {
     enc_ctx_t cx = {0};
@@ -619,12 +671,31 @@ st_status_t st_tt_encode(const st_tokenizer_t *tk, const uint8_t *s, size_t n, b
     if (!cx.md) return ST_FAIL(ST_ERR_NO_MEMORY, "tokenizer: no memory");
     st_status_t st = ST_OK;
     size_t pos = 0;
+    const uint64_t hi = 0x8080808080808080ull;
     while (pos < n && !st) {
         /* one slice of at most CUT_SLICE code points, split into runs of at most CUT_RUN */
         size_t seg = pos, i = pos, cps = 0, run = 0;
         int l;
         bool cur = py_isspace(st_utf8_next(s, pos, &l));
         while (i < n && cps < CUT_SLICE) {
+            /* eight ASCII bytes at once while neither limit is near */
+            if (i + 8 <= n && cps + 8 <= CUT_SLICE && run + 8 <= CUT_RUN) {
+                uint64_t w = rd64(s + i);
+                if (!(w & hi)) {
+                    uint64_t m = ascii_space_mask(w);
+                    if (m == (cur ? hi : 0)) {
+                        run += 8;
+                    } else { /* the run now is the last byte's class, back to the first byte unlike it */
+                        bool last = m >> 63;
+                        uint64_t x = last ? ~m & hi : m;
+                        run = x ? (size_t)__builtin_clzll(x) / 8 : 8;
+                        cur = last;
+                    }
+                    i += 8;
+                    cps += 8;
+                    continue;
+                }
+            }
             uint32_t c;
             if (s[i] < 0x80) {
                 c = s[i];
