@@ -603,6 +603,28 @@ static void test_threads(void) {
     st_tokenizer_destroy(tk);
 }
 
+/* ---- Kimi's own files, where a machine has them (not fetchable here): the reference ids of the
+ * checkpoint-layout notes §8.2. STRATA_KIMI_TOKENIZER_DIR = a folder with Kimi's tiktoken.model +
+ * tokenizer_config.json. ---- */
+static void test_kimi_if_present(void) {
+    const char *dir = getenv("STRATA_KIMI_TOKENIZER_DIR");
+    if (!dir || !*dir) {
+        printf("skip: STRATA_KIMI_TOKENIZER_DIR not set (Kimi's reference ids)\n");
+        return;
+    }
+    st_tokenizer_t *tk = load(dir, NULL);
+    if (!tk) return;
+    int32_t ids[16];
+    size_t n = enc(tk, "Hello world", 11, 0, ids, 16);
+    int32_t w1[] = {19180, 2695}, w2[] = {33845, 2243};
+    CHECK(ids_eq(ids, n, w1, 2), "Kimi: \"Hello world\" -> 19180, 2695");
+    n = enc(tk, "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c", 12, 0, ids, 16);
+    CHECK(ids_eq(ids, n, w2, 2), "Kimi: \"你好世界\" -> 33845, 2243");
+    CHECK(st_tokenizer_special_id(tk, "[BOS]") == 163584 && st_tokenizer_special_id(tk, "[EOS]") == 163585,
+          "Kimi: [BOS] 163584, [EOS] 163585");
+    st_tokenizer_destroy(tk);
+}
+
 int main(void) {
     const char *tmp = getenv("STRATA_TEST_TMP");
     snprintf(g_root, sizeof g_root, "%s/tokenizer-XXXXXX", tmp ? tmp : "/tmp");
@@ -618,6 +640,7 @@ int main(void) {
     test_byte_fallback();
     test_malformed();
     test_threads();
+    test_kimi_if_present();
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);
