@@ -441,8 +441,8 @@ st_status_t st_tokenizer_load(st_tokenizer_t **out, const char *dir, const st_to
         goto out;
     }
     if (!p[0] && !(opts && opts->quiet))
-        st_log_warn("%s has no tiktoken.model: using the byte tokenizer (one id per byte); text from a real "
-                    "checkpoint would be garbage",
+        st_log_warn("%s has no tiktoken.model: using the byte tokenizer (one id per byte), right for the random "
+                    "presets only; a real checkpoint needs its tokenizer files",
                     dir);
     if (p[0] && !p[1]) st_log_warn("%s has no tokenizer_config.json: special tokens are unnamed", dir);
     s = st_tokenizer_load_files(out, p[0], p[1], p[2], p[3], opts);
