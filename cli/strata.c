@@ -32,6 +32,7 @@ static void usage(void) {
             "  ckpt init --preset tiny|small|k3-mini --out DIR [--seed N] [--dtype bf16|f32]\n"
             "            [--skew-router X] [--mxfp4 | --no-mxfp4]\n"
             "  ckpt inspect DIR\n"
+            "  tokenize --ckpt DIR (TEXT | --file F | --decode 1,2,3) [--no-special] [--skip-special] [--info]\n"
             "  run --ckpt DIR (--prompt TEXT | --prompt-tokens 1,2,3 | --batch-file FILE) --max-tokens N\n"
             "      [--temperature T] [--top-p P] [--top-k K] [--seed S] [--dump-logits FILE.npy]\n"
             "      [--routing topk|quantile] [--ignore-eos] [--print-tokens] [--device cpu|cuda:N]\n"
@@ -54,6 +55,7 @@ int main(int argc, char **argv) {
     st_log_set_tag("strata");
     if (!strcmp(argv[1], "ckpt")) return st_cmd_ckpt(argc - 2, argv + 2);
     if (!strcmp(argv[1], "run")) return st_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "tokenize")) return st_cmd_tokenize(argc - 2, argv + 2);
 #ifdef STRATA_WITH_CLUSTER
     if (!strcmp(argv[1], "up")) return st_cmd_up(argc - 2, argv + 2);
     if (!strcmp(argv[1], "down")) return st_cmd_down(argc - 2, argv + 2);

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Installs what Strata needs to build and test on Debian 12 (Debian packages only).
+# Installs what Strata needs to build and test on Debian 12 (Debian packages only). The npm packages
+# of the tokenizer's test oracle are installed by tests/tokenizer/setup_oracle.sh when that test runs.
 set -euo pipefail
 pkgs=(build-essential cmake pkgconf git ca-certificates python3 python3-numpy
-      libopenblas-dev libjansson-dev
+      libopenblas-dev libjansson-dev libpcre2-dev
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libucx-dev ucx-utils libuv1-dev node-llhttp
       procps curl openssl libssl-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# node + npm run the tokenizer oracle (tests/tokenizer): Debian's, unless the machine already has a Node.js
+# (one that bundles npm would conflict with Debian's npm package)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "deps: installing ${missing[*]}"

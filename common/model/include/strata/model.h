@@ -1,6 +1,7 @@
 /* Strata model files: config.json (SPEC §1), safetensors shards + index, weight views, MXFP4
- * decode, the random-checkpoint writer (`strata ckpt init`) and the byte-level tokenizer.
- * Wraps jansson (JSON) and mmap; nothing here computes the model. */
+ * decode, the random-checkpoint writer (`strata ckpt init`) and the tokenizers (tiktoken BPE with
+ * Kimi's pattern, byte-level fallback). Wraps jansson (JSON), PCRE2 and mmap; nothing here computes
+ * the model. */
 #ifndef STRATA_MODEL_H
 #define STRATA_MODEL_H
 
@@ -157,9 +158,104 @@ st_status_t st_ckpt_init(const st_ckpt_init_opts_t *opts);
 st_status_t st_config_preset(st_config_t *cfg, const char *preset);
 
 /* ---- byte-level tokenizer of the presets: token = byte value (0..255); ids >= 256 are special
- * and decode to nothing. bos/eos come from the config. ---- */
+ * and decode to nothing. bos/eos come from the config. Kept for callers that have no
+ * st_tokenizer_t; st_tokenizer_load gives the same behaviour for checkpoints without
+ * tiktoken.model. ---- */
 int st_tok_encode(const char *text, int *ids, int max_ids); /* returns count */
 int st_tok_decode(const int *ids, int n, char *out, int max_out); /* returns bytes written */
+
+/* ---- the checkpoint's tokenizer (tokenizer.c, tiktoken.c) ----
+ * A folder with `tiktoken.model` (one "base64(token) rank" per line, ranks 0..N-1 = token ids) is a
+ * tiktoken BPE: Kimi's pre-tokenisation pattern run through PCRE2 (JIT), lowest-rank-pair merges,
+ * special tokens from `tokenizer_config.json` `added_tokens_decoder` (ids N.. N+257, unnamed ones
+ * `<|reserved_token_ID|>`), and the reference's cuts (400,000-code-point slices, runs of at most
+ * 25,000 whitespace / non-whitespace code points, encoded independently). A folder without
+ * tiktoken.model gets the byte tokenizer above, with a warning.
+ * Ids without an embedding row (>= config.json vocab_size, when config.json is there) are never
+ * emitted by encode and refused by decode. bos/pad come from config.json (else
+ * tokenizer_config.json); eos is every id listed by config.json, generation_config.json and
+ * tokenizer_config.json's eos_token.
+ * A loaded tokenizer is immutable: encode/decode may run on many threads at once. */
+typedef struct st_tokenizer st_tokenizer_t;
+typedef enum { ST_TOKENIZER_BYTES = 0, ST_TOKENIZER_TIKTOKEN = 1 } st_tokenizer_kind_t;
+#define ST_TOK_MAX_EOS 8
+
+typedef struct {
+    const char *pattern; /* PCRE2 pattern (UTF + UCP) instead of Kimi's; NULL = Kimi's. A custom pattern
+                          * turns the ASCII fast path off */
+    bool no_fast_path;   /* split every piece with PCRE2 (tests compare the fast path with it) */
+    bool quiet;          /* no warning when the folder has no tiktoken.model */
+} st_tokenizer_opts_t;
+
+/* Load from a checkpoint folder: tiktoken.model + tokenizer_config.json (+ config.json and
+ * generation_config.json when present). opts may be NULL. Malformed files are ST_ERR_PARSE /
+ * ST_ERR_CONFIG naming the file and line or key; *out is written only on success. */
+st_status_t st_tokenizer_load(st_tokenizer_t **out, const char *dir, const st_tokenizer_opts_t *opts);
+/* The same from explicit files; any of the JSON paths may be NULL (absent). ranks_path NULL gives
+ * the byte tokenizer. */
+st_status_t st_tokenizer_load_files(st_tokenizer_t **out, const char *ranks_path, const char *tokenizer_config,
+                                    const char *config, const char *generation_config,
+                                    const st_tokenizer_opts_t *opts);
+void st_tokenizer_destroy(st_tokenizer_t *tk);
+
+st_tokenizer_kind_t st_tokenizer_kind(const st_tokenizer_t *tk);
+int32_t st_tokenizer_n_ids(const st_tokenizer_t *tk);   /* ids that can be emitted: [0, n) */
+int32_t st_tokenizer_bos(const st_tokenizer_t *tk);     /* -1 when none */
+int32_t st_tokenizer_pad(const st_tokenizer_t *tk);     /* -1 when none */
+int st_tokenizer_eos(const st_tokenizer_t *tk, const int32_t **ids); /* every stop id; returns count */
+bool st_tokenizer_is_eos(const st_tokenizer_t *tk, int32_t id);
+/* The id of a special token's exact text ("<|im_end|>"), or -1 (none, or no embedding row). */
+int32_t st_tokenizer_special_id(const st_tokenizer_t *tk, const char *text);
+/* A special/added token (tiktoken: id >= number of ranks; bytes: id >= 256) */
+bool st_tokenizer_is_special(const st_tokenizer_t *tk, int32_t id);
+/* The bytes of one token (not NUL-terminated; may be part of a UTF-8 character). Byte-tokenizer
+ * specials have no text (len 0). ST_ERR_OUT_OF_RANGE for an id outside [0, n_ids). */
+st_status_t st_tokenizer_token_bytes(const st_tokenizer_t *tk, int32_t id, const char **bytes, size_t *len);
+/* Longest token text in bytes; a stream step writes at most 3 * this + 12 bytes. */
+size_t st_tokenizer_max_token_bytes(const st_tokenizer_t *tk);
+
+/* Growable id list the caller owns (zero-initialise; st_tok_ids_free releases). */
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} st_tok_ids_t;
+void st_tok_ids_free(st_tok_ids_t *v);
+
+/* encode flags */
+#define ST_TOK_ALLOW_SPECIAL 1u /* special tokens' text becomes their id: template markup only. Without
+                                 * it the text is ordinary text (user and tool content), so a user
+                                 * typing "<|im_end|>" cannot end a turn */
+/* Append the ids of len bytes of text. Invalid UTF-8 is read as U+FFFD per maximal ill-formed
+ * subsequence (as Python's errors="replace"). ST_ERR_NO_MEMORY / ST_ERR_INTERNAL (PCRE2 failure)
+ * leave out->n as it was. */
+st_status_t st_tokenizer_encode(const st_tokenizer_t *tk, const char *text, size_t len, unsigned flags,
+                                st_tok_ids_t *out);
+
+/* decode flags */
+#define ST_TOK_SKIP_SPECIAL 1u /* leave out tokens marked "special" in tokenizer_config.json */
+#define ST_TOK_RAW_BYTES 2u    /* give the bytes as they are, not repaired to valid UTF-8 */
+/* ids → text: *text is malloc'd and NUL-terminated (caller frees). An id outside [0, n_ids) or
+ * without an embedding row is ST_ERR_OUT_OF_RANGE. Unless ST_TOK_RAW_BYTES, invalid UTF-8 becomes
+ * U+FFFD. */
+st_status_t st_tokenizer_decode(const st_tokenizer_t *tk, const int32_t *ids, size_t n, unsigned flags, char **text,
+                                size_t *len);
+
+/* Incremental decoding for streams: each step gives the text that is complete so far, holding
+ * back the bytes of a UTF-8 character that later tokens finish; output is always valid UTF-8.
+ * Embedded by the caller; no allocation. */
+typedef struct {
+    uint8_t pend[4];
+    int n_pend;
+    unsigned flags; /* ST_TOK_SKIP_SPECIAL */
+} st_tok_stream_t;
+void st_tok_stream_init(st_tok_stream_t *st, unsigned flags);
+/* Feed one id; writes *n bytes (no NUL) to out. cap must be at least
+ * 3 * st_tokenizer_max_token_bytes + 12, else ST_ERR_INVALID_ARG and nothing consumed. An id
+ * that decode would refuse is ST_ERR_OUT_OF_RANGE, the stream unchanged. */
+st_status_t st_tok_stream_put(const st_tokenizer_t *tk, st_tok_stream_t *st, int32_t id, char *out, size_t cap,
+                              size_t *n);
+/* End of stream: held-back bytes become U+FFFD. out needs 12 bytes; returns bytes written. */
+size_t st_tok_stream_flush(st_tok_stream_t *st, char *out);
 
 #ifdef __cplusplus
 }
