@@ -20,5 +20,17 @@ installed && exit 0
 exec 9>node_modules.lock
 flock 9
 installed && exit 0
-npm ci --no-audit --no-fund --loglevel=error
+# exit 3: the registry cannot be reached from this machine (no route, DNS, or TLS interception by a
+# proxy whose CA this machine does not trust); any other npm failure is an error
+log=$(mktemp)
+if ! npm ci --no-audit --no-fund --loglevel=error 2>"$log"; then
+  cat "$log" >&2
+  if grep -qE "SELF_SIGNED_CERT|UNABLE_TO_GET_ISSUER|UNABLE_TO_VERIFY_LEAF|CERT_|ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH" "$log"; then
+    rm -f "$log"
+    exit 3
+  fi
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"
 installed
