@@ -256,33 +256,16 @@ static grpc_channel_args *args_make(grpc_arg *a, grpc_channel_args *ca, int serv
 
 #define RPC_PEM_MAX (1u << 20)
 
-/* A regular file of at most 1 MiB; O_NONBLOCK so that a FIFO cannot block. Caller frees. */
+/* A regular file of 1 byte to 1 MiB (st_file_read_all refuses FIFOs and directories). Caller frees. */
 static st_status_t pem_read(const char *what, const char *path, char **out) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return ST_FAIL(ST_ERR_IO, "rpc: %s %s: %s", what, path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0 || (uint64_t)sb.st_size > RPC_PEM_MAX) {
-        close(fd);
+    char *buf;
+    size_t n;
+    if (st_file_read_all(path, &buf, &n) != ST_OK)
+        return ST_FAIL(ST_ERR_IO, "rpc: %s %s: %s", what, path, st_err_last());
+    if (n == 0 || n > RPC_PEM_MAX) {
+        free(buf);
         return ST_FAIL(ST_ERR_IO, "rpc: %s %s: not a regular file of 1 byte to 1 MiB", what, path);
     }
-    size_t n = (size_t)sb.st_size, got = 0;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return ST_FAIL(ST_ERR_NO_MEMORY, "rpc: reading %s %s", what, path);
-    }
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    if (got != n) {
-        free(buf);
-        return ST_FAIL(ST_ERR_IO, "rpc: %s %s: short read", what, path);
-    }
-    buf[n] = 0;
     *out = buf;
     return ST_OK;
 }
