@@ -4,7 +4,7 @@
 # would; a completion is served over HTTPS, and a member without a client certificate or without the
 # secret cannot join.
 . "$(dirname "$0")/lib.sh"
-command -v openssl >/dev/null || { echo "openssl missing: skipped"; exit 77; }
+command -v openssl >/dev/null || { echo "openssl missing (scripts/deps.sh installs it)"; exit 1; }
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 3 >/dev/null 2>&1
 C="$TMP/pki"; mkdir -p "$C"; cd "$C" || exit 1
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \

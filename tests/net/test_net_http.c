@@ -771,8 +771,8 @@ static void check_tls_flood(SSL_CTX *ctx) {
 
 static int run_tls(void) {
     if (system("command -v openssl >/dev/null 2>&1") != 0) {
-        printf("openssl CLI missing: HTTPS checks skipped\n");
-        return 77;
+        printf("openssl CLI missing (scripts/deps.sh installs it): HTTPS checks cannot run\n");
+        return 1;
     }
     char dir[] = "/tmp/st_http_tls_XXXXXX", cert[128], key[128], other[128], junk[128], cmd[1024];
     CHECK(mkdtemp(dir) != NULL, "temp dir");
