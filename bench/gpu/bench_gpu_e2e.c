@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../attention_worker/engine_gpu.h" /* the profiling interface (internal) */
+#include "../../engine/engine_gpu.h" /* the profiling interface (internal) */
 #include "bench_common.h"
 #include "strata/base.h"
 #include "strata/engine.h"
