@@ -1,4 +1,6 @@
-/* Internal structures of the engine: bound weights, state pools, step buffers. */
+/* Internal header of the engine: bound weights, the frontend's state (sequence slots, page tables,
+ * routing, micro-batch bookkeeping) and the backend table the frontend calls. Backends read the
+ * frontend's state through these structs; they own their memory (weights, state pools, buffers). */
 #ifndef STRATA_ENGINE_IMPL_H
 #define STRATA_ENGINE_IMPL_H
 
@@ -46,5 +48,126 @@ typedef struct {
 
 st_status_t st_engine_bind(st_engine_w_t *W, const st_ckpt_t *ck, bool local_experts);
 void st_engine_unbind(st_engine_w_t *W);
+
+/* ------------------------------------------------------------------ the frontend's state */
+
+typedef struct {
+    int slot, n, off; /* sequence slot, new tokens, first row in the step */
+    int pos0;         /* tokens before this step */
+} st_ent_t;
+
+typedef struct {
+    /* per block b: Q_b AttnRes queries (w_eff rows) that see the completed blocks 0..b */
+    int Q;
+    float *w; /* host [Q, d] */
+} st_block_q_t;
+
+typedef struct st_engine_backend st_engine_backend_t;
+
+struct st_engine {
+    const st_engine_backend_t *be;
+    void *bk; /* the backend's context */
+    st_config_t c;
+    const st_ckpt_t *ck;
+    st_engine_opts_t o;
+    st_engine_w_t W; /* bound weights (mmap views, fp32 vectors); unbound after init unless be->keep_weights */
+    int kcap;        /* routing stride per token: max(k, k_max) */
+    int n_kda, n_mla, *layer_slot; /* index of a layer among its kind */
+    /* AttnRes bookkeeping (SPEC §5) */
+    int n_blocks, Qmax;
+    st_block_q_t *bq;
+    int *q_attn, *q_mlp, q_out; /* query index of each sublayer within its block set */
+    /* sequence slots */
+    bool *seq_used, *seq_busy; /* busy: the slot is in a micro-batch in flight */
+    int *seq_len;
+    /* paged MLA latent cache: page ids (the backend owns the pool [n_pages][page_size][R]) */
+    int page_size, n_pages, pps, n_free, *free_pages;
+    int *seq_npages; /* [max_seqs][n_mla] */
+    int *seq_pageid; /* [max_seqs][n_mla][pps] */
+    /* routing */
+    float *tau; /* host [L][n] */
+    bool tau_set;
+    uint64_t tau_version;
+    st_route_hook_t hook;
+    void *hook_ctx;
+    st_route_observer_t obs;
+    void *obs_ctx;
+    st_trace_hook_t trace; /* test-only (engine.h) */
+    void *trace_ctx;
+    struct st_engine_mb *mb; /* st_engine_step's (local experts only) */
+    st_engine_stats_t stats;
+};
+
+struct st_engine_mb {
+    st_engine_t *e;
+    void *bk;      /* the backend's micro-batch */
+    bool internal; /* st_engine_step's: local experts run inside the walk, no hand-off */
+    st_ent_t *ents; /* [max_seqs] */
+    const st_seq_chunk_t *seqs;
+    int n_seqs, T;
+    float *logits;
+    int l, nb;          /* next layer; completed AttnRes blocks */
+    bool waiting, busy; /* waiting: the experts of layer l are outstanding */
+    int pend;           /* launched, not collected: 0 none, 1 a hand-off, 2 the layers (the head runs in collect) */
+    st_moe_work_t work; /* the hand-off launch queued */
+    st_status_t err;    /* the first error of an asynchronous backend's step (reported at its end) */
+    double t0, ts;      /* step start; stage clock (synchronous backends' per-stage times) */
+};
+
+/* Routing shared by the backends (SPEC §7): whether layer l routes by its quantile thresholds; the
+ * host part of routing over σ'd scores [T, n]: the quantile sets (ids [T, kcap], cnt [T], weights
+ * into the scratch wq [T, k_max]) when the thresholds apply, else ids/cnt as given (top-k); then
+ * the route hook, which may rewrite the sets. */
+bool st_engine_route_quantile(const st_engine_t *e, int l);
+void st_engine_route_host(st_engine_t *e, int l, int T, const float *scores, int *ids, int *cnt, float *wq);
+
+/* ------------------------------------------------------------------ the backend table
+ * Modelled on ggml's ggml_backend_i: one struct of function pointers per backend; a NULL member is
+ * an operation the backend does not need. The frontend (engine.c) owns every piece of bookkeeping
+ * and walks the layers; a backend owns its memory and runs the per-layer operations. Ops of a step
+ * cannot fail (validation happens before): an asynchronous backend records its first error in
+ * mb->err. Layer ops read the step's rows from the backend's micro-batch buffers: `partial` (the
+ * residual stream) and `xn` (the normed sublayer input). */
+struct st_engine_backend {
+    const char *name;
+    bool async;        /* launch queues device work and returns; collect waits (else collect computes) */
+    bool keep_weights; /* the backend reads e->W after init */
+    /* ---- memory ---- */
+    st_status_t (*init)(st_engine_t *e);  /* e->bk: weights, state pools, cache pool (tables are ready) */
+    void (*free)(st_engine_t *e);
+    st_status_t (*use)(st_engine_t *e);   /* select the device on this thread (entry points) */
+    st_status_t (*mb_init)(st_engine_mb_t *mb); /* mb->bk: step buffers sized for max_batch_tokens */
+    void (*mb_free)(st_engine_mb_t *mb);
+    st_status_t (*seq_reset)(st_engine_t *e, int slot);   /* zero a slot's KDA state and conv windows */
+    st_status_t (*set_thresholds)(st_engine_t *e, const float *tau); /* device copy of τ */
+    st_status_t (*set_trace)(st_engine_t *e, bool on);    /* trace staging buffers */
+    /* ---- a step ---- */
+    void (*begin)(st_engine_mb_t *mb);        /* after validation and page growth: tokens, metadata */
+    void (*launch_begin)(st_engine_mb_t *mb); /* each launch: what begin deferred (upload, embedding) */
+    void (*attn_norm)(st_engine_mb_t *mb, int l, bool push); /* xn of layer l; push: partial → block nb */
+    void (*kda)(st_engine_mb_t *mb, int l);   /* KDA sublayer (SPEC §3) up to its gated output */
+    void (*mla)(st_engine_mb_t *mb, int l);   /* MLA sublayer (SPEC §4) up to its gated output */
+    void (*attn_out)(st_engine_mb_t *mb, int l, bool push); /* o-projection into partial (= on a push, else +=) */
+    void (*mlp_norm)(st_engine_mb_t *mb, int l);
+    void (*dense_ffn)(st_engine_mb_t *mb, int l); /* partial += FFN(xn) */
+    void (*moe_begin)(st_engine_mb_t *mb, int l, st_moe_work_t *w); /* routing, latent input; w (synchronous) */
+    void (*experts)(st_engine_mb_t *mb, const st_moe_work_t *w);    /* the bound routed experts */
+    void (*handoff)(st_engine_mb_t *mb, int l, st_moe_work_t *w);   /* queue w's copies for an executor */
+    void (*moe_finish)(st_engine_mb_t *mb, int l); /* combine, up-projection, shared experts into partial */
+    void (*launch_end)(st_engine_mb_t *mb);   /* after the last layer */
+    void (*wait)(st_engine_mb_t *mb);         /* the hand-off landed (then the observer) */
+    bool (*ready)(st_engine_mb_t *mb);        /* the hand-off or layers are done (a poll) */
+    void (*head)(st_engine_mb_t *mb);         /* final norm, lm_head, logits / argmax to the caller */
+    void (*step)(st_engine_mb_t *mb);         /* st_engine_step after begin: e.g. replay a captured step */
+};
+
+extern const st_engine_backend_t st_engine_backend_cpu;  /* backend_cpu.c */
+extern const st_engine_backend_t st_engine_backend_cuda; /* backend_cuda.c (built with CUDA) */
+
+/* the test-only trace (engine.h) of a host row block x [T, w] */
+#define ST_ENGINE_TRACE(e, l, pt, x, T, w)                                                         \
+    do {                                                                                          \
+        if ((e)->trace) (e)->trace((e)->trace_ctx, (l), (pt), (T), (w), (x));                     \
+    } while (0)
 
 #endif

@@ -1,4 +1,4 @@
-/* The attention-worker engine: the whole model of SPEC §2–9 over batches of sequences, with
+/* The engine (engine/): the whole model of SPEC §2–9 over batches of sequences, with
  * per-sequence state pools (KDA state + conv windows, paged MLA latent cache) sized at creation.
  * In one process it also runs the routed experts locally; the distributed worker replaces that part
  * through st_engine_set_experts. Not thread-safe: one thread drives an engine. */
@@ -28,7 +28,11 @@ typedef struct {
     st_route_mode_t routing;
     int k_max;            /* quantile mode: most experts per token (0 = 2k) */
     bool remote_experts;  /* routed experts run elsewhere (micro-batch API); none are bound here */
-    int device;           /* -1 = CPU (default); N = the GPU engine on cuda:N (built with CUDA) */
+    int device;           /* -1 = the CPU backend (default); N = the CUDA backend on cuda:N (built with CUDA) */
+    /* CUDA backend choices (the CPU backend ignores them) */
+    bool cuda_graphs;     /* decode steps of st_engine_step replayed as CUDA graphs (default true) */
+    bool host_route;      /* quantile routing on the host (one sync per MoE layer) instead of the device
+                           * (default false; the sets are the same) */
 } st_engine_opts_t;
 
 void st_engine_opts_default(st_engine_opts_t *o);
