@@ -45,7 +45,7 @@ st_status_t eg_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *
 /* AttnRes phase 1 over m blocks (block i at blocks + i·bstride, [T, d] fp32) for Q queries w [Q, d]
  * fp32 → stats [T, Q, 2], acc [T, Q, d] (st_attnres_phase1). The first version (one block per token,
  * one block reduction per (block, query)); the engine runs st_cuda_attnres_phase1_push unless
- * STRATA_EGPU_AR_V1=1 (comparisons). */
+ * the engine no longer launches it (kernels/dev material). */
 st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks, size_t bstride,
                               int m, const float *w, int Q, int T, int d, float eps);
 /* xn [n_rows, d] bf16 = RMSNorm(h; norm_w, norm_eps), h = partial row r (rows[i], or i when rows is
@@ -53,14 +53,14 @@ st_status_t eg_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc
  * Split bf16 (xlo != NULL): xlo = bf16(v − xn), so xn + xlo carries v to ~16 bits; the same optional
  * `lo` outputs below. A GEMM then reads both (two passes, fp32 output accumulated).
  * st_cuda_attnres_phase2_rmsnorm (kernels/attnres.cu); eg_resnorm_v1 is the first version (h staged in
- * shared memory, partial read twice), kept for STRATA_EGPU_AR_V1=1. */
+ * shared memory, partial read twice); no longer launched by the engine. */
 st_status_t eg_resnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats,
                        const float *acc, const float *w_q, int q, int Q, const float *norm_w, const int *rows,
                        int n_rows, int d, float ar_eps, float norm_eps);
 st_status_t eg_resnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial,
                           const float *stats, const float *acc, const float *w_q, int q, int Q, const float *norm_w,
                           const int *rows, int n_rows, int d, float ar_eps, float norm_eps);
-/* ---- profiling helpers (STRATA_EGPU_PROF): n timing events, pinned host words, the stream gate ---- */
+/* ---- events, pinned host words and the stream gate (the gate and timing events: unused by the engine) ---- */
 st_status_t eg_events_create(void **ev, int n);
 void eg_events_destroy(void **ev, int n);
 st_status_t eg_event_record(void *ev, const st_gpu_stream_t *s);

@@ -3,17 +3,15 @@
  * (tokens/s, logits copied to the host as the engine API does). For decode, the memory floor: the
  * bytes a step must move (weights touched, KDA state read and written, MLA cache read) over the
  * copy bandwidth measured in the same run, and measured / floor.
- * Then the engine's per-op GPU time (STRATA_EGPU_PROF, engine_gpu.h) of a profiled prefill and of
- * profiled decode steps: where the time goes, and Block AttnRes's share of the layer time
- * (phase 1 + push, plus the fused norms' time over a plain RMSNorm of the same rows). The timed
- * figures come from unprofiled steps. STRATA_BENCH_AR_V1=1 repeats everything with the first AttnRes
- * kernels (STRATA_EGPU_AR_V1). STRATA_BENCH_NCU_BATCH=B: only decode at batch B, with one greedy step
- * inside the profiler range (`ncu --profile-from-start off`: each kernel of a decode step). */
+ * Then the greedy decode step without the decode-step graphs and with every linear layer on cuBLAS
+ * (st_engine_cuda_set_graphs, backend_cuda.h). STRATA_BENCH_NCU_BATCH=B: only decode at batch B,
+ * with one greedy step inside the profiler range (`ncu --profile-from-start off`: each kernel of a
+ * decode step). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../../engine/engine_gpu.h" /* the profiling interface (internal) */
+#include "../../engine/backend_cuda.h" /* graphs on/off (internal) */
 #include "bench_common.h"
 #include "strata/base.h"
 #include "strata/engine.h"
@@ -24,7 +22,6 @@
 #define PREFILL 8192
 #define DEC_PROMPT 128
 #define DEC_STEPS 16
-#define PROF_STEPS 8
 
 typedef struct {
     int L, n;
@@ -61,39 +58,8 @@ static double greedy_mean(const int *slots, int B, int *tok) {
     return tot / DEC_STEPS;
 }
 
-/* The profile of `what` (steps summed), as a table and the AttnRes RESULT line. */
-static void report_prof(st_egpu_t *g, const char *what, const st_config_t *c) {
-    st_egpu_prof_t p;
-    st_egpu_prof_take(g, &p);
-    if (!g || p.steps == 0) return;
-    double n = (double)p.steps, tot = 0;
-    for (int i = 0; i < ST_EGPU_PROF_N; i++)
-        if (i != ST_EGPU_PROF_REF_NORM) tot += p.ms[i];
-    double plain = p.ms[ST_EGPU_PROF_REF_NORM], fused = p.ms[ST_EGPU_PROF_AR_NORM];
-    double p1 = p.ms[ST_EGPU_PROF_AR_P1], extra = fused - plain, ar = p1 + extra;
-    double walk = tot - p.ms[ST_EGPU_PROF_HEAD] - p.ms[ST_EGPU_PROF_EMBED];
-    printf("profile %s: %ld steps, %.0f tokens/step; GPU time %.3f ms/step (gated wall %.3f ms/step), layer walk "
-           "%.3f ms/step = %.1f us/layer; gate timeouts %ld, event overflows %ld\n",
-           what, p.steps, (double)p.tokens / n, tot / n, p.wall_ms / n, walk / n, 1e3 * walk / n / c->n_layers,
-           p.gate_timeouts, p.overflows);
-    printf("  %-16s %12s %8s\n", "group", "us/step", "share");
-    for (int i = 0; i < ST_EGPU_PROF_N; i++) {
-        double v = i == ST_EGPU_PROF_AR_NORM ? extra : i == ST_EGPU_PROF_REF_NORM ? plain : p.ms[i];
-        const char *nm = i == ST_EGPU_PROF_AR_NORM   ? "attnres_normextra"
-                         : i == ST_EGPU_PROF_REF_NORM ? "norm_attnres_rows"
-                                                      : st_egpu_prof_name(i);
-        printf("  %-18s %10.1f %7.2f%%\n", nm, 1e3 * v / n, 100.0 * v / tot);
-    }
-    printf("  (fused AttnRes norms %.1f us/step = plain RMSNorm of the same rows %.1f + AttnRes extra %.1f)\n",
-           1e3 * fused / n, 1e3 * plain / n, 1e3 * extra / n);
-    printf("RESULT attnres share of layer time, %s: %.2f%% (AttnRes %.2f us/layer of %.1f us/layer GPU time: "
-           "phase 1 + push %.2f us/step, fused-norm extra %.2f us/step; %.2f%% of the step)\n",
-           what, 100.0 * ar / walk, 1e3 * ar / n / c->n_layers, 1e3 * walk / n / c->n_layers, 1e3 * p1 / n,
-           1e3 * extra / n, 100.0 * ar / tot);
-}
-
 static const char *preset = "small"; /* STRATA_BENCH_PRESET (e.g. k3-mini: K3's layer widths, 4 layers) */
-static void run_engine(const st_ckpt_t *ck, bool v1);
+static void run_engine(const st_ckpt_t *ck);
 
 /* STRATA_BENCH_AB="NAME=VALUE[,NAME=VALUE...]": the greedy decode step once more with these variables
  * set (read again by st_cuda_moe_ffn_use_wgmma(-1) and st_cuda_linear_read_env), in the same process, so
@@ -112,14 +78,14 @@ static void ab_env(const char *spec, bool set) {
     st_cuda_linear_read_env();
 }
 
-static void ab_compare(st_egpu_t *pg, const int *slots, int B, int *tok, double gmean, const char *tag) {
+static void ab_compare(const int *slots, int B, int *tok, double gmean, const char *tag) {
     const char *ab = getenv("STRATA_BENCH_AB");
     if (!ab || !*ab) return;
     ab_env(ab, true);
-    st_egpu_set_graphs(pg, true); /* recapture with the variant */
+    st_engine_cuda_set_graphs(eng, true); /* recapture with the variant */
     double amean = greedy_mean(slots, B, tok);
     ab_env(ab, false);
-    st_egpu_set_graphs(pg, true);
+    st_engine_cuda_set_graphs(eng, true);
     double bmean = greedy_mean(slots, B, tok); /* the default again: drift between the two */
     printf("RESULT e2e_%s_decode_b%d%s_greedy_ab %.0f tok/s with %s (step %.3f ms; default %.3f ms before, %.3f "
            "after: %.3fx)\n", preset, B, tag, B / amean, ab, amean * 1e3, gmean * 1e3, bmean * 1e3,
@@ -142,15 +108,7 @@ int main(void) {
     BK(st_ckpt_init(&io));
     BK(st_ckpt_open(&ck, dir));
     printf("%s checkpoint written in %.1f s\n", preset, st_time_sec() - t0);
-    setenv("STRATA_EGPU_PROF", "1", 0); /* STRATA_EGPU_PROF=0: no profile */
-    run_engine(ck, false);
-    const char *v1 = getenv("STRATA_BENCH_AR_V1");
-    if (v1 && atoi(v1)) {
-        printf("== the same with the first AttnRes kernels (STRATA_EGPU_AR_V1=1)\n");
-        setenv("STRATA_EGPU_AR_V1", "1", 1);
-        run_engine(ck, true);
-        unsetenv("STRATA_EGPU_AR_V1");
-    }
+    run_engine(ck);
     st_ckpt_close(ck);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -158,8 +116,8 @@ int main(void) {
     return 0;
 }
 
-static void run_engine(const st_ckpt_t *ck, bool v1) {
-    const char *tag = v1 ? "_arv1" : "";
+static void run_engine(const st_ckpt_t *ck) {
+    const char *tag = "";
     const st_config_t *c = st_ckpt_config(ck);
     int V = c->vocab, n_mla = 0, n_kda = 0;
     for (int l = 0; l < c->n_layers; l++) c->is_mla[l] ? n_mla++ : n_kda++;
@@ -171,8 +129,6 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
     o.max_ctx = PREFILL + 64;
     o.kv_pages = 4 * n_mla * ((PREFILL + 64) / 64 + 1) + 260 * n_mla * 4;
     BK(st_engine_create(&eng, ck, &o));
-    st_egpu_t *pg = st_egpu_prof_engine();
-    st_egpu_prof_pause(pg, true);
     logits = malloc((size_t)256 * V * sizeof(float));
     int *prompt = malloc(PREFILL * sizeof(int));
     st_rng_t rng = {.s = 99};
@@ -195,16 +151,6 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
     if (!ncu_b)
         printf("RESULT e2e_%s_prefill_8k%s %.0f tok/s (%.1f ms for %d tokens; runs %.1f %.1f ms)\n", preset, tag,
            PREFILL / tpre, tpre * 1e3, PREFILL, tp[1] * 1e3, tp[2] * 1e3);
-    if (pg && !ncu_b) { /* one profiled prefill */
-        int slot;
-        BK(st_engine_seq_open(eng, &slot));
-        st_seq_chunk_t ch = {.slot = slot, .n_tokens = PREFILL, .tokens = prompt};
-        st_egpu_prof_pause(pg, false);
-        BK(st_engine_step(eng, &ch, 1, logits));
-        st_egpu_prof_pause(pg, true);
-        st_engine_seq_close(eng, slot);
-        report_prof(pg, v1 ? "prefill 8k (AttnRes v1)" : "prefill 8k", c);
-    }
 
     st_ckpt_sizes_t sz;
     BK(st_ckpt_sizes(ck, &sz));
@@ -271,29 +217,21 @@ static void run_engine(const st_ckpt_t *ck, bool v1) {
         double gmean = greedy_mean(slots, B, tok), gfloor = floor_s - lg_bytes / (b_copy_gbs * 1e9);
         printf("RESULT e2e_%s_decode_b%d%s_greedy %.0f tok/s (step %.2f ms mean; device argmax, no logits to the "
                "host) measured/floor %.1fx\n", preset, B, tag, B / gmean, gmean * 1e3, gmean / gfloor);
-        if (pg) { /* the same without the decode-step graphs (plain launches) */
-            st_egpu_set_graphs(pg, false);
+        { /* the same without the decode-step graphs (plain launches) */
+            st_engine_cuda_set_graphs(eng, false);
             double nmean = greedy_mean(slots, B, tok);
-            st_egpu_set_graphs(pg, true);
+            st_engine_cuda_set_graphs(eng, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_no_graphs %.0f tok/s (step %.2f ms mean; graphs: %.2fx)\n", preset,
                    B, tag, B / nmean, nmean * 1e3, nmean / gmean);
             /* the same (graphs) with every linear layer on cuBLAS: what the skinny kernel is worth */
             st_cuda_linear_skinny_enable(false);
-            st_egpu_set_graphs(pg, true); /* recapture */
+            st_engine_cuda_set_graphs(eng, true); /* recapture */
             double cmean = greedy_mean(slots, B, tok);
             st_cuda_linear_skinny_enable(true);
-            st_egpu_set_graphs(pg, true);
+            st_engine_cuda_set_graphs(eng, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_cublas_linear %.0f tok/s (step %.2f ms mean; skinny linear: %.2fx)\n",
                    preset, B, tag, B / cmean, cmean * 1e3, cmean / gmean);
-            ab_compare(pg, slots, B, tok, gmean, tag);
-        }
-        if (pg) {
-            st_egpu_prof_pause(pg, false);
-            for (int s = 0; s < PROF_STEPS; s++) step_all(slots, B, tok);
-            st_egpu_prof_pause(pg, true);
-            char what[64];
-            snprintf(what, sizeof what, "decode b%d%s", B, v1 ? " (AttnRes v1)" : "");
-            report_prof(pg, what, c);
+            ab_compare(slots, B, tok, gmean, tag);
         }
         for (int i = 0; i < B; i++) st_engine_seq_close(eng, slots[i]);
     }

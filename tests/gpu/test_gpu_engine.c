@@ -530,11 +530,12 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
     }
     {
         /* decode steps replayed as CUDA graphs (the default) against plain launches: bit-identical */
-        setenv("STRATA_EGPU_GRAPHS", "0", 1);
+        st_engine_opts_t og = o;
+        og.cuda_graphs = false;
         st_engine_t *en;
         double gp3, gd3;
         float *lg3 = malloc(LB);
-        if (st_engine_create(&en, ck, &o) == ST_OK) {
+        if (st_engine_create(&en, ck, &og) == ST_OK) {
             CHECK(run_seq(en, toks, np, steps, true, lg3, V, &gp3, &gd3) == ST_OK, "gpu run without graphs: %s",
                   st_err_last());
             CHECK(!memcmp(lg3, lg, LB), "%s: logits with decode graphs differ from plain launches", preset);
@@ -544,7 +545,6 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
         } else {
             CHECK(0, "gpu engine without graphs: %s", st_err_last());
         }
-        unsetenv("STRATA_EGPU_GRAPHS");
         free(lg3);
     }
     printf("RESULT %s_cpu_prefill_tok_s %.1f (prompt %d)\n", preset, cp > 0 ? np / cp : 0, np);
@@ -568,24 +568,6 @@ static void run_preset(const char *preset, int np, int steps, bool cpu_ref) {
         traced_pass(eg, &rec, &tr, true, toks, np, steps, lg, lc, V, c, what, false, SUBLAYER_TOL);
         test_handoff(eg, ck, toks, np, V);
         test_overlap(ck, toks, np, steps, V);
-        /* STRATA_GPU_DIAG=1: the same two passes for the precision variants of the engine (split bf16
-         * GEMM inputs included: STRATA_EGPU_XSPLIT, engine_gpu.c) */
-        static const char *variants[][2] = {{"STRATA_EGPU_MLA32", "1"},
-                                            {"STRATA_EGPU_KDA_REC", "1"},
-                                            {"STRATA_EGPU_XSPLIT", "1"},
-                                            {"STRATA_EGPU_XSPLIT", "2"}};
-        for (int vi = 0; getenv("STRATA_GPU_DIAG") && vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
-            setenv(variants[vi][0], variants[vi][1], 1);
-            st_engine_t *ev;
-            if (st_engine_create(&ev, ck, &o) == ST_OK) {
-                snprintf(what, sizeof what, "%s %s=%s forced routing", preset, variants[vi][0], variants[vi][1]);
-                traced_pass(ev, &rec, &tr, false, toks, np, steps, lg, lc, V, c, what, false, 0);
-                snprintf(what, sizeof what, "%s %s=%s teacher-forced", preset, variants[vi][0], variants[vi][1]);
-                traced_pass(ev, &rec, &tr, true, toks, np, steps, lg, lc, V, c, what, false, 0);
-                st_engine_destroy(ev);
-            }
-            unsetenv(variants[vi][0]);
-        }
         /* chunked prefill (the prompt in chunks of np/2 + 3 tokens: the second chunk's queries sit
          * after cached rows, through KDA's carried state and MLA's direct form over the paged cache),
          * CPU recorded the same way; every sublayer checked teacher-forced, the logits reported */
