@@ -293,6 +293,44 @@ static void test_argmax(void) {
     st_engine_destroy(e);
 }
 
+/* The frontend over the CPU backend: the documented option defaults, a synchronous engine (collect
+ * computes, a micro-batch is always ready), and a remote-experts engine that has no st_engine_step
+ * and whose micro-batches stop at every MoE layer with a work item naming it. */
+static void test_frontend(void) {
+    st_engine_opts_t o;
+    st_engine_opts_default(&o);
+    CHECK(o.device == -1 && o.cuda_graphs && !o.host_route, "option defaults: CPU, graphs on, device routing");
+    o.max_seqs = 1, o.max_batch_tokens = 8, o.max_ctx = 16, o.remote_experts = true;
+    st_engine_t *e;
+    CHECK(st_engine_create(&e, ck, &o) == ST_OK, "remote-experts engine: %s", st_err_last());
+    if (!e) return;
+    CHECK(!st_engine_async(e), "the CPU backend is synchronous");
+    int slot, tok[3] = {1, 2, 3};
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    CHECK(st_engine_seq_open(e, &slot) == ST_OK, "open");
+    st_seq_chunk_t c = {.slot = slot, .n_tokens = 3, .tokens = tok};
+    CHECK(st_engine_step(e, &c, 1, lg) == ST_ERR_INVALID_ARG, "st_engine_step needs local experts");
+    st_engine_mb_t *mb;
+    CHECK(st_engine_mb_create(e, &mb) == ST_OK, "mb create");
+    CHECK(st_engine_mb_begin(mb, &c, 1, lg) == ST_OK, "mb begin");
+    CHECK(st_engine_mb_ready(mb), "a CPU micro-batch is always ready");
+    st_moe_work_t w;
+    int layers = 0, moe = 0, last = -1;
+    for (int l = 0; l < cfg->n_layers; l++) moe += st_config_is_moe_layer(cfg, l);
+    while (st_engine_mb_advance(mb, &w)) { /* zero expert outputs: the shared path only */
+        CHECK(w.layer > last && st_config_is_moe_layer(cfg, w.layer) && w.T == 3, "work item of MoE layer %d (T %d)",
+              w.layer, w.T);
+        last = w.layer;
+        memset(w.out, 0, sizeof(float) * (size_t)w.T * w.kc * w.ew);
+        layers++;
+    }
+    CHECK(moe > 0 && layers == moe, "one hand-off per MoE layer (%d of %d)", layers, moe);
+    CHECK(st_engine_seq_len(e, slot) == 3, "length advanced after the step");
+    st_engine_mb_destroy(mb);
+    st_engine_destroy(e);
+    free(lg);
+}
+
 int main(void) {
     const char *tmp = getenv("STRATA_TEST_TMP");
     char dir[512];
@@ -310,6 +348,7 @@ int main(void) {
     test_quantile();
     test_microbatch();
     test_argmax();
+    test_frontend();
     st_ckpt_close(ck);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
