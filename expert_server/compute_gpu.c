@@ -197,13 +197,14 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     do {                                                                                                               \
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
-    CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), 1));
-    CK(es_gpu_copy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *), 1));
+    CK(st_gpu_memcpy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), ST_GPU_COPY_H2D));
+    CK(st_gpu_memcpy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *),
+                           ST_GPU_COPY_H2D));
     /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA);
      * distinct rows expanded into the grouped order on the device */
-    CK(es_gpu_copy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), 1));
+    CK(st_gpu_memcpy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), ST_GPU_COPY_H2D));
     if (src) {
-        CK(es_gpu_copy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), 1));
+        CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
         CK(es_gpu_expand_bf16(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
     } else {
         CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
@@ -215,7 +216,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     else
         CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
                                         g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    CK(es_gpu_copy_async(&g->s, out, g->d_out, n * ew * sizeof(float), 0));
+    CK(st_gpu_memcpy_async(&g->s, out, g->d_out, n * ew * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
     return ST_OK;
