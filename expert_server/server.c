@@ -98,7 +98,7 @@ static void compute_one(es_t *es, slot_t *s) {
             s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
             if (s->result == ST_OK)
                 s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows,
-                                          src ? s->info.unique : s->info.token_count, src, s->info.per_row, out_rows);
+                                          src ? s->info.unique : s->info.token_count, src, s->info.slots, out_rows);
         }
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
@@ -188,7 +188,7 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
 
 static void send_reply(es_t *es, slot_t *s) {
     st_wire_info_t r = s->info;
-    r.unique = 0; /* replies carry one row per (token, expert) */
+    r.unique = r.slots = 0; /* replies carry one row per (token, expert), and no batch shape */
     const void *payload = s->out;
     size_t len;
     if (s->result == ST_OK) {
