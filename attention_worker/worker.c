@@ -491,7 +491,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
                                .token_count = (uint32_t)p->n_rows[s], .expert_count = (uint32_t)p->n_exp[s],
                                .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq, .unique = (uint32_t)p->n_uniq[s],
-                               .per_row = w->per_row};
+                               .slots = (uint32_t)w->T * (uint32_t)w->kc}; /* the batch's shape (wire.h) */
         info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
         st_wire_table_encode_unique(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
                                     p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &src, &rows);

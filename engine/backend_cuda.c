@@ -890,8 +890,9 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     observe(mb, l);
 }
 
-/* Whether the routed experts of a T-token step run per slot (st_cuda_moe_ffn_slots) here, and so per
- * row on a GPU expert server (st_moe_work_t.per_row) */
+/* Whether the routed experts of a T-token step run per slot (st_cuda_moe_ffn_slots) here; a GPU expert
+ * server applies the same rule to the dispatch's slots (docs/architecture.md, "Bit-exact expert
+ * results") */
 static bool slots_path(const cu_t *g, int T) {
     const st_config_t *c = &g->e->c;
     long S = (long)T * g->e->kcap;
@@ -935,7 +936,6 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
     CK(eg_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
-                         .per_row = slots_path(g, T),
                          .tok_ent = mb->meta_h + T, .out = mb->out_h};
 }
 

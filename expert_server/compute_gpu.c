@@ -3,6 +3,7 @@
  * st_cuda_moe_ffn_table_f32out over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → fp32 rows D2H straight into the caller's reply buffer (the server
  * pins its slot buffers, so neither side is staged through another host copy). No I/O. */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "compute_gpu.h"
@@ -166,7 +167,7 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, bool per_row,
+                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, uint32_t slots,
                           float *out) {
     const st_config_t *c = g->c;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
@@ -174,6 +175,8 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch names %u experts, the model has %d", n_exp, g->n_experts);
     if (offsets[n_exp] > (uint32_t)g->max_rows || n_in > (uint32_t)g->max_rows)
         return ST_FAIL(ST_ERR_CAPACITY, "dispatch of %u rows exceeds this server's %d", offsets[n_exp], g->max_rows);
+    if (slots < offsets[n_exp])
+        return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch of %u rows from a micro-batch of %u slots", offsets[n_exp], slots);
     if (!src && n_in != offsets[n_exp])
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch carries %u rows for %u grouped rows (no sources: equal)", n_in,
                        offsets[n_exp]);
@@ -197,25 +200,29 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     do {                                                                                                               \
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
-    CK(es_gpu_copy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), 1));
-    CK(es_gpu_copy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *), 1));
+    CK(st_gpu_memcpy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), ST_GPU_COPY_H2D));
+    CK(st_gpu_memcpy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *),
+                           ST_GPU_COPY_H2D));
     /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA);
      * distinct rows expanded into the grouped order on the device */
-    CK(es_gpu_copy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), 1));
+    CK(st_gpu_memcpy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), ST_GPU_COPY_H2D));
     if (src) {
-        CK(es_gpu_copy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), 1));
+        CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
         CK(es_gpu_expand_bf16(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
     } else {
         CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
     }
     bool situ = c->act == ST_ACT_SITU;
-    if (per_row && n <= 65535) /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
+    /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
+     * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
+    if (st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi))
+        /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
         CK(st_cuda_moe_ffn_rows_table_f32out(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)n_exp,
                                              (int)n, g->d_tab, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2));
     else
         CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
                                         g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    CK(es_gpu_copy_async(&g->s, out, g->d_out, n * ew * sizeof(float), 0));
+    CK(st_gpu_memcpy_async(&g->s, out, g->d_out, n * ew * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
     return ST_OK;

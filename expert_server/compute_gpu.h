@@ -28,13 +28,14 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
  * (wire.h ST_WIRE_FLAG_UNIQUE_ROWS; checked by the wire decoder), without it n_in = n. rows, src and
  * out are copied to / from the device directly: pinned host memory makes those copies DMA (the server
  * pins its slot buffers), pageable memory works, staged by the driver. Every expert must be bound.
- * per_row (wire.h
- * ST_WIRE_FLAG_PER_ROW): the per-row kernels (st_cuda_moe_ffn_rows_table_f32out), bit-identical to what
- * the worker's own GPU engine computes at that batch size; else the grouped GEMMs. Synchronous:
- * returns after the results are in out. Device errors come back as ST_ERR_DEVICE with the CUDA text in
- * st_err_last(). */
+ * slots: the routed slots of the sender's micro-batch at this layer (wire.h; ≥ n). The arithmetic of
+ * each row is the one the rule in docs/architecture.md ("Bit-exact expert results") gives for a
+ * micro-batch of that many slots, which is what the worker's own GPU engine computes: per row
+ * (st_cuda_moe_ffn_rows_table_f32out) when st_cuda_moe_ffn_slots_pick(slots, n_experts, ℓ, w), else
+ * the grouped GEMMs. Synchronous: returns after the results are in out. Device errors come back as
+ * ST_ERR_DEVICE with the CUDA text in st_err_last(). */
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, bool per_row,
+                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, uint32_t slots,
                           float *out);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);

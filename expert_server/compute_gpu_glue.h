@@ -1,5 +1,5 @@
-/* Internal: the CUDA glue of compute_gpu.c (compute_gpu_kernels.cu). Pointers are device memory
- * unless marked host; everything is asynchronous on s. */
+/* Internal: the one CUDA kernel of compute_gpu.c (compute_gpu_kernels.cu); the copies, events and
+ * streams it needs are common/gpu's (strata/gpu.h). Pointers are device memory; asynchronous on s. */
 #ifndef STRATA_ES_COMPUTE_GPU_GLUE_H
 #define STRATA_ES_COMPUTE_GPU_GLUE_H
 
@@ -11,8 +11,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* cudaMemcpyAsync, h2d 1: host (pinned) → device, 0: device → host (pinned) */
-st_status_t es_gpu_copy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes, int h2d);
 /* dst [n, w] bf16: row r = bf16(rows[src[r]]) of rows [n_in, w] fp32 (round to nearest even; a source
  * ≥ n_in gives zeros: the wire decoder rejects those first). The CPU path's loop is compute.c's. */
 st_status_t es_gpu_expand_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows, const uint32_t *src, int n,

@@ -7,8 +7,11 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
-                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n"
-                    "       " ST_SEC_USAGE "\n");
+                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N] [--inline-rows N]\n"
+                    "       " ST_SEC_USAGE "\n"
+                    "  --inline-rows N  dispatches of at most N rows run on the network thread when idle\n"
+                    "                   (0: always queued; default %d on cuda, 0 on cpu)\n",
+            ST_ES_INLINE_ROWS_GPU);
 }
 
 static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) {
@@ -19,7 +22,7 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) 
 }
 
 int main(int argc, char **argv) {
-    st_es_opts_t o = {0};
+    st_es_opts_t o = {.inline_rows = -1};
     static char host[256];
     static st_sec_opts_t sec;
     for (int i = 1; i < argc; i++) {
@@ -36,6 +39,8 @@ int main(int argc, char **argv) {
             if (int_arg(a, v, 1, 1 << 22, &o.max_rows) != 0) return 2;
         } else if (!strcmp(a, "--slots")) {
             if (int_arg(a, v, 1, 1024, &o.slots) != 0) return 2;
+        } else if (!strcmp(a, "--inline-rows")) {
+            if (int_arg(a, v, 0, 1 << 22, &o.inline_rows) != 0) return 2;
         }
         else if (!strcmp(a, "--device")) {
             if (!strcmp(v, "cpu")) o.use_cuda = false;

@@ -75,7 +75,6 @@ struct es {
     /* the compute resources (es->cx / es->gpu) in use: by the compute thread (a queued dispatch or an
      * upload) or by the loop thread running a small dispatch itself; under mu */
     int busy;
-    uint32_t inline_rows; /* dispatches of at most this many rows run on the loop thread when idle (GPU) */
 };
 
 /* ---------------------------------------------------------------- compute thread */
@@ -99,7 +98,7 @@ static void compute_one(es_t *es, slot_t *s) {
             s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
             if (s->result == ST_OK)
                 s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows,
-                                          src ? s->info.unique : s->info.token_count, src, s->info.per_row, out_rows);
+                                          src ? s->info.unique : s->info.token_count, src, s->info.slots, out_rows);
         }
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
@@ -189,7 +188,7 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
 
 static void send_reply(es_t *es, slot_t *s) {
     st_wire_info_t r = s->info;
-    r.unique = 0; /* replies carry one row per (token, expert) */
+    r.unique = r.slots = 0; /* replies carry one row per (token, expert), and no batch shape */
     const void *payload = s->out;
     size_t len;
     if (s->result == ST_OK) {
@@ -293,7 +292,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
         return;
     }
     pthread_mutex_lock(&es->mu);
-    if (info.token_count <= es->inline_rows && !es->busy && es->q_in_n == 0) {
+    if (info.token_count <= (uint32_t)es->o.inline_rows && !es->busy && es->q_in_n == 0) {
         /* small and nothing else running: compute here, saving the two thread hand-offs of the queue
          * (the loop is held for the dispatch's compute time, tens of µs at these sizes) */
         es->busy = 1;
@@ -376,10 +375,7 @@ int st_es_run(const st_es_opts_t *opts) {
     if (es->o.slots <= 0) es->o.slots = 16;
     if (!es->o.host) es->o.host = "127.0.0.1";
     if (!es->o.name) es->o.name = "expert";
-    /* GPU servers only by default: there a small dispatch computes in tens of µs; on the CPU it takes
-     * long enough that receiving the next dispatch meanwhile matters more (env: 0 = always queue) */
-    const char *ir = getenv("STRATA_ES_INLINE_ROWS");
-    es->inline_rows = ir ? (uint32_t)strtoul(ir, NULL, 10) : es->o.use_cuda ? 512 : 0;
+    if (es->o.inline_rows < 0) es->o.inline_rows = es->o.use_cuda ? ST_ES_INLINE_ROWS_GPU : 0;
     int rc = 1;
     if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
     const st_config_t *c = st_ckpt_config(es->ck);

@@ -108,6 +108,73 @@ st_status_t st_gpu_stream_sync(const st_gpu_stream_t *s) {
     return ST_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)s->stream));
 }
 
+st_status_t st_gpu_stream_wait(const st_gpu_stream_t *s, void *ev) {
+    return ST_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)s->stream, (cudaEvent_t)ev, 0));
+}
+
+st_status_t st_gpu_event_create(void **ev) {
+    cudaEvent_t e;
+    st_status_t rc = ST_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (rc == ST_OK) *ev = e;
+    return rc;
+}
+st_status_t st_gpu_events_create(void **ev, int n) {
+    for (int i = 0; i < n; i++) {
+        cudaEvent_t e;
+        st_status_t rc = ST_CUDA_CHECK(cudaEventCreate(&e));
+        if (rc != ST_OK) {
+            st_gpu_events_destroy(ev, i);
+            return rc;
+        }
+        ev[i] = e;
+    }
+    return ST_OK;
+}
+void st_gpu_events_destroy(void **ev, int n) {
+    for (int i = 0; i < n; i++) {
+        if (ev[i]) cudaEventDestroy((cudaEvent_t)ev[i]);
+        ev[i] = NULL;
+    }
+}
+st_status_t st_gpu_event_record(void *ev, const st_gpu_stream_t *s) {
+    return ST_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s->stream));
+}
+st_status_t st_gpu_event_sync(void *ev) { return ST_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev)); }
+bool st_gpu_event_done(void *ev) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* reported by the sync that follows */
+    return true;
+}
+double st_gpu_event_elapsed_ms(void *a, void *b) {
+    float ms = -1.f;
+    if (cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b) == cudaSuccess) return (double)ms;
+    (void)cudaGetLastError();
+    return -1.0;
+}
+
+st_status_t st_gpu_host_alloc(void **p, size_t bytes) {
+    void *q = NULL;
+    st_status_t rc = ST_CUDA_CHECK(cudaHostAlloc(&q, bytes ? bytes : 1, cudaHostAllocMapped));
+    if (rc == ST_OK) *p = q;
+    return rc;
+}
+void st_gpu_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+st_status_t st_gpu_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes,
+                                st_gpu_copy_t kind) {
+    static const enum cudaMemcpyKind k[3] = {cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost};
+    if ((unsigned)kind > ST_GPU_COPY_D2H) return ST_FAIL(ST_ERR_INVALID_ARG, "memcpy_async: copy kind %d", (int)kind);
+    if (!bytes) return ST_OK;
+    return ST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k[kind], (cudaStream_t)s->stream));
+}
+st_status_t st_gpu_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes) {
+    if (!bytes) return ST_OK;
+    return ST_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, (cudaStream_t)s->stream));
+}
+
 st_status_t st_gpu_malloc(void **p, size_t bytes) { return ST_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 1)); }
 void st_gpu_free(void *p) {
     if (p) cudaFree(p);

@@ -20,7 +20,7 @@ _Static_assert(offsetof(st_wire_header_t, expert_count) == 32, "byte map: expert
 _Static_assert(offsetof(st_wire_header_t, row_width) == 36, "byte map: row_width");
 _Static_assert(offsetof(st_wire_header_t, seq) == 40, "byte map: seq");
 _Static_assert(offsetof(st_wire_header_t, payload_bytes) == 48, "byte map: payload_bytes");
-_Static_assert(offsetof(st_wire_header_t, status) == 56, "byte map: status");
+_Static_assert(offsetof(st_wire_header_t, status) == 56 && offsetof(st_wire_header_t, slots) == 56, "byte map: status/slots");
 _Static_assert(offsetof(st_wire_header_t, aux) == 60, "byte map: aux");
 
 size_t st_wire_table_bytes(uint32_t expert_count) {
@@ -73,9 +73,12 @@ static const char *info_problem(const st_wire_info_t *in) {
         if (in->payload_bytes != payload_of(in->token_count, in->expert_count, in->row_width, in->unique))
             return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
+        if (in->kind == ST_WIRE_KIND_DISPATCH ? in->slots < in->token_count : in->slots != 0)
+            return "slots below the rows of a dispatch, or set on a reply";
         return NULL;
     case ST_WIRE_KIND_ERROR:
-        if (in->token_count || in->expert_count || in->row_width || in->unique) return "error reply with counts";
+        if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots)
+            return "error reply with counts";
         if (in->payload_bytes > ST_WIRE_MAX_ERROR_TEXT) return "error text too long";
         if (in->status >= 0) return "error reply without a negative status";
         return NULL;
@@ -95,17 +98,17 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .step = info->step,
         .layer = info->layer,
         .micro_batch = info->micro_batch,
-        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) |
-                            (info->kind == ST_WIRE_KIND_DISPATCH && info->per_row ? ST_WIRE_FLAG_PER_ROW : 0)),
+        .flags = (uint16_t)(info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0),
         .source_id = info->source_id,
         .token_count = info->token_count,
         .expert_count = info->expert_count,
         .row_width = info->row_width,
         .seq = info->seq,
         .payload_bytes = info->payload_bytes,
-        .status = (int32_t)info->status,
         .aux = info->kind == ST_WIRE_KIND_COMBINE ? info->compute_us : info->unique,
     };
+    if (info->kind == ST_WIRE_KIND_DISPATCH) h.slots = info->slots;
+    else h.status = (int32_t)info->status;
     *out = h;
     return ST_OK;
 }
@@ -119,8 +122,8 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
     if (h.version != ST_WIRE_VERSION)
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
     bool disp = h.kind == ST_WIRE_KIND_DISPATCH;
-    bool uniq = disp && (h.flags & ST_WIRE_FLAG_UNIQUE_ROWS), per_row = disp && (h.flags & ST_WIRE_FLAG_PER_ROW);
-    uint16_t known = disp ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_PER_ROW) : 0;
+    bool uniq = disp && (h.flags & ST_WIRE_FLAG_UNIQUE_ROWS);
+    uint16_t known = disp ? (uint16_t)ST_WIRE_FLAG_UNIQUE_ROWS : 0;
     if ((h.flags & ~known) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, aux %u on kind %u)", h.flags, h.aux,
                        h.kind);
@@ -138,10 +141,10 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         .row_width = h.row_width,
         .seq = h.seq,
         .payload_bytes = h.payload_bytes,
-        .status = (st_status_t)h.status,
+        .status = disp ? ST_OK : (st_status_t)h.status,
         .compute_us = h.kind == ST_WIRE_KIND_COMBINE ? h.aux : 0,
         .unique = uniq ? h.aux : 0,
-        .per_row = per_row,
+        .slots = disp ? h.slots : 0,
     };
     const char *why = info_problem(&in);
     if (why)

@@ -2,7 +2,11 @@
  * (st_es_compute_run) on the same grouped dispatches of a tiny checkpoint, bf16 and MXFP4 experts:
  * empty experts, one-row experts, ids out of order, every expert, the largest dispatch; outputs
  * NaN-poisoned before each run; the same rows sent as distinct rows with sources; plus the error
- * paths (unbound expert, too many rows). */
+ * paths (unbound expert, too many rows, fewer slots than rows). And the rule of docs/architecture.md
+ * ("Bit-exact expert results"): for a micro-batch of T tokens routed kc ways, the server's rows equal
+ * bit for bit what the worker's own GPU engine computes for those slots (the per-slot kernel or the
+ * grouped FFN, as st_cuda_moe_ffn_slots_pick says for T·kc), with every expert on one server or the
+ * experts split over two. */
 #include <math.h>
 #include <unistd.h>
 
@@ -11,6 +15,7 @@
 #include "gpu_test.h"
 
 #define MAX_ROWS 300
+#define SLOTS_GROUPED (1u << 20) /* a micro-batch of this many slots runs the grouped FFN */
 
 static void run_case(const char *tag, st_es_compute_t *cx, st_es_gpu_t *g, int layer, uint32_t n_exp,
                      const uint32_t *ids, const uint32_t *cnt, int ew, st_rng_t *r, double tol) {
@@ -26,21 +31,24 @@ static void run_case(const char *tag, st_es_compute_t *cx, st_es_gpu_t *g, int l
         GT_OK(st_es_gpu_bind(g, layer, (int)ids[k]));
     }
     GT_OK(st_es_compute_run(cx, layer, n_exp, ids, off, x, NULL, ref));
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, false, y));
+    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, SLOTS_GROUPED, y));
     char what[160];
     snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows", tag, layer, n_exp, off[n_exp]);
     st_t_close(what, y, ref, n, tol, 0);
-    /* the same rows per row (wire.h ST_WIRE_FLAG_PER_ROW: the worker's GPU engine would run them so) */
-    for (size_t i = 0; i < n; i++) y[i] = NAN;
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, true, y));
-    snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows, per row", tag, layer, n_exp, off[n_exp]);
-    st_t_close(what, y, ref, n, tol, 0);
+    /* the same rows from a micro-batch of as many slots: per row where that size picks it */
+    const st_config_t *c = st_ckpt_config(cx->ck);
+    if (st_cuda_moe_ffn_slots_pick((int)off[n_exp], c->n_experts, ew, c->moe_inter)) {
+        for (size_t i = 0; i < n; i++) y[i] = NAN;
+        GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, off[n_exp], y));
+        snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows, per row", tag, layer, n_exp, off[n_exp]);
+        st_t_close(what, y, ref, n, tol, 0);
+    }
     /* distinct rows with sources (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): row r = x[src[r]] of nu rows */
     uint32_t rows = off[n_exp], nu = rows / 3 + 1, *src = gt_xmalloc((rows + 1) * sizeof(uint32_t));
     for (uint32_t q = 0; q < rows; q++) src[q] = (q * 7u) % nu;
     for (uint32_t q = 0; q < rows; q++) memcpy(ref + (size_t)q * ew, x + (size_t)src[q] * ew, sizeof(float) * ew);
     for (size_t i = 0; i < n; i++) y[i] = NAN;
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, nu, src, false, y)); /* x's first nu rows are the distinct ones */
+    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, nu, src, SLOTS_GROUPED, y)); /* x's first nu rows are the distinct ones */
     float *ref2 = gt_xmalloc(n * sizeof(float) + 1);
     GT_OK(st_es_compute_run(cx, layer, n_exp, ids, off, ref, NULL, ref2));
     snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows from %u distinct", tag, layer, n_exp, rows, nu);
@@ -50,6 +58,130 @@ static void run_case(const char *tag, st_es_compute_t *cx, st_es_gpu_t *g, int l
     free(x);
     free(ref);
     free(y);
+}
+
+/* expert e's gate / up / down of layer l as bf16, at dst + e·[w·ℓ] (gate, up) or e·[ℓ·w] (down) */
+static void stack_expert(const st_ckpt_t *ck, int layer, int e, uint16_t *w1, uint16_t *w3, uint16_t *w2) {
+    st_expert_weights_t x;
+    GT_OK(st_ckpt_expert(ck, layer, e, &x));
+    const st_weight_t *m[3] = {&x.gate, &x.up, &x.down};
+    uint16_t *dst[3] = {w1, w3, w2};
+    for (int k = 0; k < 3; k++) {
+        size_t n = (size_t)m[k]->rows * m[k]->cols, o = (size_t)e * n;
+        float *f = gt_xmalloc(n * sizeof(float));
+        st_weight_rows_f32(m[k], 0, m[k]->rows, f);
+        for (size_t i = 0; i < n; i++) dst[k][o + i] = st_f32_to_bf16(f[i]); /* exact: bf16 or MXFP4 */
+        free(f);
+    }
+}
+
+/* One micro-batch of T tokens, kc = top_k slots each (cnt[t] of them used), through the worker's GPU
+ * engine's expert path (its kernels and arguments: experts_local in the engine) and through this
+ * server, every expert here or the experts split by parity over two servers; rows compared bitwise. */
+static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, int layer, int T, st_rng_t *r) {
+    const st_config_t *c = st_ckpt_config(ck);
+    const int E = c->n_experts, kc = c->top_k, l = st_config_expert_width(c), w = c->moe_inter, S = T * kc;
+    if (E > 64) {
+        CHECK(E <= 64, "engine_case: %d experts (at most 64 here)", E);
+        return;
+    }
+    const bool situ = c->act == ST_ACT_SITU;
+    const size_t me = (size_t)w * l;
+    int *ids = gt_xmalloc(sizeof(int) * S), *cnt = gt_xmalloc(sizeof(int) * T);
+    int perm[64];
+    for (int t = 0; t < T; t++) { /* kc distinct experts, ascending; cnt 1..kc, and all kc on token 0 */
+        for (int e = 0; e < E; e++) perm[e] = e;
+        for (int i = 0; i < kc; i++) { /* a partial shuffle picks them, insertion keeps them sorted */
+            int j = i + (int)(st_rng_uniform(r) * (E - i)) % (E - i), v = perm[j], k = i;
+            perm[j] = perm[i];
+            for (; k > 0 && ids[t * kc + k - 1] > v; k--) ids[t * kc + k] = ids[t * kc + k - 1];
+            ids[t * kc + k] = v;
+        }
+        cnt[t] = t == 0 ? kc : 1 + (int)(st_rng_uniform(r) * kc) % kc;
+    }
+    float *zf = gt_xmalloc(sizeof(float) * (size_t)T * l);
+    uint16_t *zb = gt_xmalloc(2 * (size_t)T * l);
+    gt_randn_bf(zf, zb, (size_t)T * l, 1.f, r); /* bf16 values: the server's conversion is exact */
+    uint16_t *w1 = gt_xmalloc(2 * E * me), *w3 = gt_xmalloc(2 * E * me), *w2 = gt_xmalloc(2 * E * me);
+    for (int e = 0; e < E; e++) {
+        stack_expert(ck, layer, e, w1, w3, w2);
+        GT_OK(st_es_gpu_bind(g, layer, e));
+    }
+    uint16_t *d_w1 = gt_up(w1, 2 * E * me), *d_w3 = gt_up(w3, 2 * E * me), *d_w2 = gt_up(w2, 2 * E * me);
+    uint16_t *d_z = gt_up(zb, 2 * (size_t)T * l);
+    /* engine: grouped rows as its st_cuda_moe_group makes them (within an expert, (t, i) ascending) */
+    int *off = gt_xmalloc(sizeof(int) * (E + 1)), *row_of = gt_xmalloc(sizeof(int) * S);
+    uint32_t *src_of = gt_xmalloc(sizeof(uint32_t) * (S + 1));
+    memset(off, 0, sizeof(int) * (E + 1));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++) off[ids[t * kc + i] + 1]++;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    int *fill = gt_xmalloc(sizeof(int) * E), N = off[E];
+    memcpy(fill, off, sizeof(int) * E);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < kc; i++) {
+            row_of[t * kc + i] = i < cnt[t] ? fill[ids[t * kc + i]]++ : -1;
+            if (i < cnt[t]) src_of[row_of[t * kc + i]] = (uint32_t)t;
+        }
+    float *eng = gt_xmalloc(sizeof(float) * ((size_t)N * l + 1)); /* grouped order */
+    const bool slots = st_cuda_moe_ffn_slots_pick(S, E, l, w);
+    if (slots) {
+        int *d_ids = gt_up(ids, sizeof(int) * S), *d_cnt = gt_up(cnt, sizeof(int) * T);
+        float *d_y = gt_dev(sizeof(float) * (size_t)S * l), *y = gt_xmalloc(sizeof(float) * (size_t)S * l);
+        uint16_t *d_h = gt_dev(2 * (size_t)S * w);
+        GT_OK(st_cuda_moe_ffn_slots(&gt_stream, d_y, d_h, d_z, d_ids, d_cnt, T, kc, d_w1, d_w3, d_w2, l, w, situ,
+                                    c->situ_beta1, c->situ_beta2));
+        gt_down(y, d_y, sizeof(float) * (size_t)S * l);
+        for (int p = 0; p < S; p++)
+            if (row_of[p] >= 0) memcpy(eng + (size_t)row_of[p] * l, y + (size_t)p * l, sizeof(float) * l);
+        st_gpu_free(d_ids), st_gpu_free(d_cnt), st_gpu_free(d_y), st_gpu_free(d_h);
+        free(y);
+    } else {
+        uint16_t *xg = calloc((size_t)S * l + 1, 2);
+        if (!xg) exit(1);
+        for (int q = 0; q < N; q++) memcpy(xg + (size_t)q * l, zb + (size_t)src_of[q] * l, 2 * (size_t)l);
+        uint16_t *d_xg = gt_up(xg, 2 * ((size_t)S * l + 1));
+        int *d_off = gt_up(off, sizeof(int) * (E + 1));
+        size_t wsb = st_cuda_moe_ffn_ws_bytes(S, w);
+        void *d_ws = gt_dev(wsb);
+        float *d_y = gt_dev(sizeof(float) * ((size_t)S * l + 1));
+        GT_OK(st_cuda_moe_ffn_f32out(&gt_stream, d_y, d_xg, d_off, E, S, T, d_w1, d_w3, d_w2, l, w, situ,
+                                     c->situ_beta1, c->situ_beta2, d_ws, wsb));
+        gt_down(eng, d_y, sizeof(float) * (size_t)N * l);
+        st_gpu_free(d_xg), st_gpu_free(d_off), st_gpu_free(d_ws), st_gpu_free(d_y);
+        free(xg);
+    }
+    /* servers: all experts (part -1), then the even and the odd experts apart; distinct rows = tokens */
+    for (int part = -1; part < 2; part++) {
+        uint32_t sids[64], soff[65] = {0}, n_exp = 0, *src = gt_xmalloc(sizeof(uint32_t) * (N + 1));
+        int *base = gt_xmalloc(sizeof(int) * (E + 1)); /* grouped row of each dispatched expert's first row */
+        for (int e = 0; e < E && n_exp < 64; e++) {
+            if (part >= 0 && e % 2 != part) continue;
+            int n = off[e + 1] - off[e];
+            for (int q = 0; q < n; q++) src[soff[n_exp] + q] = src_of[off[e] + q];
+            base[n_exp] = off[e];
+            sids[n_exp] = (uint32_t)e;
+            soff[n_exp + 1] = soff[n_exp] + (uint32_t)n;
+            n_exp++;
+        }
+        float *out = gt_xmalloc(sizeof(float) * ((size_t)soff[n_exp] * l + 1));
+        for (size_t i = 0; i < (size_t)soff[n_exp] * l; i++) out[i] = NAN;
+        GT_OK(st_es_gpu_run(g, layer, n_exp, sids, soff, zf, (uint32_t)T, src, (uint32_t)S, out));
+        size_t differ = 0;
+        for (uint32_t k = 0; k < n_exp; k++)
+            for (uint32_t q = soff[k]; q < soff[k + 1]; q++)
+                differ += memcmp(out + (size_t)q * l, eng + (size_t)(base[k] + (int)(q - soff[k])) * l,
+                                 sizeof(float) * l) != 0;
+        CHECK(differ == 0, "%s layer %d T=%d (%d slots, %s): %zu of %u rows differ from the engine's (%s)", tag, layer,
+              T, S, slots ? "per row" : "grouped", differ, soff[n_exp],
+              part < 0 ? "one server" : part ? "odd experts" : "even experts");
+        free(out), free(src), free(base);
+    }
+    printf("ok   %s layer %d T=%d: %d slots, %s, %d rows equal the engine's bit for bit on 1 and 2 servers\n", tag,
+           layer, T, S, slots ? "per row" : "grouped", N);
+    st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_z);
+    free(ids), free(cnt), free(zf), free(zb), free(w1), free(w3), free(w2), free(off), free(row_of), free(src_of),
+        free(fill), free(eng);
 }
 
 static void variant(const char *name, bool mxfp4) {
@@ -90,12 +222,19 @@ static void variant(const char *name, bool mxfp4) {
     /* error paths: an expert never bound, a dispatch over max_rows; the path keeps working after */
     float x1[64 * 4] = {0}, y1[64 * 4];
     uint32_t off1[2] = {0, 1}, bad_id[1] = {(uint32_t)(E - 2)}; /* not among ids_a, ids_d, ids_e */
-    CHECK(st_es_gpu_run(g, l0, 1, bad_id, off1, x1, 1, NULL, false, y1) == ST_ERR_INVALID_ARG, "unbound expert must fail");
+    CHECK(st_es_gpu_run(g, l0, 1, bad_id, off1, x1, 1, NULL, 1, y1) == ST_ERR_INVALID_ARG, "unbound expert must fail");
     uint32_t off2[2] = {0, MAX_ROWS + 1};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off2, x1, MAX_ROWS + 1, NULL, false, y1) == ST_ERR_CAPACITY, "too many rows must fail with CAPACITY");
+    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off2, x1, MAX_ROWS + 1, NULL, SLOTS_GROUPED, y1) == ST_ERR_CAPACITY,
+          "too many rows must fail with CAPACITY");
+    uint32_t off3[2] = {0, 2};
+    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off3, x1, 2, NULL, 1, y1) == ST_ERR_INVALID_ARG,
+          "fewer slots than rows must fail");
     uint32_t off0[2] = {0, 0};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off0, x1, 0, NULL, false, y1) == ST_OK, "empty dispatch");
+    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off0, x1, 0, NULL, 0, y1) == ST_OK, "empty dispatch");
     run_case(name, &cx, g, l0, 5, ids_a, cnt_a, ew, &r, tol);
+    /* micro-batches on both sides of st_cuda_moe_ffn_slots_pick (tiny: 16 experts, 4 per token) */
+    static const int Ts[] = {1, 2, 3, 17, 70};
+    for (size_t i = 0; i < ST_ARRAY_LEN(Ts); i++) engine_case(name, g, ck, i % 2 ? l1 : l0, Ts[i], &r);
     printf("%s: %.2f MiB of expert weights on the device\n", name, (double)st_es_gpu_weight_bytes(g) / (1 << 20));
 
     st_es_gpu_destroy(g);

@@ -1,5 +1,7 @@
 /* Wire header and offsets table: encode → decode round trip, then every corrupted field rejected;
- * the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS). */
+ * the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS); a dispatch's slots (byte 56)
+ * round trip, are checked against its rows and are refused on replies; version 3's per-row flag is
+ * gone. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,7 +10,8 @@
 
 static st_wire_info_t dispatch_info(void) {
     st_wire_info_t in = {.kind = ST_WIRE_KIND_DISPATCH, .step = 123456789012ull, .layer = 91, .micro_batch = 1,
-                         .source_id = 17, .token_count = 10, .expert_count = 3, .row_width = 8, .seq = 99};
+                         .source_id = 17, .token_count = 10, .expert_count = 3, .row_width = 8, .seq = 99,
+                         .slots = 24};
     in.payload_bytes = st_wire_payload_bytes(in.token_count, in.expert_count, in.row_width);
     return in;
 }
@@ -42,15 +45,20 @@ int main(void) {
     CHECK(out.kind == in.kind && out.step == in.step && out.layer == in.layer && out.micro_batch == in.micro_batch &&
               out.source_id == in.source_id && out.token_count == in.token_count &&
               out.expert_count == in.expert_count && out.row_width == in.row_width && out.seq == in.seq &&
-              out.payload_bytes == in.payload_bytes && out.status == in.status,
+              out.payload_bytes == in.payload_bytes && out.status == in.status && out.slots == 24 &&
+              out.unique == 0 && out.compute_us == 0,
           "round trip equal");
+    uint32_t w56;
+    memcpy(&w56, hb + 56, 4);
+    CHECK(w56 == 24, "slots at byte 56 (%u)", w56);
 
     /* every field corrupted */
     size_t pl = in.payload_bytes;
     expect_reject(&h, pl, 0, 4, 0x57525454, "magic");
     expect_reject(&h, pl, 4, 2, 1, "version 1 (before distinct-row dispatches)");
     expect_reject(&h, pl, 4, 2, 2, "version 2 (before per-row dispatches)");
-    expect_reject(&h, pl, 4, 2, 4, "version 4");
+    expect_reject(&h, pl, 4, 2, 3, "version 3 (a kernel choice in the flags)");
+    expect_reject(&h, pl, 4, 2, 5, "version 5");
     expect_reject(&h, pl, 4, 2, 0, "version 0");
     expect_reject(&h, pl, 6, 2, 0, "kind 0");
     expect_reject(&h, pl, 6, 2, 4, "kind 4");
@@ -64,7 +72,8 @@ int main(void) {
     expect_reject(&h, pl, 36, 4, 9, "row_width vs payload");
     expect_reject(&h, pl, 36, 4, ST_WIRE_MAX_ROW_WIDTH + 1, "row_width over limit");
     expect_reject(&h, pl, 48, 8, pl + 4, "payload_bytes field");
-    expect_reject(&h, pl, 56, 4, (uint32_t)-40, "status on data message");
+    expect_reject(&h, pl, 56, 4, 9, "slots below the dispatch's rows");
+    expect_reject(&h, pl, 56, 4, 0, "dispatch without slots");
     expect_reject(&h, pl, 60, 4, 1, "aux on a plain dispatch");
     CHECK(st_wire_header_decode(&h, 64, pl - 1, &out) == ST_ERR_PROTOCOL, "short payload");
     CHECK(st_wire_header_decode(&h, 64, pl + 1, &out) == ST_ERR_PROTOCOL, "long payload");
@@ -76,6 +85,11 @@ int main(void) {
     memcpy(b, &h, 64);
     b[20] = 7; /* micro_batch */
     CHECK(st_wire_header_decode(b, 64, pl, &out) == ST_OK && out.micro_batch == 7, "micro_batch free");
+    uint32_t big = 0xfffffff0u; /* slots: anything from the rows up (an error status there on a reply) */
+    memcpy(b + 56, &big, 4);
+    CHECK(st_wire_header_decode(b, 64, pl, &out) == ST_OK && out.slots == big && out.status == ST_OK, "slots free");
+    memcpy(b + 56, &in.token_count, 4);
+    CHECK(st_wire_header_decode(b, 64, pl, &out) == ST_OK && out.slots == 10, "slots == rows");
 
     /* encode refuses bad info */
     st_wire_info_t bad = in;
@@ -84,6 +98,12 @@ int main(void) {
     bad = in;
     bad.kind = (st_wire_kind_t)9;
     CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode bad kind");
+    bad = in;
+    bad.slots = 9;
+    CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode slots below rows");
+    bad = in;
+    bad.kind = ST_WIRE_KIND_COMBINE;
+    CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode slots on a reply");
     CHECK(st_wire_payload_bytes(ST_WIRE_MAX_TOKENS + 1, 1, 1) == 0, "payload_bytes over limit");
 
     /* error reply */
@@ -92,6 +112,9 @@ int main(void) {
     CHECK(st_wire_header_decode(&h, 64, 12, &out) == ST_OK && out.status == ST_ERR_CAPACITY, "decode error reply");
     expect_reject(&h, 12, 56, 4, 0, "error reply without status");
     expect_reject(&h, 12, 28, 4, 1, "error reply with tokens");
+    er.slots = 4;
+    CHECK(st_wire_header_encode(&er, &h) == ST_ERR_INVALID_ARG, "encode slots on an error reply");
+    er.slots = 0;
     er.payload_bytes = ST_WIRE_MAX_ERROR_TEXT + 1;
     CHECK(st_wire_header_encode(&er, &h) == ST_ERR_INVALID_ARG, "error text too long");
 
@@ -146,21 +169,14 @@ int main(void) {
     expect_reject(&h, upl, 60, 4, 11, "more distinct rows than rows");
     expect_reject(&h, upl, 60, 4, 5, "distinct count vs payload");
     expect_reject(&h, upl, 22, 2, 4 | ST_WIRE_FLAG_UNIQUE_ROWS, "unknown flag");
-    /* per-row dispatches (ST_WIRE_FLAG_PER_ROW), with and without distinct rows; never on a reply */
-    st_wire_info_t pr = un;
-    pr.per_row = true;
-    CHECK(st_wire_header_encode(&pr, &h) == ST_OK &&
-              ((const uint8_t *)&h)[22] == (ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_PER_ROW) &&
-              st_wire_header_decode(&h, 64, pr.payload_bytes, &out) == ST_OK && out.per_row && out.unique == 4,
-          "per-row distinct dispatch round trip");
-    pr = dispatch_info();
-    pr.per_row = true;
-    CHECK(st_wire_header_encode(&pr, &h) == ST_OK && ((const uint8_t *)&h)[22] == ST_WIRE_FLAG_PER_ROW &&
-              st_wire_header_decode(&h, 64, pr.payload_bytes, &out) == ST_OK && out.per_row && out.unique == 0,
-          "per-row dispatch round trip");
+    expect_reject(&h, upl, 22, 2, 2 | ST_WIRE_FLAG_UNIQUE_ROWS, "version 3's per-row flag");
+    CHECK(st_wire_header_decode(&h, 64, upl, &out) == ST_OK && out.slots == 24 && out.unique == 4,
+          "distinct dispatch keeps its slots");
+    /* a reply: byte 56 must be 0 (no slots, no status) */
     st_wire_info_t pc = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = st_wire_payload_bytes(0, 0, 8)};
     CHECK(st_wire_header_encode(&pc, &h) == ST_OK, "combine encode");
-    expect_reject(&h, pc.payload_bytes, 22, 2, ST_WIRE_FLAG_PER_ROW, "per-row flag on a reply");
+    expect_reject(&h, pc.payload_bytes, 56, 4, 4, "slots on a reply");
+    expect_reject(&h, pc.payload_bytes, 22, 2, 2, "the old per-row flag on a reply");
     st_wire_info_t uc = un;
     uc.kind = ST_WIRE_KIND_COMBINE;
     CHECK(st_wire_header_encode(&uc, &h) == ST_ERR_INVALID_ARG, "distinct rows on a reply refused");

@@ -120,9 +120,9 @@ typedef struct {
     const int *ids;     /* [T, kc] chosen experts, ascending within a token */
     const int *cnt;     /* [T] experts per token (0 = shared path only) */
     const int *tok_ent; /* [T] index of the step entry each token belongs to */
-    float *out;         /* [T*kc, ew]: the executor writes row t*kc+i = E_{ids[t*kc+i]}(z_t) */
-    bool per_row;       /* the GPU engine's own experts would run these slots per row at this size
-                         * (st_cuda_moe_ffn_slots): a GPU executor does the same, so results match */
+    float *out;         /* [T*kc, ew]: the executor writes row t*kc+i = E_{ids[t*kc+i]}(z_t); its
+                         * arithmetic follows docs/architecture.md ("Bit-exact expert results") for a
+                         * micro-batch of T*kc slots, as the engine's own experts do */
 } st_moe_work_t;
 
 st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out);

@@ -1,6 +1,8 @@
-/* Strata GPU runtime: device selection, streams (each with its cuBLAS handle and workspace),
- * device and pinned arenas, and CUDA/cuBLAS error -> st_status_t. The only code besides
- * the kernels/ .cu files that includes cuda_runtime.h; this header itself is plain C and CUDA-free. */
+/* Strata GPU runtime: device selection, streams (each with its cuBLAS handle and workspace), events,
+ * pinned host memory, synchronous and stream-ordered copies, CUDA graphs, device and pinned arenas,
+ * and CUDA/cuBLAS error -> st_status_t (with the library's own text). The one home of CUDA runtime
+ * plumbing: the engine and the expert server call these and define none of their own. Built only
+ * with CUDA (the CPU build needs none of it); this header itself is plain C and CUDA-free. */
 #ifndef STRATA_GPU_H
 #define STRATA_GPU_H
 
@@ -34,8 +36,46 @@ typedef struct {
 st_status_t st_gpu_stream_create(st_gpu_stream_t *s);
 void st_gpu_stream_destroy(st_gpu_stream_t *s);
 st_status_t st_gpu_stream_sync(const st_gpu_stream_t *s);
+/* s waits (on the device) for ev's last record; nothing if ev was never recorded. */
+st_status_t st_gpu_stream_wait(const st_gpu_stream_t *s, void *ev);
+
+/* Events (cudaEvent_t as void*). st_gpu_event_create: one ordering event (no timing: cheaper to
+ * record and to wait for); st_gpu_events_create: n timing events (st_gpu_event_elapsed_ms), all
+ * or none (on error none is left and ev is untouched past what was made). st_gpu_events_destroy
+ * destroys ev[0..n) and sets them NULL (NULL entries are fine): it also destroys ordering events
+ * (n = 1). */
+st_status_t st_gpu_event_create(void **ev);
+st_status_t st_gpu_events_create(void **ev, int n);
+void st_gpu_events_destroy(void **ev, int n);
+st_status_t st_gpu_event_record(void *ev, const st_gpu_stream_t *s);
+/* the host waits for ev's last record */
+st_status_t st_gpu_event_sync(void *ev);
+/* true once ev's last record completed (or on an error, which the next sync reports) */
+bool st_gpu_event_done(void *ev);
+/* milliseconds from timing event a to b (both recorded and completed), or -1 */
+double st_gpu_event_elapsed_ms(void *a, void *b);
+
+/* Pinned host memory, mapped into the device's address space (a kernel may read or poll it; copies
+ * from and to it are DMA and truly asynchronous). Start-up only. free(NULL) is fine. */
+st_status_t st_gpu_host_alloc(void **p, size_t bytes);
+void st_gpu_host_free(void *p);
+
+/* Stream-ordered copies and memset (queued on s, no host wait; 0 bytes: nothing queued). A copy
+ * from or to pageable host memory is staged by the driver and may return only once the host side
+ * is consumed; pinned memory (st_gpu_host_alloc, a pinned arena) makes it asynchronous. The values
+ * of st_gpu_copy_t are fixed (0, 1, 2). */
+typedef enum {
+    ST_GPU_COPY_D2D = 0, /* device -> device */
+    ST_GPU_COPY_H2D = 1, /* host -> device */
+    ST_GPU_COPY_D2H = 2  /* device -> host */
+} st_gpu_copy_t;
+st_status_t st_gpu_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes,
+                                st_gpu_copy_t kind);
+st_status_t st_gpu_memset_async(const st_gpu_stream_t *s, void *dst, int byte, size_t bytes);
+
 /* CUDA graphs: capture what is queued on s (relaxed mode) between begin and end into an executable
- * graph (*exec), launch it on a stream, destroy it (NULL is fine). */
+ * graph (*exec; instantiated, NULL on error), launch (replay) it on a stream, destroy it (NULL is
+ * fine). */
 st_status_t st_gpu_capture_begin(const st_gpu_stream_t *s);
 st_status_t st_gpu_capture_end(const st_gpu_stream_t *s, void **exec);
 st_status_t st_gpu_graph_launch(void *exec, const st_gpu_stream_t *s);

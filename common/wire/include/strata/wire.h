@@ -10,15 +10,18 @@
  *     8   8  step           decode step of the sender
  *    16   4  layer          MoE layer index (0-based)
  *    20   2  micro_batch    micro-batch of the step
- *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS and/or ST_WIRE_FLAG_PER_ROW, or 0;
- *                            otherwise 0
+ *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS or 0; otherwise 0
  *    24   4  source_id      sender's member id (low 32 bits of the coordinator id)
  *    28   4  token_count    rows in the payload (sum over experts)
  *    32   4  expert_count   experts in the offsets table
  *    36   4  row_width      floats per row (ℓ, the latent width)
  *    40   8  seq            sender's sequence number; a reply echoes the dispatch's
  *    48   8  payload_bytes  exact length of the AM payload
- *    56   4  status         error reply: st_status_t (negative); otherwise 0
+ *    56   4  status/slots   ERROR: st_status_t (negative). DISPATCH: slots, the routed (token, expert)
+ *                            slots of the sender's micro-batch at this layer, all servers together
+ *                            (tokens × routing stride, ≥ token_count): the batch's shape, which the
+ *                            expert arithmetic may depend on (docs/architecture.md, "Bit-exact expert
+ *                            results"). COMBINE: 0
  *    60   4  aux            COMBINE: time the dispatch spent at the expert server (queued +
  *                            computed), µs; DISPATCH with ST_WIRE_FLAG_UNIQUE_ROWS: the number of
  *                            distinct rows carried (1 ≤ unique ≤ token_count); otherwise 0
@@ -53,11 +56,10 @@ extern "C" {
 #endif
 
 #define ST_WIRE_MAGIC 0x57525453u /* "STRW" little-endian */
-#define ST_WIRE_VERSION 3u /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches; 3: ST_WIRE_FLAG_PER_ROW */
+/* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches; 3: a per-row kernel flag (0x2); 4: that flag gone, a
+ * dispatch carries its micro-batch's slots at byte 56 instead (the data, not a kernel choice) */
+#define ST_WIRE_VERSION 4u
 #define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
-/* DISPATCH: run these rows with the per-row expert kernels (st_cuda_moe_ffn_rows_table_f32out), as the
- * worker's own GPU engine would at this batch size, so that the results match it bit for bit */
-#define ST_WIRE_FLAG_PER_ROW 0x2u
 #define ST_WIRE_HEADER_BYTES 64u
 #define ST_WIRE_ALIGN 16u
 #define ST_WIRE_MAX_TOKENS (1u << 20)
@@ -91,7 +93,10 @@ typedef struct {
     uint32_t row_width;
     uint64_t seq;
     uint64_t payload_bytes;
-    int32_t status;
+    union {
+        int32_t status; /* ERROR */
+        uint32_t slots; /* DISPATCH */
+    };
     uint32_t aux;
 } st_wire_header_t;
 
@@ -110,7 +115,8 @@ typedef struct {
     st_status_t status;  /* ERROR only */
     uint32_t compute_us; /* COMBINE only: µs the dispatch spent at the server (queue + compute) */
     uint32_t unique;     /* DISPATCH only: distinct rows (ST_WIRE_FLAG_UNIQUE_ROWS), 0 = plain rows */
-    bool per_row;        /* DISPATCH only: ST_WIRE_FLAG_PER_ROW */
+    uint32_t slots;      /* DISPATCH only: routed slots of the sender's micro-batch at this layer over all
+                          * servers (T × routing stride), ≥ token_count; 0 on other kinds */
 } st_wire_info_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU cluster (attention worker and expert servers on cuda:0) against the one-process GPU engine
+# (`strata run --device cuda:0`), with 1 and 3 expert servers: the rule of docs/architecture.md
+# ("Bit-exact expert results") end to end. Prompts of 1 and 2 tokens prefill per row, longer ones
+# grouped; every decode step runs per row (tiny: 16 experts, 4 per token). Requests run one at a time
+# (the GPU engine's GEMMs are not batch-invariant), and the rows compared are the generated tokens'
+# logits: the prefill row differs in how many logit rows share its lm_head GEMM (all prompt rows in
+# `strata run --dump-logits`, one in the cluster), which says nothing about the experts.
+# Exit 77 without a GPU.
+. "$(dirname "$0")/../integration/lib.sh"
+if ! nvidia-smi -L 2>/dev/null | grep -q GPU; then echo "no GPU: skipped"; exit 77; fi
+"$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1
+prompts=("300" "7,8" "5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40")
+for i in "${!prompts[@]}"; do
+  "$S" run --ckpt "$TMP/ck" --device cuda:0 --prompt-tokens "${prompts[$i]}" --max-tokens 16 --ignore-eos \
+    --dump-logits "$TMP/ref$i.npy" >"$TMP/run$i.txt" 2>&1 || { bad "one-process GPU run $i"; cat "$TMP/run$i.txt"; }
+done
+# ref rows from n (the first generated token's step) == cluster rows from 1, bit for bit
+decode_same() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import ast, struct, sys
+def load(path):  # float32 C-order 2-D .npy (as tests/npytool.py reads it)
+    d = open(path, "rb").read()
+    n = struct.unpack("<H", d[8:10])[0]
+    r, c = ast.literal_eval(d[10:10 + n].decode())["shape"]
+    return r, c, d[10 + n:]
+ra, ca, a = load(sys.argv[1]); rb, cb, b = load(sys.argv[2]); n = int(sys.argv[3])
+ok = ca == cb and ra - n == rb - 1 and rb > 1 and a[n * ca * 4:] == b[ca * 4:]
+print(f"  A {ra}x{ca} from row {n}, B {rb}x{cb} from row 1: {'equal' if ok else 'DIFFERENT'}; prefill row "
+      f"{'equal' if a[(n - 1) * ca * 4:n * ca * 4] == b[:ca * 4] else 'differs (lm_head rows)'}")
+sys.exit(0 if ok else 1)
+PY
+}
+for n_exp in 1 3; do
+  if ! "$S" up --ckpt "$TMP/ck" --experts "$n_exp" --workers 1 --attn-device cuda:0 --expert-device cuda:0 \
+       --max-seqs 4 --max-batch-tokens 128 >"$TMP/up.txt" 2>&1; then
+    bad "GPU cluster with $n_exp expert servers starts"; cat "$TMP/up.txt"; continue
+  fi
+  ok "GPU cluster with $n_exp expert servers starts"
+  for i in "${!prompts[@]}"; do
+    n=$(echo "${prompts[$i]}" | tr ',' '\n' | wc -l)
+    "$S" generate --prompt-tokens "${prompts[$i]}" --max-tokens 16 --ignore-eos --dump-logits "$TMP/got$i.npy" \
+      >"$TMP/gen$i.txt" 2>&1
+    check "[$n_exp servers] prompt of $n: generated tokens' logits == one-process GPU engine, bit for bit" \
+      "decode_same $TMP/ref$i.npy $TMP/got$i.npy $n"
+  done
+  "$S" down >/dev/null 2>&1
+done
+finish
