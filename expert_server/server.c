@@ -377,9 +377,10 @@ int st_es_run(const st_es_opts_t *opts) {
     if (!es->o.host) es->o.host = "127.0.0.1";
     if (!es->o.name) es->o.name = "expert";
     /* GPU servers only by default: there a small dispatch computes in tens of µs; on the CPU it takes
-     * long enough that receiving the next dispatch meanwhile matters more (env: 0 = always queue) */
-    const char *ir = getenv("STRATA_ES_INLINE_ROWS");
-    es->inline_rows = ir ? (uint32_t)strtoul(ir, NULL, 10) : es->o.use_cuda ? 512 : 0;
+     * long enough that receiving the next dispatch meanwhile matters more (ES_INLINE_ROWS of the
+     * configuration table; 0 = always queue) */
+    const long ir = st_tun_int(ST_TUN_ES_INLINE_ROWS);
+    es->inline_rows = ir >= 0 ? (uint32_t)ir : es->o.use_cuda ? 512 : 0;
     int rc = 1;
     if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
     const st_config_t *c = st_ckpt_config(es->ck);
