@@ -236,7 +236,8 @@ static void tun_line(int i, char *out, size_t n, int with_doc) {
     if ((f->flags & TUN_SECRET) && v->text[0]) snprintf(val, sizeof val, "<%zu characters>", strlen(v->text));
     else snprintf(val, sizeof val, "%s%.64s%s", f->type == TUN_STR ? "\"" : "", v->text, f->type == TUN_STR ? "\"" : "");
     const char *ty = f->type == TUN_INT ? "int" : f->type == TUN_BOOL ? "bool" : f->type == TUN_STR ? "string" : f->choices;
-    int k = snprintf(out, n, "%-28s %-24s %-8s", var, val, src_name(v->src));
+    int k = with_doc ? snprintf(out, n, "%-28s %-24s %-8s", var, val, src_name(v->src))
+                     : snprintf(out, n, "%-28s %-24s %s", var, val, src_name(v->src));
     if (with_doc && k > 0 && (size_t)k < n)
         snprintf(out + k, n - (size_t)k, " [%s%s%s, default \"%s\"%s] %s", ty, *f->unit ? ", " : "", f->unit, f->dfl,
                  f->flags & TUN_OUTSIDE ? ", UCX's" : "", f->doc);
