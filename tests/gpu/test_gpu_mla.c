@@ -3,8 +3,8 @@
  * split), 16-row pages, one-row and empty contexts, a 32K context over many splits, a batch of 128;
  * 12- and 8-row pages (no 32-row TMA groups: v6 uses cp.async); outputs and workspace start
  * NaN-poisoned; every case runs directly and once more captured into a CUDA graph and replayed (as the
- * engine runs it). The batch of 128 has more work items than SMs: CTAs of the persistent grid take
- * several, with empty splits skipped in between. */
+ * engine runs it). The batch of 300 has more work items than SMs: CTAs of the persistent grid take
+ * several, with empty sequences' items skipped in between. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -89,7 +89,10 @@ int main(void) {
     mla_case(l6, 1, 64, 64, 512, 8);   /* 64 splits of one 32K sequence */
     int l7[128];
     for (int b = 0; b < 128; b++) l7[b] = b == 5 ? 0 : 1 + (b * 37) % 700;
-    mla_case(l7, 128, 64, 64, 256, 9); /* batch 128, one empty sequence; more items than SMs: several per CTA */
+    mla_case(l7, 128, 64, 64, 256, 9); /* batch 128, one empty sequence */
+    int l9[300];
+    for (int b = 0; b < 300; b++) l9[b] = b % 11 == 4 ? 0 : 1 + (b * 13) % 200;
+    mla_case(l9, 300, 16, 64, 64, 12); /* 300 work items, more than SMs: several per CTA, empty ones between */
     static const int l8[] = {1000, 5, 77, 0, 640};
     mla_case(l8, 5, 64, 12, 64, 10);  /* 12-row pages: no 8-row groups for the TMA */
     mla_case(l8, 5, 16, 8, 128, 11);  /* 8-row pages: every TMA box from another page */
