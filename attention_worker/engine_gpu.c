@@ -1035,8 +1035,8 @@ static void queue_begin(st_egpu_mb_t *mb) {
  * the GEMM reads x to ~16 bits instead of bf16's 8 (2× the GEMM work; comparisons only). */
 static st_status_t lin2(st_egpu_mb_t *mb, float *y, int ldy, float beta, const st_bf16_t *x, const st_bf16_t *xlo,
                         int ldx, const st_bf16_t *W, int T, int N, int K) {
-    st_status_t r = st_cuda_linear_ex(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
-    if (r == ST_OK && xlo) r = st_cuda_linear_ex(mb->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
+    st_status_t r = st_cuda_linear(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
+    if (r == ST_OK && xlo) r = st_cuda_linear(mb->s, y, ldy, true, 1.f, xlo, ldx, W, T, N, K);
     return r;
 }
 #define XLO(mb) ((mb)->g->xsplit ? (mb)->xn_lo : NULL)
@@ -1099,7 +1099,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     }
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
-    CK(st_cuda_conv_silu_f32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
+    CK(st_cuda_conv_silu(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
     /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
      * tensor-core tiles take them rounded to bf16 once, here */
     bool rec = dk != 128 || g->kda_rec, chunked = !rec && !mb->all_decode;
@@ -1115,16 +1115,16 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(eg_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                             mb->n_seqs, H, dk, scale));
     else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
-        CK(st_cuda_kda_decode_f32(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->n_seqs,
+        CK(st_cuda_kda_decode(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->n_seqs,
                                   H, scale));
     else
-        CK(st_cuda_kda_chunked_f32o(s, mb->o32, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
+        CK(st_cuda_kda_chunked(s, mb->o32, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                                     mb->n_seqs, H, scale));
     gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
     prof_mark(g, ST_EGPU_PROF_GEMM);
     if (G->w_gb) { /* low rank: g_b (g_a x); g_a x (with q|k|v above, unless xsplit) is a GEMM input, so bf16 */
-        if (g->xsplit) CK(st_cuda_linear_ex(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
-        CK(st_cuda_linear_ex(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
+        if (g->xsplit) CK(st_cuda_linear(s, mb->f, G->ng, false, 0.f, mb->xn, d, G->w_g, T, G->ng, d));
+        CK(st_cuda_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
     } else if (g->xsplit) {
         CK(lin2(mb, mb->gate, P, 0.f, mb->xn, XLO(mb), d, G->w_g, T, P, d));
     }
@@ -1153,7 +1153,7 @@ static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf
         int n = en->pos0 + en->n;
         const int *bt = mb->d_btab + ((size_t)m * mb->n_seqs + i) * g->pps;
         CK(eg_mla_gather(s, g->dc, g->kv_pool, bt, g->page_size, n, R));
-        CK(st_cuda_linear_ex(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
+        CK(st_cuda_linear(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
         CK(eg_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
         CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
                                scale));
@@ -1361,7 +1361,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
 #ifdef ST_EGPU_HAVE_MOE_FFN
     if (g->grouped) {
-        CK(st_cuda_moe_ffn_f32out(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
+        CK(st_cuda_moe_ffn(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
                            c->situ_beta1, c->situ_beta2, mb->ffn_ws, mb->ffn_ws_bytes));
         mb->local_done = true;
         return;
@@ -1377,16 +1377,16 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
-        CK(st_cuda_linear_ex(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
+        CK(st_cuda_linear(s, mb->h2e + (size_t)r0 * 2 * mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w1 + e * es, cj, mi, ew));
-        CK(st_cuda_linear_ex(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
+        CK(st_cuda_linear(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w3 + e * es, cj, mi, ew));
     }
     if (N > 0) CK(eg_glu32(s, mb->he, NULL, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
-        CK(st_cuda_linear_ex(s, mb->yg + (size_t)r0 * ew, ew, true, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
+        CK(st_cuda_linear(s, mb->yg + (size_t)r0 * ew, ew, true, 0.f, mb->he + (size_t)r0 * mi, mi, G->ex_w2 + e * es, cj,
                      ew, mi));
     }
     }
@@ -1554,7 +1554,7 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
                 CK(lin2(mb, mb->z32, ew, 0.f, mb->xn, mb->xn_lo, d, G->lat_down, T, ew, d));
                 CK(st_cuda_f32_to_bf16(s, mb->z, mb->z32, (size_t)T * ew));
             } else if (c->latent > 0) { /* (moe_pre computed z already when fused) */
-                if (!moe_fused(g)) CK(st_cuda_linear_ex(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
+                if (!moe_fused(g)) CK(st_cuda_linear(s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
             } else {
                 CK(eg_memcpy_async(s, mb->z, mb->xn, Td * 2, 0));
             }

@@ -29,7 +29,7 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
  * out are copied to / from the device directly: pinned host memory makes those copies DMA (the server
  * pins its slot buffers), pageable memory works, staged by the driver. Every expert must be bound.
  * per_row (wire.h
- * ST_WIRE_FLAG_PER_ROW): the per-row kernels (st_cuda_moe_ffn_rows_table_f32out), bit-identical to what
+ * ST_WIRE_FLAG_PER_ROW): the per-row kernels (st_cuda_moe_ffn_rows_table), bit-identical to what
  * the worker's own GPU engine computes at that batch size; else the grouped GEMMs. Synchronous:
  * returns after the results are in out. Device errors come back as ST_ERR_DEVICE with the CUDA text in
  * st_err_last(). */

@@ -1,6 +1,6 @@
 /* CUDA glue for the expert server's GPU path (compute_gpu.c): async copies and the expansion of a
  * distinct-rows dispatch. The conversion and the FFN are kernels/ (st_cuda_f32_to_bf16,
- * st_cuda_moe_ffn_table_f32out). */
+ * st_cuda_moe_ffn_table). */
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

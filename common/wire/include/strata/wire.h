@@ -55,7 +55,7 @@ extern "C" {
 #define ST_WIRE_MAGIC 0x57525453u /* "STRW" little-endian */
 #define ST_WIRE_VERSION 3u /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches; 3: ST_WIRE_FLAG_PER_ROW */
 #define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
-/* DISPATCH: run these rows with the per-row expert kernels (st_cuda_moe_ffn_rows_table_f32out), as the
+/* DISPATCH: run these rows with the per-row expert kernels (st_cuda_moe_ffn_rows_table), as the
  * worker's own GPU engine would at this batch size, so that the results match it bit for bit */
 #define ST_WIRE_FLAG_PER_ROW 0x2u
 #define ST_WIRE_HEADER_BYTES 64u
