@@ -1669,8 +1669,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (aw->o.micro_batches <= 0) aw->o.micro_batches = 2;
     if (aw->o.micro_batches > MAX_MB) aw->o.micro_batches = MAX_MB;
     if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 64;
-    const char *sv = getenv("STRATA_WORKER_SYNC");
-    aw->sync_mb = sv && atoi(sv) != 0;
+    aw->sync_mb = st_tun_int(ST_TUN_WORKER_SYNC) != 0;
     if (!aw->o.expert_timeout_ms) aw->o.expert_timeout_ms = 5000;
     if (aw->o.drain_timeout_s < 0) aw->o.drain_timeout_s = 30;
     const st_sec_opts_t *sec = aw->o.sec;

@@ -21,8 +21,8 @@
 const char *st_cli_state_dir(const char *given) {
     static char buf[512];
     if (given) return given;
-    const char *e = getenv("STRATA_STATE");
-    if (e && *e) return e;
+    const char *e = st_tun_str(ST_TUN_STATE);
+    if (*e) return e;
     snprintf(buf, sizeof buf, "/tmp/strata-%d", (int)getuid());
     return buf;
 }
@@ -256,7 +256,9 @@ int st_cmd_up(int argc, char **argv) {
     }
     setenv("STRATA_CLUSTER_SECRET_FILE", secret, 1);
     if (api_key) setenv("STRATA_API_KEY", api_key, 1); /* the environment, not argv: ps shows argv */
-    if (!getenv("UCX_TLS")) setenv("UCX_TLS", "tcp", 1); /* loopback everywhere, containers included */
+    /* the children read STRATA_ and UCX variables through their own tables; --set flags reach them too */
+    st_tun_export();
+    if (!*st_tun_str(ST_TUN_UCX_TLS)) setenv("UCX_TLS", "tcp", 1); /* loopback everywhere, containers included */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
     char bin[PATH_MAX - 64], exe[PATH_MAX], ready[700], log[700];
     self_dir(bin, sizeof bin);

@@ -74,7 +74,7 @@ static int u32_arg(const char *flag, const char *v, unsigned long hi, uint32_t *
 
 int st_cmd_generate(int argc, char **argv) {
     const char *state_arg = NULL, *coord = NULL, *prompt = NULL, *ptoks = NULL, *dump = NULL;
-    const char *api_key = getenv("STRATA_API_KEY");
+    const char *api_key = *st_tun_str(ST_TUN_API_KEY) ? st_tun_str(ST_TUN_API_KEY) : NULL;
     st_proto_generate_req_t r = {.max_tokens = 16, .top_p = 1.0f};
     gen_cli_t g = {0};
     uint32_t *ids = NULL;

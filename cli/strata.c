@@ -44,7 +44,32 @@ static void usage(void) {
             "     [--top-k K] [--seed S] [--stream] [--print-tokens] [--ignore-eos] [--dump-logits FILE.npy]\n"
             "     [--coordinator HOST:PORT] [--api-key KEY (or $STRATA_API_KEY)]\n"
             "  status [--json] [--http HOST:PORT]\n"
-            "  down [--state DIR]\n");
+            "  down [--state DIR]\n"
+            "  config   every setting of the configuration table: value, where it came from, default, meaning\n"
+            "every command also takes --set NAME=VALUE (a table entry; overrides $STRATA_NAME)\n");
+}
+
+/* `strata config`: the configuration table as this command line and environment make it */
+static int cmd_config(int argc, char **argv) {
+    (void)argv;
+    if (argc > 0) {
+        fprintf(stderr, "usage: strata config [--set NAME=VALUE ...]\n");
+        return 2;
+    }
+    st_tun_print(stdout);
+    return 0;
+}
+
+/* Applies and removes every --set NAME=VALUE of argv (any position after the command); -1 on error. */
+static int take_set_flags(int *argc, char **argv) {
+    int n = 0;
+    for (int i = 0; i < *argc; i++) {
+        int k = st_tun_parse_flag(*argc, argv, &i);
+        if (k < 0) return -1;
+        if (k == 0) argv[n++] = argv[i];
+    }
+    *argc = n;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -53,6 +78,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     st_log_set_tag("strata");
+    int sub_argc = argc - 2;
+    if (take_set_flags(&sub_argc, argv + 2) != 0) return 2;
+    argc = sub_argc + 2;
+    if (st_tun_load() != ST_OK) return 2; /* logged, naming the variable */
+    if (!strcmp(argv[1], "config")) return cmd_config(argc - 2, argv + 2);
     if (!strcmp(argv[1], "ckpt")) return st_cmd_ckpt(argc - 2, argv + 2);
     if (!strcmp(argv[1], "run")) return st_cmd_run(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return st_cmd_tokenize(argc - 2, argv + 2);

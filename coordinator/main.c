@@ -44,7 +44,7 @@ static int load_api_key(const char *flag, const char *file, char *out, size_t ca
         }
         k = txt;
     }
-    if (!k) k = getenv("STRATA_API_KEY");
+    if (!k && *st_tun_str(ST_TUN_API_KEY)) k = st_tun_str(ST_TUN_API_KEY);
     if (!k) return 0;
     size_t n = strlen(k);
     while (n > 0 && (k[n - 1] == '\n' || k[n - 1] == '\r' || k[n - 1] == ' ' || k[n - 1] == '\t')) n--;

@@ -666,7 +666,7 @@ static void queue_begin(cmb_t *mb) {
 /* y [T, N] fp32 (ldy) = beta·y + x·Wᵀ (x bf16 [T, K], row stride ldx) */
 static st_status_t lin(cmb_t *mb, float *y, int ldy, float beta, const st_bf16_t *x, int ldx, const st_bf16_t *W,
                        int T, int N, int K) {
-    return st_cuda_linear_ex(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
+    return st_cuda_linear(mb->s, y, ldy, true, beta, x, ldx, W, T, N, K);
 }
 
 /* xn [n_rows, d] = RMSNorm(h; norm_w), h = the partial merged with AttnRes query q of the current
@@ -706,7 +706,7 @@ static void kda_layer(cmb_t *mb, const gl_t *G, int l) {
         CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     }
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
-    CK(st_cuda_conv_silu_f32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->fm->n_seqs, T, 3 * P, c->conv_k));
+    CK(st_cuda_conv_silu(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->fm->n_seqs, T, 3 * P, c->conv_k));
     /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
      * tensor-core tiles take them rounded to bf16 once, here */
     bool rec = dk != 128, chunked = !rec && !mb->all_decode;
@@ -722,14 +722,14 @@ static void kda_layer(cmb_t *mb, const gl_t *G, int l) {
         CK(eg_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                             mb->fm->n_seqs, H, dk, scale));
     else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
-        CK(st_cuda_kda_decode_f32(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->fm->n_seqs,
+        CK(st_cuda_kda_decode(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->fm->n_seqs,
                                   H, scale));
     else
-        CK(st_cuda_kda_chunked_f32o(s, mb->o32, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
+        CK(st_cuda_kda_chunked(s, mb->o32, mb->q, mb->k, mb->v, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                                     mb->fm->n_seqs, H, scale));
     gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
     if (G->w_gb) /* low rank: g_b (g_a x); g_a x (with q|k|v above) is a GEMM input, so bf16 */
-        CK(st_cuda_linear_ex(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
+        CK(st_cuda_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
     CK(eg_kda_out_gate32(s, mb->o, NULL, mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
@@ -753,7 +753,7 @@ static void mla_direct(cmb_t *mb, const gl_t *G, int l, float *o32, st_bf16_t *o
         int n = en->pos0 + en->n;
         const int *bt = mb->d_btab + ((size_t)m * mb->fm->n_seqs + i) * g->e->pps;
         CK(eg_mla_gather(s, g->dc, g->kv_pool, bt, g->e->page_size, n, R));
-        CK(st_cuda_linear_ex(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
+        CK(st_cuda_linear(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
         CK(eg_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
         CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
                                scale));
@@ -917,7 +917,7 @@ static void experts_local(cmb_t *mb, const gl_t *G) {
     }
     CK(eg_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
     CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
-    CK(st_cuda_moe_ffn_f32out(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
+    CK(st_cuda_moe_ffn(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
                               c->situ_beta1, c->situ_beta2, mb->ffn_ws, mb->ffn_ws_bytes));
 }
 
@@ -1011,7 +1011,7 @@ static void moe_begin(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     moe_pre(mb, G);
     route(mb, G, l);
     if (c->latent > 0) { /* (moe_pre computed z already when fused) */
-        if (!moe_fused(g)) CK(st_cuda_linear_ex(mb->s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
+        if (!moe_fused(g)) CK(st_cuda_linear(mb->s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
     } else {
         CK(eg_memcpy_async(mb->s, mb->z, mb->xn, (size_t)T * d * 2, 0));
     }

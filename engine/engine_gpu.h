@@ -131,7 +131,7 @@ st_status_t eg_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *u
                            const float *yf, const int *row_of, const float *p, const int *cnt, const float *norm_w,
                            int T, int kc, int l, float eps);
 /* ---- fp32-activation glue: fp32 in, bf16 out only where a GEMM (or the chunked KDA tiles) reads it
- * (conv + SiLU and dtype conversions: st_cuda_conv_silu_f32, st_cuda_f32_to_bf16, kernels_cuda.h) ---- */
+ * (conv + SiLU and dtype conversions: st_cuda_conv_silu, st_cuda_f32_to_bf16, kernels_cuda.h) ---- */
 /* eg_kda_prep from fp32 qkv [T, 3P]: q, k (L2-normed), v [T, P] fp32, and the same rounded to bf16
  * into qb, kb, vb unless qb == NULL; beta as eg_kda_prep. */
 st_status_t eg_kda_prep32(const st_gpu_stream_t *s, float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb,

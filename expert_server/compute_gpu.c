@@ -1,6 +1,6 @@
 /* Expert server GPU compute (see compute_gpu.h): expert weights resident on the device as bf16,
  * one dispatch = rows H2D (the distinct rows only, expanded on the device) → bf16 → one
- * st_cuda_moe_ffn_table_f32out over all its experts (a device table of the experts' weight blocks;
+ * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → fp32 rows D2H straight into the caller's reply buffer (the server
  * pins its slot buffers, so neither side is staged through another host copy). No I/O. */
 #include <limits.h>
@@ -27,7 +27,7 @@ struct st_es_gpu {
     uint32_t *d_src;   // [max_rows] device: the sources of a distinct-rows dispatch
     int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
     const st_bf16_t **d_tab; // [n_experts, 3] device: {gate, up, down} of each dispatched expert
-    void *d_ws;        // FFN workspace, st_cuda_moe_ffn_hosted_ws_bytes(max_rows, mi)
+    void *d_ws;        // FFN workspace, st_cuda_moe_ffn_table_ws_bytes(max_rows, mi)
     size_t ws_bytes;
     st_gpu_arena_t pinned; /* host staging: offsets and the weight table */
     int *h_off;
@@ -70,7 +70,7 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         goto err;
     }
     size_t rows_f32 = (size_t)max_rows * g->ew * sizeof(float);
-    g->ws_bytes = st_cuda_moe_ffn_hosted_ws_bytes(max_rows, g->mi);
+    g->ws_bytes = st_cuda_moe_ffn_table_ws_bytes(max_rows, g->mi);
     size_t me = (size_t)g->mi * g->ew;
     g->mx_bytes = me / 2 + me / 32;
     if ((s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
@@ -217,10 +217,10 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
     if (st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi))
         /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
-        CK(st_cuda_moe_ffn_rows_table_f32out(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)n_exp,
+        CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)n_exp,
                                              (int)n, g->d_tab, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2));
     else
-        CK(st_cuda_moe_ffn_table_f32out(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
+        CK(st_cuda_moe_ffn_table(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
                                         g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
     CK(st_gpu_memcpy_async(&g->s, out, g->d_out, n * ew * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(&g->s));

@@ -31,7 +31,7 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
  * slots: the routed slots of the sender's micro-batch at this layer (wire.h; ≥ n). The arithmetic of
  * each row is the one the rule in docs/architecture.md ("Bit-exact expert results") gives for a
  * micro-batch of that many slots, which is what the worker's own GPU engine computes: per row
- * (st_cuda_moe_ffn_rows_table_f32out) when st_cuda_moe_ffn_slots_pick(slots, n_experts, ℓ, w), else
+ * (st_cuda_moe_ffn_rows_table) when st_cuda_moe_ffn_slots_pick(slots, n_experts, ℓ, w), else
  * the grouped GEMMs. Synchronous: returns after the results are in out. Device errors come back as
  * ST_ERR_DEVICE with the CUDA text in st_err_last(). */
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,

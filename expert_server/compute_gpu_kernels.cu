@@ -1,5 +1,5 @@
 /* The expert server's one glue kernel (compute_gpu.c): the expansion of a distinct-rows dispatch.
- * The conversion and the FFN are kernels/ (st_cuda_f32_to_bf16, st_cuda_moe_ffn_table_f32out); the
+ * The conversion and the FFN are kernels/ (st_cuda_f32_to_bf16, st_cuda_moe_ffn_table); the
  * copies are common/gpu's. */
 
 #include <cuda_bf16.h>

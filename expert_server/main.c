@@ -7,10 +7,10 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
-                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N] [--inline-rows N]\n"
+                    "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n"
                     "       " ST_SEC_USAGE "\n"
-                    "  --inline-rows N  dispatches of at most N rows run on the network thread when idle\n"
-                    "                   (0: always queued; default %d on cuda, 0 on cpu)\n",
+                    "  (--set ES_INLINE_ROWS=N: dispatches of at most N rows run on the network thread when idle;\n"
+                    "   0: always queued; default %d on cuda, 0 on cpu; see strata config)\n",
             ST_ES_INLINE_ROWS_GPU);
 }
 
@@ -39,8 +39,6 @@ int main(int argc, char **argv) {
             if (int_arg(a, v, 1, 1 << 22, &o.max_rows) != 0) return 2;
         } else if (!strcmp(a, "--slots")) {
             if (int_arg(a, v, 1, 1024, &o.slots) != 0) return 2;
-        } else if (!strcmp(a, "--inline-rows")) {
-            if (int_arg(a, v, 0, 1 << 22, &o.inline_rows) != 0) return 2;
         }
         else if (!strcmp(a, "--device")) {
             if (!strcmp(v, "cpu")) o.use_cuda = false;
@@ -70,5 +68,6 @@ int main(int argc, char **argv) {
     st_fd_limit_raise();
     if (st_sec_opts_finish(&sec, "strata-expert") != ST_OK) return 2;
     o.sec = &sec;
+    o.inline_rows = (int)st_tun_int(ST_TUN_ES_INLINE_ROWS); /* < 0: the server's default for its device */
     return st_es_run(&o);
 }

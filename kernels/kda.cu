@@ -84,15 +84,9 @@ static st_status_t conv_silu_any(const st_gpu_stream_t *s, T *y, const T *x, flo
     return ST_LAUNCH_OK("conv_silu_kernel");
 }
 
-extern "C" st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x,
-                                         float *state, const int *slots, const float *w, const int *cu_seqlens,
-                                         int B, int T_tot, int C, int K) {
-    return conv_silu_any(s, y, x, state, slots, w, cu_seqlens, B, T_tot, C, K);
-}
-
-extern "C" st_status_t st_cuda_conv_silu_f32(const st_gpu_stream_t *s, float *y, const float *x, float *state,
-                                             const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot,
-                                             int C, int K) {
+extern "C" st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, float *y, const float *x, float *state,
+                                         const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot,
+                                         int C, int K) {
     return conv_silu_any(s, y, x, state, slots, w, cu_seqlens, B, T_tot, C, K);
 }
 
@@ -144,8 +138,7 @@ extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, cons
 /* grid (KD/NC, H, N), 4·NC threads: a block owns NC value columns of one (sequence, head) state;
  * thread = (row group rg = tid/(NC/4) : rows rg + 16·i, i < 8) × (column quad tid%(NC/4)). The
  * state slice (NC/32 · 16 KiB) is read once into registers (all loads issued before use) and written
- * once. NC trades blocks (8192 at N 64, H 32, NC 32) against per-block barrier cost; chosen by
- * kd_decode_nc. */
+ * once. NC trades blocks (8192 at N 64, H 32, NC 32) against per-block barrier cost: KD_DEC_NC. */
 __device__ __forceinline__ void kd_st2(st_bf16_t *p, float a, float b) {
     *reinterpret_cast<uint32_t *>(p) = st_pack_bf2(a, b);
 }
@@ -215,20 +208,12 @@ __global__ void __launch_bounds__(4 * NC) kda_decode_kernel(TO *o, const TI *q, 
     }
 }
 
-/* NOTE: value columns per block and streaming cache hints (ld/st .cs). STRATA_KDA_DEC_NC (32, 64,
- * 128) and STRATA_KDA_DEC_CS (0, 1) override them for benchmarks, read on every launch (cheap, and
- * the benchmark switches them); default: the measured best (docs/perf.md, "KDA decode"). */
-static int kd_decode_nc(int N, int H, bool *cs) {
-    const char *e = getenv("STRATA_KDA_DEC_CS");
-    *cs = e ? atoi(e) != 0 : false;
-    e = getenv("STRATA_KDA_DEC_NC");
-    int f = e ? atoi(e) : 0;
-    if (f == 32 || f == 64 || f == 128) return f;
-    /* H200, H 32 (docs/perf.md): NC 64 is the best plain variant at N 64 (91.5% of copy vs 89.0 / 90.3%)
-     * and N 256 (96.4% vs 92.8 / 95.9%); the streaming hints help at N 64 only (93.0%), not at N 256 */
-    (void)N, (void)H;
-    return 64;
-}
+/* NOTE: value columns per block and streaming cache hints (ld/st .cs): the measured best (H200, H 32,
+ * docs/perf.md "KDA decode"): NC 64 is the best plain variant at N 64 (91.5% of copy vs 89.0 / 90.3% for
+ * NC 32 / 128) and N 256 (96.4% vs 92.8 / 95.9%); the streaming hints help at N 64 only (93.0%), not at
+ * N 256: off. (The template parameters stay: they size the block; the other values lost.) */
+#define KD_DEC_NC 64
+#define KD_DEC_CS false
 
 template <typename TI, typename TO>
 static st_status_t kd_decode_launch(const st_gpu_stream_t *s, TO *o, const TI *q, const TI *k, const TI *v,
@@ -236,27 +221,14 @@ static st_status_t kd_decode_launch(const st_gpu_stream_t *s, TO *o, const TI *q
                                     float scale) {
     if (N < 0 || H <= 0 || H > 65535 || N > 65535) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_decode: N=%d H=%d", N, H);
     if (N == 0) return ST_OK;
-    bool cs;
-    int nc = kd_decode_nc(N, H, &cs);
-    dim3 grid(KD / nc, H, N);
-#define KD_LAUNCH(NC, CS) kda_decode_kernel<TI, TO, NC, CS><<<grid, 4 * NC, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, H, scale)
-    if (nc == 128) cs ? KD_LAUNCH(128, true) : KD_LAUNCH(128, false);
-    else if (nc == 64) cs ? KD_LAUNCH(64, true) : KD_LAUNCH(64, false);
-    else cs ? KD_LAUNCH(32, true) : KD_LAUNCH(32, false);
-#undef KD_LAUNCH
+    kda_decode_kernel<TI, TO, KD_DEC_NC, KD_DEC_CS><<<dim3(KD / KD_DEC_NC, H, N), 4 * KD_DEC_NC, 0, ST_STREAM(s)>>>(
+        o, q, k, v, g, beta, S, slots, H, scale);
     return ST_LAUNCH_OK("kda_decode_kernel");
 }
 
-extern "C" st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
-                                          const st_bf16_t *k, const st_bf16_t *v, const float *g,
-                                          const float *beta, float *S, const int *slots, int N, int H,
-                                          float scale) {
-    return kd_decode_launch(s, o, q, k, v, g, beta, S, slots, N, H, scale);
-}
-
-extern "C" st_status_t st_cuda_kda_decode_f32(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
-                                              const float *v, const float *g, const float *beta, float *S,
-                                              const int *slots, int N, int H, float scale) {
+extern "C" st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
+                                          const float *v, const float *g, const float *beta, float *S,
+                                          const int *slots, int N, int H, float scale) {
     return kd_decode_launch(s, o, q, k, v, g, beta, S, slots, N, H, scale);
 }
 
@@ -540,12 +512,9 @@ static st_status_t kda_chunked_any(const st_gpu_stream_t *s, TO *o, const st_bf1
     if (B < 0 || B > 65535 || H <= 0 || H > 65535)
         return ST_FAIL(ST_ERR_INVALID_ARG, "kda_chunked: B=%d H=%d", B, H);
     if (B == 0) return ST_OK;
-    /* NOTE: warps per block (16 value columns each): 2, 4 or 8; STRATA_KDA_NW overrides for benchmarks. */
-    int nw = 0;
-    const char *e = getenv("STRATA_KDA_NW");
-    if (e) nw = atoi(e);
-    /* measured on the H200 (docs/perf.md): 8 warps win once B·H fills the 132 SMs once over */
-    if (nw != 2 && nw != 4 && nw != 8) nw = (long)B * H >= 128 ? 8 : ((long)B * H >= 64 ? 4 : 2);
+    /* NOTE: warps per block (16 value columns each): 2, 4 or 8, measured on the H200 (docs/perf.md, "KDA
+     * chunked"): 8 warps win once B·H fills the 132 SMs once over */
+    const int nw = (long)B * H >= 128 ? 8 : ((long)B * H >= 64 ? 4 : 2);
     switch (nw) {
     case 2: return launch_chunked<2, TO>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
     case 4: return launch_chunked<4, TO>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
@@ -553,16 +522,9 @@ static st_status_t kda_chunked_any(const st_gpu_stream_t *s, TO *o, const st_bf1
     }
 }
 
-extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
+extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, float *o, const st_bf16_t *q,
                                            const st_bf16_t *k, const st_bf16_t *v, const float *g,
                                            const float *beta, float *S, const int *slots, const int *cu_seqlens,
                                            int B, int H, float scale) {
-    return kda_chunked_any<st_bf16_t>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
-}
-
-extern "C" st_status_t st_cuda_kda_chunked_f32o(const st_gpu_stream_t *s, float *o, const st_bf16_t *q,
-                                                const st_bf16_t *k, const st_bf16_t *v, const float *g,
-                                                const float *beta, float *S, const int *slots, const int *cu_seqlens,
-                                                int B, int H, float scale) {
     return kda_chunked_any<float>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
 }

@@ -117,8 +117,8 @@ static void *lin_thread(void *arg) {
 }
 
 static void lin_init(void) {
-    const char *e = getenv("STRATA_THREADS");
-    long n = e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    long n = st_tun_int(ST_TUN_THREADS); /* 0: one per online CPU */
+    if (n == 0) n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     if (n > LIN_MAX_THREADS) n = LIN_MAX_THREADS;
     pthread_mutex_init(&g_lin.mu, NULL);

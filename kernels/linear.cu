@@ -1,5 +1,5 @@
 /* Linear layer on the GPU: y = x·Wᵀ, bf16 in, fp32 accumulate. cuBLAS, and for decode-sized T
- * (≤ ST_CUDA_SKINNY_MAX_T tokens) a skinny kernel that streams W once at close to the copy
+ * (≤ SK_MAX_T tokens) a skinny kernel that streams W once at close to the copy
  * bandwidth. CPU: kernels/linear.c. */
 #include <cublas_v2.h>
 #include <stdlib.h>
@@ -15,6 +15,15 @@
  * elements 0–3 feed the first m16n8k16 (slots 2c, 2c+1 and 2c+8, 2c+9), elements 4–7 the second.
  * The warps' partial sums meet in shared memory and are added in warp order: deterministic. */
 #define SK_WARPS 8
+/* NOTE: where the skinny kernel is faster (bench_gpu_linear, graph replays on the H200): 1 token on the
+ * small trunk's shapes (cuBLAS picks 7–10 µs kernels for some: 1.6–1.9× there, even on the rest); 16
+ * tokens 1.3–1.8×; 32 tokens 0.8–1.2× alone, but the engine's decode step at batch 32 is 1.05× faster
+ * with it (session 6, in-process A/B: one launch for several layers, weights prefetched under PDL); at
+ * 64 tokens, and for large W (LM head, K3 widths) at any T, cuBLAS wins. So: up to SK_MAX_T tokens and
+ * W up to SK_MAX_W elements. Launched with programmatic dependent launch (its first weight loads overlap
+ * the end of the kernel before it when that kernel triggers early, st_pdl_trigger). */
+#define SK_MAX_T 32
+#define SK_MAX_W ((size_t)4 << 20)
 
 /* 16 bytes through the read-only path, zeros where !ok (a predicated load, no branch) */
 __device__ __forceinline__ uint4 sk_ld(const void *p, bool ok) {
@@ -123,67 +132,33 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const __grid_cons
     }
 }
 
-static int skinny_on = -1; /* -1: not read yet (STRATA_SKINNY) */
-extern "C" void st_cuda_linear_skinny_enable(bool on) { skinny_on = on; }
-static int skinny_pdl = 1; /* STRATA_SKINNY_PDL, read with STRATA_SKINNY */
-static int skinny_max_t = 32; /* STRATA_SKINNY_MAX_T (1..ST_CUDA_SKINNY_MAX_T): see skinny_pick */
-extern "C" void st_cuda_linear_read_env(void) {
-    const char *e = getenv("STRATA_SKINNY");
-    skinny_on = !(e && !strcmp(e, "0"));
-    e = getenv("STRATA_SKINNY_PDL");
-    skinny_pdl = !(e && !strcmp(e, "0"));
-    e = getenv("STRATA_SKINNY_MAX_T");
-    skinny_max_t = e && atoi(e) >= 1 && atoi(e) <= ST_CUDA_SKINNY_MAX_T ? atoi(e) : 32;
-}
-
-extern "C" bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K) {
-    if (skinny_on < 0) st_cuda_linear_read_env();
-    return skinny_on && T >= 1 && T <= ST_CUDA_SKINNY_MAX_T && N >= 1 && K >= 8 && K % 8 == 0 && ldx % 8 == 0 && ldx >= K &&
+/* can the skinny kernel run this product (shape and alignment)? */
+static bool skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K) {
+    return T >= 1 && T <= SK_MAX_T && N >= 1 && K >= 8 && K % 8 == 0 && ldx % 8 == 0 && ldx >= K &&
            ((uintptr_t)x & 15) == 0 && ((uintptr_t)W & 15) == 0;
 }
 
-/* Launched with programmatic dependent launch (env STRATA_SKINNY_PDL=0: plain launches): the kernel's
- * blocks may start once the previous kernel in the stream has triggered (st_pdl_trigger, at the start
- * of the engine's glue kernels) and load their first weights while it finishes. */
+/* Launched with programmatic dependent launch: the kernel's blocks may start once the previous kernel
+ * in the stream has triggered (st_pdl_trigger, at the start of the engine's glue kernels) and load their
+ * first weights while it finishes. */
 static st_status_t skinny_run(const st_gpu_stream_t *s, const sk_segs &S, const st_bf16_t *x, int ldx, int T, int K) {
     int steps = (K + 31) / 32, nw = steps < SK_WARPS ? steps : SK_WARPS;
-    if (skinny_on < 0) st_cuda_linear_read_env();
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)S.blk[S.n]), cfg.blockDim = dim3(32 * nw), cfg.stream = ST_STREAM(s);
-    cfg.attrs = at, cfg.numAttrs = skinny_pdl ? 1 : 0;
+    cfg.attrs = at, cfg.numAttrs = 1;
     cudaError_t e = T <= 8    ? cudaLaunchKernelEx(&cfg, skinny_kernel<1>, S, x, ldx, T, K)
                     : T <= 16 ? cudaLaunchKernelEx(&cfg, skinny_kernel<2>, S, x, ldx, T, K)
-                    : T <= 32 ? cudaLaunchKernelEx(&cfg, skinny_kernel<4>, S, x, ldx, T, K)
-                              : cudaLaunchKernelEx(&cfg, skinny_kernel<8>, S, x, ldx, T, K);
+                              : cudaLaunchKernelEx(&cfg, skinny_kernel<4>, S, x, ldx, T, K); /* T ≤ SK_MAX_T */
     st_status_t rc = ST_CUDA_CHECK(e);
     return rc ? rc : ST_LAUNCH_OK("skinny_kernel");
 }
 
-extern "C" st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
-                                             const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
-    if (!st_cuda_linear_skinny_ok(x, ldx, W, T, N, K) || ldy < N)
-        return ST_FAIL(ST_ERR_INVALID_ARG,
-                       "linear_skinny: T=%d (1..%d) N=%d K=%d (multiple of 8) ldx=%d ldy=%d, x and W 16-byte aligned",
-                       T, ST_CUDA_SKINNY_MAX_T, N, K, ldx, ldy);
-    sk_segs S = {};
-    S.W[0] = W, S.y[0] = y, S.N[0] = N, S.ldy[0] = ldy, S.f32[0] = y_f32, S.beta[0] = beta;
-    S.blk[0] = 0, S.blk[1] = (N + 15) / 16, S.n = 1;
-    return skinny_run(s, S, x, ldx, T, K);
-}
-
-/* NOTE: when the skinny kernel runs a linear layer (see st_cuda_linear_ex) */
+/* NOTE: when the skinny kernel runs a linear layer (SK_MAX_T, SK_MAX_W above) */
 static bool skinny_pick(const void *x, int ldx, const void *W, int T, int N, int K) {
-    /* where the skinny kernel is faster (bench_gpu_linear, graph replays on the H200): 1 token on
-     * the small trunk's shapes (cuBLAS picks 7–10 µs kernels for some: 1.6–1.9× there, even on the
-     * rest); 16 tokens 1.3–1.8×; 32 tokens 0.8–1.2× alone, but the engine's decode step at batch 32
-     * is 1.05× faster with it (session 6, in-process A/B: one launch for several layers, weights
-     * prefetched under PDL); at 64 tokens, and for large W (LM head, K3 widths) at any T, cuBLAS
-     * wins. */
-    if (skinny_on < 0) st_cuda_linear_read_env();
-    return T <= skinny_max_t && (size_t)N * K <= ((size_t)4 << 20) && st_cuda_linear_skinny_ok(x, ldx, W, T, N, K);
+    return (size_t)N * K <= SK_MAX_W && skinny_ok(x, ldx, W, T, N, K);
 }
 
 extern "C" st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_bf16_t *x, int ldx, int T, int K,
@@ -194,7 +169,7 @@ extern "C" st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_b
     for (int i = 0; i < n && one; i++) one = skinny_pick(x, ldx, seg[i].W, T, seg[i].N, K) && seg[i].ldy >= seg[i].N;
     if (!one) { /* each on its own (cuBLAS, or the skinny kernel where it is picked) */
         for (int i = 0; i < n; i++) {
-            st_status_t r = st_cuda_linear_ex(s, seg[i].y, seg[i].ldy, seg[i].y_f32, seg[i].beta, x, ldx, seg[i].W, T,
+            st_status_t r = st_cuda_linear(s, seg[i].y, seg[i].ldy, seg[i].y_f32, seg[i].beta, x, ldx, seg[i].W, T,
                                               seg[i].N, K);
             if (r != ST_OK) return r;
         }
@@ -210,13 +185,17 @@ extern "C" st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_b
 }
 
 /* ------------------------------------------------------------------ cuBLAS */
-extern "C" st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
-                                         const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
+extern "C" st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
+                                      const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K) {
     if (T < 0 || N <= 0 || K <= 0 || ldx < K || ldy < N)
         return ST_FAIL(ST_ERR_INVALID_ARG, "linear: T=%d N=%d K=%d ldx=%d ldy=%d", T, N, K, ldx, ldy);
     if (T == 0) return ST_OK;
-    if (skinny_pick(x, ldx, W, T, N, K))
-        return st_cuda_linear_skinny(s, y, ldy, y_f32, beta, x, ldx, W, T, N, K);
+    if (skinny_pick(x, ldx, W, T, N, K) && ldy >= N) {
+        sk_segs S = {};
+        S.W[0] = W, S.y[0] = y, S.N[0] = N, S.ldy[0] = ldy, S.f32[0] = y_f32, S.beta[0] = beta;
+        S.blk[0] = 0, S.blk[1] = (N + 15) / 16, S.n = 1;
+        return skinny_run(s, S, x, ldx, T, K);
+    }
     const float one = 1.f;
     // NOTE: cuBLAS is column-major. Row-major W [N,K] is col-major Wᵀ (K×N); row-major y [T,N] is
     // col-major yᵀ (N×T) = W · xᵀ, so C(N×T) = op_T(Wbuf) · xbuf with lda = K, ldb = ldx, ldc = ldy.
@@ -224,9 +203,4 @@ extern "C" st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int 
                                         CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta, y,
                                         y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-}
-
-extern "C" st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
-                                      const st_bf16_t *W, int T, int N, int K) {
-    return st_cuda_linear_ex(s, y, N, y_f32, 0.f, x, K, W, T, N, K);
 }

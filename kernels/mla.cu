@@ -1,13 +1,13 @@
 /* MLA absorbed decode on the GPU (SPEC §4): MQA of H query heads over a paged latent cache of rows
  * [c̃ (512) ; k_pe (64)] bf16, split-KV (FlashMLA-like): each block takes one split of one sequence
  * for up to 64 heads (the cache is read once per 64 heads; H > 64 runs ceil(H/64) head groups, fewer
- * heads are zero-padded), 64-token tiles, QKᵀ and P·C̃ on Hopper wgmma (sm_90a; mma.sync where that is
- * not compiled in), online softmax in registers; a second kernel merges the splits.
- * Variants (st_cuda_mla_decode_set_variant / STRATA_MLA_DECODE): v2 as below; v6 = warp-specialised:
- * a producer warpgroup issues every load (TMA boxes of 32 rows, cp.async where a page or the split's
- * end cuts a group) into the two K buffers through full/empty mbarriers, two consumer warpgroups run
- * v2's tensor work and softmax, a persistent grid walks all (split, sequence, head group) items.
- * The default is MLA_DEFAULT_VARIANT below.
+ * heads are zero-padded), 64-token tiles, QKᵀ and P·C̃ on Hopper wgmma (sm_90a), online softmax in
+ * registers; a second kernel merges the splits. The kernel is v6, warp-specialised: a producer
+ * warpgroup issues every load (TMA boxes of 32 rows, cp.async where a page or the split's end cuts a
+ * group) into the two K buffers through full/empty mbarriers, two consumer warpgroups run v2's tensor
+ * work and softmax (described below), a persistent grid walks all (split, sequence, head group) items.
+ * v2 itself (one block per split, gathers by the compute warps) lost to v6 and was deleted with the
+ * variant switch (docs/kernels.md).
  * Removed after measuring (2026-11-30, see docs/perf.md): v3 (v2 + L2 prefetch from the compute warps)
  * and v4 (TMA boxes of 8 rows), slower than v2 everywhere; v5 (v2 + 32-row TMA boxes from warp 0) and
  * v8 (FlashMLA's seesaw: one warpgroup scores a 64-token tile with m64n64, P shared through shared
@@ -45,7 +45,6 @@
  * each half is near the copy time, and what is lost is their overlap (see docs/perf.md). */
 #define TK2 64
 #define NH2 64                /* heads per block */
-#define NT2 256               /* threads per block */
 #define NCH (DR / 8)          /* 16-byte chunks per row */
 #define CB_BYTES (64 * 128)   /* one column block of a 64-row operand */
 #define OPND_BYTES (DR * 2 * 64) /* a 64-row operand: 73728 B */
@@ -58,13 +57,6 @@
 #define MLA_WGMMA 0
 #endif
 
-struct MlaSmem2 {
-    unsigned char Qs[OPND_BYTES];
-    unsigned char Ks[2][OPND_BYTES];
-    st_bf16_t Ps[4][16 * LDP2];
-    float red[8][16];
-};
-
 /* byte offset of (row r, 16-byte chunk c) in a 64-row operand */
 __device__ __forceinline__ unsigned mla_swz(int r, int c) {
     return (unsigned)((c >> 3) * CB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
@@ -75,7 +67,7 @@ __device__ __forceinline__ void mla_pair_bar(int id) { asm volatile("bar.sync %0
  * tok0; those ≥ s1 masked): the pair's row maxima through sm.red, running max m and sum l of rows gq
  * and gq + 8 updated, acc rescaled when a maximum moved, and P as this warp's A fragments pa (k-steps
  * 2·half, 2·half + 1) and into sm.Ps for the partner warp (the caller's pair barrier publishes it).
- * v2 and v6 share it. */
+ * (v2, deleted, shared it with v6.) */
 template <class Smem>
 __device__ __forceinline__ void mla_tile_softmax(float (&s)[4][4], float (&acc)[32][4], uint32_t (&pa)[2][4],
                                                  float &m0, float &m1, float &l0, float &l1, Smem &sm, int tok0,
@@ -180,175 +172,6 @@ __device__ __forceinline__ void mla_bar_wait(unsigned bar, unsigned par) {
 }
 #endif
 
-/* grid (n_splits, B, ceil(H / 64)), 256 threads. ws_acc [B, H, n_splits, 512] fp32 (unnormalised
- * Σ p·c̃), ws_ml [B, H, n_splits, 2] (running max, Σ p); splits past seqlens[b] write nothing.
- * MODE 0: the kernel. Benchmark diagnostics, output undefined: MODE 1 = the same gathers with the
- * tensor work left out, MODE 2 = the tensor work with the gathers left out (stale K buffers). */
-template <int MODE>
-__global__ void __launch_bounds__(NT2, 1)
-    mla_decode_heads_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
-                            const int *__restrict__ block_table, const int *__restrict__ seqlens, int H, int page_size,
-                            int max_pages, int split_len, int n_splits, float scale_log2, float *ws_acc,
-                            float *ws_ml) {
-    constexpr int TPR = NT2 / TK2; /* loader threads per row */
-    extern __shared__ __align__(1024) unsigned char smraw[];
-    /* the swizzle pattern repeats every 1024 B: align the operands to that */
-    unsigned char *smal = smraw + ((1024 - ((unsigned)__cvta_generic_to_shared(smraw) & 1023)) & 1023);
-    MlaSmem2 &sm = *reinterpret_cast<MlaSmem2 *>(smal);
-    const int split = blockIdx.x, b = blockIdx.y, h0 = blockIdx.z * NH2;
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int hg = w & 3, half = w >> 2;
-    const int n = seqlens[b];
-    const int s0 = split * split_len, s1 = min(n, s0 + split_len);
-    if (s0 >= s1) return; /* the combine kernel reads only the splits that hold rows */
-    const int *bt = block_table + (size_t)b * max_pages;
-    const unsigned q_base = (unsigned)__cvta_generic_to_shared(sm.Qs);
-    const unsigned k_base0 = (unsigned)__cvta_generic_to_shared(sm.Ks[0]);
-    const unsigned p_base = (unsigned)__cvta_generic_to_shared(sm.Ps[hg]);
-
-    for (int i = tid; i < NH2 * NCH; i += NT2) {
-        int r = i / NCH, c = i % NCH;
-        bool ok = h0 + r < H;
-        st_cp_async16(sm.Qs + mla_swz(r, c), q + ((size_t)b * H + (ok ? h0 + r : 0)) * DR + c * 8, ok);
-    }
-    const int ntiles = (s1 - s0 + TK2 - 1) / TK2;
-    const int lr = tid / TPR, lc0 = tid % TPR; /* loader: row lr of the tile, chunks lc0 + TPR·i */
-    auto load_tile = [&](int tt, int buf) {
-        const int j = s0 + tt * TK2 + lr;
-        const bool ok = j < s1;
-        const int jj = ok ? j : s0;
-        const st_bf16_t *row = pool + ((size_t)bt[jj / page_size] * page_size + jj % page_size) * DR;
-        unsigned char *dst = sm.Ks[buf];
-#pragma unroll
-        for (int i = 0; i < NCH / TPR; i++) {
-            int c = lc0 + TPR * i;
-            st_cp_async16(dst + mla_swz(lr, c), row + c * 8, ok);
-        }
-    };
-    if (MODE != 2) load_tile(0, 0);
-    asm volatile("cp.async.commit_group;\n" ::);
-
-    float acc[32][4];
-#pragma unroll
-    for (int i = 0; i < 32; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gq, gq+8; m in log2 units */
-
-    /* per-lane ldmatrix coordinates */
-    const int a_row = hg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chk = lane >> 4;   /* Q, A operand */
-    const int b_tok = half * 32 + (lane & 7) + (lane >> 4) * 8, b_chk = (lane >> 3) & 1; /* K, B operand */
-    const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8, v_chk = half * 32 + (lane >> 4); /* C̃ (trans) */
-    const int p_row = (lane & 7) + ((lane >> 3) & 1) * 8, p_col = (lane >> 4) * 8;       /* P, A operand */
-    (void)a_row, (void)a_chk, (void)b_tok, (void)b_chk, (void)v_tok, (void)v_chk;
-
-    for (int tt = 0; tt < ntiles; tt++) {
-        const int buf = tt & 1;
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#if MLA_WGMMA
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async data → wgmma */
-#endif
-        __syncthreads(); /* tile tt (and Q) visible */
-        if (MODE == 1) {
-            if (tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
-            continue;
-        }
-        const unsigned kb = k_base0 + buf * OPND_BYTES;
-
-        /* S = Q Kᵀ: 16 heads × 32 tokens per warp */
-        float s[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#if MLA_WGMMA
-        mla_qk_issue(s, q_base, kb, half);
-        if (tt > 0) {
-            /* P·C̃ of tile tt−1 (still in flight, ahead of these QKᵀ wgmmas) must be done in every
-             * warp before its buffer takes tile tt+1 */
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            __syncthreads();
-        }
-        /* the next tile's gathers overlap the tensor work */
-        if (MODE != 2 && tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#else
-        if (MODE != 2 && tt + 1 < ntiles) load_tile(tt + 1, buf ^ 1); /* P·C̃ below is synchronous */
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-#pragma unroll 4
-        for (int kk = 0; kk < DR / 16; kk++) {
-            uint32_t a[4], b0[4], b1[4];
-            st_ldsm4(a, q_base + mla_swz(a_row, kk * 2 + a_chk));
-            st_ldsm4(b0, kb + mla_swz(b_tok, kk * 2 + b_chk));
-            st_ldsm4(b1, kb + mla_swz(b_tok + 16, kk * 2 + b_chk));
-            st_mma16816(s[0], a, b0);
-            st_mma16816(s[1], a, b0 + 2);
-            st_mma16816(s[2], a, b1);
-            st_mma16816(s[3], a, b1 + 2);
-        }
-#endif
-        uint32_t pa[2][4]; /* own P as A fragments of k-steps 2·half, 2·half+1 */
-        mla_tile_softmax(s, acc, pa, m0, m1, l0, l1, sm, s0 + tt * TK2 + half * 32, s1, scale_log2, w, hg, half, gq, tq);
-        mla_pair_bar(1 + hg);
-        /* acc (16 heads × dims [256·half, +256)) += P · C̃ */
-        uint32_t pb[2][4]; /* the partner's P: k-steps 2·(1−half), 2·(1−half)+1 */
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            st_ldsm4(pb[j], p_base + (unsigned)((p_row * LDP2 + ((1 - half) * 2 + j) * 16 + p_col) * 2));
-#if MLA_WGMMA
-        uint32_t a[4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[ks][i] = (ks >> 1) == half ? pa[ks & 1][i] : pb[ks & 1][i];
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-            mla_wgmma_n256_rs(acc, a[ks], mla_desc(kb + half * 4 * CB_BYTES + ks * 16 * 128, CB_BYTES, 1024));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); /* waited for in the next tile */
-#else
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            uint32_t a[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = (ks >> 1) == half ? pa[ks & 1][i] : pb[ks & 1][i];
-#pragma unroll
-            for (int np = 0; np < 16; np++) {
-                uint32_t bb[4];
-                st_ldsm4t(bb, kb + mla_swz(ks * 16 + v_tok, v_chk + np * 2));
-                st_mma16816(acc[np * 2], a, bb);
-                st_mma16816(acc[np * 2 + 1], a, bb + 2);
-            }
-        }
-#endif
-    }
-#if MLA_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-    /* row sums: over the quad, then over the pair */
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, o);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, o);
-    }
-    __syncthreads();
-    if (tq == 0) sm.red[w][gq] = l0, sm.red[w][gq + 8] = l1;
-    __syncthreads();
-    const float LN2 = 0.69314718055994531f;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int r = gq + hf * 8, h = h0 + hg * 16 + r;
-        if (h >= H) continue;
-        float *dst = ws_acc + (((size_t)b * H + h) * n_splits + split) * DVL + half * 256;
-#pragma unroll
-        for (int nt = 0; nt < 32; nt++)
-            *reinterpret_cast<float2 *>(dst + nt * 8 + tq * 2) = make_float2(acc[nt][hf * 2], acc[nt][hf * 2 + 1]);
-        if (half == 0 && tq == 0) {
-            float *ml = ws_ml + (((size_t)b * H + h) * n_splits + split) * 2;
-            ml[0] = (hf ? m1 : m0) * LN2;
-            ml[1] = sm.red[w][r] + sm.red[w ^ 4][r];
-        }
-    }
-}
-
 /* ---------------- v6: warp-specialised, producer warpgroup + two consumer warpgroups ----------------
  * 384 threads. Warpgroup 0 (the producer, setmaxnreg.dec 40) issues every global load: Q once, then
  * each 64-token tile's cache rows with cp.async into one of the two K buffers, completing per half
@@ -361,7 +184,8 @@ __global__ void __launch_bounds__(NT2, 1)
  * other half before P·C̃) and arrive on "empty" (one arrive per warp, once the buffer's P·C̃ is done),
  * so no load or page-table read sits in their issue stream. Two 64-token buffers are the most that fit
  * beside Q (3 × 73.7 KB of the 227 KB).
- * MODE 1 (benchmark diagnostic, output undefined): the same producer, consumers only wait and release. */
+ * (v2's comment above describes the tensor work; the v2 kernel itself lost to v6 and was deleted:
+ * docs/kernels.md.) */
 #define NT6 384
 struct MlaSmem6 {
     unsigned char Qs[OPND_BYTES];
@@ -415,7 +239,6 @@ __device__ __forceinline__ void mla_cp_arrive_inc(unsigned bar) {
  * are skipped by every warp alike. The tile counter gt and the item counter it run on across items, so
  * the producer loads the next item's Q (once the consumers' last QKᵀ of the item is done: qempty) and
  * first tiles while the consumers finish the item's last P·C̃ and write its partials. */
-template <int MODE>
 __global__ void __launch_bounds__(NT6, 1)
     mla_decode_ws_kernel(const st_bf16_t *__restrict__ q, const st_bf16_t *__restrict__ pool,
                          const int *__restrict__ block_table, const int *__restrict__ seqlens, int B, int H,
@@ -479,9 +302,7 @@ __global__ void __launch_bounds__(NT6, 1)
                 for (int hh = 0; hh < 2; hh++) {
                     const unsigned fb = full0 + 16 * buf + 8 * hh;
                     const int th = t0 + 32 * hh;
-                    if (MODE == 2) { /* diagnostic: no gathers, the consumers read stale buffers */
-                        mla_bar_arrive_if(fb, tid == 0);
-                    } else if (th >= s1) { /* nothing of this half: zeros (P·C̃ reads them with p = 0) */
+                    if (th >= s1) { /* nothing of this half: zeros (P·C̃ reads them with p = 0) */
                         for (int i = 0; i < NCH / 4; i++)
                             st_cp_async16(sm.Ks[buf] + mla_swz(lr + 32 * hh, lc + 4 * i), pool, false);
                         mla_cp_arrive_inc(fb);
@@ -538,14 +359,6 @@ __global__ void __launch_bounds__(NT6, 1)
         for (int tt = 0; tt < ntiles; tt++, gt++) {
             const int buf = gt & 1;
             const unsigned par = (gt >> 1) & 1;
-            if (MODE == 1) {
-                mla_bar_wait_u(full0 + 16 * buf, par);
-                mla_bar_wait_u(full0 + 16 * buf + 8, par);
-                __syncwarp();
-                mla_bar_arrive_if(empty0 + 8 * buf, lane == 0);
-                mla_bar_arrive_if(qempty, lane == 0 && tt == ntiles - 1);
-                continue;
-            }
             mla_bar_wait_u(full0 + 16 * buf + 8 * half, par);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async data → wgmma */
             const unsigned kb = k_base0 + buf * OPND_BYTES;
@@ -581,11 +394,9 @@ __global__ void __launch_bounds__(NT6, 1)
                 mla_wgmma_n256_rs(acc, a[ks], mla_desc(kb + half * 4 * CB_BYTES + ks * 16 * 128, CB_BYTES, 1024));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); /* waited for in the next tile */
         }
-        if (MODE != 1) {
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            __syncwarp();
-            mla_bar_arrive_if(empty0 + 8 * ((gt - 1) & 1), lane == 0); /* the item's last tile */
-        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncwarp();
+        mla_bar_arrive_if(empty0 + 8 * ((gt - 1) & 1), lane == 0); /* the item's last tile */
 #pragma unroll
         for (int o = 1; o <= 2; o <<= 1) {
             l0 += __shfl_xor_sync(0xffffffffu, l0, o);
@@ -614,7 +425,7 @@ __global__ void __launch_bounds__(NT6, 1)
 #else
     (void)q, (void)pool, (void)block_table, (void)seqlens, (void)B, (void)H, (void)page_size, (void)max_pages;
     (void)split_len, (void)n_splits, (void)scale_log2, (void)ws_acc, (void)ws_ml, (void)tm, (void)use_tma;
-    __trap(); /* the launcher runs v2 where wgmma is not compiled in */
+    __trap(); /* built for sm_90a only (kernels/CMakeLists.txt) */
 #endif
 }
 
@@ -668,29 +479,11 @@ static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int
 /* Longest split the launcher makes (tokens); see mla_pick_split. */
 #define MLA_SPLIT_CAP 8192
 
-/* Kernel variant (st_cuda_mla_decode_set_variant): 0 = not chosen yet (then STRATA_MLA_DECODE, read
- * once, else MLA_DEFAULT_VARIANT). g_mla_grid: v6's grid (0 = one CTA per SM).
- * H200, 2026-11-30, round 2's final code (% of copy, v2 / v6): 64×32K H64 71.8 / 75.6, 128×32K H64
- * 69.5 / 75.5, 64×32K H16 74.0 / 81.9, 64×4K H64 59.9 / 65.5, 64×32K H128 35.0 / 41.7 (428 TFLOP/s);
- * Round 3 (v7, v8: no faster than v6 at every H = 64 shape; removed): docs/perf.md. */
-#define MLA_DEFAULT_VARIANT 6
-static int g_mla_variant = 0, g_mla_grid = 0;
-
-/* a known variant: 2, 6 (or their negatives: gathers only), 9 / 69 (v2's / v6's tensor work only) */
-static bool mla_variant_ok(int v) {
-    const int av = v < 0 ? -v : v;
-    return v == 9 || v == 69 || av == 2 || av == 6;
-}
-
-extern "C" st_status_t st_cuda_mla_decode_set_variant(int variant, int grid) {
-    if (!(variant == 0 || mla_variant_ok(variant)) || grid < -1 || grid > 8)
-        return ST_FAIL(ST_ERR_INVALID_ARG,
-                       "mla_decode_set_variant: variant %d (0, ±2, ±6, 9, 69), grid %d (-1..8)",
-                       variant, grid);
-    g_mla_variant = variant;
-    g_mla_grid = grid;
-    return ST_OK;
-}
+/* v6 is the kernel: H200, 2026-11-30, round 2's final code (% of copy, v2 / v6): 64×32K H64 71.8 / 75.6,
+ * 128×32K H64 69.5 / 75.5, 64×32K H16 74.0 / 81.9, 64×4K H64 59.9 / 65.5, 64×32K H128 35.0 / 41.7
+ * (428 TFLOP/s); round 3 (v7, v8: no faster than v6 at every H = 64 shape; removed): docs/perf.md. v2 and
+ * the benchmark diagnostics (gathers or tensor work alone) were deleted with the variant switch
+ * (issue 14; docs/kernels.md). */
 
 /* the tensor-map encoder (driver entry point), looked up once; null where unavailable */
 typedef CUresult (*mla_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -726,15 +519,6 @@ static bool mla_pool_map(CUtensorMap *m, const void *pool, int box_rows) {
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-static int mla_variant(void) {
-    if (g_mla_variant == 0) {
-        const char *e = getenv("STRATA_MLA_DECODE");
-        int v = e ? atoi(e) : 0;
-        g_mla_variant = v > 0 && v != 9 && v != 69 && mla_variant_ok(v) ? v : MLA_DEFAULT_VARIANT;
-    }
-    return g_mla_variant;
-}
-
 extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const st_bf16_t *q_abs,
                                           const st_bf16_t *pool, const int *block_table, const int *seqlens, int B,
                                           int H, int page_size, int max_pages, int max_ctx, int split_len, float scale,
@@ -757,63 +541,40 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
     int ns = (max_ctx + sl - 1) / sl;
     if (ns < 1) ns = 1;
     float *ws_acc = (float *)ws, *ws_ml = ws_acc + (size_t)B * H * ns * DVL;
-    const int variant = mla_variant();
-    const int av = variant < 0 ? -variant : variant;
-    st_status_t rc;
-    if (av == 2 || variant == 9) { /* v2 (and its diagnostics) */
-        typedef void (*kern_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int,
-                               int, float, float *, float *);
-        const kern_t kern = variant == 9    ? mla_decode_heads_kernel<2>
-                            : variant == -2 ? mla_decode_heads_kernel<1>
-                                            : mla_decode_heads_kernel<0>;
-        const size_t smem = sizeof(MlaSmem2) + 1024; /* + slack for the 1024-byte alignment */
-        rc = ST_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        if (rc) return rc;
-        kern<<<dim3(ns, B, G), NT2, smem, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, H, page_size, max_pages,
-                                                          sl, ns, scale * 1.4426950408889634f, ws_acc, ws_ml);
-        rc = ST_LAUNCH_OK("mla_decode_heads_kernel");
-    } else { /* v6: warp-specialised */
-        typedef void (*kern6_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int,
-                                int, int, float, float *, float *, const CUtensorMap, int);
-        const kern6_t k6 = variant == 69 ? mla_decode_ws_kernel<2>
-                           : variant > 0 ? mla_decode_ws_kernel<0>
-                                         : mla_decode_ws_kernel<1>;
-        const size_t smem6 = sizeof(MlaSmem6) + 1024;
-        rc = ST_CUDA_CHECK(cudaFuncSetAttribute(k6, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem6));
-        if (rc) return rc;
-        /* persistent: one CTA per SM over all items; g_mla_grid −1: one CTA per item (diagnostic), k > 0:
-         * k CTAs (tests: many items per CTA) */
-        const long nitems = (long)ns * B * G;
-        const long want = g_mla_grid < 0 ? nitems : g_mla_grid > 0 ? g_mla_grid : nsm;
-        const int grid = (int)(want < nitems ? want : nitems);
-        /* TMA boxes of 32 rows where pages hold a multiple of 32 rows (else, and for the partial last 32
-         * rows of a split, cp.async from the producer warpgroup) */
-        CUtensorMap tm;
-        memset(&tm, 0, sizeof tm);
-        const int tma6 = page_size % 32 == 0 && mla_pool_map(&tm, pool, 32);
-        static int told = 0; /* NOTE: once per process, diagnostics only */
-        if (page_size % 32 == 0 && !tma6 && !told) {
-            told = 1;
-            fprintf(stderr, "mla_decode: tensor map unavailable (encoder %s), gathers with cp.async\n",
-                    mla_encoder() ? "failed" : "not found");
-        }
-        k6<<<grid, NT6, smem6, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, B, H, page_size, max_pages, sl, ns,
-                                               scale * 1.4426950408889634f, ws_acc, ws_ml, tm, tma6);
-        rc = ST_LAUNCH_OK("mla_decode_ws_kernel");
-    }
+    typedef void (*kern6_t)(const st_bf16_t *, const st_bf16_t *, const int *, const int *, int, int, int, int, int,
+                            int, float, float *, float *, const CUtensorMap, int);
+    const kern6_t k6 = mla_decode_ws_kernel;
+    const size_t smem6 = sizeof(MlaSmem6) + 1024; /* + slack for the 1024-byte alignment */
+    st_status_t rc = ST_CUDA_CHECK(cudaFuncSetAttribute(k6, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem6));
     if (rc) return rc;
-    /* after v6, a programmatic dependent (env STRATA_MLA_PDL=0: a plain launch): its launch overlaps v6's
-     * tail (it cannot share an SM with v6's persistent CTAs: they hold the register file). H200, 2026-11-30,
-     * bench_gpu_mla, same process: +0.2 … +1.8 points of copy at H ≤ 64 (the combine alone is 6.6 µs of
-     * the 109 µs at 64 × 4K, H = 64). */
-    static int pdl = -1; /* NOTE: read once per process */
-    if (pdl < 0) pdl = !(getenv("STRATA_MLA_PDL") && atoi(getenv("STRATA_MLA_PDL")) == 0);
+    /* persistent: one CTA per SM over all items */
+    const long nitems = (long)ns * B * G;
+    const int grid = (int)(nsm < nitems ? nsm : nitems);
+    /* TMA boxes of 32 rows where pages hold a multiple of 32 rows (else, and for the partial last 32 rows
+     * of a split, cp.async from the producer warpgroup) */
+    CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    const int tma6 = page_size % 32 == 0 && mla_pool_map(&tm, pool, 32);
+    static int told = 0; /* NOTE: once per process, diagnostics only */
+    if (page_size % 32 == 0 && !tma6 && !told) {
+        told = 1;
+        fprintf(stderr, "mla_decode: tensor map unavailable (encoder %s), gathers with cp.async\n",
+                mla_encoder() ? "failed" : "not found");
+    }
+    k6<<<grid, NT6, smem6, ST_STREAM(s)>>>(q_abs, pool, block_table, seqlens, B, H, page_size, max_pages, sl, ns,
+                                           scale * 1.4426950408889634f, ws_acc, ws_ml, tm, tma6);
+    rc = ST_LAUNCH_OK("mla_decode_ws_kernel");
+    if (rc) return rc;
+    /* NOTE: the combine is a programmatic dependent of v6: its launch overlaps v6's tail (it cannot share
+     * an SM with v6's persistent CTAs: they hold the register file). H200, 2026-11-30, bench_gpu_mla, same
+     * process: +0.2 … +1.8 points of copy at H ≤ 64 (the combine alone is 6.6 µs of the 109 µs at 64 × 4K,
+     * H = 64). */
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(H, B), cfg.blockDim = dim3(128), cfg.stream = ST_STREAM(s);
-    cfg.attrs = at, cfg.numAttrs = pdl && av == 6 ? 1 : 0;
+    cfg.attrs = at, cfg.numAttrs = 1;
     rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, o_lat, (const float *)ws_acc,
                                           (const float *)ws_ml, seqlens, H, sl, ns));
     return rc ? rc : ST_LAUNCH_OK("mla_decode_combine_kernel");

@@ -1,26 +1,7 @@
-/* MoE-side ops on the GPU: GLU activation (SiTU / SiLU, SPEC §6), sigmoid router with biased top-k
- * selection (SPEC §7), and greedy argmax sampling (SPEC §9). CPU references: st_glu,
- * st_router_sigmoid + st_route_topk, st_sample with temperature 0. */
+/* MoE-side ops on the GPU: sigmoid router with biased top-k selection (SPEC §7) and greedy argmax
+ * sampling (SPEC §9). CPU references: st_router_sigmoid + st_route_topk, st_sample with temperature 0.
+ * (The GLU activation runs inside the expert FFN kernels: kernels/moe_ffn.cu.) */
 #include "cuda_common.cuh"
-
-__global__ void glu_kernel(st_bf16_t *h, const st_bf16_t *gu_gate, const st_bf16_t *gu_up, int T, int n, int ld,
-                           int situ, float b1, float b2) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * n) return;
-    size_t t = i / n, c = i % n;
-    float a = st_bf(gu_gate[t * ld + c]), u = st_bf(gu_up[t * ld + c]);
-    float sg = 1.f / (1.f + expf(-a));
-    h[i] = st_tobf(situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u);
-}
-
-extern "C" st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, const st_bf16_t *gate, const st_bf16_t *up,
-                                   int T, int n, int ld_in, bool situ, float b1, float b2) {
-    if (T < 0 || n <= 0 || ld_in < n) return ST_FAIL(ST_ERR_INVALID_ARG, "glu: T=%d n=%d ld=%d", T, n, ld_in);
-    size_t N = (size_t)T * n;
-    if (!N) return ST_OK;
-    glu_kernel<<<(unsigned)((N + 255) / 256), 256, 0, ST_STREAM(s)>>>(h, gate, up, T, n, ld_in, situ, b1, b2);
-    return ST_LAUNCH_OK("glu_kernel");
-}
 
 /* One warp per token. Each lane keeps its experts' biased scores (j = lane + 32 i, i < NPL) in
  * registers; k rounds of warp argmax over the untaken ones (ties → lower id); lane r keeps the r-th

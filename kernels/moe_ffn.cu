@@ -1,7 +1,7 @@
 /* Latent expert FFN on the GPU, grouped over experts (SPEC §6): y = w2 · act(w1 x, w3 x) for the
  * rows of each expert, as two grouped tensor-core GEMMs (mma.sync m16n8k16 bf16, fp32 accumulate,
  * 4-stage cp.async pipeline, 128×128×32 block tiles) with the SiTU/SiLU-GLU fused into the first
- * GEMM's epilogue; on sm_90 devices (st_cuda_moe_ffn_use_wgmma, the default there) the same two GEMMs
+ * GEMM's epilogue; on sm_90 devices (fw_usable) the same two GEMMs
  * on Hopper wgmma fed by TMA (ffn_wg_kernel: cooperative consumers; ffn_wgp_kernel: ping-pong
  * consumers, both GEMMs in one launch, for small experts); plus MXFP4 → bf16 weight conversion at load.
  * CPU reference: st_ffn per expert (kernels/ffn.c), st_weight_rows_f32 for MXFP4. */
@@ -59,13 +59,13 @@ __device__ __forceinline__ void fb_st2(st_bf16_t *p, float a, float b) {
 }
 __device__ __forceinline__ void fb_st2(float *p, float a, float b) { *reinterpret_cast<float2 *>(p) = make_float2(a, b); }
 
-/* SPEC §6 activation on fp32 gate a / up u (the fused epilogue and the hosted path's GLU kernel) */
+/* SPEC §6 activation on fp32 gate a / up u (the fused epilogue and the table mode's cuBLAS GLU kernel) */
 __device__ __forceinline__ float ffn_act(float a, float u, int situ, float b1, float b2) {
     float sg = 1.f / (1.f + __expf(-a));
     return situ ? (b1 * tanhf(a / b1) * sg) * (b2 * tanhf(u / b2)) : a * sg * u;
 }
 
-/* TC: the output element (bf16; fp32 for the plain down GEMM of st_cuda_moe_ffn_f32out) */
+/* TC: the output element (bf16; fp32 for the plain down GEMM of st_cuda_moe_ffn) */
 template <bool GLU, typename TC = st_bf16_t>
 __global__ void __launch_bounds__(FB_THREADS, 2)
     ffn_gemm_kernel(TC *__restrict__ C, const st_bf16_t *__restrict__ A, const st_bf16_t *__restrict__ B1,
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(FB_THREADS, 2)
     const int ncols = GLU ? FB_N / 2 : FB_N;
     const int n0 = blockIdx.y * ncols;
     const size_t bstride = (size_t)Nout * K;
-    /* tab: per-expert weight blocks {w1, w3, w2} (st_cuda_moe_ffn_table_f32out), else stacked [E, Nout, K] */
+    /* tab: per-expert weight blocks {w1, w3, w2} (st_cuda_moe_ffn_table), else stacked [E, Nout, K] */
     const st_bf16_t *Be1 = tab ? tab[3 * e + tab_off] : B1 + (size_t)e * bstride;
     const st_bf16_t *Be3 = GLU ? (tab ? tab[3 * e + 1] : B3 + (size_t)e * bstride) : nullptr;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
@@ -750,12 +750,14 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 }
 
 /* ---------------- choosing the grouped kernels; the Hopper path's host side ---------------- */
-/* Modes (st_cuda_moe_ffn_use_wgmma): 0 mma.sync; 2 both GEMMs on ffn_wg_kernel (cooperative consumers,
- * 128 × 256 tiles, two launches); 5 both in one launch of ffn_wgp_kernel (ping-pong consumers, 128 × 128
- * tiles); 1 (the default) chosen per call: 5 when the experts average fewer than FW_AUTO_FUSED_MAX rows
- * (N < FW_AUTO_FUSED_MAX · E) and are small (ℓ · w ≤ FW_AUTO_FUSED_LW), else 2. Removed in round 3 (measured, never best): 3 clusters of two
- * blocks (→ 2), 4 ping-pong in two launches (→ 5), 6 gate/up cooperative + down ping-pong, 7 the same
- * fused in one launch (→ 2).
+/* The grouped GEMMs run on mma.sync where the Hopper path cannot (fw_usable: not sm_90, or no tensor-map
+ * encoder); on sm_90 they run on ffn_wg_kernel (cooperative consumers, 128 × 256 tiles, two launches:
+ * "mode 2") or both in one launch of ffn_wgp_kernel (ping-pong consumers, 128 × 128 tiles: "mode 5"),
+ * chosen per call: 5 when the experts average fewer than FW_AUTO_FUSED_MAX rows (N < FW_AUTO_FUSED_MAX · E)
+ * and are small (ℓ · w ≤ FW_AUTO_FUSED_LW), else 2. Removed in round 3 (measured, never best): 3 clusters
+ * of two blocks, 4 ping-pong in two launches, 6 gate/up cooperative + down ping-pong, 7 the same fused in
+ * one launch (docs/kernels.md). The mode switch, its environment variables and the setter are gone
+ * (issue 14): the choices below are constants, each with its measurement.
  * NOTE: why (H200, 2026-11-30, round 3, TFLOP/s at E=64 × 128 / 64 × 512 / 16 × 2048, bench_gpu_moe_ffn
  * variants, two processes): 2 — 291-319 / 477-532 / 550-581; 5 — 345-355 / 428-455 / 491-506; 4 —
  * 317-327 / 420-443 / 481-494; 6 — 307-319 / 450-468 / 533-561; 7 — 334-338 / 460-472 / 524-569.
@@ -765,51 +767,28 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
  * where tiles are few and short (small experts: fewer, shorter tiles, and the fused launch removes the
  * kernel boundary). What made ffn_wg_kernel faster in round 3 is its epilogue: 16-byte stores after a
  * quad transpose (fw_st_quad) instead of 4-byte ones over 8 rows (ncu at E=16 × 2048: down GEMM 23%
- * fewer cycles, tensor pipe 61% → 78% active; gate/up 4% fewer, 81% → 85%). */
-#ifndef FW_DEFAULT
-#define FW_DEFAULT 1
-#endif
-#ifndef FW_AUTO_FUSED_MAX
+ * fewer cycles, tensor pipe 61% → 78% active; gate/up 4% fewer, 81% → 85%): FW_VEC. */
 #define FW_AUTO_FUSED_MAX 256
-#endif
+#define FW_VEC 1 /* 16-byte epilogue stores (the measurement just above) */
 /* NOTE: at K3's expert widths (ℓ 3584, w 3072) decode steps (~10 rows per expert) ran faster on mode 2:
  * k3-mini greedy decode in one process, mode 2 vs the fused kernel: batch 32 0.924× the step time,
  * batch 1 0.983×, batch 256 0.996× (H200, session 5, bench_gpu_e2e STRATA_BENCH_AB); at ℓ 1024 × w 512
  * the fused kernel wins (+10%, above). Many tiles per expert, so the launch it saves matters less. */
-#ifndef FW_AUTO_FUSED_LW
 #define FW_AUTO_FUSED_LW (4L << 20)
-#endif
-/* hosted paths, default rule (min_rows_cublas 0), wgmma kernels on: 1 → every expert grouped */
-#ifndef FW_HOSTED_GROUPED
+/* table mode, default rule (min_rows_cublas 0), wgmma kernels on: 1 → every expert grouped */
 #define FW_HOSTED_GROUPED 1
-#endif
+/* st_cuda_moe_ffn_slots_pick: up to this many routed slots (docs/perf.md, "per-slot decode FFN") */
+#define FS_MAX_SLOTS 64
+/* FW_PDL: programmatic dependent launch between mode 2's two launches. NOTE: passes the test but
+ * measured no faster (H200, 2026-11-30: single blocks 264/461/551 TFLOP/s; + PDL 270/444/533): off.
+ * FW_TABLE: the table mode (per-expert tensor maps built on the device each call) on the wgmma kernels;
+ * passed test_gpu_moe_ffn on the H200 (2026-11-30, every wgmma mode), and is what the expert server runs. */
+#define FW_PDL 0
+#define FW_TABLE 1
 typedef CUresult (*fw_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static int fw_mode = -1; /* -1: not chosen yet; else the mode above */
-static int fw_sms = 0;   /* persistent blocks per GEMM (one per SM) */
-static int fw_auto_fused = FW_AUTO_FUSED_MAX; /* mode 1's threshold */
-#ifndef FS_MAX_SLOTS_DEFAULT
-#define FS_MAX_SLOTS_DEFAULT 64 /* st_cuda_moe_ffn_slots_pick: up to this many routed slots */
-#endif
-static int fs_max_slots = FS_MAX_SLOTS_DEFAULT; /* env STRATA_FFN_SLOTS */
-/* FW_F_PDL_* on the two-launch modes (programmatic dependent launch between them); the table mode on
- * the wgmma kernels (per-expert tensor maps built on the device each call). Env (read at each
- * st_cuda_moe_ffn_use_wgmma call): STRATA_FFN_PDL, STRATA_FFN_WG_TABLE (0/1), STRATA_FFN_VEC (0: the
- * epilogues' 4/8-byte stores instead of fw_st_quad's 16-byte ones), STRATA_FFN_AUTO_FUSED (mode 1's
- * threshold), STRATA_FFN_WG_BLOCKS, STRATA_FFN_SLOTS (st_cuda_moe_ffn_slots_pick's limit), STRATA_FFN_VERBOSE.
- * NOTE: PDL passes the test but measured no faster (H200, 2026-11-30: single blocks 264/461/551
- * TFLOP/s; + PDL 270/444/533): off. */
-#ifndef FW_DEFAULT_PDL
-#define FW_DEFAULT_PDL 0
-#endif
-#ifndef FW_DEFAULT_TABLE
-#define FW_DEFAULT_TABLE 1 /* passed test_gpu_moe_ffn on the H200 (2026-11-30, every wgmma mode) */
-#endif
-#ifndef FW_DEFAULT_VEC
-#define FW_DEFAULT_VEC 1
-#endif
-static int fw_pdl = FW_DEFAULT_PDL, fw_table = FW_DEFAULT_TABLE, fw_vec = FW_DEFAULT_VEC;
+static int fw_sms = 0; /* persistent blocks per GEMM (one per SM; set by fw_usable) */
 static fw_encode_fn fw_enc = nullptr;
 
 template <typename K>
@@ -836,35 +815,11 @@ static bool fw_usable(void) {
         fw_enc = good ? (fw_encode_fn)fn : nullptr;
     }
     if (good)
-        good = fw_attr(ffn_wg_kernel<true, st_bf16_t>, FW_SMEM) && fw_attr(ffn_wg_kernel<false, st_bf16_t>, FW_SMEM) &&
-               fw_attr(ffn_wg_kernel<false, float>, FW_SMEM) && fw_attr(ffn_wgp_kernel<st_bf16_t>, FP_SMEM) &&
+        good = fw_attr(ffn_wg_kernel<true, st_bf16_t>, FW_SMEM) && fw_attr(ffn_wg_kernel<false, float>, FW_SMEM) &&
                fw_attr(ffn_wgp_kernel<float>, FP_SMEM);
     (void)cudaGetLastError(); /* a failed query leaves no error behind */
     ok = good;
     return good;
-}
-
-extern "C" int st_cuda_moe_ffn_use_wgmma(int on) {
-    if (on < 0) {
-        const char *ev = getenv("STRATA_FFN_WGMMA");
-        on = ev && *ev ? atoi(ev) : FW_DEFAULT;
-    }
-    if (on == 4) on = 5;                     /* removed variants: the nearest kept one */
-    else if (on == 3 || on == 6 || on == 7) on = 2;
-    fw_mode = (on == 1 || on == 2 || on == 5) && fw_usable() ? on : 0;
-    const char *ev;
-    if (fw_mode && (ev = getenv("STRATA_FFN_WG_BLOCKS")) && atoi(ev) > 0) /* experiments: blocks per GEMM */
-        fw_sms = atoi(ev);
-    /* variants of the wgmma kernels, read at each call (tests and benchmarks set them before) */
-    fw_pdl = (ev = getenv("STRATA_FFN_PDL")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_PDL;
-    fw_table = (ev = getenv("STRATA_FFN_WG_TABLE")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_TABLE;
-    fw_vec = (ev = getenv("STRATA_FFN_VEC")) && *ev ? atoi(ev) != 0 : FW_DEFAULT_VEC;
-    fw_auto_fused = (ev = getenv("STRATA_FFN_AUTO_FUSED")) && *ev ? atoi(ev) : FW_AUTO_FUSED_MAX;
-    fs_max_slots = (ev = getenv("STRATA_FFN_SLOTS")) && *ev ? atoi(ev) : FS_MAX_SLOTS_DEFAULT;
-    if ((ev = getenv("STRATA_FFN_VERBOSE")) && *ev && atoi(ev))
-        fprintf(stderr, "ffn: mode %d, %d blocks, pdl %d, table %d, 16-byte stores %d, auto: fused below %d rows\n",
-                fw_mode, fw_sms, fw_pdl, fw_table, fw_vec, fw_auto_fused);
-    return fw_mode;
 }
 
 /* 2-D bf16 tensor map over rows × cols (row-major, cols % 8 == 0), box 64 cols × box_rows rows (128, or
@@ -964,9 +919,8 @@ static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int
                                  const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2,
                                  const st_bf16_t *const *tab, CUtensorMap *tmt, bool *used) {
     CUtensorMap mx, m1, m3, mh, m2;
-    int mode = fw_mode;
-    if (mode == 1) /* per call, from the average rows and the expert size */
-        mode = (long)N < (long)fw_auto_fused * E && (long)l * w <= FW_AUTO_FUSED_LW ? 5 : 2;
+    /* per call, from the average rows and the expert size */
+    const int mode = (long)N < (long)FW_AUTO_FUSED_MAX * E && (long)l * w <= FW_AUTO_FUSED_LW ? 5 : 2;
     const unsigned r13 = mode == 5 ? 64 : 128; /* w1/w3 boxes: 64 rows on the ping-pong kernel (NOTE: the
                                                 * table mode's w1/w3 template carries this box too) */
     if (tab) /* templates: one expert's shapes at some aligned address (replaced per expert) */
@@ -986,12 +940,12 @@ static st_status_t ffn_wg_launch(cudaStream_t cs, TY *y, st_bf16_t *h, const int
         tmt = nullptr;
     }
     /* 16-byte epilogue stores: h is (its tensor map needs 16-byte alignment), y must be */
-    const int vh = fw_vec ? FW_F_VEC : 0, vy = fw_vec && !((uintptr_t)y & 15) ? FW_F_VEC : 0;
+    const int vh = FW_VEC ? FW_F_VEC : 0, vy = FW_VEC && !((uintptr_t)y & 15) ? FW_F_VEC : 0;
     if (mode == 5) {
         const fwp_args P = {h, y, offsets, map, cnt, bound, l, w, situ ? 1 : 0, b1, b2, tmt, vh & vy};
         return fw_gemm_pp<TY>(cs, mx, m1, m3, mh, m2, P);
     }
-    const int f1 = (fw_pdl ? FW_F_PDL_TRIG : 0) | vh, f2 = (fw_pdl ? FW_F_PDL_WAIT : 0) | vy;
+    const int f1 = (FW_PDL ? FW_F_PDL_TRIG : 0) | vh, f2 = (FW_PDL ? FW_F_PDL_WAIT : 0) | vy;
     if ((rc = fw_gemm<true, st_bf16_t>(cs, mx, m1, m3, h, offsets, map, bound, w, l, situ, b1, b2, tmt, f1)))
         return rc;
     return fw_gemm<false, TY>(cs, mh, m2, m2, y, offsets, map, bound, l, w, 0, 1.f, 1.f, tmt, f2);
@@ -1010,9 +964,6 @@ static st_status_t ffn_set_attrs(void) {
     if (attr_done) return ST_OK;
     st_status_t rc = ST_CUDA_CHECK(
         cudaFuncSetAttribute(ffn_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
-    if (!rc)
-        rc = ST_CUDA_CHECK(
-            cudaFuncSetAttribute(ffn_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
     if (!rc)
         rc = ST_CUDA_CHECK(cudaFuncSetAttribute(ffn_gemm_kernel<false, float>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, FB_SMEM));
@@ -1033,9 +984,8 @@ static st_status_t ffn_grouped_launch(cudaStream_t cs, TY *y, st_bf16_t *h, int 
     int *cnt = map + FFN_MAP_INTS(N); /* the fused kernel's per-entry counters */
     ffn_tile_map_kernel<<<1, 1024, 0, cs>>>(map, cnt, offsets, E, bound, big);
     if ((rc = ST_LAUNCH_OK("ffn_tile_map_kernel"))) return rc;
-    if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
     /* the Hopper kernels: stacked weights, or the table mode with room for its tensor maps */
-    if (fw_mode >= 1 && (!tab || (fw_table && tmt))) {
+    if (fw_usable() && (!tab || (FW_TABLE && tmt))) {
         bool used = false;
         rc = ffn_wg_launch<TY>(cs, y, h, map, cnt, bound, x, offsets, E, N, w1, w3, w2, l, w, situ, b1, b2, tab,
                                tmt, &used);
@@ -1064,27 +1014,19 @@ static st_status_t moe_ffn_any(const st_gpu_stream_t *s, TY *y, const st_bf16_t 
                                   w2, l, w, situ, b1, b2);
 }
 
-extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
-                                       int E, int N, int max_rows_per_expert, const st_bf16_t *w1,
-                                       const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
-                                       float b2, void *ws, size_t ws_bytes) {
-    return moe_ffn_any<st_bf16_t>(s, y, x, offsets, E, N, max_rows_per_expert, w1, w3, w2, l, w, situ, b1, b2, ws,
-                                  ws_bytes);
-}
-
-extern "C" st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x,
-                                              const int *offsets, int E, int N, int max_rows_per_expert,
-                                              const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l,
-                                              int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes) {
+extern "C" st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
+                                       int E, int N, int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3,
+                                       const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
+                                       size_t ws_bytes) {
     return moe_ffn_any<float>(s, y, x, offsets, E, N, max_rows_per_expert, w1, w3, w2, l, w, situ, b1, b2, ws,
                               ws_bytes);
 }
 
-/* ---------------- hosted: big experts through cuBLAS ----------------
- * Routing rule (st_cuda_moe_ffn_hosted*; the row counts are on the host): an expert with
- * rows ≥ big goes to cuBLAS, every other non-empty expert to the grouped mma.sync kernels above
- * (their tile map skips the big ones; the two write disjoint rows of h and y). big = min_rows_cublas
- * if > 0, else st_cuda_moe_ffn_cublas_min_rows(ℓ, w), the smallest row count with rows·ℓ·w ≥ 2^30.
+/* ---------------- table mode (row counts on the host): big experts through cuBLAS ----------------
+ * Routing rule (st_cuda_moe_ffn_table): an expert with rows ≥ big goes to cuBLAS, every other non-empty
+ * expert to the grouped kernels above (their tile map skips the big ones; the two write disjoint rows of
+ * h and y). big = min_rows_cublas if > 0, else (off the wgmma kernels) ffn_cublas_min_rows(ℓ, w), the
+ * smallest row count with rows·ℓ·w ≥ 2^30.
  * NOTE: why (H200, bench_gpu_moe_ffn): a cuBLAS call costs ~7 µs however small (64 experts × 2 calls
  * of 128 rows: 0.89 ms), and the calls go per run of adjacent experts with equal rows, so with uneven
  * counts each cuBLAS expert costs ~14 µs; under 6·2^30 FLOPs (~12 µs at ~550 TFLOP/s) its GEMMs take
@@ -1094,19 +1036,18 @@ extern "C" st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y
  *       x_e·w3_eᵀ (bf16, row pitch 2w);
  *   (2) ONE GLU kernel over the rows of all big experts: h = act(gate, up) (bf16);
  *   (3) down: y_e = h_e·w2_eᵀ (bf16 or fp32).
- * How (1) and (3) are issued (variant): BATCHED (default): one cublasGemmBatchedEx per run of adjacent
- * big experts with equal rows (gate and up of all of them in one batch); STRIDED:
- * cublasGemmStridedBatchedEx per run (gate and up separately; no pointer arrays); PER_EXPERT: one
- * batched call per expert (gate+up as a batch of 2, then down). (cublasGemmGroupedBatchedEx was tried:
+ (1) and (3) are one cublasGemmBatchedEx per run of adjacent big experts with equal rows (gate and up
+ * of all of them in one batch). (Two other ways, cublasGemmStridedBatchedEx per run and one batched
+ * call per expert, were measured no faster and deleted with the variant switch: docs/kernels.md.
+ * cublasGemmGroupedBatchedEx was tried:
  * cuBLAS 13.1 runs it with sm80 warp-MMA kernels at ~280 TFLOP/s, refuses fp32 C, and compute-sanitizer
  * flags invalid writes inside it; so it is not used.)
  * The device pointer arrays and the big experts' row ranges live in ws and are written by one small
  * kernel from the device offsets (no host→device copy, no allocation). */
 #define FH_MAXE 4096
 #define FH_ALIGN(b) (((size_t)(b) + 255) & ~(size_t)255)
-#define FH_VARIANT_DEFAULT ST_MOE_FFN_CUBLAS_VARIANT
 
-extern "C" int st_cuda_moe_ffn_cublas_min_rows(int l, int w) {
+static int ffn_cublas_min_rows(int l, int w) {
     long lw = (long)(l > 0 ? l : 1) * (w > 0 ? w : 1);
     return (int)(((1L << 30) + lw - 1) / lw);
 }
@@ -1195,53 +1136,31 @@ __global__ void ffn_glu_rows_kernel(st_bf16_t *__restrict__ h, const st_bf16_t *
 struct ffn_run {
     int M, j0, n, e0;
 };
-/* Next run from expert *e on (rank *j); merge: adjacent big experts with equal rows form one run. */
-static bool ffn_next_run(const int *oh, int E, int big, bool merge, int *e, int *j, ffn_run *r) {
+/* Next run from expert *e on (rank *j): adjacent big experts with equal rows form one run. */
+static bool ffn_next_run(const int *oh, int E, int big, int *e, int *j, ffn_run *r) {
     while (*e < E && (oh[*e + 1] - oh[*e] < big || oh[*e + 1] == oh[*e])) (*e)++;
     if (*e >= E) return false;
     r->M = oh[*e + 1] - oh[*e], r->j0 = *j, r->n = 0, r->e0 = *e;
     while (*e < E) {
         int c = oh[*e + 1] - oh[*e];
-        if (c != r->M || (r->n && !merge)) break; /* c == M ≥ big ≥ 1: a big expert */
+        if (c != r->M) break; /* c == M ≥ big ≥ 1: a big expert */
         r->n++, (*j)++, (*e)++;
     }
     return true;
 }
 
-/* One GEMM phase over all big experts. phase 0: gate/up (2 problems per expert), 1: down. */
-static st_status_t ffn_cublas_phase(cublasHandle_t hd, int variant, int phase, const ffn_ptrs &P, const int *oh, int E,
-                                    int big, const st_bf16_t *x, const st_bf16_t *w1, const st_bf16_t *w3,
-                                    const st_bf16_t *w2, st_bf16_t *gu, st_bf16_t *h, void *y, bool y_f32, int l,
-                                    int w) {
+/* One GEMM phase over all big experts. phase 0: gate/up (2 problems per expert), 1: down (y fp32). */
+static st_status_t ffn_cublas_phase(cublasHandle_t hd, int phase, const ffn_ptrs &P, const int *oh, int E, int big,
+                                    int l, int w) {
     const float one = 1.f, zero = 0.f;
     const int m = phase ? l : w, k = phase ? w : l, ldc = phase ? l : 2 * w, per = phase ? 1 : 2;
-    const cudaDataType_t ct = phase && y_f32 ? CUDA_R_32F : CUDA_R_16BF;
-    const size_t ye = y_f32 ? 4 : 2;
+    const cudaDataType_t ct = phase ? CUDA_R_32F : CUDA_R_16BF;
     const void **A = phase ? P.a2 : P.a13, **B = phase ? P.b2 : P.b13;
     void **C = phase ? P.c2 : P.c13;
-    const bool merge = variant != ST_MOE_CUBLAS_PER_EXPERT;
     int e = 0, j = 0;
     ffn_run r;
     st_status_t rc;
-    while (ffn_next_run(oh, E, big, merge, &e, &j, &r)) {
-        if (variant == ST_MOE_CUBLAS_STRIDED) {
-            const size_t r0 = (size_t)oh[r.e0];
-            const long long sx = (long long)r.M * k; /* x_e or h_e: the run's experts are M rows apart */
-            if (!phase) {
-                for (int half = 0; half < 2; half++)
-                    if ((rc = ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-                             hd, CUBLAS_OP_T, CUBLAS_OP_N, w, r.M, l, &one, (half ? w3 : w1) + (size_t)r.e0 * w * l,
-                             CUDA_R_16BF, l, (long long)w * l, x + r0 * l, CUDA_R_16BF, l, sx, &zero,
-                             gu + r0 * 2 * w + half * w, CUDA_R_16BF, 2 * w, (long long)r.M * 2 * w, r.n,
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT))))
-                        return rc;
-            } else if ((rc = ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-                            hd, CUBLAS_OP_T, CUBLAS_OP_N, l, r.M, w, &one, w2 + (size_t)r.e0 * l * w, CUDA_R_16BF, w,
-                            (long long)l * w, h + r0 * w, CUDA_R_16BF, w, sx, &zero, (char *)y + r0 * l * ye, ct, l,
-                            (long long)r.M * l, r.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT))))
-                return rc;
-            continue;
-        }
+    while (ffn_next_run(oh, E, big, &e, &j, &r)) {
         const int p0 = r.j0 * per;
         if ((rc = ST_CUBLAS_CHECK(cublasGemmBatchedEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, m, r.M, k, &one, A + p0,
                                                       CUDA_R_16BF, k, B + p0, CUDA_R_16BF, k, &zero, C + p0, ct, ldc,
@@ -1251,39 +1170,35 @@ static st_status_t ffn_cublas_phase(cublasHandle_t hd, int variant, int phase, c
     return ST_OK;
 }
 
-extern "C" size_t st_cuda_moe_ffn_hosted_ws_bytes(int N, int w) {
+extern "C" size_t st_cuda_moe_ffn_table_ws_bytes(int N, int w) {
     /* [h + tile map: st_cuda_moe_ffn_ws_bytes][gu [N, 2w] bf16][pointer arrays, row ranges][table
      * mode's tensor maps], each region 256-byte aligned (NOTE: the GLU kernel reads gu with 16-byte
      * loads; FH_PTR_BYTES is a multiple of 256) */
     return FH_ALIGN(st_cuda_moe_ffn_ws_bytes(N, w)) + FH_ALIGN((size_t)N * 2 * w * 2) + FH_PTR_BYTES + FH_TM_BYTES;
 }
 
-static st_status_t ffn_hosted_impl(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
-                                   const int *offsets, const int *offsets_host, int E, int min_rows_cublas,
-                                   const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2,
-                                   const st_bf16_t *const *tab, int l, int w, bool situ, float b1, float b2,
-                                   int variant, void *ws, size_t ws_bytes) {
-    if (E <= 0 || E > FH_MAXE || !offsets_host || offsets_host[0] != 0 || l <= 0 || w <= 0 || l % 8 || w % 8 ||
-        variant < ST_MOE_CUBLAS_BATCHED || variant > ST_MOE_CUBLAS_PER_EXPERT || min_rows_cublas < 0 ||
-        (tab && variant == ST_MOE_CUBLAS_STRIDED))
-        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: E=%d l=%d w=%d variant=%d min_rows=%d offsets_host[0]=%d",
-                       E, l, w, variant, min_rows_cublas, offsets_host ? offsets_host[0] : -1);
-    int N = offsets_host[E], big = min_rows_cublas > 0 ? min_rows_cublas : st_cuda_moe_ffn_cublas_min_rows(l, w);
-    if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1);
-    /* the default rule on the wgmma kernels (stacked weights, or the table mode on them): no expert
-     * via cuBLAS (NOTE: the grouped kernel is at least as fast as cuBLAS there, without its ~7 µs per
-     * call) */
-    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_mode >= 1 && (!tab || fw_table)) big = 0x7fffffff;
+extern "C" st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
+                                             const int *offsets_host, int E, int min_rows_cublas,
+                                             const st_bf16_t *const *tab, int l, int w, bool situ, float b1, float b2,
+                                             void *ws, size_t ws_bytes) {
+    if (!tab || E <= 0 || E > FH_MAXE || !offsets_host || offsets_host[0] != 0 || l <= 0 || w <= 0 || l % 8 || w % 8 ||
+        min_rows_cublas < 0)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_table: tab=%p E=%d l=%d w=%d min_rows=%d offsets_host[0]=%d",
+                       (const void *)tab, E, l, w, min_rows_cublas, offsets_host ? offsets_host[0] : -1);
+    int N = offsets_host[E], big = min_rows_cublas > 0 ? min_rows_cublas : ffn_cublas_min_rows(l, w);
+    /* the default rule on the wgmma kernels: no expert via cuBLAS (NOTE: the grouped kernel is at least
+     * as fast as cuBLAS there, without its ~7 µs per call) */
+    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_usable() && FW_TABLE) big = 0x7fffffff;
     int max_small = 0, nb = 0, max_big = 0;
     for (int e = 0; e < E; e++) {
         int c = offsets_host[e + 1] - offsets_host[e];
-        if (c < 0) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: offsets decrease at expert %d", e);
+        if (c < 0) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_table: offsets decrease at expert %d", e);
         if (c >= big) nb++, max_big = c > max_big ? c : max_big;
         else if (c > max_small) max_small = c;
     }
-    if (ws_bytes < st_cuda_moe_ffn_hosted_ws_bytes(N, w) || ((uintptr_t)ws & 255))
-        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_hosted: ws=%p, %zu bytes (need %zu, 256-byte aligned)", ws,
-                       ws_bytes, st_cuda_moe_ffn_hosted_ws_bytes(N, w));
+    if (ws_bytes < st_cuda_moe_ffn_table_ws_bytes(N, w) || ((uintptr_t)ws & 255))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_table: ws=%p, %zu bytes (need %zu, 256-byte aligned)", ws,
+                       ws_bytes, st_cuda_moe_ffn_table_ws_bytes(N, w));
     if (!N) return ST_OK;
     st_bf16_t *h = (st_bf16_t *)ws;
     int *map = (int *)((uint8_t *)ws + (((size_t)N * w * 2 + 255) & ~(size_t)255));
@@ -1293,59 +1208,21 @@ static st_status_t ffn_hosted_impl(const st_gpu_stream_t *s, void *y, bool y_f32
     cudaStream_t cs = ST_STREAM(s);
     st_status_t rc;
     if (max_small > 0) {
-        rc = y_f32 ? ffn_grouped_launch<float>(cs, (float *)y, h, map, x, offsets, E, N, max_small, big, w1, w3, w2, l,
-                                               w, situ, b1, b2, tab, tmt)
-                   : ffn_grouped_launch<st_bf16_t>(cs, (st_bf16_t *)y, h, map, x, offsets, E, N, max_small, big, w1,
-                                                   w3, w2, l, w, situ, b1, b2, tab, tmt);
+        rc = ffn_grouped_launch<float>(cs, y, h, map, x, offsets, E, N, max_small, big, nullptr, nullptr, nullptr, l, w,
+                                       situ, b1, b2, tab, tmt);
         if (rc) return rc;
     }
     if (!nb) return ST_OK;
-    /* every variant: the GLU reads the row ranges */
-    ffn_cublas_ptrs_kernel<<<1, 1024, 0, cs>>>(P, offsets, E, big, x, w1, w3, w2, gu, h, (unsigned char *)y,
-                                               y_f32 ? 4 : 2, l, w, tab);
+    /* the GLU reads the row ranges */
+    ffn_cublas_ptrs_kernel<<<1, 1024, 0, cs>>>(P, offsets, E, big, x, nullptr, nullptr, nullptr, gu, h,
+                                               (unsigned char *)y, 4, l, w, tab);
     if ((rc = ST_LAUNCH_OK("ffn_cublas_ptrs_kernel"))) return rc;
     cublasHandle_t hd = (cublasHandle_t)s->cublas;
-    if ((rc = ffn_cublas_phase(hd, variant, 0, P, offsets_host, E, big, x, w1, w3, w2, gu, h, y, y_f32, l, w)))
-        return rc;
+    if ((rc = ffn_cublas_phase(hd, 0, P, offsets_host, E, big, l, w))) return rc;
     const long items = (long)max_big * (w / 8);
     ffn_glu_rows_kernel<<<dim3((unsigned)((items + 255) / 256), nb), 256, 0, cs>>>(h, gu, P.rr, w, situ, b1, b2);
     if ((rc = ST_LAUNCH_OK("ffn_glu_rows_kernel"))) return rc;
-    return ffn_cublas_phase(hd, variant, 1, P, offsets_host, E, big, x, w1, w3, w2, gu, h, y, y_f32, l, w);
-}
-
-extern "C" st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
-                                                 const int *offsets, const int *offsets_host, int E,
-                                                 int min_rows_cublas, const st_bf16_t *w1, const st_bf16_t *w3,
-                                                 const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2,
-                                                 int variant, void *ws, size_t ws_bytes) {
-    return ffn_hosted_impl(s, y, y_f32, x, offsets, offsets_host, E, min_rows_cublas, w1, w3, w2, nullptr, l, w, situ, b1,
-                           b2, variant, ws, ws_bytes);
-}
-
-extern "C" st_status_t st_cuda_moe_ffn_table_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x,
-                                                    const int *offsets, const int *offsets_host, int E,
-                                                    int min_rows_cublas, const st_bf16_t *const *tab, int l, int w,
-                                                    bool situ, float b1, float b2, void *ws, size_t ws_bytes) {
-    if (!tab) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_table: no weight table");
-    return ffn_hosted_impl(s, y, true, x, offsets, offsets_host, E, min_rows_cublas, nullptr, nullptr, nullptr, tab, l,
-                           w, situ, b1, b2, FH_VARIANT_DEFAULT, ws, ws_bytes);
-}
-
-extern "C" st_status_t st_cuda_moe_ffn_hosted(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x,
-                                              const int *offsets, const int *offsets_host, int E, int min_rows_cublas,
-                                              const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l,
-                                              int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes) {
-    return st_cuda_moe_ffn_hosted_ex(s, y, false, x, offsets, offsets_host, E, min_rows_cublas, w1, w3, w2, l, w, situ,
-                                     b1, b2, FH_VARIANT_DEFAULT, ws, ws_bytes);
-}
-
-extern "C" st_status_t st_cuda_moe_ffn_hosted_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x,
-                                                     const int *offsets, const int *offsets_host, int E,
-                                                     int min_rows_cublas, const st_bf16_t *w1, const st_bf16_t *w3,
-                                                     const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2,
-                                                     void *ws, size_t ws_bytes) {
-    return st_cuda_moe_ffn_hosted_ex(s, y, true, x, offsets, offsets_host, E, min_rows_cublas, w1, w3, w2, l, w, situ,
-                                     b1, b2, FH_VARIANT_DEFAULT, ws, ws_bytes);
+    return ffn_cublas_phase(hd, 1, P, offsets_host, E, big, l, w);
 }
 
 /* ---------------- MXFP4 → bf16 ---------------- */
@@ -1475,8 +1352,7 @@ static st_status_t fs_launch(const st_gpu_stream_t *s, float *y, st_bf16_t *h, c
 }
 
 extern "C" bool st_cuda_moe_ffn_slots_pick(int slots, int E, int l, int w) {
-    if (fw_mode < 0) st_cuda_moe_ffn_use_wgmma(-1); /* reads the env */
-    return slots > 0 && slots <= fs_max_slots && 2 * slots <= E && l % 8 == 0 && w % 8 == 0;
+    return slots > 0 && slots <= FS_MAX_SLOTS && 2 * slots <= E && l % 8 == 0 && w % 8 == 0;
 }
 
 extern "C" st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y, st_bf16_t *h, const st_bf16_t *z,
@@ -1494,7 +1370,7 @@ extern "C" st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y,
     return fs_launch(s, y, h, z, S, T * kc, w1, w3, w2, l, w, situ, b1, b2);
 }
 
-extern "C" st_status_t st_cuda_moe_ffn_rows_table_f32out(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws,
+extern "C" st_status_t st_cuda_moe_ffn_rows_table(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws,
                                                          const st_bf16_t *x, const int *offsets, int n_exp, int N,
                                                          const st_bf16_t *const *tab, int l, int w, bool situ,
                                                          float b1, float b2) {

@@ -1,6 +1,5 @@
 /* Quantile routing on the GPU (SPEC §7): σ(logits), experts with s ≥ τ, at most kmax of them by
- * the largest s − τ (ties → lower id), ids ascending, weights renormalised over the active set;
- * and the copy of the scores to pinned host memory for the coordinator's per-step summary.
+ * the largest s − τ (ties → lower id), ids ascending, weights renormalised over the active set.
  * CPU reference: st_router_sigmoid + st_route_quantile (kernels/router.c). */
 #include "cuda_common.cuh"
 
@@ -118,12 +117,4 @@ extern "C" st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *id
     router_quantile_kernel<<<(T + RQ_WARPS - 1) / RQ_WARPS, RQ_WARPS * 32, 0, ST_STREAM(s)>>>(
         ids, w, cnt, scores, tau, T, n, kmax, renorm, scale);
     return ST_LAUNCH_OK("router_quantile_kernel");
-}
-
-extern "C" st_status_t st_cuda_router_scores_to_host(const st_gpu_stream_t *s, float *host_pinned, const float *scores,
-                                                     int T, int n) {
-    if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "router_scores_to_host: T=%d n=%d", T, n);
-    if (!T) return ST_OK;
-    return ST_CUDA_CHECK(cudaMemcpyAsync(host_pinned, scores, (size_t)T * n * sizeof(float), cudaMemcpyDeviceToHost,
-                                         ST_STREAM(s)));
 }

@@ -8,6 +8,10 @@
 #include "strata/gpu.h"
 #include "strata/kernels_cuda.h"
 
+/* p [n] (bf16 if bf16 else fp32) = uniform [lo, hi) from a counter hash of (index, seed) (bench_fill.cu) */
+st_status_t st_cuda_fill_uniform(const st_gpu_stream_t *s, void *p, bool bf16, size_t n, float lo, float hi,
+                                 uint64_t seed);
+
 #define BK(call)                                                                              \
     do {                                                                                      \
         st_status_t rc_ = (call);                                                             \

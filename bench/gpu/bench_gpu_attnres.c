@@ -34,7 +34,7 @@ static double layer_gemm_ms(const layer_t *L, int T) {
     double tot = 0;
     for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++) {
         double ms;
-        BTIME(ms, 10, st_cuda_linear(&bs, gy, false, gx, gw, T, gemms[i][1], gemms[i][0]));
+        BTIME(ms, 10, st_cuda_linear(&bs, gy, gemms[i][1], false, 0.f, gx, gemms[i][0], gw, T, gemms[i][1], gemms[i][0]));
         tot += ms;
     }
     return tot;

@@ -62,8 +62,9 @@ static const char *preset = "small"; /* STRATA_BENCH_PRESET (e.g. k3-mini: K3's 
 static void run_engine(const st_ckpt_t *ck);
 
 /* STRATA_BENCH_AB="NAME=VALUE[,NAME=VALUE...]": the greedy decode step once more with these variables
- * set (read again by st_cuda_moe_ffn_use_wgmma(-1) and st_cuda_linear_read_env), in the same process, so
- * a variant is compared without machine-to-machine variance. The variables are unset afterwards. */
+ * set (read again when the engine recaptures its graphs), in the same process, so a variant is compared
+ * without machine-to-machine variance. The variables are unset afterwards. (Kernel variants are no
+ * longer switched by variables: they are compared in kernels/dev programs; docs/kernels.md.) */
 static void ab_env(const char *spec, bool set) {
     char buf[512], *save = NULL;
     snprintf(buf, sizeof buf, "%s", spec);
@@ -74,8 +75,6 @@ static void ab_env(const char *spec, bool set) {
         if (set) setenv(kv, eq + 1, 1);
         else unsetenv(kv);
     }
-    st_cuda_moe_ffn_use_wgmma(-1);
-    st_cuda_linear_read_env();
 }
 
 static void ab_compare(const int *slots, int B, int *tok, double gmean, const char *tag) {
@@ -223,14 +222,6 @@ static void run_engine(const st_ckpt_t *ck) {
             st_engine_cuda_set_graphs(eng, true);
             printf("RESULT e2e_%s_decode_b%d%s_greedy_no_graphs %.0f tok/s (step %.2f ms mean; graphs: %.2fx)\n", preset,
                    B, tag, B / nmean, nmean * 1e3, nmean / gmean);
-            /* the same (graphs) with every linear layer on cuBLAS: what the skinny kernel is worth */
-            st_cuda_linear_skinny_enable(false);
-            st_engine_cuda_set_graphs(eng, true); /* recapture */
-            double cmean = greedy_mean(slots, B, tok);
-            st_cuda_linear_skinny_enable(true);
-            st_engine_cuda_set_graphs(eng, true);
-            printf("RESULT e2e_%s_decode_b%d%s_greedy_cublas_linear %.0f tok/s (step %.2f ms mean; skinny linear: %.2fx)\n",
-                   preset, B, tag, B / cmean, cmean * 1e3, cmean / gmean);
             ab_compare(slots, B, tok, gmean, tag);
         }
         for (int i = 0; i < B; i++) st_engine_seq_close(eng, slots[i]);

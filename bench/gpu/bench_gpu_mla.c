@@ -1,23 +1,14 @@
 /* MLA absorbed decode bandwidth: B sequences × ctx tokens of 576-wide bf16 latent rows in 64-row
  * pages, H query heads; KV bytes read per time against the copy ceiling, tensor rate against the
  * cuBLAS bf16 GEMM ceiling, and against the roofline min(copy, GEMM / (2·H·1088/1152 FLOP/B)).
- * Every shape runs each kernel variant (st_cuda_mla_decode_set_variant) in the same process: v2, v6
- * (warp-specialised, persistent) and the diagnostics ("g": the gathers only; "tens2" / "tens6": v2's /
- * v6's tensor work only); summary tables (% of copy, TFLOP/s) are printed last.
- * BENCH_MLA_SET=1: the kernels only; =2: the diagnostics only. BENCH_MLA_ONLY=i: shape i only. */
+ * The kernel is the product's (v6, kernels/mla.cu); a summary table (% of copy, TFLOP/s) is printed
+ * last. BENCH_MLA_ONLY=i: shape i only (e.g. under ncu). */
 #include <math.h>
 
 #include "bench_common.h"
 
-typedef struct {
-    int v, grid, set; /* set 1: the kernels, 2: diagnostics */
-    const char *name;
-} variant_t;
-static const variant_t VARS[] = {{2, 0, 1, "v2"},    {6, 0, 1, "v6"},   {-2, 0, 2, "g v2"},
-                                 {-6, 0, 2, "g v6"}, {9, 0, 2, "tens2"}, {69, 0, 2, "tens6"}};
-#define NV ((int)(sizeof VARS / sizeof VARS[0]))
 #define NSHAPE 13
-static double pct[NSHAPE][NV], tfs[NSHAPE][NV];
+static double pct[NSHAPE], tfs[NSHAPE];
 static int shp[NSHAPE][3];
 
 static void bench(int si, int B, int ctx, int H, int split) {
@@ -36,24 +27,15 @@ static void bench(int si, int B, int ctx, int H, int split) {
     void *ws = bdev(wsb);
     const float sc = 1.f / sqrtf(192.f);
     shp[si][0] = B, shp[si][1] = ctx, shp[si][2] = H;
-    const char *se = getenv("BENCH_MLA_SET");
-    const int set = se ? atoi(se) : 0;
-    for (int vi = 0; vi < NV; vi++) {
-        pct[si][vi] = tfs[si][vi] = NAN;
-        if (set && VARS[vi].set != set) continue;
-        BK(st_cuda_mla_decode_set_variant(VARS[vi].v, VARS[vi].grid));
-        double ms;
-        BTIME(ms, 5, st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
-        const double gbs = kvb / (ms * 1e6), tfl = 2.0 * rows * H * (576 + 512) / (ms * 1e9);
-        const double roof = fmin(b_copy_gbs, b_gemm_tflops * 1e3 / (2.0 * H * (576 + 512) / 1152.0));
-        pct[si][vi] = 100.0 * gbs / b_copy_gbs, tfs[si][vi] = tfl;
-        printf("RESULT mla_decode [%s] B=%d ctx=%d H=%d split=%d: %.3f ms, %.0f GB/s KV read = %.1f%% of copy, "
-               "%.1f TFLOP/s = %.1f%% of GEMM, %.1f%% of roofline\n",
-               VARS[vi].name, B, ctx, H, split, ms, gbs, pct[si][vi], tfl, 100.0 * tfl / b_gemm_tflops,
-               100.0 * gbs / roof);
-        fflush(stdout);
-    }
-    BK(st_cuda_mla_decode_set_variant(0, 0));
+    double ms;
+    BTIME(ms, 5, st_cuda_mla_decode(&bs, o, q, pool, bt, len, B, H, page, max_pages, ctx, split, sc, ws, wsb));
+    const double gbs = kvb / (ms * 1e6), tfl = 2.0 * rows * H * (576 + 512) / (ms * 1e9);
+    const double roof = fmin(b_copy_gbs, b_gemm_tflops * 1e3 / (2.0 * H * (576 + 512) / 1152.0));
+    pct[si] = 100.0 * gbs / b_copy_gbs, tfs[si] = tfl;
+    printf("RESULT mla_decode B=%d ctx=%d H=%d split=%d: %.3f ms, %.0f GB/s KV read = %.1f%% of copy, "
+           "%.1f TFLOP/s = %.1f%% of GEMM, %.1f%% of roofline\n",
+           B, ctx, H, split, ms, gbs, pct[si], tfl, 100.0 * tfl / b_gemm_tflops, 100.0 * gbs / roof);
+    fflush(stdout);
     st_gpu_free(pool), st_gpu_free(q), st_gpu_free(o), st_gpu_free(bt), st_gpu_free(len), st_gpu_free(ws);
     free(hbt), free(hlen);
 }
@@ -68,27 +50,13 @@ int main(void) {
     const char *only = getenv("BENCH_MLA_ONLY"); /* one shape (its row number from 0), e.g. under ncu */
     for (int i = 0; i < NSHAPE; i++)
         if (!only || atoi(only) == i) bench(i, S[i][0], S[i][1], S[i][2], S[i][3]);
-    printf("\nSUMMARY %% of copy (%.0f GB/s, GEMM %.1f TFLOP/s); g = gathers only, tensor = tensor work only\n",
-           b_copy_gbs, b_gemm_tflops);
-    printf("%-15s", "B x ctx, H");
-    for (int v = 0; v < NV; v++) printf(" %7s", VARS[v].name);
-    printf("\n");
+    printf("\nSUMMARY (copy %.0f GB/s, GEMM %.1f TFLOP/s)\n%-15s %9s %9s\n", b_copy_gbs, b_gemm_tflops, "B x ctx, H",
+           "% copy", "TFLOP/s");
     for (int i = 0; i < NSHAPE; i++) {
         if (!shp[i][0]) continue; /* not run (BENCH_MLA_ONLY) */
         char t[32];
         snprintf(t, sizeof t, "%dx%dK H%d", shp[i][0], shp[i][1] / 1024, shp[i][2]);
-        printf("%-15s", t);
-        for (int v = 0; v < NV; v++) printf(" %7.1f", pct[i][v]);
-        printf("\n");
-    }
-    printf("\nSUMMARY TFLOP/s (GEMM ceiling %.1f)\n", b_gemm_tflops);
-    for (int i = 0; i < NSHAPE; i++) {
-        if (!shp[i][0]) continue; /* not run (BENCH_MLA_ONLY) */
-        char t[32];
-        snprintf(t, sizeof t, "%dx%dK H%d", shp[i][0], shp[i][1] / 1024, shp[i][2]);
-        printf("%-15s", t);
-        for (int v = 0; v < NV; v++) printf(" %7.1f", tfs[i][v]);
-        printf("\n");
+        printf("%-15s %9.1f %9.1f\n", t, pct[i], tfs[i]);
     }
     return 0;
 }

@@ -7,106 +7,21 @@
 
 #include "bench_common.h"
 
-/* argv[1]: mask of the hosted path's cuBLAS variants to time (bit v: st_moe_cublas_variant_t v; default
- * all); argv[2]: the variant of
- * the "default" hosted lines (default: what st_cuda_moe_ffn_hosted uses) */
-static int b_vmask = 0xe, b_dvar = -1;
-/* st_cuda_moe_ffn_use_wgmma modes */
-static const char *b_kname[] = {"mma.sync", "wgmma-auto", "wgmma-cooperative", "?", "?", "wgmma-pingpong-fused"};
-#define B_NMODES 6
-/* argv[3]: which of those modes to time (bit m: mode m; also filters the variants and table sections) */
-static int b_kmask = 0x27;
-/* argv[4]: sections (bit 0: the FFN paths as before, 1: the wgmma variants (PDL, 16- vs 4/8-byte
- * epilogue stores, ping-pong), 2: the table mode (st_cuda_moe_ffn_table_f32out) on wgmma vs before,
- * 3: dispatch and MLA prefill, 4: for profilers (ncu): one untimed call of st_cuda_moe_ffn per mode of
- * argv[3], 5: decode-sized routed FFN, per slot vs grouped) */
-static int b_smask = 0x2f;
-/* argv[5]: which of the three FFN shapes (bit i: shape i; default all) */
-static int b_shmask = 0x7;
+/* argv[1]: sections (bit 0: the grouped FFN and the table mode, 1: decode-sized routed FFN, per slot vs
+ * grouped, 2: dispatch and MLA prefill; default all); argv[2]: which of the three FFN shapes (bit i:
+ * shape i; default all). Kernel variants are not switched here: they are compared in kernels/dev
+ * programs (docs/kernels.md). */
+static int b_smask = 0x7, b_shmask = 0x7;
 
-/* a wgmma variant (the environment st_cuda_moe_ffn_use_wgmma reads); "" → the default */
-static int wg_variant(int mode, const char *pdl, const char *table) {
-    setenv("STRATA_FFN_PDL", pdl, 1), setenv("STRATA_FFN_WG_TABLE", table, 1);
-    setenv("STRATA_FFN_VEC", "", 1);
-    return st_cuda_moe_ffn_use_wgmma(mode);
-}
-
-/* the buffers of one FFN shape: x, y [E·tpe, l] bf16 (x uniform in ±1), stacked w1, w3 [E, w, l] and
- * w2 [E, l, w] (±0.03), equal row counts (hoff on the host, off on the device), the grouped
- * workspace */
-typedef struct {
-    st_bf16_t *x, *y, *w1, *w3, *w2;
-    int *hoff, *off;
-    void *ws;
-    size_t wsb;
-} ffn_bufs_t;
-
-static void ffn_bufs_init(ffn_bufs_t *b, int E, int tpe, int l, int w) {
-    int N = E * tpe;
-    b->x = bdev((size_t)N * l * 2), b->y = bdev((size_t)N * l * 2);
-    b->w1 = bdev((size_t)E * w * l * 2), b->w3 = bdev((size_t)E * w * l * 2), b->w2 = bdev((size_t)E * l * w * 2);
-    BK(st_cuda_fill_uniform(&bs, b->x, true, (size_t)N * l, -1.f, 1.f, 1));
-    BK(st_cuda_fill_uniform(&bs, b->w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
-    BK(st_cuda_fill_uniform(&bs, b->w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
-    BK(st_cuda_fill_uniform(&bs, b->w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
-    b->hoff = malloc(sizeof(int) * (E + 1));
-    for (int e = 0; e <= E; e++) b->hoff[e] = e * tpe;
-    b->off = bdev(sizeof(int) * (E + 1));
-    BK(st_gpu_memcpy_h2d(b->off, b->hoff, sizeof(int) * (E + 1)));
-    b->wsb = st_cuda_moe_ffn_ws_bytes(N, w);
-    b->ws = bdev(b->wsb);
-}
-
-static void ffn_bufs_free(ffn_bufs_t *b) {
-    st_gpu_free(b->x), st_gpu_free(b->y), st_gpu_free(b->w1), st_gpu_free(b->w3), st_gpu_free(b->w2);
-    st_gpu_free(b->off), st_gpu_free(b->ws);
-    free(b->hoff);
-}
-
-static void bench_ffn_variants(int E, int tpe, int l, int w) {
-    int N = E * tpe;
-    ffn_bufs_t b;
-    ffn_bufs_init(&b, E, tpe, l, w);
-    st_bf16_t *x = b.x, *y = b.y, *w1 = b.w1, *w3 = b.w3, *w2 = b.w2;
-    int *off = b.off;
-    size_t wsb = b.wsb;
-    void *ws = b.ws;
-    double ms, fl = 6.0 * N * l * w;
-    static const struct {
-        int mode;
-        const char *pdl, *vec, *what;
-    } v[] = {
-        {2, "", "0", "cooperative, 4/8-byte stores (round 2)"},
-        {2, "", "", "cooperative"},
-        {2, "1", "", "cooperative+pdl"},
-        {5, "", "0", "pingpong-fused, 4/8-byte stores"},
-        {5, "", "", "pingpong-fused"},
-        {1, "", "", "auto"},
-        {2, "", "0", "cooperative, 4/8-byte stores (again)"},
-        {2, "", "", "cooperative (again)"},
-        {5, "", "", "pingpong-fused (again)"},
-        {1, "", "", "auto (again)"},
-    };
-    for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) {
-        if (!(b_kmask >> v[i].mode & 1) || wg_variant(v[i].mode, v[i].pdl, "") != v[i].mode) continue;
-        setenv("STRATA_FFN_VEC", v[i].vec, 1);
-        st_cuda_moe_ffn_use_wgmma(v[i].mode); /* reads STRATA_FFN_VEC */
-        BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
-        printf("RESULT moe_ffn E=%d x %d l=%d w=%d variant %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, v[i].what, ms,
-               fl / (ms * 1e9));
-    }
-    wg_variant(-1, "", "");
-    ffn_bufs_free(&b);
-}
-
-/* the table mode (the expert server's call): the stacked weights through a pointer table, fp32 y,
- * default rule; per-expert tensor maps on wgmma vs mma.sync + cuBLAS (before); even and uneven counts */
-static void bench_ffn_table(int E, int tpe, int l, int w) {
-    int N = E * tpe * 3 / 2;
-    st_bf16_t *x = bdev((size_t)N * l * 2);
-    float *y = bdev((size_t)N * l * 4);
+/* The grouped FFN as the engine runs it (stacked weights, st_cuda_moe_ffn) and the table mode as the
+ * expert server runs it (a pointer table, st_cuda_moe_ffn_table: the default rule, and every expert
+ * through cuBLAS for comparison), equal and uneven row counts; x uniform in ±1, weights ±0.03. */
+static void bench_ffn(int E, int tpe, int l, int w) {
+    int Nmax = E * tpe * 3 / 2;
+    st_bf16_t *x = bdev((size_t)Nmax * l * 2);
+    float *y = bdev((size_t)Nmax * l * 4);
     st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
-    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)N * l, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, x, true, (size_t)Nmax * l, -1.f, 1.f, 1));
     BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
     BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
     BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
@@ -116,181 +31,33 @@ static void bench_ffn_table(int E, int tpe, int l, int w) {
                 tab[3 * e + 2] = w2 + (size_t)e * l * w;
     const st_bf16_t **d_tab = bdev(sizeof *tab * 3 * E);
     BK(st_gpu_memcpy_h2d((void *)d_tab, tab, sizeof *tab * 3 * E));
-    int *hoff = malloc(sizeof(int) * (E + 1));
-    int *off = bdev(sizeof(int) * (E + 1));
-    size_t wsb = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
-    void *ws = bdev(wsb);
+    int *hoff = malloc(sizeof(int) * (E + 1)), *off = bdev(sizeof(int) * (E + 1));
+    size_t wsb = st_cuda_moe_ffn_ws_bytes(Nmax, w), wsh = st_cuda_moe_ffn_table_ws_bytes(Nmax, w);
+    void *ws = bdev(wsb), *wst = bdev(wsh);
     for (int uneven = 0; uneven < 2; uneven++) {
         hoff[0] = 0;
-        for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + (uneven ? tpe * (int[]){2, 6, 3, 5}[e % 4] / 4 : tpe);
+        int maxc = 0;
+        for (int e = 0; e < E; e++) {
+            int c = uneven ? tpe * (int[]){2, 6, 3, 5}[e % 4] / 4 : tpe;
+            hoff[e + 1] = hoff[e] + c, maxc = c > maxc ? c : maxc;
+        }
         BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
-        double fl = 6.0 * hoff[E] * l * w, ms;
-        /* per-expert tensor maps on each wgmma mode; the default; before (mma.sync + cuBLAS) */
-        static const int vm[] = {2, 5, -1, -1};
-        static const char *vn[] = {"wgmma cooperative", "wgmma ping-pong fused", "wgmma default",
-                                   "before (mma.sync + cuBLAS by the default rule)"};
-        for (int on = 0; on < 4; on++) {
-            if (vm[on] >= 0 && !(b_kmask >> vm[on] & 1)) continue;
-            if (wg_variant(vm[on], "", on < 3 ? "1" : "0") != vm[on] && vm[on] >= 0) continue;
-            st_status_t rc =
-                st_cuda_moe_ffn_table_f32out(&bs, y, x, off, hoff, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsb);
-            if (rc == ST_OK) rc = st_gpu_stream_sync(&bs);
-            if (rc != ST_OK) {
-                printf("RESULT moe_ffn_table FAILED: %s\n", st_err_last());
-                continue;
-            }
-            BTIME(ms, 20,
-                  st_cuda_moe_ffn_table_f32out(&bs, y, x, off, hoff, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsb));
-            printf("RESULT moe_ffn_table_f32out E=%d x %d l=%d w=%d%s, %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w,
-                   uneven ? " uneven (0.5/1.5/0.75/1.25x)" : "", vn[on], ms, fl / (ms * 1e9));
+        const int N = hoff[E];
+        const double fl = 6.0 * N * l * w;
+        const char *sh = uneven ? " uneven (0.5/1.5/0.75/1.25x)" : "";
+        double ms;
+        BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, maxc, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
+        printf("RESULT moe_ffn E=%d x %d l=%d w=%d%s (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM\n", E, tpe, l,
+               w, sh, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
+        for (int minr = 0; minr < 2; minr++) { /* 0: the server's default rule; 1: every expert via cuBLAS */
+            BTIME(ms, 20, st_cuda_moe_ffn_table(&bs, y, x, off, hoff, E, minr, d_tab, l, w, true, 4.f, 25.f, wst, wsh));
+            printf("RESULT moe_ffn_table E=%d x %d l=%d w=%d%s, %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, sh,
+                   minr ? "all experts via cuBLAS" : "default rule", ms, fl / (ms * 1e9));
         }
     }
-    wg_variant(-1, "", "");
     st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
-        st_gpu_free(ws), st_gpu_free((void *)d_tab);
+        st_gpu_free(ws), st_gpu_free(wst), st_gpu_free((void *)d_tab);
     free(hoff), free(tab);
-}
-
-/* the hosted path at one configuration: v < 0 → the public wrappers (default variant) */
-typedef struct {
-    const st_bf16_t *x, *w1, *w3, *w2;
-    const int *off;
-    int E, l, w;
-    void *ws;
-    size_t wsb;
-} hosted_ctx_t;
-static st_status_t hosted_call(const hosted_ctx_t *c, void *y, bool f32, const int *hoff, int minr, int v) {
-    if (v >= 0)
-        return st_cuda_moe_ffn_hosted_ex(&bs, y, f32, c->x, c->off, hoff, c->E, minr, c->w1, c->w3, c->w2, c->l, c->w,
-                                         true, 4.f, 25.f, v, c->ws, c->wsb);
-    if (f32)
-        return st_cuda_moe_ffn_hosted_f32out(&bs, y, c->x, c->off, hoff, c->E, minr, c->w1, c->w3, c->w2, c->l, c->w,
-                                             true, 4.f, 25.f, c->ws, c->wsb);
-    return st_cuda_moe_ffn_hosted(&bs, y, c->x, c->off, hoff, c->E, minr, c->w1, c->w3, c->w2, c->l, c->w, true, 4.f,
-                                  25.f, c->ws, c->wsb);
-}
-/* ms per call, or −1 after printing why it failed (one failing variant must not end the run) */
-static double time_hosted(const hosted_ctx_t *c, void *y, bool f32, const int *hoff, int minr, int v) {
-    st_status_t rc = hosted_call(c, y, f32, hoff, minr, v);
-    if (rc == ST_OK) rc = st_gpu_stream_sync(&bs);
-    if (rc != ST_OK) {
-        printf("RESULT moe_ffn_hosted variant %d min_rows %d: FAILED: %s\n", v, minr, st_err_last());
-        return -1;
-    }
-    double ms;
-    BTIME(ms, 20, hosted_call(c, y, f32, hoff, minr, v));
-    return ms;
-}
-
-static void bench_ffn(int E, int tpe, int l, int w) {
-    int N = E * tpe;
-    ffn_bufs_t b;
-    ffn_bufs_init(&b, E, tpe, l, w);
-    st_bf16_t *x = b.x, *y = b.y, *w1 = b.w1, *w3 = b.w3, *w2 = b.w2;
-    int *hoff = b.hoff, *off = b.off;
-    size_t wsb = b.wsb;
-    void *ws = b.ws;
-    double ms;
-    double fl = 6.0 * N * l * w;
-    /* the grouped path on each implementation of its GEMMs (then back to the default for the rest) */
-    const int dflt = st_cuda_moe_ffn_use_wgmma(-1);
-    for (int mode = 0; mode < B_NMODES; mode++) {
-        if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
-        BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
-        printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused) kernels=%s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w,
-               b_kname[mode], ms, fl / (ms * 1e9));
-    }
-    st_cuda_moe_ffn_use_wgmma(-1);
-    printf("RESULT moe_ffn grouped kernels by default: %s\n", b_kname[dflt]);
-    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
-    printf("RESULT moe_ffn E=%d x %d l=%d w=%d (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM ceiling\n", E, tpe,
-           l, w, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
-    /* the hosted path (row counts on the host): the default (experts with rows·l·w >= 2^30 via cuBLAS),
-     * then every cuBLAS variant with all experts via cuBLAS, bf16 and fp32 y */
-    static const char *vname[] = {"?", "batched", "strided", "per-expert"};
-    size_t wsh = st_cuda_moe_ffn_hosted_ws_bytes(N, w);
-    void *wsh_p = bdev(wsh);
-    float *y32 = bdev((size_t)N * l * 4);
-    hosted_ctx_t hc = {x, w1, w3, w2, off, E, l, w, wsh_p, wsh};
-    const int dmin = st_cuda_moe_ffn_cublas_min_rows(l, w);
-    if ((ms = time_hosted(&hc, y, false, hoff, 0, b_dvar)) > 0)
-        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (default rule: cuBLAS for experts >= %d rows%s): %.3f ms, "
-               "%.1f TFLOP/s = %.1f%% of GEMM ceiling\n",
-               E, tpe, l, w, dmin, dflt ? ", but none on wgmma" : tpe >= dmin ? ": all" : ": none", ms, fl / (ms * 1e9),
-               100.0 * fl / (ms * 1e9) / b_gemm_tflops);
-    if ((ms = time_hosted(&hc, y32, true, hoff, 0, b_dvar)) > 0)
-        printf("RESULT moe_ffn_hosted_f32out E=%d x %d l=%d w=%d (default): %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, ms,
-               fl / (ms * 1e9));
-    for (int v = ST_MOE_CUBLAS_BATCHED; v <= ST_MOE_CUBLAS_PER_EXPERT; v++)
-        for (int f32 = 0; f32 < 2; f32++) {
-            if (!(b_vmask >> v & 1)) continue;
-            if ((ms = time_hosted(&hc, f32 ? (void *)y32 : (void *)y, f32, hoff, 1, v)) > 0)
-                printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d (all experts via cuBLAS, %s, y %s): %.3f ms, %.1f "
-                       "TFLOP/s\n",
-                       E, tpe, l, w, vname[v], f32 ? "fp32" : "bf16", ms, fl / (ms * 1e9));
-        }
-    /* uneven counts (0.5, 1.5, 0.75, 1.25 × tpe in turn): the default paths, thresholds, all via cuBLAS */
-    for (int e = 0; e < E; e++) hoff[e + 1] = hoff[e] + tpe * (int[]){2, 6, 3, 5}[e % 4] / 4;
-    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
-    double fu = 6.0 * hoff[E] * l * w;
-    for (int mode = 0; mode < B_NMODES; mode++) {
-        if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
-        BTIME(ms, 20,
-              st_cuda_moe_ffn(&bs, y, x, off, E, hoff[E], tpe * 3 / 2, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
-        printf("RESULT moe_ffn E=%d x %d l=%d w=%d uneven (0.5/1.5/0.75/1.25x) kernels=%s: %.3f ms, %.1f TFLOP/s\n",
-               E, tpe, l, w, b_kname[mode], ms, fu / (ms * 1e9));
-    }
-    st_cuda_moe_ffn_use_wgmma(-1);
-    for (int minr = 0; minr <= 1024; minr = minr ? 2 * minr : 32) /* 0: the default rule */
-        if ((ms = time_hosted(&hc, y, false, hoff, minr, b_dvar)) > 0)
-            printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d uneven, cuBLAS for experts >= %d rows%s: %.3f ms, %.1f "
-                   "TFLOP/s\n",
-                   E, tpe, l, w, minr ? minr : dmin, minr ? "" : dflt ? " (default rule: none on wgmma)" : " (default)", ms,
-                   fu / (ms * 1e9));
-    for (int v = ST_MOE_CUBLAS_BATCHED; v <= ST_MOE_CUBLAS_PER_EXPERT; v++) {
-        if (!(b_vmask >> v & 1)) continue;
-        if ((ms = time_hosted(&hc, y, false, hoff, 1, v)) > 0)
-            printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d uneven, all via cuBLAS, %s: %.3f ms, %.1f TFLOP/s\n", E,
-                   tpe, l, w, vname[v], ms, fu / (ms * 1e9));
-    }
-    for (int e = 0; e <= E; e++) hoff[e] = e * tpe;
-    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
-    if (tpe >= 1024) { /* the hosted path's pieces, one expert: where its time goes */
-        double mg, ma;
-        st_bf16_t *gu = bdev((size_t)tpe * 2 * w * 2), *hh = bdev((size_t)tpe * w * 2);
-        BTIME(mg, 20, st_cuda_linear(&bs, gu, false, x, w1, tpe, 2 * w, l));
-        BTIME(ma, 20, st_cuda_glu(&bs, hh, gu, gu + w, tpe, w, 2 * w, true, 4.f, 25.f));
-        printf("RESULT moe_ffn pieces: cuBLAS %dx%dx%d (gate+up of one expert) %.1f us = %.1f TFLOP/s; GLU %dx%d %.1f us\n",
-               tpe, 2 * w, l, mg * 1e3, 2.0 * tpe * 2 * w * l / (mg * 1e9), tpe, w, ma * 1e3);
-        st_gpu_free(gu), st_gpu_free(hh);
-    }
-    /* skewed load: half the experts empty, the other half double */
-    for (int e = 0; e <= E; e++) hoff[e] = 2 * tpe * ((e + 1) / 2);
-    BK(st_gpu_memcpy_h2d(off, hoff, sizeof(int) * (E + 1)));
-    BTIME(ms, 20, st_cuda_moe_ffn(&bs, y, x, off, E, N, 2 * tpe, w1, w3, w2, l, w, true, 4.f, 25.f, ws, wsb));
-    printf("RESULT moe_ffn E=%d x %d l=%d w=%d, odd experts empty (2x on the rest): %.3f ms, %.1f TFLOP/s\n", E, tpe, l,
-           w, ms, fl / (ms * 1e9));
-    if ((ms = time_hosted(&hc, y, false, hoff, 0, b_dvar)) > 0)
-        printf("RESULT moe_ffn_hosted E=%d x %d l=%d w=%d, odd experts empty (2x on the rest), default: %.3f ms, %.1f "
-               "TFLOP/s\n",
-               E, tpe, l, w, ms, fl / (ms * 1e9));
-    st_gpu_free(wsh_p), st_gpu_free(y32);
-    ffn_bufs_free(&b);
-}
-
-/* for profilers: one call of the grouped FFN per mode of b_kmask, no timing */
-static void profile_ffn(int E, int tpe, int l, int w) {
-    ffn_bufs_t b;
-    ffn_bufs_init(&b, E, tpe, l, w);
-    for (int mode = 0; mode < B_NMODES; mode++) {
-        if (!(b_kmask >> mode & 1) || st_cuda_moe_ffn_use_wgmma(mode) != mode) continue;
-        BK(st_cuda_moe_ffn(&bs, b.y, b.x, b.off, E, E * tpe, tpe, b.w1, b.w3, b.w2, l, w, true, 4.f, 25.f, b.ws,
-                           b.wsb));
-        BK(st_gpu_stream_sync(&bs));
-        printf("RESULT profile_ffn E=%d x %d l=%d w=%d kernels=%s: 1 call\n", E, tpe, l, w, b_kname[mode]);
-    }
-    st_cuda_moe_ffn_use_wgmma(-1);
-    ffn_bufs_free(&b);
 }
 
 static void bench_dispatch(int T, int k, int E, int l) {
@@ -331,8 +98,8 @@ static void bench_dispatch(int T, int k, int E, int l) {
         st_gpu_free(ws);
 }
 
-/* Decode-sized routed FFN (smask bit 32): the per-slot kernels (st_cuda_moe_ffn_slots) against the
- * grouped path (group + gather + st_cuda_moe_ffn_f32out, as the engine runs it) for T tokens of kc
+/* Decode-sized routed FFN (argv[1] bit 1): the per-slot kernels (st_cuda_moe_ffn_slots) against the
+ * grouped path (group + gather + st_cuda_moe_ffn, as the engine runs it) for T tokens of kc
  * slots. Every call routes to other experts (E experts, ≥ 256 MB of weights: from HBM); the calls are
  * replayed from one CUDA graph (as decode steps run). GB/s counts the distinct experts' weights. */
 static double graph_call_us(int calls, int which, int T, int kc, int E, int l, int w, int **ids, int *cnt,
@@ -346,7 +113,7 @@ static double graph_call_us(int calls, int which, int T, int kc, int E, int l, i
         } else {
             BK(st_cuda_moe_group(&bs, off, row, NULL, ids[c], cnt, T, kc, E, gws, gwsb));
             BK(st_cuda_moe_gather(&bs, xg, z, row, T, kc, l));
-            BK(st_cuda_moe_ffn_f32out(&bs, y, xg, off, E, T * kc, T, w1, w3, w2, l, w, true, 4.f, 25.f, fws, fwsb));
+            BK(st_cuda_moe_ffn(&bs, y, xg, off, E, T * kc, T, w1, w3, w2, l, w, true, 4.f, 25.f, fws, fwsb));
         }
     }
     BK(st_gpu_capture_end(&bs, &exec));
@@ -426,26 +193,17 @@ static void bench_mla_prefill(int T, int H) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) b_vmask = (int)strtol(argv[1], NULL, 0);
-    if (argc > 2) b_dvar = atoi(argv[2]);
-    if (argc > 3) b_kmask = (int)strtol(argv[3], NULL, 0);
-    if (argc > 4) b_smask = (int)strtol(argv[4], NULL, 0);
-    if (argc > 5) b_shmask = (int)strtol(argv[5], NULL, 0);
-    bench_init("bench_gpu_moe_ffn", (b_smask & ~16) != 0);
+    if (argc > 1) b_smask = (int)strtol(argv[1], NULL, 0);
+    if (argc > 2) b_shmask = (int)strtol(argv[2], NULL, 0);
+    bench_init("bench_gpu_moe_ffn", 1);
     static const int shp[3][4] = {{64, 128, 1024, 512}, {64, 512, 1024, 512}, {16, 2048, 2048, 1024}};
     for (int i = 0; i < 3; i++)
-        if ((b_smask & 16) && (b_shmask >> i & 1)) profile_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
-    for (int i = 0; i < 3; i++)
         if ((b_smask & 1) && (b_shmask >> i & 1)) bench_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
-    for (int i = 0; i < 3; i++)
-        if ((b_smask & 2) && (b_shmask >> i & 1)) bench_ffn_variants(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
-    for (int i = 0; i < 3; i++)
-        if ((b_smask & 4) && (b_shmask >> i & 1)) bench_ffn_table(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
-    if (b_smask & 32) {
+    if (b_smask & 2) {
         bench_slots(8, 512, 768);   /* small */
         bench_slots(4, 3584, 3072); /* k3-mini */
     }
-    if (b_smask & 8) {
+    if (b_smask & 4) {
         bench_dispatch(256, 16, 896, 1024);
         bench_dispatch(8192, 16, 896, 1024);
         bench_mla_prefill(4096, 16);

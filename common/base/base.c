@@ -37,20 +37,19 @@ const char *st_status_str(st_status_t s) {
 
 static st_log_level_t g_level = ST_LOG_INFO;
 static const char *g_tag = "strata";
-static int g_level_from_env = 0;
+static int g_level_read = 0; /* NOTE: a race only reads the table twice */
 
-void st_log_set_level(st_log_level_t lvl) { g_level = lvl; }
+void st_log_set_level(st_log_level_t lvl) {
+    g_level = lvl;
+    g_level_read = 1; /* an explicit level wins over the table's */
+}
 void st_log_set_tag(const char *tag) { g_tag = tag; }
 
-static void log_env_once(void) {
-    if (g_level_from_env) return;
-    g_level_from_env = 1;
-    const char *e = getenv("STRATA_LOG");
-    if (!e) return;
-    if (!strcmp(e, "error")) g_level = ST_LOG_ERROR;
-    else if (!strcmp(e, "warn")) g_level = ST_LOG_WARN;
-    else if (!strcmp(e, "info")) g_level = ST_LOG_INFO;
-    else if (!strcmp(e, "debug")) g_level = ST_LOG_DEBUG;
+/* the level of the configuration table's LOG entry, at the first line */
+static void log_level_once(void) {
+    if (g_level_read) return;
+    g_level = (st_log_level_t)st_tun_int(ST_TUN_LOG);
+    g_level_read = 1;
 }
 
 static void log_v(st_log_level_t lvl, const char *file, int line, const char *fmt, va_list ap) {
@@ -68,7 +67,7 @@ static void log_v(st_log_level_t lvl, const char *file, int line, const char *fm
 }
 
 void st_log_msg(st_log_level_t lvl, const char *file, int line, const char *fmt, ...) {
-    log_env_once();
+    log_level_once();
     if (lvl > g_level) return;
     va_list ap;
     va_start(ap, fmt);

@@ -186,6 +186,7 @@ st_status_t st_secret_generate_file(const char *path) {
 
 int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i) {
     const char *a = argv[*i];
+    if (!strcmp(a, "--set")) return st_tun_parse_flag(argc, argv, i); /* the configuration table's flag */
     if (!strcmp(a, "--insecure")) return o->insecure = 1;
     if (!strcmp(a, "--tls")) return o->tls = 1;
     const char **dst = !strcmp(a, "--cluster-secret-file") ? &o->secret_file
@@ -203,9 +204,12 @@ int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i) {
 }
 
 st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role) {
+    st_status_t ts = st_tun_load(); /* every role's flags are parsed by now: the table is final */
+    if (ts != ST_OK) return ts;
+    st_tun_log(role);
     if (!o->secret_file) {
-        const char *e = getenv("STRATA_CLUSTER_SECRET_FILE");
-        if (e && *e) o->secret_file = e;
+        const char *e = st_tun_str(ST_TUN_CLUSTER_SECRET_FILE);
+        if (*e) o->secret_file = e;
     }
     if (!!o->tls_cert != !!o->tls_key)
         return ST_FAIL(ST_ERR_CONFIG, "%s: --tls-cert and --tls-key go together", role);

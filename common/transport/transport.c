@@ -719,7 +719,7 @@ static int addr_equal(const struct sockaddr *a, const struct sockaddr *b) {
  * host's external address. Keep UCX to the interface that owns host, plus the RDMA devices (they
  * open no sockets; named as UCX does: <ibdev>:<port>). */
 static void limit_devices(ucp_config_t *cfg, const char *host) {
-    if (!host || !*host || getenv("UCX_NET_DEVICES")) return;
+    if (!host || !*host || st_tun_source(ST_TUN_UCX_NET_DEVICES) != ST_TUN_FROM_DEFAULT) return;
     struct sockaddr_storage sa;
     socklen_t sl;
     if (resolve(host, 0, &sa, &sl) != ST_OK || addr_is_any((struct sockaddr *)&sa)) return;

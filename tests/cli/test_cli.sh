@@ -57,5 +57,24 @@ check "malformed token list: usage error" "[ $rc -eq 2 ]"
 "$bin" ckpt init --preset huge --out "$tmp/h" >/dev/null 2>"$tmp/err"; rc=$?
 check "unknown preset: clear error" "[ $rc -ne 0 ] && grep -qi 'preset' $tmp/err"
 
+# the configuration table: strata config lists every entry with its source; flag > environment > default
+out=$(env -u STRATA_THREADS "$bin" config 2>&1); rc=$?
+check "config lists the table (default source)" \
+  "[ $rc -eq 0 ] && echo \"\$out\" | grep -Eq '^STRATA_THREADS +0 +default' && echo \"\$out\" | grep -q '^UCX_NET_DEVICES'"
+out=$(STRATA_THREADS=3 "$bin" config 2>&1)
+check "config: a STRATA_ variable is read through the table" "echo \"\$out\" | grep -Eq '^STRATA_THREADS +3 +env'"
+out=$(STRATA_THREADS=3 "$bin" config --set THREADS=5 2>&1)
+check "config: --set wins over the environment" "echo \"\$out\" | grep -Eq '^STRATA_THREADS +5 +flag'"
+out=$(STRATA_API_KEY=sekrit-value "$bin" config 2>&1)
+check "config: a secret shows its length, never its value" \
+  "echo \"\$out\" | grep -Eq '^STRATA_API_KEY +<12 characters> +env' && ! echo \"\$out\" | grep -q sekrit"
+STRATA_THREADS=many "$bin" config >/dev/null 2>"$tmp/err"; rc=$?
+check "config: a malformed STRATA_ variable is refused, named" "[ $rc -eq 2 ] && grep -q 'STRATA_THREADS' $tmp/err"
+"$bin" run --set NOPE=1 --ckpt "$tmp/ck" --prompt x --max-tokens 1 >/dev/null 2>"$tmp/err"; rc=$?
+check "--set of an unknown entry: exit 2, named" "[ $rc -eq 2 ] && grep -q 'NOPE' $tmp/err"
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 5,6 --max-tokens 2 --ignore-eos --set THREADS=1 --set LOG=error \
+  >/dev/null 2>"$tmp/err"; rc=$?
+check "--set works on any command (run, LOG=error silences INFO)" "[ $rc -eq 0 ] && ! grep -q ' INFO ' $tmp/err"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -145,7 +145,7 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         size_t wsb = st_cuda_moe_ffn_ws_bytes(S, w);
         void *d_ws = gt_dev(wsb);
         float *d_y = gt_dev(sizeof(float) * ((size_t)S * l + 1));
-        GT_OK(st_cuda_moe_ffn_f32out(&gt_stream, d_y, d_xg, d_off, E, S, T, d_w1, d_w3, d_w2, l, w, situ,
+        GT_OK(st_cuda_moe_ffn(&gt_stream, d_y, d_xg, d_off, E, S, T, d_w1, d_w3, d_w2, l, w, situ,
                                      c->situ_beta1, c->situ_beta2, d_ws, wsb));
         gt_down(eng, d_y, sizeof(float) * (size_t)N * l);
         st_gpu_free(d_xg), st_gpu_free(d_off), st_gpu_free(d_ws), st_gpu_free(d_y);

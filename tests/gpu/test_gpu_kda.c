@@ -40,8 +40,8 @@ static void chunked_case(const char *name, const int *lens, int B, int H, gate_k
     T = cu[B];
     size_t nq = (size_t)T * H * D;
     float *q = gt_xmalloc(4 * nq), *k = gt_xmalloc(4 * nq), *v = gt_xmalloc(4 * nq), *g = gt_xmalloc(4 * nq);
-    uint16_t *qb = gt_xmalloc(2 * nq), *kb = gt_xmalloc(2 * nq), *vb = gt_xmalloc(2 * nq), *ob = gt_xmalloc(2 * nq);
-    float *beta = gt_xmalloc(4 * (size_t)T * H), *o_ref = gt_xmalloc(4 * nq), *o_gpu = gt_xmalloc(4 * nq);
+    uint16_t *qb = gt_xmalloc(2 * nq), *kb = gt_xmalloc(2 * nq), *vb = gt_xmalloc(2 * nq);
+    float *beta = gt_xmalloc(4 * (size_t)T * H), *o_ref = gt_xmalloc(4 * nq);
     make_qk(q, qb, (size_t)T * H, &r);
     make_qk(k, kb, (size_t)T * H, &r);
     gt_randn_bf(v, vb, nq, 1.f, &r);
@@ -65,11 +65,9 @@ static void chunked_case(const char *name, const int *lens, int B, int H, gate_k
     /* GPU, in `splits` pieces per sequence (piece p covers [p·len/splits, (p+1)·len/splits)) */
     uint16_t *d_q = gt_up(qb, 2 * nq), *d_k = gt_up(kb, 2 * nq), *d_v = gt_up(vb, 2 * nq);
     float *d_g = gt_up(g, 4 * nq), *d_beta = gt_up(beta, 4 * (size_t)T * H), *d_S = gt_up(S0, 4 * ss * n_slots);
-    uint16_t *d_o = gt_dev(2 * nq);
     int *d_slots = gt_up(slots, sizeof(int) * B);
     int *pcu = gt_xmalloc(sizeof(int) * (B + 1));
-    /* st_cuda_kda_chunked_f32o on its own copy of the state pool: fp32 o, the same accumulators */
-    float *d_S32 = gt_up(S0, 4 * ss * n_slots), *o32 = gt_xmalloc(4 * nq + 4), *S32 = gt_xmalloc(4 * ss * n_slots);
+    float *o32 = gt_xmalloc(4 * nq + 4); /* o fp32, as the pieces come back */
     for (int p = 0; p < splits; p++) {
         /* each piece is its own varlen batch: gather it into contiguous buffers */
         int Tp = 0;
@@ -91,43 +89,28 @@ static void chunked_case(const char *name, const int *lens, int B, int H, gate_k
         }
         uint16_t *dq = gt_up(pq, 2 * np + 2), *dk = gt_up(pk, 2 * np + 2), *dv = gt_up(pv, 2 * np + 2);
         float *dg = gt_up(pg, 4 * np + 4), *db = gt_up(pb, 4 * (size_t)Tp * H + 4);
-        uint16_t *dout = gt_dev(2 * np + 2);
         int *dcu = gt_up(pcu, sizeof(int) * (B + 1));
-        GT_OK(st_cuda_kda_chunked(&gt_stream, dout, dq, dk, dv, dg, db, d_S, d_slots, dcu, B, H, scale));
         float *dout32 = gt_dev(4 * np + 4), *po32 = gt_xmalloc(4 * np + 4);
-        GT_OK(st_cuda_kda_chunked_f32o(&gt_stream, dout32, dq, dk, dv, dg, db, d_S32, d_slots, dcu, B, H, scale));
+        GT_OK(st_cuda_kda_chunked(&gt_stream, dout32, dq, dk, dv, dg, db, d_S, d_slots, dcu, B, H, scale));
         gt_down(po32, dout32, 4 * np);
         for (int b = 0; b < B; b++) {
             int a = (int)((long)lens[b] * p / splits), n = pcu[b + 1] - pcu[b];
             memcpy(o32 + (size_t)(cu[b] + a) * H * D, po32 + (size_t)pcu[b] * H * D, 4 * (size_t)n * H * D);
         }
         free(po32), st_gpu_free(dout32);
-        uint16_t *po = gt_xmalloc(2 * np + 2);
-        gt_down(po, dout, 2 * np);
-        for (int b = 0; b < B; b++) {
-            int a = (int)((long)lens[b] * p / splits), n = pcu[b + 1] - pcu[b];
-            memcpy(ob + (size_t)(cu[b] + a) * H * D, po + (size_t)pcu[b] * H * D, 2 * (size_t)n * H * D);
-        }
-        free(po), free(pq), free(pk), free(pv), free(pg), free(pb);
-        st_gpu_free(dq), st_gpu_free(dk), st_gpu_free(dv), st_gpu_free(dg), st_gpu_free(db), st_gpu_free(dout),
-            st_gpu_free(dcu);
+        free(pq), free(pk), free(pv), free(pg), free(pb);
+        st_gpu_free(dq), st_gpu_free(dk), st_gpu_free(dv), st_gpu_free(dg), st_gpu_free(db), st_gpu_free(dcu);
     }
-    gt_from_bf(o_gpu, ob, nq);
     gt_down(S_gpu, d_S, 4 * ss * n_slots);
     char what[160];
     snprintf(what, sizeof what, "kda_chunked %s H=%d B=%d T=%d splits=%d: o", name, H, B, T, splits);
-    st_t_close(what, o_gpu, o_ref, nq, 2e-2, 1e-3);
+    st_t_close(what, o32, o_ref, nq, 2e-2, 1e-3);
     snprintf(what, sizeof what, "kda_chunked %s H=%d B=%d T=%d splits=%d: S", name, H, B, T, splits);
     st_t_close(what, S_gpu, S_ref, ss * n_slots, 2e-2, 1e-3);
-    gt_down(S32, d_S32, 4 * ss * n_slots);
-    snprintf(what, sizeof what, "kda_chunked_f32o %s H=%d B=%d T=%d splits=%d: o", name, H, B, T, splits);
-    st_t_close(what, o32, o_ref, nq, 2e-2, 1e-3);
-    snprintf(what, sizeof what, "kda_chunked_f32o %s H=%d B=%d T=%d splits=%d: S", name, H, B, T, splits);
-    st_t_close(what, S32, S_ref, ss * n_slots, 2e-2, 1e-3);
-    st_gpu_free(d_S32), free(o32), free(S32);
+    free(o32);
     st_gpu_free(d_q), st_gpu_free(d_k), st_gpu_free(d_v), st_gpu_free(d_g), st_gpu_free(d_beta), st_gpu_free(d_S),
-        st_gpu_free(d_o), st_gpu_free(d_slots);
-    free(q), free(k), free(v), free(g), free(qb), free(kb), free(vb), free(ob), free(beta), free(o_ref), free(o_gpu);
+        st_gpu_free(d_slots);
+    free(q), free(k), free(v), free(g), free(qb), free(kb), free(vb), free(beta), free(o_ref);
     free(S0), free(S_ref), free(S_gpu), free(slots), free(cu), free(pcu);
 }
 
@@ -140,13 +123,12 @@ static void decode_case(int N, int H, int steps, uint64_t seed) {
     memcpy(S_ref, S0, 4 * ss * n_slots);
     int *slots = gt_xmalloc(sizeof(int) * N);
     for (int n = 0; n < N; n++) slots[n] = (n * 7 + 2) % n_slots; /* distinct when gcd(7, n_slots) = 1 */
-    float *d_S = gt_up(S0, 4 * ss * n_slots), *d_S32 = gt_up(S0, 4 * ss * n_slots);
+    float *d_S32 = gt_up(S0, 4 * ss * n_slots);
     int *d_slots = gt_up(slots, sizeof(int) * N);
     float *d_q32 = gt_dev(4 * nq), *d_k32 = gt_dev(4 * nq), *d_v32 = gt_dev(4 * nq), *d_o32 = gt_dev(4 * nq);
     float *q = gt_xmalloc(4 * nq), *k = gt_xmalloc(4 * nq), *v = gt_xmalloc(4 * nq), *g = gt_xmalloc(4 * nq);
-    uint16_t *qb = gt_xmalloc(2 * nq), *kb = gt_xmalloc(2 * nq), *vb = gt_xmalloc(2 * nq), *ob = gt_xmalloc(2 * nq);
+    uint16_t *qb = gt_xmalloc(2 * nq), *kb = gt_xmalloc(2 * nq), *vb = gt_xmalloc(2 * nq);
     float *beta = gt_xmalloc(4 * (size_t)N * H), *o_ref = gt_xmalloc(4 * nq), *o_gpu = gt_xmalloc(4 * nq);
-    uint16_t *d_q = gt_dev(2 * nq), *d_k = gt_dev(2 * nq), *d_v = gt_dev(2 * nq), *d_o = gt_dev(2 * nq);
     float *d_g = gt_dev(4 * nq), *d_b = gt_dev(4 * (size_t)N * H);
     const float scale = 1.f / sqrtf((float)D);
     for (int step = 0; step < steps; step++) {
@@ -159,40 +141,28 @@ static void decode_case(int N, int H, int steps, uint64_t seed) {
             st_kda_recurrent(o_ref + (size_t)n * H * D, q + (size_t)n * H * D, k + (size_t)n * H * D,
                              v + (size_t)n * H * D, g + (size_t)n * H * D, beta + (size_t)n * H,
                              S_ref + ss * slots[n], 1, H, D, D, scale);
-        GT_OK(st_gpu_memcpy_h2d(d_q, qb, 2 * nq));
-        GT_OK(st_gpu_memcpy_h2d(d_k, kb, 2 * nq));
-        GT_OK(st_gpu_memcpy_h2d(d_v, vb, 2 * nq));
         GT_OK(st_gpu_memcpy_h2d(d_g, g, 4 * nq));
         GT_OK(st_gpu_memcpy_h2d(d_b, beta, 4 * (size_t)N * H));
-        gt_poison(d_o, 2 * nq);
-        GT_OK(st_cuda_kda_decode(&gt_stream, d_o, d_q, d_k, d_v, d_g, d_b, d_S, d_slots, N, H, scale));
-        gt_down(ob, d_o, 2 * nq);
-        gt_from_bf(o_gpu, ob, nq);
-        char what[128];
-        snprintf(what, sizeof what, "kda_decode N=%d H=%d step %d: o", N, H, step);
-        st_t_close(what, o_gpu, o_ref, nq, 2e-2, 1e-3);
-        /* fp32 variant (q, k, v, o fp32): only the state's own rounding differs from the reference */
+        /* q, k, v, o fp32 (q, k, v bf16-exact values): only the state's own rounding differs from the
+         * reference */
         GT_OK(st_gpu_memcpy_h2d(d_q32, q, 4 * nq));
         GT_OK(st_gpu_memcpy_h2d(d_k32, k, 4 * nq));
         GT_OK(st_gpu_memcpy_h2d(d_v32, v, 4 * nq));
         gt_poison(d_o32, 4 * nq);
-        GT_OK(st_cuda_kda_decode_f32(&gt_stream, d_o32, d_q32, d_k32, d_v32, d_g, d_b, d_S32, d_slots, N, H, scale));
+        GT_OK(st_cuda_kda_decode(&gt_stream, d_o32, d_q32, d_k32, d_v32, d_g, d_b, d_S32, d_slots, N, H, scale));
         gt_down(o_gpu, d_o32, 4 * nq);
-        snprintf(what, sizeof what, "kda_decode_f32 N=%d H=%d step %d: o", N, H, step);
+        char what[128];
+        snprintf(what, sizeof what, "kda_decode N=%d H=%d step %d: o", N, H, step);
         st_t_close(what, o_gpu, o_ref, nq, 1e-3, 1e-4);
     }
-    gt_down(S_gpu, d_S, 4 * ss * n_slots);
+    gt_down(S_gpu, d_S32, 4 * ss * n_slots);
     char what[128];
     snprintf(what, sizeof what, "kda_decode N=%d H=%d after %d steps: state pool", N, H, steps);
     st_t_close(what, S_gpu, S_ref, ss * n_slots, 1e-4, 1e-5);
-    gt_down(S_gpu, d_S32, 4 * ss * n_slots);
-    snprintf(what, sizeof what, "kda_decode_f32 N=%d H=%d after %d steps: state pool", N, H, steps);
-    st_t_close(what, S_gpu, S_ref, ss * n_slots, 1e-4, 1e-5);
     st_gpu_free(d_S32), st_gpu_free(d_q32), st_gpu_free(d_k32), st_gpu_free(d_v32), st_gpu_free(d_o32);
-    st_gpu_free(d_S), st_gpu_free(d_slots), st_gpu_free(d_q), st_gpu_free(d_k), st_gpu_free(d_v), st_gpu_free(d_o),
-        st_gpu_free(d_g), st_gpu_free(d_b);
+    st_gpu_free(d_slots), st_gpu_free(d_g), st_gpu_free(d_b);
     free(S0), free(S_ref), free(S_gpu), free(slots), free(q), free(k), free(v), free(g), free(qb), free(kb), free(vb),
-        free(ob), free(beta), free(o_ref), free(o_gpu);
+        free(beta), free(o_ref), free(o_gpu);
 }
 
 static void conv_case(const int *lens, int B, int C, int K, uint64_t seed) {
@@ -204,7 +174,7 @@ static void conv_case(const int *lens, int B, int C, int K, uint64_t seed) {
     size_t n = (size_t)T * C, sn = (size_t)(K - 1) * C;
     float *x = gt_xmalloc(4 * n + 4), *w = gt_xmalloc(4 * (size_t)C * K), *y_ref = gt_xmalloc(4 * n + 4),
           *y_gpu = gt_xmalloc(4 * n + 4);
-    uint16_t *xb = gt_xmalloc(2 * n + 2), *yb = gt_xmalloc(2 * n + 2);
+    uint16_t *xb = gt_xmalloc(2 * n + 2);
     gt_randn_bf(x, xb, n, 1.f, &r);
     for (int i = 0; i < C * K; i++) w[i] = 0.5f * st_rng_normal(&r);
     float *st0 = gt_xmalloc(4 * sn * B + 4), *st_ref = gt_xmalloc(4 * sn * B + 4), *st_gpu = gt_xmalloc(4 * sn * B + 4);
@@ -212,20 +182,19 @@ static void conv_case(const int *lens, int B, int C, int K, uint64_t seed) {
     memcpy(st_ref, st0, 4 * sn * B);
     for (int b = 0; b < B; b++)
         st_conv_silu(y_ref + (size_t)cu[b] * C, x + (size_t)cu[b] * C, st_ref + sn * b, w, lens[b], C, K);
-    uint16_t *d_x = gt_up(xb, 2 * n + 2), *d_y = gt_dev(2 * n + 2);
+    float *d_x = gt_up(x, 4 * n + 4), *d_y = gt_dev(4 * n + 4);
     float *d_w = gt_up(w, 4 * (size_t)C * K), *d_st = gt_up(st0, 4 * sn * B + 4);
     int *d_cu = gt_up(cu, sizeof(int) * (B + 1));
     GT_OK(st_cuda_conv_silu(&gt_stream, d_y, d_x, d_st, NULL, d_w, d_cu, B, T, C, K));
-    gt_down(yb, d_y, 2 * n);
+    gt_down(y_gpu, d_y, 4 * n);
     gt_down(st_gpu, d_st, 4 * sn * B);
-    gt_from_bf(y_gpu, yb, n);
     char what[128];
     snprintf(what, sizeof what, "conv_silu B=%d T=%d C=%d K=%d: y", B, T, C, K);
-    if (n) st_t_close(what, y_gpu, y_ref, n, 1e-2, 1e-2);
+    if (n) st_t_close(what, y_gpu, y_ref, n, 1e-4, 1e-4); /* fp32 in and out: only the order of the taps' sum */
     snprintf(what, sizeof what, "conv_silu B=%d T=%d C=%d K=%d: state", B, T, C, K);
     st_t_close(what, st_gpu, st_ref, sn * B, 1e-6, 1e-6);
     st_gpu_free(d_x), st_gpu_free(d_y), st_gpu_free(d_w), st_gpu_free(d_st), st_gpu_free(d_cu);
-    free(cu), free(x), free(w), free(y_ref), free(y_gpu), free(xb), free(yb), free(st0), free(st_ref), free(st_gpu);
+    free(cu), free(x), free(w), free(y_ref), free(y_gpu), free(xb), free(st0), free(st_ref), free(st_gpu);
 }
 
 static void gate_case(int T, int H, bool bounded, uint64_t seed) {
@@ -263,15 +232,9 @@ int main(void) {
     chunked_case("unbounded", unb, 3, 2, G_UNBOUNDED, 1, 10);
     chunked_case("unbounded-carried", unb, 3, 2, G_UNBOUNDED, 2, 11);
 
-    /* every decode block width (value columns per block) and the streaming-hint variant, then the default */
-    static const char *ncs[] = {"32", "64", "128", "128", NULL};
-    for (int vi = 0; vi < 5; vi++) {
-        if (ncs[vi]) setenv("STRATA_KDA_DEC_NC", ncs[vi], 1), setenv("STRATA_KDA_DEC_CS", vi == 3 ? "1" : "0", 1);
-        else unsetenv("STRATA_KDA_DEC_NC"), unsetenv("STRATA_KDA_DEC_CS");
-        decode_case(1, 1, 2, 20);
-        decode_case(5, 4, 3, 21);
-        decode_case(64, 3, 2, 22);
-    }
+    decode_case(1, 1, 2, 20);
+    decode_case(5, 4, 3, 21);
+    decode_case(64, 3, 2, 22);
 
     static const int cl[] = {1, 2, 5, 100, 0};
     conv_case(cl, 5, 200, 4, 30);

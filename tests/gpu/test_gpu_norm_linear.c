@@ -61,7 +61,7 @@ static void linear_case(int T, int N, int K, bool f32out, uint64_t seed) {
     st_linear_ref(ref, x, &w, T);
     uint16_t *dx = gt_up(xb, 2 * (size_t)T * K), *dW = gt_up(Wb, 2 * (size_t)N * K);
     void *dy = gt_dev(4 * (size_t)T * N);
-    GT_OK(st_cuda_linear(&gt_stream, dy, f32out, dx, dW, T, N, K));
+    GT_OK(st_cuda_linear(&gt_stream, dy, N, f32out, 0.f, dx, K, dW, T, N, K));
     if (f32out) gt_down(got, dy, 4 * (size_t)T * N);
     else {
         gt_down(yb, dy, 2 * (size_t)T * N);
@@ -74,8 +74,9 @@ static void linear_case(int T, int N, int K, bool f32out, uint64_t seed) {
     free(x), free(W), free(ref), free(got), free(xb), free(Wb), free(yb);
 }
 
-/* The skinny (decode) linear, or st_cuda_linear_ex where it does not apply: y (row stride ldy) =
- * beta·y + x (row stride ldx) · Wᵀ vs the CPU, fp32 or bf16 out; the pad between rows stays untouched. */
+/* st_cuda_linear with strides and accumulate, on the skinny (decode) kernel where it picks it (up to 32
+ * tokens, small W, K and ldx multiples of 8) and cuBLAS elsewhere: y (row stride ldy) = beta·y + x (row
+ * stride ldx) · Wᵀ vs the CPU, fp32 or bf16 out; the pad between rows stays untouched. */
 static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, int pady, uint64_t seed) {
     st_rng_t r = {seed};
     int ldx = K + padx, ldy = N + pady;
@@ -97,11 +98,7 @@ static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, 
         for (int n = 0; n < N; n++) ref[(size_t)t * N + n] += beta * y0[(size_t)t * ldy + n];
     uint16_t *dx = gt_up(xb, 2 * (size_t)T * ldx), *dW = gt_up(Wb, 2 * (size_t)N * K);
     void *dy = f32out ? gt_up(y0, 4 * ny) : gt_up(yb, 2 * ny);
-    bool fits = T <= ST_CUDA_SKINNY_MAX_T && K % 8 == 0 && ldx % 8 == 0;
-    CHECK(st_cuda_linear_skinny_ok(dx, ldx, dW, T, N, K) == fits, "skinny_ok T=%d K=%d ldx=%d", T, K, ldx);
-    /* the kernel itself wherever it applies (st_cuda_linear_ex uses it only up to 8 tokens) */
-    if (fits) GT_OK(st_cuda_linear_skinny(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
-    else GT_OK(st_cuda_linear_ex(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
+    GT_OK(st_cuda_linear(&gt_stream, dy, ldy, f32out, beta, dx, ldx, dW, T, N, K));
     if (f32out) gt_down(got, dy, 4 * ny);
     else {
         gt_down(yb, dy, 2 * ny);
@@ -112,7 +109,7 @@ static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, 
         for (int n = N; n < ldy; n++) moved += memcmp(&got[(size_t)t * ldy + n], &y0[(size_t)t * ldy + n], 4) != 0;
     for (int t = 0; t < T; t++) memcpy(gotc + (size_t)t * N, got + (size_t)t * ldy, 4 * (size_t)N);
     char what[128];
-    snprintf(what, sizeof what, "skinny linear T=%d N=%d K=%d out=%s beta=%g ldx=%d ldy=%d", T, N, K,
+    snprintf(what, sizeof what, "strided linear T=%d N=%d K=%d out=%s beta=%g ldx=%d ldy=%d", T, N, K,
              f32out ? "f32" : "bf16", beta, ldx, ldy);
     CHECK(moved == 0, "%s: %zu pad elements written", what, moved);
     st_t_close(what, gotc, ref, (size_t)T * N, f32out ? 1e-4 : 1e-2, 1e-3);
@@ -120,7 +117,7 @@ static void skinny_case(int T, int N, int K, bool f32out, float beta, int padx, 
     free(x), free(xt), free(W), free(ref), free(y0), free(got), free(gotc), free(xb), free(Wb), free(yb);
 }
 
-/* Three layers sharing x through st_cuda_linear_multi (one launch up to 8 tokens, else one call each):
+/* Three layers sharing x through st_cuda_linear_multi (one launch up to 32 tokens, else one call each):
  * fp32 out, bf16 out, fp32 accumulate with a row stride, each vs the CPU. */
 static void multi_case(int T, int K, uint64_t seed) {
     st_rng_t r = {seed};
@@ -219,9 +216,9 @@ int main(void) {
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 3; k++) linear_case(lt[i], ln[j], lk[k], (i + j + k) & 1, 100 + 9 * i + 3 * j + k);
-    /* skinny kernel: every token-tile width (1, 2, 4, 8 n-tiles) and its edges, rows not a multiple of
-     * 16, K not a multiple of 32 and K split over 1..8 warps, strides, accumulate, bf16 out; T = 65
-     * goes to cuBLAS through st_cuda_linear_ex */
+    /* skinny kernel: every token-tile width (1, 2, 4 n-tiles) and its edges, rows not a multiple of
+     * 16, K not a multiple of 32 and K split over 1..8 warps, strides, accumulate, bf16 out; T > 32 and
+     * the 3000 × 7168 W go to cuBLAS, with the same strides and accumulate */
     static const int st[] = {1, 5, 8, 9, 16, 17, 32, 33, 64, 65};
     static const int sn[][2] = {{1, 8}, {15, 24}, {16, 40}, {100, 1000}, {1024, 1024}, {3000, 7168}};
     int ci = 0;
@@ -229,18 +226,17 @@ int main(void) {
         for (size_t j = 0; j < ST_ARRAY_LEN(sn); j++, ci++)
             skinny_case(st[i], sn[j][0], sn[j][1], ci % 3 != 1, ci % 4 == 2 ? 1.f : 0.f, ci % 5 == 3 ? 8 : 0,
                         ci % 7 == 4 ? 3 : 0, 500 + ci);
-    /* not applicable (K not a multiple of 8; a misaligned x): a clear error from the kernel itself,
-     * and st_cuda_linear_ex falls back to cuBLAS */
+    /* the skinny kernel does not apply (K not a multiple of 8): cuBLAS, same result */
+    skinny_case(3, 40, 20, true, 0.f, 0, 0, 900);
     {
         void *d = gt_dev(4096);
-        CHECK(st_cuda_linear_skinny(&gt_stream, d, 4, true, 0.f, d, 12, d, 2, 4, 12) == ST_ERR_INVALID_ARG,
-              "skinny K=12 rejected");
-        CHECK(!st_cuda_linear_skinny_ok((char *)d + 8, 16, d, 2, 4, 16), "skinny misaligned x rejected");
+        CHECK(st_cuda_linear(&gt_stream, d, 2, true, 0.f, d, 12, d, 2, 4, 12) == ST_ERR_INVALID_ARG,
+              "linear: ldy < N rejected");
         st_gpu_free(d);
     }
-    skinny_case(3, 40, 20, true, 0.f, 0, 0, 900);
     multi_case(1, 1024, 901);
     multi_case(8, 1000, 902);
-    multi_case(20, 1024, 903); /* past 8 tokens: one call per layer */
+    multi_case(20, 1024, 903);
+    multi_case(40, 1024, 904); /* past 32 tokens: one call per layer */
     return st_test_done();
 }

@@ -15,8 +15,8 @@ cmp_rows() { # cluster rows == reference rows from the last prompt position on, 
 # expert servers run dispatches of up to 512 rows on their loop thread when idle (as GPU servers do)
 for cfg in "1 1 1 0" "3 2 3 512"; do
   set -- $cfg
-  if ! STRATA_ES_INLINE_ROWS=$4 STRATA_LOG=debug "$S" up --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 --max-batch-tokens 256 \
-       --micro-batches "$3" --min-mb-tokens 1 >"$TMP/up.txt" 2>&1; then
+  if ! "$S" up --set ES_INLINE_ROWS="$4" --set LOG=debug --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 \
+       --max-batch-tokens 256 --micro-batches "$3" --min-mb-tokens 1 >"$TMP/up.txt" 2>&1; then
     bad "cluster with $1 expert servers and $2 workers starts"; cat "$TMP/up.txt"; continue
   fi
   ok "cluster with $1 expert servers and $2 workers starts"
@@ -32,6 +32,8 @@ for cfg in "1 1 1 0" "3 2 3 512"; do
     check "[$1 experts, $2 workers] request $i (prompt $n) completes" "[ $rc -eq 0 ]"
     check "[$1 experts, $2 workers] request $i logits == one-process engine, bit for bit" "cmp_rows $TMP/ref$i.npy $TMP/got$i.npy $n"
   done
+  check "[$1 experts, $2 workers] strata up's --set reached every expert server (configuration logged)" \
+    "[ \$(grep -lE 'STRATA_ES_INLINE_ROWS +$4 +env' $STRATA_STATE/expert-*.log | wc -l) -eq $1 ]"
   if [ "$1" = 3 ]; then
     check "[3 experts, 2 workers] steps ran as ping-pong micro-batches" "grep -q ' [23] micro-batches' $STRATA_STATE/attn-*.log"
     h=$(http)

@@ -27,34 +27,16 @@ st_status_t st_cuda_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf1
 st_status_t st_cuda_l2norm_heads(const st_gpu_stream_t *s, st_bf16_t *x, int T, int H, int dh, float eps);
 
 /* ---------------- linear ---------------- */
-/* y [T, N] = x [T, K] · Wᵀ, W [N, K] bf16 row-major; fp32 accumulation. y bf16 (y_f32 false) or
- * fp32 (y_f32 true). Uses s's cuBLAS handle and workspace, or the skinny kernel (below) when it
- * applies. */
-st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
-                           const st_bf16_t *W, int T, int N, int K);
-/* The same with strides and an accumulate: y [T, N] (row stride ldy) = beta·y + x (row stride ldx)
- * · Wᵀ (beta 0: y is not read). Up to 8 tokens with W up to 4M elements (where it was measured
- * no slower) runs the skinny kernel, anything else cuBLAS. */
-st_status_t st_cuda_linear_ex(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
-                              int ldx, const st_bf16_t *W, int T, int N, int K);
-/* Skinny linear for 1..ST_CUDA_SKINNY_MAX_T tokens: streams W once (tensor cores, K split over the
- * warps of a block and summed in a fixed order, so results are deterministic); for one token cuBLAS
- * picks slow kernels on some small decode shapes. Needs K and ldx multiples of 8 and x, W
- * 16-byte aligned (st_cuda_linear_skinny_ok); st_cuda_linear_skinny_enable(false) sends everything
- * to cuBLAS (comparisons; also env STRATA_SKINNY=0). Launched with programmatic dependent launch: its
- * first weight loads overlap the end of the kernel before it when that kernel triggers early
- * (env STRATA_SKINNY_PDL=0: plain launches). st_cuda_linear_ex / _multi pick it for up to
- * STRATA_SKINNY_MAX_T tokens (default 32) and small W. st_cuda_linear_read_env reads the variables
- * again. */
-#define ST_CUDA_SKINNY_MAX_T 64
-bool st_cuda_linear_skinny_ok(const void *x, int ldx, const void *W, int T, int N, int K);
-st_status_t st_cuda_linear_skinny(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta,
-                                  const st_bf16_t *x, int ldx, const st_bf16_t *W, int T, int N, int K);
-void st_cuda_linear_skinny_enable(bool on);
-void st_cuda_linear_read_env(void);
+/* y [T, N] (row stride ldy) = beta·y + x [T, K] (row stride ldx) · Wᵀ, W [N, K] bf16 row-major (beta 0:
+ * y is not read); fp32 accumulation; y bf16 (y_f32 false) or fp32 (y_f32 true). Up to 32 tokens with W
+ * up to 4M elements (where it was measured faster; kernels/linear.cu) runs a skinny kernel that streams
+ * W once (tensor cores, K split over the warps of a block and summed in a fixed order: deterministic;
+ * needs K and ldx multiples of 8, x and W 16-byte aligned), anything else cuBLAS (s's handle). */
+st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, int ldy, bool y_f32, float beta, const st_bf16_t *x,
+                           int ldx, const st_bf16_t *W, int T, int N, int K);
 /* Several linear layers that read the same x [T, K] (row stride ldx): y_i (stride ldy_i, fp32 or bf16)
  * = beta_i·y_i + x · W_iᵀ, W_i [N_i, K]. Where the skinny kernel applies to every one, one launch
- * runs them all; else each runs as st_cuda_linear_ex. */
+ * runs them all; else each runs as st_cuda_linear. */
 #define ST_CUDA_LINEAR_MAX_SEG 4
 typedef struct {
     const st_bf16_t *W;
@@ -67,17 +49,13 @@ st_status_t st_cuda_linear_multi(const st_gpu_stream_t *s, const st_bf16_t *x, i
                                  const st_linear_seg_t *seg, int n);
 
 /* ---------------- KDA (SPEC §3) ---------------- */
-/* Depthwise causal conv (kernel K ≤ 4) + SiLU over a variable-length batch.
- * x [T_tot, C] bf16; cu_seqlens [B+1] int32 (token offsets); w [C, K] fp32 (tap K-1 = newest);
+/* Depthwise causal conv (kernel K ≤ 4) + SiLU over a variable-length batch (SiLU with the accurate exp).
+ * x [T_tot, C] fp32; cu_seqlens [B+1] int32 (token offsets); w [C, K] fp32 (tap K-1 = newest);
  * state pool [n_slots, K-1, C] fp32, oldest first; slots [B] int32 (NULL: slot b = b), updated in
- * place to each sequence's last K-1 inputs. y [T_tot, C] bf16, must not alias x.
+ * place to each sequence's last K-1 inputs. y [T_tot, C] fp32, must not alias x.
  * Decode = every sequence of length 1. */
-st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, float *state,
-                              const int *slots, const float *w, const int *cu_seqlens, int B, int T_tot,
-                              int C, int K);
-/* The same with x and y fp32 (the GPU engine's fp32 activations; SiLU with the accurate exp). */
-st_status_t st_cuda_conv_silu_f32(const st_gpu_stream_t *s, float *y, const float *x, float *state, const int *slots,
-                                  const float *w, const int *cu_seqlens, int B, int T_tot, int C, int K);
+st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, float *y, const float *x, float *state, const int *slots,
+                              const float *w, const int *cu_seqlens, int B, int T_tot, int C, int K);
 /* Element conversions, as st_f32_to_bf16 (round to nearest even) / st_bf16_to_f32. */
 st_status_t st_cuda_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n);
 st_status_t st_cuda_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
@@ -86,33 +64,22 @@ st_status_t st_cuda_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_b
 st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const st_bf16_t *f, const float *A_log,
                              const float *dt_bias, int T, int H, int dk, bool bounded, float lb);
 /* Chunked KDA prefill (SPEC §3.3) over a variable-length batch, K = V = 128.
- * q, k [T_tot, H, 128] bf16 (already L2-normed); v [T_tot, H, 128] bf16; g [T_tot, H, 128] fp32
- * (log-decay, ≤ 0); beta [T_tot, H] fp32; cu_seqlens [B+1] int32; state pool S [n_slots, H, 128,
- * 128] fp32 ([key channel, value channel]); slots [B] (NULL: b), read and updated in place;
- * o [T_tot, H, 128] bf16. Tiles of 16 tokens; the diagonal tile's A_kk / A_qk are dense
- * tensor-core products when the tile's decay stays within e^80 (always so for a bounded gate),
- * otherwise that tile takes the per-pair form. */
-st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
-                                const st_bf16_t *k, const st_bf16_t *v, const float *g, const float *beta,
-                                float *S, const int *slots, const int *cu_seqlens, int B, int H,
-                                float scale);
+ * q, k [T_tot, H, 128] bf16 (already L2-normed; the tensor-core tile inputs); v [T_tot, H, 128] bf16;
+ * g [T_tot, H, 128] fp32 (log-decay, ≤ 0); beta [T_tot, H] fp32; cu_seqlens [B+1] int32; state pool
+ * S [n_slots, H, 128, 128] fp32 ([key channel, value channel]); slots [B] (NULL: b), read and updated
+ * in place; o [T_tot, H, 128] fp32 (not rounded). Tiles of 16 tokens; the diagonal tile's A_kk / A_qk
+ * are dense tensor-core products when the tile's decay stays within e^80 (always so for a bounded
+ * gate), otherwise that tile takes the per-pair form. */
+st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, float *o, const st_bf16_t *q, const st_bf16_t *k,
+                                const st_bf16_t *v, const float *g, const float *beta, float *S, const int *slots,
+                                const int *cu_seqlens, int B, int H, float scale);
 /* Recurrent KDA decode (SPEC §3.2), one token for each of N sequences, state in place.
- * q, k, v [N, H, 128] bf16; g [N, H, 128] fp32; beta [N, H] fp32; S pool [n_slots, H, 128, 128]
- * fp32; slots [N] int32 (NULL: n); o [N, H, 128] bf16. */
-st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q,
-                               const st_bf16_t *k, const st_bf16_t *v, const float *g, const float *beta,
-                               float *S, const int *slots, int N, int H, float scale);
+ * q, k, v [N, H, 128] fp32; g [N, H, 128] fp32; beta [N, H] fp32; S pool [n_slots, H, 128, 128]
+ * fp32; slots [N] int32 (NULL: n); o [N, H, 128] fp32. */
+st_status_t st_cuda_kda_decode(const st_gpu_stream_t *s, float *o, const float *q, const float *k, const float *v,
+                               const float *g, const float *beta, float *S, const int *slots, int N, int H,
+                               float scale);
 
-/* fp32-activation variants (the GPU engine keeps activations fp32 between kernels):
- * st_cuda_kda_chunked_f32o: the same as st_cuda_kda_chunked (bf16 q, k, v: the tensor-core tile
- * inputs) with o [T_tot, H, 128] fp32, not rounded. st_cuda_kda_decode_f32: the same as
- * st_cuda_kda_decode with q, k, v and o fp32. */
-st_status_t st_cuda_kda_chunked_f32o(const st_gpu_stream_t *s, float *o, const st_bf16_t *q, const st_bf16_t *k,
-                                     const st_bf16_t *v, const float *g, const float *beta, float *S,
-                                     const int *slots, const int *cu_seqlens, int B, int H, float scale);
-st_status_t st_cuda_kda_decode_f32(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
-                                   const float *v, const float *g, const float *beta, float *S, const int *slots,
-                                   int N, int H, float scale);
 /* ---------------- MLA (SPEC §4) ---------------- */
 /* Absorbed decode: one query per sequence, MQA over its paged latent cache.
  * q_abs [B, H, 576] bf16 (= [W_UKᵀ q_nope ; q_pe]); pool [n_pages, page_size, 576] bf16 rows
@@ -125,20 +92,7 @@ st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o_lat, const
                                const st_bf16_t *pool, const int *block_table, const int *seqlens, int B, int H,
                                int page_size, int max_pages, int max_ctx, int split_len, float scale, void *ws,
                                size_t ws_bytes);
-/* Decode kernel variant, process-wide (benchmarks and tests compare them in one run; not
- * concurrently with decodes): 2 = v2; 6 = v6 (warp-specialised: producer warpgroup with TMA /
- * cp.async gathers, two consumer warpgroups, persistent grid); 0 = the default (env
- * STRATA_MLA_DECODE=2 or 6 read at the first call, else the default in kernels/mla.cu). grid: v6's
- * CTA count (0 = one per SM, −1 = one per work item, k = 1..8 CTAs: tests). Benchmark diagnostics
- * (output undefined): −2, −6 the same gathers without the tensor work; 9 / 69 v2's / v6's tensor
- * work without the gathers. */
-st_status_t st_cuda_mla_decode_set_variant(int variant, int grid);
-
 /* ---------------- MoE side (SPEC §6, §7) and sampling (§9) ---------------- */
-/* h [T, n] bf16 = act(gate [T, n], up [T, n]) with row stride ld_in (both may be halves of one
- * [T, 2n] buffer); situ: (b1·tanh(a/b1)·σ(a))·(b2·tanh(u/b2)), else SiLU(a)·u. fp32 math. */
-st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, const st_bf16_t *gate, const st_bf16_t *up, int T,
-                        int n, int ld_in, bool situ, float b1, float b2);
 /* scores [T, n] fp32: router logits in, σ(logits) out (in place). ids [T, ld] int32 (ld ≥ k; the
  * first k of each row, ascending), w [T, ld] fp32 (zeros past k): top-k of σ + bias (bias [n] or
  * NULL; ties → lower id), weights from the unbiased scores, renormalised if renorm, times scale;
@@ -182,16 +136,17 @@ st_status_t st_cuda_mxfp4_to_bf16(const st_gpu_stream_t *s, st_bf16_t *out, cons
 /* Grouped expert FFN: for every expert e and its rows r (offsets above),
  *   y[r] = w2_e · act(w1_e x[r], w3_e x[r])        (act: SiTU(b1, b2) if situ, else SiLU-GLU)
  * x [N, l] bf16 (N = offsets[E] rows used); w1, w3 [E, w, l] bf16 (gate, up; row-major per expert,
- * experts contiguous); w2 [E, l, w] bf16; y [N, l] bf16. fp32 accumulation; the activation is
- * applied in fp32 to the fp32 gate/up accumulators (fused epilogue) and h is stored bf16 in ws.
+ * experts contiguous); w2 [E, l, w] bf16; y [N, l] fp32 (the down GEMM's accumulators, not rounded). fp32 accumulation; the activation is
+ * applied in fp32 to the fp32 gate/up accumulators (fused epilogue) and h is stored bf16 in ws (the
+ * down GEMM's input). On sm_90 the GEMMs run on Hopper wgmma + TMA kernels (kernels/moe_ffn.cu picks
+ * the cooperative or the ping-pong form per call), elsewhere on mma.sync.
  * offsets: device [E+1] int32; max_rows_per_expert ≥ max_e (offsets[e+1]-offsets[e]) bounds the
  * grid (pass N if unknown). l % 8 == 0, w % 8 == 0.
  * ws: st_cuda_moe_ffn_ws_bytes(N, w) bytes (h [N, w] bf16). */
 size_t st_cuda_moe_ffn_ws_bytes(int N, int w);
-st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
-                            int E, int N, int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3,
-                            const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
-                            size_t ws_bytes);
+st_status_t st_cuda_moe_ffn(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets, int E, int N,
+                            int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2,
+                            int l, int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes);
 
 /* Per routed slot, for decode-sized batches: for token t < T and slot i < cnt[t] with expert
  * e = ids[t·kc + i], y [t·kc + i, l] fp32 = w2_e · act(w1_e z_t, w3_e z_t) (z [T, l] bf16; h rounded to
@@ -203,87 +158,35 @@ st_status_t st_cuda_moe_ffn_slots(const st_gpu_stream_t *s, float *y, st_bf16_t 
                                   const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
                                   float b2);
 /* The same per-row kernels over an expert server's dispatch: x [N, l] bf16 rows grouped by expert
- * (offsets [n_exp + 1] device, as st_cuda_moe_ffn_table_f32out), expert k's weights through tab
+ * (offsets [n_exp + 1] device, as st_cuda_moe_ffn_table), expert k's weights through tab
  * (device) [n_exp][3] = {w1, w3, w2}; y [N, l] fp32, h_ws [N, w] bf16 scratch (the first bytes of the
- * hosted ws will do). Each row's arithmetic is that of st_cuda_moe_ffn_slots, bit for bit, so a
+ * table ws will do). Each row's arithmetic is that of st_cuda_moe_ffn_slots, bit for bit, so a
  * server running the rows a worker flags per-row (ST_WIRE_FLAG_PER_ROW) returns what the worker's own
  * GPU engine would compute. N ≤ 65535; l, w multiples of 8; x, h_ws and the weights 16-byte aligned. */
-st_status_t st_cuda_moe_ffn_rows_table_f32out(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws, const st_bf16_t *x,
-                                              const int *offsets, int n_exp, int N, const st_bf16_t *const *tab, int l,
-                                              int w, bool situ, float b1, float b2);
+st_status_t st_cuda_moe_ffn_rows_table(const st_gpu_stream_t *s, float *y, st_bf16_t *h_ws, const st_bf16_t *x,
+                                       const int *offsets, int n_exp, int N, const st_bf16_t *const *tab, int l, int w,
+                                       bool situ, float b1, float b2);
 /* Whether st_cuda_moe_ffn_slots should run `slots` routed slots (T·kc) over E experts of these widths
- * rather than the grouped path: up to 64 slots (env STRATA_FFN_SLOTS, read at
- * st_cuda_moe_ffn_use_wgmma) and E/2 (kernels/moe_ffn.cu says why). */
+ * rather than the grouped path: up to 64 slots and E/2 (kernels/moe_ffn.cu says why). */
 bool st_cuda_moe_ffn_slots_pick(int slots, int E, int l, int w);
 
-/* The same with y [N, l] fp32 (the down GEMM's accumulators, not rounded); h stays bf16 (the down
- * GEMM's input). Same ws. */
-st_status_t st_cuda_moe_ffn_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
-                                   int E, int N, int max_rows_per_expert, const st_bf16_t *w1, const st_bf16_t *w3,
-                                   const st_bf16_t *w2, int l, int w, bool situ, float b1, float b2, void *ws,
-                                   size_t ws_bytes);
-/* Same FFN when the row counts are also known on the host (an expert server gets them with the
- * batch; the engine would need the offsets copied back first): offsets_host [E+1] host memory, equal
- * to offsets (device), offsets_host[0] = 0, E ≤ 4096.
- * Routing rule: an expert with ≥ min_rows_cublas rows runs through cuBLAS, every other non-empty
- * expert through the grouped kernels above; min_rows_cublas 0 → st_cuda_moe_ffn_cublas_min_rows(l, w),
- * the smallest count with rows·l·w ≥ 2^30 (512 rows at l 2048, w 1024; 2048 at l 1024, w 512): below
- * that the ~7 µs host cost of each cuBLAS call outweighs its faster GEMMs; except when the grouped
- * GEMMs run on the Hopper wgmma kernels (st_cuda_moe_ffn_use_wgmma, the default on sm_90): then
- * min_rows_cublas 0 sends no expert to cuBLAS (the wgmma kernels are as fast at every size, measured
- * on the H200). The cuBLAS experts go together: gate and up GEMMs into a [rows, 2w] bf16 buffer
- * (one cublasGemmBatchedEx per run of adjacent experts with equal rows), ONE GLU kernel over all
- * their rows, the down GEMMs (the same).
- * Same result to rounding (gate/up are rounded to bf16 before the activation on the cuBLAS experts).
- * No host sync, no allocation: the pointer arrays cuBLAS reads are written into ws by a kernel.
- * ws: st_cuda_moe_ffn_hosted_ws_bytes(N, w), N = offsets_host[E], 256-byte aligned. */
-typedef enum {
-    ST_MOE_CUBLAS_BATCHED = 1,   /* cublasGemmBatchedEx per run of adjacent equal-row experts (default) */
-    ST_MOE_CUBLAS_STRIDED = 2,   /* cublasGemmStridedBatchedEx per such run (gate and up apart) */
-    ST_MOE_CUBLAS_PER_EXPERT = 3 /* per expert: gate+up as a batch of 2, then down */
-} st_moe_cublas_variant_t;
-#define ST_MOE_FFN_CUBLAS_VARIANT ST_MOE_CUBLAS_BATCHED /* what the two wrappers below use */
-int st_cuda_moe_ffn_cublas_min_rows(int l, int w);
-size_t st_cuda_moe_ffn_hosted_ws_bytes(int N, int w);
-st_status_t st_cuda_moe_ffn_hosted(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const int *offsets,
-                                   const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *w1,
-                                   const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ, float b1,
-                                   float b2, void *ws, size_t ws_bytes);
-/* The same with y [N, l] fp32 (as st_cuda_moe_ffn_f32out). */
-st_status_t st_cuda_moe_ffn_hosted_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
-                                          const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *w1,
-                                          const st_bf16_t *w3, const st_bf16_t *w2, int l, int w, bool situ,
-                                          float b1, float b2, void *ws, size_t ws_bytes);
-/* The same as st_cuda_moe_ffn_hosted_f32out with each expert's weights anywhere on the device: tab
- * (device) [E][3] = {w1 [w, l], w3 [w, l], w2 [l, w]} of expert e (the expert server binds experts
- * one by one). One call for a whole dispatch: the grouped kernels read the table per tile, the
- * cuBLAS pointer arrays are built from it (batched variant). On the Hopper wgmma kernels (the default
- * on sm_90) one small kernel first builds a TMA tensor map per expert weight from tab inside ws (no
- * host encode per expert, nothing to prepare at bind time), and min_rows_cublas 0 sends no expert to
- * cuBLAS; each tab pointer must then be 16-byte aligned (the kernel traps otherwise). */
-st_status_t st_cuda_moe_ffn_table_f32out(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
-                                         const int *offsets_host, int E, int min_rows_cublas,
-                                         const st_bf16_t *const *tab, int l, int w, bool situ, float b1, float b2,
-                                         void *ws, size_t ws_bytes);
-/* Both of the above with the output type (y bf16, or fp32 if y_f32) and the variant chosen (tests and
- * benchmarks compare the variants). */
-st_status_t st_cuda_moe_ffn_hosted_ex(const st_gpu_stream_t *s, void *y, bool y_f32, const st_bf16_t *x,
-                                      const int *offsets, const int *offsets_host, int E, int min_rows_cublas,
-                                      const st_bf16_t *w1, const st_bf16_t *w3, const st_bf16_t *w2, int l, int w,
-                                      bool situ, float b1, float b2, int variant, void *ws, size_t ws_bytes);
-/* Which kernels run the grouped GEMMs of st_cuda_moe_ffn* (and the non-cuBLAS experts of the hosted
- * paths with stacked weights): 0 → mma.sync; Hopper wgmma + TMA (sm_90 devices only; elsewhere it
- * stays mma.sync): 2 → cooperative consumer warpgroups (128 × 256 tiles, two launches), 5 → ping-pong
- * consumer warpgroups (128 × 128 tiles, one's epilogue under the other's MMAs) with both GEMMs in one
- * cooperative launch, 1 → chosen per call (the default: 5 when the experts average fewer than 256 rows
- * and ℓ·w ≤ 4M, else 2; kernels/moe_ffn.cu says why); 3, 4, 6, 7 (variants removed in round 3) → 2 or 5; −1 → the
- * default (env STRATA_FFN_WGMMA if set, else the built-in default). Returns the choice in effect.
- * Process-wide; call it before the FFN runs, not concurrently with it (tests and benchmarks compare
- * them). The table mode (st_cuda_moe_ffn_table_f32out) runs on the same kernels: per-expert tensor
- * maps are built on the device from tab each call (into ws; each weight pointer must be 16-byte
- * aligned), no host work per expert; env STRATA_FFN_WG_TABLE=0 puts it back on mma.sync (+ cuBLAS
- * for big experts by the default rule). */
-int st_cuda_moe_ffn_use_wgmma(int on);
+/* The grouped FFN for an expert server: each expert's weights anywhere on the device, through tab
+ * (device) [E][3] = {w1 [w, l], w3 [w, l], w2 [l, w]} of expert e (the server binds experts one by
+ * one), and the row counts also on the host: offsets_host [E+1] host memory, equal to offsets
+ * (device), offsets_host[0] = 0, E ≤ 4096. y [N, l] fp32 as st_cuda_moe_ffn. One call for a whole
+ * dispatch. Routing rule: min_rows_cublas 0 (what the server passes) runs every expert on the grouped
+ * kernels where the Hopper wgmma kernels run (sm_90; one small kernel first builds a TMA tensor map per
+ * expert weight from tab inside ws, so each tab pointer must be 16-byte aligned: the kernel traps
+ * otherwise), elsewhere sends experts with rows·l·w ≥ 2^30 to cuBLAS; min_rows_cublas > 0 sends the
+ * experts with at least that many rows to cuBLAS (gate and up GEMMs into a [rows, 2w] bf16 buffer, one
+ * cublasGemmBatchedEx per run of adjacent experts with equal rows, ONE GLU kernel over all their rows,
+ * the down GEMMs the same; same result to rounding: gate/up are rounded to bf16 before the activation
+ * there). No host sync, no allocation: the pointer arrays cuBLAS reads are written into ws by a kernel.
+ * ws: st_cuda_moe_ffn_table_ws_bytes(N, w), N = offsets_host[E], 256-byte aligned. */
+size_t st_cuda_moe_ffn_table_ws_bytes(int N, int w);
+st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
+                                  const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *const *tab,
+                                  int l, int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes);
 
 /* ---------------- router, quantile mode (SPEC §7; kernels/router_q.cu) ---------------- */
 /* scores [T, n] fp32: router logits in, σ(logits) out (in place). Expert j active iff s_j ≥ tau[j]
@@ -293,10 +196,6 @@ int st_cuda_moe_ffn_use_wgmma(int on);
  * n ≤ 8192. */
 st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
                                     const float *tau, int T, int n, int kmax, bool renorm, float scale);
-/* Per-step score summary input: copy scores [T, n] fp32 (device) to host_pinned [T, n] (pinned host
- * memory), asynchronously on s; the caller syncs the stream (or an event) before reading. */
-st_status_t st_cuda_router_scores_to_host(const st_gpu_stream_t *s, float *host_pinned, const float *scores,
-                                          int T, int n);
 
 /* ---------------- Block AttnRes, two-phase (SPEC §5; kernels/attnres.cu) ---------------- */
 /* Phase 1 (once per completed-block set): blocks = host array of m device pointers, each [T, d]
@@ -350,11 +249,6 @@ st_status_t st_cuda_mla_prefill(const st_gpu_stream_t *s, st_bf16_t *o, const st
 /* Temperature / top-k / top-p sampling stays on the host for now (st_sample on logits copied with
  * cudaMemcpyAsync into pinned memory); only greedy (st_cuda_argmax above) runs on the device.
  * See docs/perf.md "Sampling" for the cost and the plan. */
-
-/* ---------------- benchmark / test data ---------------- */
-/* p [n] (bf16 if bf16 else fp32) = uniform [lo, hi) from a counter hash of (index, seed). */
-st_status_t st_cuda_fill_uniform(const st_gpu_stream_t *s, void *p, bool bf16, size_t n, float lo, float hi,
-                                 uint64_t seed);
 
 #ifdef __cplusplus
 }

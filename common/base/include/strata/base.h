@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #ifdef __cplusplus
@@ -77,6 +78,46 @@ int st_log_rl_pass(st_log_rl_t *rl, double interval_s, uint64_t *suppressed);
             st_log_msg((lvl), __FILE__, __LINE__, fmt " [%llu similar suppressed]", ##__VA_ARGS__,                   \
                        (unsigned long long)st__sup_);                                                                \
     } while (0)
+
+/* ---- tunables: the one configuration table (common/base/tunables.c, printed by `strata config`) ----
+ * Every setting that is not a flag of one command is declared once there: name, type, default, unit
+ * and a one-line meaning. Each value comes from, first that applies: a flag (`--set NAME=VALUE`,
+ * which every role and every strata command takes, or a command's own flag for it, such as
+ * --api-key), the environment variable STRATA_<NAME>, the default. The environment is read once, at
+ * the first st_tun_* call or log line; nothing else in Strata calls getenv. Two entries belong to
+ * UCX (UCX_TLS, UCX_NET_DEVICES): UCX reads them itself; the table shows them, lets Strata see
+ * whether they are set, and refuses to set them. Not the model config (config.json, st_config_t). */
+typedef enum {
+    ST_TUN_LOG,                 /* enum error|warn|info|debug: log level */
+    ST_TUN_THREADS,             /* int: CPU kernel threads, 0 = one per online CPU */
+    ST_TUN_STATE,               /* string: strata up/down/status/generate state directory */
+    ST_TUN_API_KEY,             /* string, secret: client API key */
+    ST_TUN_CLUSTER_SECRET_FILE, /* string: cluster secret file */
+    ST_TUN_WORKER_SYNC,         /* bool: attention worker without micro-batch overlap */
+    ST_TUN_ES_INLINE_ROWS,      /* int: expert server inline-compute threshold, −1 = by device */
+    ST_TUN_UCX_TLS,             /* UCX's, read only */
+    ST_TUN_UCX_NET_DEVICES,     /* UCX's, read only */
+    ST_TUN_COUNT
+} st_tun_id_t;
+typedef enum { ST_TUN_FROM_DEFAULT, ST_TUN_FROM_ENV, ST_TUN_FROM_FLAG } st_tun_src_t;
+/* Reads the environment (once) and fails, naming each, when a STRATA_ variable does not parse (the
+ * default is used meanwhile). Roles and commands call it at start, after their flags. */
+st_status_t st_tun_load(void);
+void st_tun_ensure(void); /* the same, without the check: what every accessor calls first */
+/* A flag: NAME (with or without STRATA_) = value, checked against the entry's type. Errors are
+ * recorded (st_err_last), not logged: the caller shows them. */
+st_status_t st_tun_set(const char *name, const char *value);
+/* If argv[*i] is `--set NAME=VALUE`, apply it and return 1; 0 if not ours; -1 (after printing why)
+ * when it is malformed or refused. */
+int st_tun_parse_flag(int argc, char **argv, int *i);
+/* Writes every entry set by a flag into the environment (STRATA_<NAME>), for the child processes
+ * that `strata up` starts. */
+void st_tun_export(void);
+long st_tun_int(st_tun_id_t id);        /* int, bool (0/1) and enum (index) entries */
+const char *st_tun_str(st_tun_id_t id); /* the text; "" when unset */
+st_tun_src_t st_tun_source(st_tun_id_t id);
+void st_tun_print(FILE *out);           /* every entry: variable, value, source, type, default, meaning */
+void st_tun_log(const char *role);      /* the same at INFO, one line each (secrets by length only) */
 
 /* ---- time ---- */
 double st_time_sec(void);   /* monotonic seconds */
@@ -153,7 +194,8 @@ st_status_t st_random_bytes(void *buf, size_t n); /* getrandom(2) */
 int st_ct_equal(const void *a, const void *b, size_t n); /* 1 if equal; time independent of content */
 void st_hex(const void *in, size_t n, char *out);   /* out: 2n + 1 bytes */
 
-/* The security flags every role takes (docs/security.md), parsed in one place:
+/* The flags every role takes (docs/security.md), parsed in one place: --set NAME=VALUE (the
+ * configuration table above) and the security flags:
  *   --cluster-secret-file F   the cluster secret (or $STRATA_CLUSTER_SECRET_FILE); required unless
  *   --insecure                no cluster authentication (a WARN at start; loopback experiments only)
  *   --tls-cert F --tls-key F  gRPC TLS: this process's certificate and key (PEM)
@@ -171,10 +213,13 @@ typedef struct {
 /* If argv[*i] is one of the flags above, consume it (and its value) and return 1; 0 if not ours;
  * -1 (after printing why) when its value is missing. */
 int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i);
-/* Load the secret (flag, else the environment) and derive the tokens; fails when there is none and
- * --insecure was not given, or a TLS file is given without its pair. */
+/* Every role's start: loads the configuration table (st_tun_load) and logs it (st_tun_log), then
+ * loads the secret (flag, else CLUSTER_SECRET_FILE of the table) and derives the tokens; fails when
+ * a STRATA_ variable does not parse, when there is no secret and --insecure was not given, or a TLS
+ * file is given without its pair. */
 st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role);
-#define ST_SEC_USAGE "[--cluster-secret-file F | --insecure] [--tls --tls-cert F --tls-key F --tls-ca F]"
+#define ST_SEC_USAGE \
+    "[--cluster-secret-file F | --insecure] [--tls --tls-cert F --tls-key F --tls-ca F] [--set NAME=VALUE ...]"
 
 #define ST_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))

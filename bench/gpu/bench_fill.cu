@@ -1,5 +1,6 @@
-/* Device-side fills for benchmarks and large tests: uniform random values (a counter hash, so a
- * seed gives the same data on every run) into bf16 or fp32 buffers. No CPU version: not model math. */
+/* Device-side fills for the GPU benchmarks: uniform random values (a counter hash, so a seed gives the
+ * same data on every run) into bf16 or fp32 buffers. Benchmark data, not model math: it lives here, not
+ * in kernels/ (bench_common.h declares it). */
 #include "cuda_common.cuh"
 
 __device__ __forceinline__ float hash_unit(uint64_t i, uint64_t seed) {
