@@ -21,8 +21,8 @@ void st_engine_opts_default(st_engine_opts_t *o) {
     o->kv_page_size = 64;
     o->routing = ST_ROUTE_TOPK;
     o->device = -1;
-    o->cuda_graphs = true;
-    o->host_route = false;
+    o->cuda_graphs = st_tun_int(ST_TUN_CUDA_GRAPHS) != 0; /* defaults live in the configuration table */
+    o->host_route = st_tun_int(ST_TUN_HOST_ROUTE) != 0;
 }
 
 static st_status_t mb_create(st_engine_t *e, st_engine_mb_t **out, bool internal);

@@ -8,7 +8,7 @@
 #    (of it, transfers), from /status deltas.
 # Env: MB=n (--micro-batches), GEN (tokens per request), TAG (label prefix), SKIP_PREFILL=1, NOWARM=1 (no
 # unmeasured warm-up load before each batch size); any
-# STRATA_* variable reaches the services (e.g. STRATA_WORKER_SYNC=1 STRATA_EGPU_HOST_ROUTE=1 for the
+# STRATA_* variable reaches the services (e.g. STRATA_WORKER_SYNC=1 STRATA_HOST_ROUTE=1 for the
 # synchronous hand-off and host routing, to compare).
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/${GPU_BUILD:-build-gpu5s}/lib:/usr/local/cuda/lib64 UCX_MODULE_DIR=$PWD/${GPU_BUILD:-build-gpu5s}/lib/ucx

@@ -2,7 +2,7 @@
  * the cuBLAS GEMMs of the layer's trunk projections (KDA q/k/v/f/g/β, o; router; latent down/up;
  * shared expert), measured here, without routed experts, attention core or norms — so the shares
  * printed are UPPER bounds ("of trunk GEMMs"). The real share inside the GPU engine is measured by
- * bench_gpu_e2e (STRATA_EGPU_PROF). Two forms per shape:
+ * bench_gpu_e2e. Two forms per shape:
  *  - library: two phase-2 merges (attention and MLP sublayers, bf16 output for the next RMSNorm)
  *    plus phase 1 amortised over the B layers of a block (m completed blocks, Q = 2B queries);
  *  - engine-fused: the engine's phase 2 is fused into the next RMSNorm, so its cost is that kernel's

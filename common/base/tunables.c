@@ -44,6 +44,10 @@ static const tun_field_t g_fields[] = {
     [ST_TUN_ES_INLINE_ROWS] = {"ES_INLINE_ROWS", TUN_INT, "-1", -1, INT_MAX, NULL, "rows", 0,
                                "expert server: compute dispatches up to this size on the receiving thread "
                                "(-1: 512 on a GPU, 0 on the CPU; 0: always queue)"},
+    [ST_TUN_CUDA_GRAPHS] = {"CUDA_GRAPHS", TUN_BOOL, "1", 0, 1, NULL, "", 0,
+                            "GPU engine: replay decode steps as CUDA graphs (0: plain launches; diagnosis)"},
+    [ST_TUN_HOST_ROUTE] = {"HOST_ROUTE", TUN_BOOL, "0", 0, 1, NULL, "", 0,
+                           "GPU engine: quantile routing on the host, one sync per MoE layer (diagnosis)"},
     [ST_TUN_UCX_TLS] = {"UCX_TLS", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,
                         "UCX's transports, read by UCX (strata up sets tcp when unset)"},
     [ST_TUN_UCX_NET_DEVICES] = {"UCX_NET_DEVICES", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,

@@ -30,9 +30,9 @@ typedef struct {
     bool remote_experts;  /* routed experts run elsewhere (micro-batch API); none are bound here */
     int device;           /* -1 = the CPU backend (default); N = the CUDA backend on cuda:N (built with CUDA) */
     /* CUDA backend choices (the CPU backend ignores them) */
-    bool cuda_graphs;     /* decode steps of st_engine_step replayed as CUDA graphs (default true) */
+    bool cuda_graphs;     /* decode steps of st_engine_step replayed as CUDA graphs (default: the table's CUDA_GRAPHS) */
     bool host_route;      /* quantile routing on the host (one sync per MoE layer) instead of the device
-                           * (default false; the sets are the same) */
+                           * (default: HOST_ROUTE; the sets are the same) */
 } st_engine_opts_t;
 
 void st_engine_opts_default(st_engine_opts_t *o);
