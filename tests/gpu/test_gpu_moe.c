@@ -1,27 +1,9 @@
-/* GLU activations, sigmoid router with biased top-k and greedy argmax on the GPU vs the CPU ops.
- * Routing sets must match exactly (ids ascending), weights to 1e-5; argmax ids exactly, with ties. */
+/* Sigmoid router with biased top-k and greedy argmax on the GPU vs the CPU ops.
+ * (GLU: test_gpu_glue_act.c). Routing sets must match exactly (ids ascending), weights to 1e-5; argmax ids exactly, with ties. */
 #include <math.h>
 
 #include "gpu_test.h"
 #include "strata/kernels.h"
-
-static void glu_case(int T, int n, bool situ, uint64_t seed) {
-    st_rng_t r = {seed};
-    size_t N = (size_t)T * 2 * n;
-    float *gu = gt_xmalloc(4 * N), *ref = gt_xmalloc(4 * (size_t)T * n), *got = gt_xmalloc(4 * (size_t)T * n);
-    uint16_t *gub = gt_xmalloc(2 * N), *hb = gt_xmalloc(2 * (size_t)T * n);
-    gt_randn_bf(gu, gub, N, 4.f, &r);
-    st_glu(ref, gu, gu + n, T, n, 2 * n, situ ? ST_ACT_SITU : ST_ACT_SILU, 4.f, 25.f);
-    uint16_t *d_gu = gt_up(gub, 2 * N), *d_h = gt_dev(2 * (size_t)T * n);
-    GT_OK(st_cuda_glu(&gt_stream, d_h, d_gu, d_gu + n, T, n, 2 * n, situ, 4.f, 25.f));
-    gt_down(hb, d_h, 2 * (size_t)T * n);
-    gt_from_bf(got, hb, (size_t)T * n);
-    char what[64];
-    snprintf(what, sizeof what, "glu %s T=%d n=%d", situ ? "situ" : "silu", T, n);
-    st_t_close(what, got, ref, (size_t)T * n, 1e-2, 1e-2);
-    st_gpu_free(d_gu), st_gpu_free(d_h);
-    free(gu), free(ref), free(got), free(gub), free(hb);
-}
 
 /* ld > k: rows of ld with the weights past k zeroed and the counts written (the engine's layout) */
 static void router_case(int T, int n, int k, bool renorm, bool with_bias, uint64_t seed) {
@@ -89,9 +71,6 @@ static void argmax_case(int T, int V, uint64_t seed) {
 
 int main(void) {
     gt_init_or_skip("test_gpu_moe");
-    static const int gt[] = {1, 33}, gn[] = {1, 512, 1000};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 3; j++) glu_case(gt[i], gn[j], (i + j) & 1 ? false : true, 10 + i * 3 + j), glu_case(gt[i], gn[j], true, 50 + j);
     router_case(1, 8, 1, true, false, 1);
     router_case(17, 64, 2, true, true, 2);
     router_case(100, 896, 8, true, true, 3);
