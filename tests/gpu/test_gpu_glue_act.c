@@ -106,7 +106,7 @@ static void attnres_v1_case(int m, int Q, int T, int d, bool gather, bool split,
         snprintf(what, sizeof what, "attnres_phase1_strided m=%d Q=%d T=%d d=%d: stats", m, Q, T, d);
         st_t_close(what, gs, stats, (size_t)T * Q * 2, 1e-5, 1e-5);
         snprintf(what, sizeof what, "attnres_phase1_strided m=%d Q=%d T=%d d=%d: acc", m, Q, T, d);
-        st_t_close(what, ga, acc, Td * Q, 1e-5, 1e-5);
+        st_t_close(what, ga, acc, Td * Q, 1e-4, 1e-5); /* m exp-weighted terms: the max error is a few ulp of the largest */
         free(gs), free(ga);
     }
     GT_OK(st_cuda_attnres_phase2_rmsnorm_v1(&gt_stream, dxn, split ? dlo : NULL, dP, m ? dS : NULL, dA,

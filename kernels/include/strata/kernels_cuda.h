@@ -445,7 +445,7 @@ st_status_t st_cuda_route_finish(const st_gpu_stream_t *s, const int *ids, float
 /* Grouping by expert (one block; E + 1 ints of shared memory): offsets [E+1] int32 (expert e's rows are
  * offsets[e] .. offsets[e+1]-1), row_of [T, kc] int32 (grouped row of slot (t, i), −1 for i ≥ cnt[t]).
  * NOTE: the order of rows within an expert may vary run to run (atomics); every consumer reads rows
- * through row_of, so no result depends on it. C: st_moe_group (one such order). */
+ * through row_of, so no result depends on it. T = 0: nothing written. C: st_moe_group (one such order). */
 st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt,
                               int T, int kc, int E);
 /* xg[row_of[t, i]] = z[t] for i < cnt[t] (bf16, width l, l even). C: st_moe_gather. */
