@@ -84,7 +84,7 @@ struct st_egpu {
     bool kda_rec;  /* STRATA_EGPU_KDA_REC=1: prompts through the recurrent glue kernel (comparisons) */
     int xsplit;    /* STRATA_EGPU_XSPLIT=1: GEMM inputs as bf16 hi + lo, two passes (see lin2); 2: also the
                     * MLA q_a / ō inputs, fp32 MLA (mla32) and the fp32 recurrence for prompts (kda_rec) */
-    bool ar_v1;    /* STRATA_EGPU_AR_V1=1: the first AttnRes kernels (copy + eg_attnres_phase1, eg_resnorm_v1) */
+    bool ar_v1;    /* STRATA_EGPU_AR_V1=1: the first AttnRes kernels (copy + st_cuda_attnres_phase1_strided, st_cuda_attnres_phase2_rmsnorm_v1) */
     bool host_route; /* STRATA_EGPU_HOST_ROUTE=1: quantile routing on the host (one sync per MoE layer; comparisons) */
     /* STRATA_EGPU_PROF=1 (engine_gpu.h): events [EGPU_PROF_EVENTS] and the group each one opens,
      * pinned gate words [2]; pf_step: the step in flight is profiled */
@@ -1025,7 +1025,7 @@ static void queue_begin(st_egpu_mb_t *mb) {
     }
     CK(eg_memcpy_async(mb->s, mb->meta_d, mb->meta_h, mb->words * sizeof(int), 1));
     chain_wait(mb);
-    CK(eg_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->T, g->c.d));
+    CK(st_cuda_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->T, g->c.d));
     mb->fresh = false;
 }
 
@@ -1054,7 +1054,7 @@ static void resnorm(st_egpu_mb_t *mb, st_bf16_t *xn, st_bf16_t *xlo, int q, cons
     int d = c->d;
     st_status_t (*fn)(const st_gpu_stream_t *, st_bf16_t *, st_bf16_t *, const float *, const float *, const float *,
                       const float *, int, int, const float *, const int *, int, int, float, float) =
-        g->ar_v1 ? eg_resnorm_v1 : eg_resnorm;
+        g->ar_v1 ? st_cuda_attnres_phase2_rmsnorm_v1 : st_cuda_attnres_phase2_rmsnorm;
     if (c->attn_res_block <= 0 || mb->nb == 0) {
         if (!head) prof_mark(g, ST_EGPU_PROF_NORM);
         CK(fn(s, xn, xlo, mb->partial, NULL, NULL, NULL, 0, 1, norm_w, rows, n_rows, d, c->rms_eps, c->rms_eps));
@@ -1091,19 +1091,19 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     }
     if (T <= 64 && c->f_rank <= 256) { /* decode: the low-rank f_b product and the gate in one kernel */
         prof_mark(g, ST_EGPU_PROF_KDA);
-        CK(eg_kda_gate_fb32(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
+        CK(st_cuda_kda_gate_fb(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
                             c->gate_bounded, c->gate_lower_bound));
     } else {
-        CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
+        CK(st_cuda_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
         prof_mark(g, ST_EGPU_PROF_KDA);
-        CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
+        CK(st_cuda_kda_gate(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     }
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
     CK(st_cuda_conv_silu_f32(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->n_seqs, T, 3 * P, c->conv_k));
     /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
      * tensor-core tiles take them rounded to bf16 once, here */
     bool rec = dk != 128 || g->kda_rec, chunked = !rec && !mb->all_decode;
-    CK(eg_kda_prep32(s, mb->q32, mb->k32, mb->v32, chunked ? mb->q : NULL, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux,
+    CK(st_cuda_kda_prep(s, mb->q32, mb->k32, mb->v32, chunked ? mb->q : NULL, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux,
                      G->naux, G->off_b, T, H, dk, L2_EPS));
     float *S = g->kda_S + (size_t)ks * M * g->S_per;
     float scale = 1.0f / sqrtf((float)dk);
@@ -1112,7 +1112,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_KDA_V, mb->v32, false, P, P, false);
     gtrace(mb, l, ST_TRACE_KDA_G, mb->gf, false, P, P, false);
     if (rec)
-        CK(eg_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
+        CK(st_cuda_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                             mb->n_seqs, H, dk, scale));
     else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
         CK(st_cuda_kda_decode_f32(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->n_seqs,
@@ -1129,7 +1129,7 @@ static void kda_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(lin2(mb, mb->gate, P, 0.f, mb->xn, XLO(mb), d, G->w_g, T, P, d));
     }
     prof_mark(g, ST_EGPU_PROF_KDA);
-    CK(eg_kda_out_gate32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
+    CK(st_cuda_kda_out_gate(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
 
@@ -1152,9 +1152,9 @@ static void mla_direct(st_egpu_mb_t *mb, const gl_t *G, int l, float *o32, st_bf
         if (en->n < g->mla_dmin) continue;
         int n = en->pos0 + en->n;
         const int *bt = mb->d_btab + ((size_t)m * mb->n_seqs + i) * g->pps;
-        CK(eg_mla_gather(s, g->dc, g->kv_pool, bt, g->page_size, n, R));
+        CK(st_cuda_mla_gather(s, g->dc, g->kv_pool, bt, g->page_size, n, R));
         CK(st_cuda_linear_ex(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
-        CK(eg_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
+        CK(st_cuda_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
         CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
                                scale));
         size_t rows = (size_t)en->n * H * dv, r0 = (size_t)en->off * H * dv;
@@ -1174,7 +1174,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
         CK(lin2(mb, mb->cq32, c->q_lora_rank, 0.f, mb->xn, XLO(mb), d, G->w_qa, T, c->q_lora_rank, d));
         st_bf16_t *cqlo = g->xsplit >= 2 ? mb->cq_lo : NULL;
         prof_mark(g, ST_EGPU_PROF_NORM);
-        CK(eg_rmsnorm32(s, mb->cq, cqlo, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
+        CK(st_cuda_rmsnorm(s, mb->cq, cqlo, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
         prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->qm32, H * dqk, 0.f, mb->cq, cqlo, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
     } else {
@@ -1184,7 +1184,7 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
     CK(lin2(mb, mb->ckv, R, 0.f, mb->xn, XLO(mb), d, G->w_kva, T, R, d));
     const int *bt = mb->d_btab + (size_t)m * mb->n_seqs * g->pps;
     prof_mark(g, ST_EGPU_PROF_MLA);
-    CK(eg_mla_kv_store(s, g->kv_pool, g->mla32, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+    CK(st_cuda_mla_kv_store(s, g->kv_pool, g->mla32, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                        g->page_size, T, kvr, R, MLA_NORM_EPS));
     /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h.
      * With mla32 the absorption (fp32 W_UK), q' and the cache stay fp32 and only ō is rounded to
@@ -1192,41 +1192,41 @@ static void mla_layer(st_egpu_mb_t *mb, const gl_t *G, int l) {
      * so the bf16 cache and the tuned decode kernel stay the default (docs/perf.md). */
     float scale = 1.0f / sqrtf((float)dqk);
     if (g->mla32) {
-        CK(eg_sgemm_heads(s, mb->qabs, H * R, R, mb->qm32, H * dqk, dqk, G->w_kvb32, kvr, (long long)kvw * kvr, false,
+        CK(st_cuda_sgemm_heads(s, mb->qabs, H * R, R, mb->qm32, H * dqk, dqk, G->w_kvb32, kvr, (long long)kvw * kvr, false,
                           T, kvr, nope, H));
-        CK(eg_mla_qpe(s, mb->qabs, true, mb->qm32, T, H, nope, rope, kvr));
-        CK(eg_mla_attn(s, mb->olat, g->xsplit >= 2 ? mb->olat_lo : NULL, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+        CK(st_cuda_mla_qpe(s, mb->qabs, true, mb->qm32, T, H, nope, rope, kvr));
+        CK(st_cuda_mla_attn(s, mb->olat, g->xsplit >= 2 ? mb->olat_lo : NULL, mb->qabs, g->kv_pool, true, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                        g->page_size, T, H, R, kvr, scale, NULL, 0));
     } else {
         CK(st_cuda_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
-        CK(eg_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr,
+        CK(st_cuda_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr,
                            false, T, kvr, nope, H));
-        CK(eg_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
+        CK(st_cuda_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
         if (mb->all_decode && R == 576 && kvr == 512)
             CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->n_seqs, H, g->page_size,
                                   g->pps, mb->max_len, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
         else
-            CK(eg_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
+            CK(st_cuda_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->pps,
                            g->page_size, T, H, R, kvr, scale, g->mla_dmin ? mb->d_cu : NULL, g->mla_dmin));
     }
     const st_bf16_t *w_uv = G->w_kvb + (size_t)nope * kvr;
     if (c->mla_output_gate || g->xsplit) { /* o = W_UV ō in fp32, then ⊙ σ(gate) or split; rounded once */
-        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true,
+        CK(st_cuda_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true,
                            T, dv, kvr, H));
         if (g->xsplit >= 2)
-            CK(eg_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr,
+            CK(st_cuda_linear_heads_add(s, mb->o32, H * dv, dv, mb->olat_lo, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr,
                                    true, T, dv, kvr, H));
         mla_direct(mb, G, l, mb->o32, NULL, scale);
         if (c->mla_output_gate) {
             prof_mark(g, ST_EGPU_PROF_GEMM);
             CK(lin2(mb, mb->gate, H * dv, 0.f, mb->xn, XLO(mb), d, G->w_mg, T, H * dv, d));
             prof_mark(g, ST_EGPU_PROF_MLA);
-            CK(eg_mul_sigmoid32(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, (size_t)T * H * dv));
+            CK(st_cuda_mul_sigmoid(s, mb->o, LO(mb, o_lo), mb->o32, mb->gate, (size_t)T * H * dv));
         } else {
-            CK(eg_split_bf16(s, mb->o, mb->o_lo, mb->o32, (size_t)T * H * dv));
+            CK(st_cuda_split_bf16(s, mb->o, mb->o_lo, mb->o32, (size_t)T * H * dv));
         }
     } else {
-        CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true, T,
+        CK(st_cuda_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true, T,
                            dv, kvr, H));
         mla_direct(mb, G, l, NULL, mb->o, scale);
     }
@@ -1241,7 +1241,7 @@ static void ffn_add(st_egpu_mb_t *mb, const st_bf16_t *gu, const st_bf16_t *down
     prof_mark(g, ST_EGPU_PROF_GEMM);
     if (!gu_done) CK(lin2(mb, mb->h2, 2 * w, 0.f, mb->xn, XLO(mb), d, gu, T, 2 * w, d));
     prof_mark(g, ST_EGPU_PROF_OTHER);
-    CK(eg_glu32(mb->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
+    CK(st_cuda_glu(mb->s, mb->hh, LO(mb, hh_lo), mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
                 c->situ_beta2));
     prof_mark(g, ST_EGPU_PROF_GEMM);
     CK(lin2(mb, mb->partial, d, 1.f, mb->hh, LO(mb, hh_lo), w, down, T, d, w));
@@ -1321,7 +1321,7 @@ static void route(st_egpu_mb_t *mb, const gl_t *G, int l) {
     if (g->hook) g->hook(g->hook_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
     CK(eg_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), 1));
     CK(eg_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), 1));
-    CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
+    CK(st_cuda_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
     observe(mb, l);
 }
 
@@ -1357,8 +1357,8 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
         return;
     }
 #endif
-    CK(eg_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
-    CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
+    CK(st_cuda_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
+    CK(st_cuda_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
 #ifdef ST_EGPU_HAVE_MOE_FFN
     if (g->grouped) {
         CK(st_cuda_moe_ffn_f32out(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
@@ -1382,7 +1382,7 @@ static void experts_local(st_egpu_mb_t *mb, const gl_t *G) {
         CK(st_cuda_linear_ex(s, mb->h2e + (size_t)r0 * 2 * mi + mi, 2 * mi, true, 0.f, mb->xg + (size_t)r0 * ew, ew,
                      G->ex_w3 + e * es, cj, mi, ew));
     }
-    if (N > 0) CK(eg_glu32(s, mb->he, NULL, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
+    if (N > 0) CK(st_cuda_glu(s, mb->he, NULL, mb->h2e, mb->h2e + mi, N, mi, 2 * mi, situ, c->situ_beta1, c->situ_beta2));
     for (int e = 0; e < E; e++) {
         int r0 = mb->offsets_h[e], cj = mb->offsets_h[e + 1] - r0;
         if (cj <= 0) continue;
@@ -1406,13 +1406,13 @@ static void moe_finish(st_egpu_mb_t *mb, const gl_t *G, int l) {
     if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
     chain_wait(mb);
     if (c->latent > 0) {
-        CK(eg_moe_combine(s, mb->un, LO(mb, un_lo), NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
+        CK(st_cuda_moe_combine(s, mb->un, LO(mb, un_lo), NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
                           c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
         prof_mark(g, ST_EGPU_PROF_GEMM);
         CK(lin2(mb, mb->partial, d, 1.f, mb->un, LO(mb, un_lo), ew, G->lat_up, T, d, ew));
     } else {
-        CK(eg_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
+        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
     }
     if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter, moe_fused(g));
 }
@@ -1522,14 +1522,14 @@ void st_egpu_mb_launch(st_egpu_mb_t *mb) {
             prof_mark(g, ST_EGPU_PROF_AR_P1);
             if (g->ar_v1) {
                 CK(eg_memcpy_async(s, mb->blocks + (mb->nb - 1) * bs, mb->partial, Td * sizeof(float), 0));
-                CK(eg_attnres_phase1(s, mb->stats, mb->acc, mb->blocks, bs, mb->nb, bq->w, bq->Q, T, d, c->rms_eps));
+                CK(st_cuda_attnres_phase1_strided(s, mb->stats, mb->acc, mb->blocks, bs, mb->nb, bq->w, bq->Q, T, d, c->rms_eps));
             } else { /* fold: one launch for the norm of the mixed blocks (= the previous set + the partial) */
                 st_attnres_xnorm_t x = {wq, G->in_norm, c->rms_eps, mb->xn, XLO(mb)};
                 CK(st_cuda_attnres_phase1_push(s, mb->stats, mb->acc, mb->blocks, bs, mb->partial, mb->nb, bq->w, bq->Q,
                                                T, d, c->rms_eps, 0, fold ? &x : NULL));
                 if (fold && g->pf_step) { /* the plain norm it replaces, for the profile's AttnRes share */
                     prof_mark(g, ST_EGPU_PROF_REF_NORM);
-                    CK(eg_resnorm(s, mb->xf, NULL, mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d,
+                    CK(st_cuda_attnres_phase2_rmsnorm(s, mb->xf, NULL, mb->partial, NULL, NULL, NULL, 0, 1, G->in_norm, NULL, T, d,
                                   c->rms_eps, c->rms_eps));
                 }
             }
