@@ -5,14 +5,15 @@
  * st_engine_step replay as CUDA graphs (st_engine_opts_t.cuda_graphs), routed experts run on the
  * device (grouped by expert) or are handed off through pinned host buffers. The frontend
  * (engine.c) owns the bookkeeping and the layer walk; this file the memory and the launches. Not
- * the kernels (kernels/ and attention_worker/engine_gpu_kernels.cu). */
+ * the kernels (kernels/) nor the CUDA plumbing (common/gpu). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_cuda.h"
-#include "engine_gpu.h"
+#include "strata/gpu.h"
+#include "strata/kernels_cuda.h"
 #include "engine_impl.h"
 
 #define MLA_NORM_EPS 1e-6f /* q_a_layernorm / kv_a_layernorm (checkpoint-layout §5.4) */
@@ -336,8 +337,8 @@ static void cu_free(st_engine_t *e) {
     for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
     free(g->allocs);
     for (int i = 0; i < EGPU_GRAPHS; i++) st_gpu_graph_destroy(g->gr[i].exec);
-    eg_events_destroy(&g->open_ev, 1);
-    eg_events_destroy(&g->chain_ev, 1);
+    st_gpu_events_destroy(&g->open_ev, 1);
+    st_gpu_events_destroy(&g->chain_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
     free(g->L), free(g->bq), free(g->tr_f), free(g->tr_raw);
     free(g);
@@ -373,8 +374,8 @@ static st_status_t alloc_pools(cu_t *g, size_t *sb, size_t *cb, size_t *kvb) {
     g->mla_ws_bytes = st_cuda_mla_decode_ws_bytes(M, ST_MAX(c->mla_heads, 1), e->o.max_ctx, MLA_SPLIT);
     TRY(galloc(g, &g->mla_ws, g->mla_ws_bytes));
     TRY(galloc(g, (void **)&g->tau_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float)));
-    TRY(eg_event_create_sync(&g->open_ev));
-    TRY(eg_event_create_sync(&g->chain_ev));
+    TRY(st_gpu_event_create(&g->open_ev));
+    TRY(st_gpu_event_create(&g->chain_ev));
     /* MLA direct form for prompt chunks (mla_direct): the prefill kernel's head shapes */
     int dqk = c->qk_nope + c->qk_rope, dv = c->v_head_dim, H = c->mla_heads;
     bool shape = (dqk == 192 && dv == 128) || (dqk == 128 && dv == 128) || (dqk == 64 && dv == 64) ||
@@ -432,8 +433,8 @@ static st_status_t seq_reset(st_engine_t *e, int i) {
     cu_t *g = CU(e);
     int M = e->o.max_seqs;
     for (int ks = 0; ks < e->n_kda; ks++) {
-        TRY(eg_memset_async(&g->s, g->kda_S + ((size_t)ks * M + i) * g->S_per, 0, g->S_per * sizeof(float)));
-        TRY(eg_memset_async(&g->s, g->kda_conv + ((size_t)ks * M + i) * g->conv_per, 0, g->conv_per * sizeof(float)));
+        TRY(st_gpu_memset_async(&g->s, g->kda_S + ((size_t)ks * M + i) * g->S_per, 0, g->S_per * sizeof(float)));
+        TRY(st_gpu_memset_async(&g->s, g->kda_conv + ((size_t)ks * M + i) * g->conv_per, 0, g->conv_per * sizeof(float)));
     }
     return ST_OK;
 }
@@ -468,7 +469,7 @@ static void gtrace(cmb_t *mb, int l, int pt, void *src, bool bf16, int w, int ld
     if (!e->trace) return;
     int T = mb->fm->T;
     size_t es = bf16 ? 2 : 4, bytes = ((size_t)(T - 1) * ld + w) * es;
-    CK(eg_memcpy_async(mb->s, g->tr_raw, src, bytes, 2));
+    CK(st_gpu_memcpy_async(mb->s, g->tr_raw, src, bytes, ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(mb->s));
     for (int t = 0; t < T; t++)
         for (int c = 0; c < w; c++)
@@ -476,7 +477,7 @@ static void gtrace(cmb_t *mb, int l, int pt, void *src, bool bf16, int w, int ld
                                               : ((const float *)g->tr_raw)[(size_t)t * ld + c];
     e->trace(e->trace_ctx, l, pt, T, w, g->tr_f);
     if (writable && !bf16 && ld == w) {
-        CK(eg_memcpy_async(mb->s, src, g->tr_f, (size_t)T * w * sizeof(float), 1));
+        CK(st_gpu_memcpy_async(mb->s, src, g->tr_f, (size_t)T * w * sizeof(float), ST_GPU_COPY_H2D));
         CK(st_gpu_stream_sync(mb->s));
     }
 }
@@ -541,7 +542,7 @@ static void mb_free(st_engine_mb_t *fm) {
     if (!mb) return;
     st_gpu_stream_sync(mb->s);
     if (!fm->internal) {
-        eg_events_destroy(&mb->ev, 1);
+        st_gpu_events_destroy(&mb->ev, 1);
         st_gpu_stream_destroy(&mb->own);
     }
     st_gpu_arena_cleanup(&mb->dev);
@@ -562,7 +563,7 @@ static st_status_t mb_init(st_engine_mb_t *fm) {
     st_status_t s = ST_OK;
     if (!fm->internal) {
         s = st_gpu_stream_create(&mb->own);
-        if (s == ST_OK && (s = eg_event_create_sync(&mb->ev)) != ST_OK) st_gpu_stream_destroy(&mb->own);
+        if (s == ST_OK && (s = st_gpu_event_create(&mb->ev)) != ST_OK) st_gpu_stream_destroy(&mb->own);
         if (s != ST_OK) {
             free(mb);
             fm->bk = NULL;
@@ -577,7 +578,7 @@ static st_status_t mb_init(st_engine_mb_t *fm) {
     if (s == ST_OK && (s = st_gpu_arena_init(&mb->pin, pn + 4096, 1)) != ST_OK) st_gpu_arena_cleanup(&mb->dev);
     if (s != ST_OK) {
         if (!fm->internal) {
-            eg_events_destroy(&mb->ev, 1);
+            st_gpu_events_destroy(&mb->ev, 1);
             st_gpu_stream_destroy(&mb->own);
         }
         free(mb->need);
@@ -642,22 +643,22 @@ static void begin(st_engine_mb_t *fm) {
  * copies overlap the next one's compute. It also keeps the engine-wide MLA scratch (mla_ws, the
  * direct-form buffers) to one micro-batch at a time. */
 static void chain_wait(cmb_t *mb) {
-    if (!mb->fm->internal) CK(eg_stream_wait(mb->s, mb->g->chain_ev));
+    if (!mb->fm->internal) CK(st_gpu_stream_wait(mb->s, mb->g->chain_ev));
 }
 static void chain_record(cmb_t *mb) {
-    if (!mb->fm->internal) CK(eg_event_record(mb->g->chain_ev, mb->s));
+    if (!mb->fm->internal) CK(st_gpu_event_record(mb->g->chain_ev, mb->s));
 }
 
 /* The start of a step's device work (in launch, so that a graph captures it): metadata up, embed. */
 static void queue_begin(cmb_t *mb) {
     cu_t *g = mb->g;
     if (mb->s != &g->s) { /* after the state resets of seq_reset */
-        CK(eg_event_record(g->open_ev, &g->s));
-        CK(eg_stream_wait(mb->s, g->open_ev));
+        CK(st_gpu_event_record(g->open_ev, &g->s));
+        CK(st_gpu_stream_wait(mb->s, g->open_ev));
     }
-    CK(eg_memcpy_async(mb->s, mb->meta_d, mb->meta_h, mb->words * sizeof(int), 1));
+    CK(st_gpu_memcpy_async(mb->s, mb->meta_d, mb->meta_h, mb->words * sizeof(int), ST_GPU_COPY_H2D));
     chain_wait(mb);
-    CK(eg_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->fm->T, g->e->c.d));
+    CK(st_cuda_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->fm->T, g->e->c.d));
     mb->fresh = false;
 }
 
@@ -677,11 +678,11 @@ static void resnorm(cmb_t *mb, st_bf16_t *xn, int q, const float *norm_w, const 
     const st_gpu_stream_t *s = mb->s;
     int d = c->d;
     if (c->attn_res_block <= 0 || mb->fm->nb == 0) {
-        CK(eg_resnorm(s, xn, NULL, mb->partial, NULL, NULL, NULL, 0, 1, norm_w, rows, n_rows, d, c->rms_eps, c->rms_eps));
+        CK(st_cuda_attnres_phase2_rmsnorm(s, xn, NULL, mb->partial, NULL, NULL, NULL, 0, 1, norm_w, rows, n_rows, d, c->rms_eps, c->rms_eps));
         return;
     }
     const gbq_t *bq = &g->bq[mb->fm->nb - 1];
-    CK(eg_resnorm(s, xn, NULL, mb->partial, mb->stats, mb->acc, bq->w + (size_t)q * d, q, bq->Q, norm_w, rows, n_rows,
+    CK(st_cuda_attnres_phase2_rmsnorm(s, xn, NULL, mb->partial, mb->stats, mb->acc, bq->w + (size_t)q * d, q, bq->Q, norm_w, rows, n_rows,
                   d, c->rms_eps, c->rms_eps));
 }
 
@@ -699,18 +700,18 @@ static void kda_layer(cmb_t *mb, const gl_t *G, int l) {
                                      : (st_linear_seg_t){G->w_g, mb->gate, P, P, true, 0.f}};
     CK(st_cuda_linear_multi(s, mb->xn, d, T, d, sg, 3));
     if (T <= 64 && c->f_rank <= 256) { /* decode: the low-rank f_b product and the gate in one kernel */
-        CK(eg_kda_gate_fb32(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
+        CK(st_cuda_kda_gate_fb(s, mb->gf, mb->aux, G->naux, G->w_fb, c->f_rank, G->A_log, G->dt_bias, T, H, dk,
                             c->gate_bounded, c->gate_lower_bound));
     } else {
-        CK(eg_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
-        CK(eg_kda_gate32(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
+        CK(st_cuda_sgemm(s, mb->gf, P, mb->aux, G->naux, G->w_fb, T, P, c->f_rank));
+        CK(st_cuda_kda_gate(s, mb->gf, G->A_log, G->dt_bias, T, H, dk, c->gate_bounded, c->gate_lower_bound));
     }
     float *conv = g->kda_conv + (size_t)ks * M * g->conv_per;
     CK(st_cuda_conv_silu(s, mb->cqkv, mb->qkv, conv, mb->d_slot, G->conv_w, mb->d_cu, mb->fm->n_seqs, T, 3 * P, c->conv_k));
     /* NOTE: q, k, v stay fp32 (recurrent and decode kernels read fp32); the chunked kernel's
      * tensor-core tiles take them rounded to bf16 once, here */
     bool rec = dk != 128, chunked = !rec && !mb->all_decode;
-    CK(eg_kda_prep32(s, mb->q32, mb->k32, mb->v32, chunked ? mb->q : NULL, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux,
+    CK(st_cuda_kda_prep(s, mb->q32, mb->k32, mb->v32, chunked ? mb->q : NULL, mb->k, mb->v, mb->beta, mb->cqkv, mb->aux,
                      G->naux, G->off_b, T, H, dk, L2_EPS));
     float *S = g->kda_S + (size_t)ks * M * g->S_per;
     float scale = 1.0f / sqrtf((float)dk);
@@ -719,7 +720,7 @@ static void kda_layer(cmb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_KDA_V, mb->v32, false, P, P, false);
     gtrace(mb, l, ST_TRACE_KDA_G, mb->gf, false, P, P, false);
     if (rec)
-        CK(eg_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
+        CK(st_cuda_kda_recurrent(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->d_cu,
                             mb->fm->n_seqs, H, dk, scale));
     else if (mb->all_decode) /* NOTE: decode runs the recurrence itself (SPEC §3.2), like the CPU */
         CK(st_cuda_kda_decode(s, mb->o32, mb->q32, mb->k32, mb->v32, mb->gf, mb->beta, S, mb->d_slot, mb->fm->n_seqs,
@@ -730,7 +731,7 @@ static void kda_layer(cmb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_KDA_O, mb->o32, false, P, P, false);
     if (G->w_gb) /* low rank: g_b (g_a x); g_a x (with q|k|v above) is a GEMM input, so bf16 */
         CK(st_cuda_linear(s, mb->gate, P, true, 0.f, mb->f, G->ng, G->w_gb, T, P, G->ng));
-    CK(eg_kda_out_gate32(s, mb->o, NULL, mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
+    CK(st_cuda_kda_out_gate(s, mb->o, NULL, mb->o32, mb->gate, P, G->o_norm, T, H, dk, c->rms_eps));
     gtrace(mb, l, ST_TRACE_ATTN_O, mb->o, true, P, P, false);
 }
 
@@ -752,14 +753,14 @@ static void mla_direct(cmb_t *mb, const gl_t *G, int l, float *o32, st_bf16_t *o
         if (en->n < g->mla_dmin) continue;
         int n = en->pos0 + en->n;
         const int *bt = mb->d_btab + ((size_t)m * mb->fm->n_seqs + i) * g->e->pps;
-        CK(eg_mla_gather(s, g->dc, g->kv_pool, bt, g->e->page_size, n, R));
+        CK(st_cuda_mla_gather(s, g->dc, g->kv_pool, bt, g->e->page_size, n, R));
         CK(st_cuda_linear(s, g->dY, H * kvw, false, 0.f, g->dc, R, G->w_kvb, n, H * kvw, kvr));
-        CK(eg_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
+        CK(st_cuda_mla_kv_split(s, g->dK, g->dV, g->dY, g->dc, n, H, nope, rope, dv, R, kvr));
         CK(st_cuda_mla_prefill(s, g->dod, mb->qm + (size_t)en->off * H * dqk, g->dK, g->dV, en->n, n, H, dqk, dv,
                                scale));
         size_t rows = (size_t)en->n * H * dv, r0 = (size_t)en->off * H * dv;
         if (o32) CK(st_cuda_bf16_to_f32(s, o32 + r0, g->dod, rows));
-        else CK(eg_memcpy_async(s, o + r0, g->dod, rows * sizeof(st_bf16_t), 0));
+        else CK(st_gpu_memcpy_async(s, o + r0, g->dod, rows * sizeof(st_bf16_t), ST_GPU_COPY_D2D));
     }
 }
 
@@ -771,7 +772,7 @@ static void mla_layer(cmb_t *mb, const gl_t *G, int l) {
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, R = g->R, kvw = nope + dv, m = g->e->layer_slot[l];
     if (c->q_lora_rank > 0) {
         CK(lin(mb, mb->cq32, c->q_lora_rank, 0.f, mb->xn, d, G->w_qa, T, c->q_lora_rank, d));
-        CK(eg_rmsnorm32(s, mb->cq, NULL, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
+        CK(st_cuda_rmsnorm(s, mb->cq, NULL, mb->cq32, G->qa_norm, T, c->q_lora_rank, MLA_NORM_EPS));
         CK(lin(mb, mb->qm32, H * dqk, 0.f, mb->cq, c->q_lora_rank, G->w_q, T, H * dqk, c->q_lora_rank));
     } else {
         CK(lin(mb, mb->qm32, H * dqk, 0.f, mb->xn, d, G->w_q, T, H * dqk, d));
@@ -779,31 +780,31 @@ static void mla_layer(cmb_t *mb, const gl_t *G, int l) {
     gtrace(mb, l, ST_TRACE_MLA_Q, mb->qm32, false, H * dqk, H * dqk, false);
     CK(lin(mb, mb->ckv, R, 0.f, mb->xn, d, G->w_kva, T, R, d));
     const int *bt = mb->d_btab + (size_t)m * mb->fm->n_seqs * g->e->pps;
-    CK(eg_mla_kv_store(s, g->kv_pool, false, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->e->pps,
+    CK(st_cuda_mla_kv_store(s, g->kv_pool, false, mb->ckv, G->kva_norm, mb->d_tok_ent, mb->d_tok_pos, bt, g->e->pps,
                        g->e->page_size, T, kvr, R, MLA_NORM_EPS));
     /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h, over
      * the bf16 cache (an fp32 absorption and cache changed neither the sublayer nor the end-to-end
      * error on `small`, docs/perf.md) */
     float scale = 1.0f / sqrtf((float)dqk);
     CK(st_cuda_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
-    CK(eg_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr, false,
+    CK(st_cuda_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr, false,
                        T, kvr, nope, H));
-    CK(eg_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
+    CK(st_cuda_mla_qpe(s, mb->qabs, false, mb->qm32, T, H, nope, rope, kvr));
     if (mb->all_decode && R == 576 && kvr == 512)
         CK(st_cuda_mla_decode(s, mb->olat, mb->qabs, g->kv_pool, bt, mb->d_len, mb->fm->n_seqs, H, g->e->page_size,
                               g->e->pps, mb->max_len, MLA_SPLIT, scale, g->mla_ws, g->mla_ws_bytes));
     else
-        CK(eg_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->e->pps,
+        CK(st_cuda_mla_attn(s, mb->olat, NULL, mb->qabs, g->kv_pool, false, mb->d_tok_ent, mb->d_tok_pos, bt, g->e->pps,
                        g->e->page_size, T, H, R, kvr, scale, g->mla_dmin ? mb->d_cu : NULL, g->mla_dmin));
     const st_bf16_t *w_uv = G->w_kvb + (size_t)nope * kvr;
     if (c->mla_output_gate) { /* o = W_UV ō in fp32, then ⊙ σ(gate); rounded once */
-        CK(eg_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true,
+        CK(st_cuda_linear_heads(s, mb->o32, true, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true,
                            T, dv, kvr, H));
         mla_direct(mb, G, l, mb->o32, NULL, scale);
         CK(lin(mb, mb->gate, H * dv, 0.f, mb->xn, d, G->w_mg, T, H * dv, d));
-        CK(eg_mul_sigmoid32(s, mb->o, NULL, mb->o32, mb->gate, (size_t)T * H * dv));
+        CK(st_cuda_mul_sigmoid(s, mb->o, NULL, mb->o32, mb->gate, (size_t)T * H * dv));
     } else {
-        CK(eg_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true, T,
+        CK(st_cuda_linear_heads(s, mb->o, false, H * dv, dv, mb->olat, H * kvr, kvr, w_uv, kvr, (long long)kvw * kvr, true, T,
                            dv, kvr, H));
         mla_direct(mb, G, l, NULL, mb->o, scale);
     }
@@ -816,7 +817,7 @@ static void ffn_add(cmb_t *mb, const st_bf16_t *gu, const st_bf16_t *down, int w
     const st_config_t *c = &g->e->c;
     int T = mb->fm->T, d = c->d;
     if (!gu_done) CK(lin(mb, mb->h2, 2 * w, 0.f, mb->xn, d, gu, T, 2 * w, d));
-    CK(eg_glu32(mb->s, mb->hh, NULL, mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
+    CK(st_cuda_glu(mb->s, mb->hh, NULL, mb->h2, mb->h2 + w, T, w, 2 * w, c->act == ST_ACT_SITU, c->situ_beta1,
                 c->situ_beta2));
     CK(lin(mb, mb->partial, d, 1.f, mb->hh, w, down, T, d, w));
 }
@@ -827,10 +828,10 @@ static void observe(cmb_t *mb, int l) {
     cu_t *g = mb->g;
     int T = mb->fm->T, n = g->e->c.n_experts, kc = g->e->kcap;
     if (!g->e->obs) return;
-    CK(eg_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
+    CK(st_gpu_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
     if (!mb->fm->internal) return;
-    CK(eg_memcpy_async(mb->s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
-    CK(eg_memcpy_async(mb->s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+    CK(st_gpu_memcpy_async(mb->s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(mb->s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(mb->s));
     g->e->obs(g->e->obs_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
 }
@@ -879,14 +880,14 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
         observe(mb, l);
         return;
     }
-    CK(eg_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), 2));
-    CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
-    CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
+    CK(st_gpu_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(s));
     st_engine_route_host(e, l, T, mb->scores_h, mb->ids_h, mb->cnt_h, mb->wq_h); /* the weights: on the device */
-    CK(eg_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), 1));
-    CK(eg_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), 1));
-    CK(eg_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
+    CK(st_gpu_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), ST_GPU_COPY_H2D));
+    CK(st_gpu_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), ST_GPU_COPY_H2D));
+    CK(st_cuda_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
     observe(mb, l);
 }
 
@@ -915,8 +916,8 @@ static void experts_local(cmb_t *mb, const gl_t *G) {
         mb->slot_order = true;
         return;
     }
-    CK(eg_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
-    CK(eg_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
+    CK(st_cuda_moe_group(s, mb->offsets, mb->row_of, mb->ids, mb->cnt, T, kc, E));
+    CK(st_cuda_moe_gather(s, mb->xg, mb->z, mb->row_of, mb->cnt, T, kc, ew));
     CK(st_cuda_moe_ffn(s, mb->yg, mb->xg, mb->offsets, E, T * kc, T, G->ex_w1, G->ex_w3, G->ex_w2, ew, mi, situ,
                               c->situ_beta1, c->situ_beta2, mb->ffn_ws, mb->ffn_ws_bytes));
 }
@@ -931,10 +932,10 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     int T = fm->T, kc = g->e->kcap, ew = st_config_expert_width(c);
     chain_record(mb);
     CK(st_cuda_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
-    CK(eg_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), 2));
-    CK(eg_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), 2));
-    CK(eg_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), 2));
-    CK(eg_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
+    CK(st_gpu_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
+    CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
                          .tok_ent = mb->meta_h + T, .out = mb->out_h};
 }
@@ -1013,7 +1014,7 @@ static void moe_begin(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     if (c->latent > 0) { /* (moe_pre computed z already when fused) */
         if (!moe_fused(g)) CK(st_cuda_linear(mb->s, mb->z, ew, false, 0.f, mb->xn, d, G->lat_down, T, ew, d));
     } else {
-        CK(eg_memcpy_async(mb->s, mb->z, mb->xn, (size_t)T * d * 2, 0));
+        CK(st_gpu_memcpy_async(mb->s, mb->z, mb->xn, (size_t)T * d * 2, ST_GPU_COPY_D2D));
     }
     gtrace(mb, l, ST_TRACE_MOE_Z, mb->z, true, ew, ew, false);
     mb->local_done = false;
@@ -1034,15 +1035,15 @@ static void moe_finish(st_engine_mb_t *fm, int l) {
     /* the combine reads expert rows through row_of (grouped), or in slot order (remote, or slots) */
     const float *yg = mb->local_done && !mb->slot_order ? mb->yg : NULL;
     const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
-    if (!mb->local_done) CK(eg_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), 1));
+    if (!mb->local_done) CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
     chain_wait(mb);
     if (c->latent > 0) {
-        CK(eg_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
+        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
                           c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
         CK(lin(mb, mb->partial, d, 1.f, mb->un, ew, G->lat_up, T, d, ew));
     } else {
-        CK(eg_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
+        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
     }
     if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter, moe_fused(g));
 }
@@ -1052,17 +1053,17 @@ static void launch_end(st_engine_mb_t *fm) {
     int d = fm->e->c.d;
     gtrace(mb, fm->e->c.n_layers, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
     chain_record(mb);
-    if (!fm->internal) CK(eg_event_record(mb->ev, mb->s));
+    if (!fm->internal) CK(st_gpu_event_record(mb->ev, mb->s));
 }
 
-static bool ready(st_engine_mb_t *fm) { return eg_event_done(CMB(fm)->ev); }
+static bool ready(st_engine_mb_t *fm) { return st_gpu_event_done(CMB(fm)->ev); }
 
 /* The hand-off copies landed; the observer reads the scores and sets that came back with them. */
 static void handoff_wait(st_engine_mb_t *fm) {
     cmb_t *mb = CMB(fm);
     st_engine_t *e = fm->e;
     if (st_gpu_init(e->o.device) != ST_OK && fm->err == ST_OK) fm->err = ST_ERR_INTERNAL;
-    CK(eg_event_sync(mb->ev));
+    CK(st_gpu_event_sync(mb->ev));
     if (e->obs) e->obs(e->obs_ctx, fm->l, fm->T, e->c.n_experts, mb->scores_h, mb->ids_h, mb->cnt_h, e->kcap);
 }
 
@@ -1091,13 +1092,13 @@ static void head(st_engine_mb_t *fm) {
         for (int a = 0, b; a < rows; a = b) { /* runs of rows the caller wants */
             for (b = a; b < rows && mb->need[r0 + b] == mb->need[r0 + a]; b++) {}
             if (!mb->need[r0 + a]) continue;
-            CK(eg_memcpy_async(s, fm->logits + (size_t)(r0 + a) * V, mb->lg + (size_t)a * V,
-                               (size_t)(b - a) * V * sizeof(float), 2));
+            CK(st_gpu_memcpy_async(s, fm->logits + (size_t)(r0 + a) * V, mb->lg + (size_t)a * V,
+                               (size_t)(b - a) * V * sizeof(float), ST_GPU_COPY_D2H));
             copied = true;
         }
         if (copied) CK(st_gpu_stream_sync(s)); /* the caller's buffer is pageable */
     }
-    if (amax) CK(eg_memcpy_async(s, mb->amax_h, mb->amax_d, (size_t)nr * sizeof(int), 2));
+    if (amax) CK(st_gpu_memcpy_async(s, mb->amax_h, mb->amax_d, (size_t)nr * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(s));
     for (int i = 0, r = 0; i < fm->n_seqs; i++) {
         const st_seq_chunk_t *q = &fm->seqs[i];

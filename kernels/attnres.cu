@@ -680,3 +680,92 @@ extern "C" st_status_t st_cuda_attnres_phase2_rmsnorm(const st_gpu_stream_t *s, 
 #undef P2N
     return ST_LAUNCH_OK("attnres_p2norm_kernel");
 }
+
+/* ------------------------------------------------------------------ first versions (the engine's
+ * STRATA_EGPU_AR_V1=1 comparison path): one block per token, one block reduction per (block, query);
+ * phase 2 + RMSNorm with h staged in shared memory (the partial read twice). */
+/* one block per token; smem: sc [m·Q] scores, rinv [m] */
+__global__ void attnres_p1_kernel(float *stats, float *acc, const float *blocks, size_t bstride, int m, const float *w,
+                                  int Q, int d, float eps) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    float *sc = sh, *rinv = sh + m * Q;
+    const int t = blockIdx.x;
+    for (int i = 0; i < m; i++) {
+        const float *V = blocks + i * bstride + (size_t)t * d;
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) ss += V[c] * V[c];
+        ss = st_block_sum(ss, red);
+        if (threadIdx.x == 0) rinv[i] = 1.f / sqrtf(ss / (float)d + eps);
+        for (int q = 0; q < Q; q++) {
+            const float *wq = w + (size_t)q * d;
+            float dot = 0.f;
+            for (int c = threadIdx.x; c < d; c += blockDim.x) dot += V[c] * wq[c];
+            dot = st_block_sum(dot, red);
+            if (threadIdx.x == 0) sc[i * Q + q] = dot;
+        }
+    }
+    __syncthreads();
+    for (int q = 0; q < Q; q++) {
+        float mx = -INFINITY, sum = 0.f;
+        for (int i = 0; i < m; i++) mx = fmaxf(mx, sc[i * Q + q] * rinv[i]);
+        for (int i = 0; i < m; i++) sum += expf(sc[i * Q + q] * rinv[i] - mx);
+        float *a = acc + ((size_t)t * Q + q) * d;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            float v = 0.f;
+            for (int i = 0; i < m; i++) v += expf(sc[i * Q + q] * rinv[i] - mx) * blocks[i * bstride + (size_t)t * d + c];
+            a[c] = v;
+        }
+        if (threadIdx.x == 0) {
+            stats[((size_t)t * Q + q) * 2] = mx;
+            stats[((size_t)t * Q + q) * 2 + 1] = sum;
+        }
+    }
+}
+extern "C" st_status_t st_cuda_attnres_phase1_strided(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks,
+                                         size_t bstride, int m, const float *w, int Q, int T, int d, float eps) {
+    if (T <= 0) return ST_OK;
+    attnres_p1_kernel<<<T, 256, (size_t)(m * Q + m + 1) * sizeof(float), ST_STREAM(s)>>>(stats, acc, blocks, bstride, m,
+                                                                                         w, Q, d, eps);
+    return ST_LAUNCH_OK("attnres_p1_kernel");
+}
+
+/* one block per output row; smem h [d] fp32 */
+__global__ void resnorm_kernel(st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats, const float *acc,
+                               const float *wq, int q, int Q, const float *nw, const int *rows, int d, float ar_eps,
+                               float eps) {
+    extern __shared__ float h[];
+    __shared__ float red[32];
+    const int i = blockIdx.x, r = rows ? rows[i] : i;
+    const float *P = partial + (size_t)r * d;
+    if (stats) {
+        float ss = 0.f, dot = 0.f;
+        for (int c = threadIdx.x; c < d; c += blockDim.x) ss += P[c] * P[c], dot += P[c] * wq[c];
+        ss = st_block_sum(ss, red);
+        dot = st_block_sum(dot, red);
+        float sp = dot / sqrtf(ss / (float)d + ar_eps);
+        const float *st = stats + ((size_t)r * Q + q) * 2;
+        const float *a = acc + ((size_t)r * Q + q) * d;
+        float mx = fmaxf(st[0], sp), cb = expf(st[0] - mx), cp = expf(sp - mx);
+        float inv = 1.f / (st[1] * cb + cp);
+        for (int c = threadIdx.x; c < d; c += blockDim.x) h[c] = (a[c] * cb + cp * P[c]) * inv;
+    } else {
+        for (int c = threadIdx.x; c < d; c += blockDim.x) h[c] = P[c];
+    }
+    __syncthreads();
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) ss += h[c] * h[c];
+    ss = st_block_sum(ss, red);
+    float rs = 1.f / sqrtf(ss / (float)d + eps);
+    st_bf16_t *o = xn + (size_t)i * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = st_split_bf(h[c] * rs * nw[c], xlo ? xlo + (size_t)i * d + c : NULL);
+}
+extern "C" st_status_t st_cuda_attnres_phase2_rmsnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial,
+                                     const float *stats, const float *acc, const float *w_q, int q, int Q,
+                                     const float *norm_w, const int *rows, int n_rows, int d, float ar_eps,
+                                     float norm_eps) {
+    if (n_rows <= 0) return ST_OK;
+    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), ST_STREAM(s)>>>(xn, xlo, partial, stats, acc, w_q, q, Q, norm_w,
+                                                                            rows, d, ar_eps, norm_eps);
+    return ST_LAUNCH_OK("resnorm_kernel");
+}

@@ -186,3 +186,32 @@ void st_kda_out_gate(float *o, const float *gate, const float *w_norm, int T, in
         for (int j = 0; j < dv; j++) oh[j] *= st_sigmoid(gt[j]);
     }
 }
+
+void st_kda_gate_fb(float *g, const float *aux, int naux, const float *w_fb, int R, const float *A_log,
+                    const float *dt_bias, int T, int H, int dk, bool bounded, float lb) {
+    int P = H * dk;
+    for (int t = 0; t < T; t++) {
+        float *gt = g + (size_t)t * P;
+        for (int c = 0; c < P; c++) {
+            float a = 0.0f;
+            for (int k = 0; k < R; k++) a += aux[(size_t)t * naux + k] * w_fb[(size_t)c * R + k];
+            gt[c] = a;
+        }
+        st_kda_gate(gt, gt, A_log, dt_bias, 1, H, dk, bounded, lb);
+    }
+}
+
+void st_kda_prep(float *q, float *k, float *v, float *beta, const float *qkv, const float *aux, int ldaux, int boff,
+                 int T, int H, int dk, float l2eps) {
+    int P = H * dk;
+    for (int t = 0; t < T; t++) {
+        const float *src = qkv + (size_t)t * 3 * P;
+        size_t o = (size_t)t * P;
+        memcpy(q + o, src, (size_t)P * sizeof(float));
+        memcpy(k + o, src + P, (size_t)P * sizeof(float));
+        memcpy(v + o, src + 2 * (size_t)P, (size_t)P * sizeof(float));
+        for (int h = 0; h < H; h++) beta[(size_t)t * H + h] = st_sigmoid(aux[(size_t)t * ldaux + boff + h]);
+    }
+    st_l2norm_heads(q, T, H, dk, l2eps);
+    st_l2norm_heads(k, T, H, dk, l2eps);
+}

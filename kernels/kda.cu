@@ -112,27 +112,128 @@ extern "C" st_status_t st_cuda_bf16_to_f32(const st_gpu_stream_t *s, float *dst,
 }
 
 /* ------------------------------------------------------------------ gate */
-__global__ void kda_gate_kernel(float *g, const st_bf16_t *f, const float *A_log, const float *dt_bias,
-                                size_t n, int H, int dk, int bounded, float lb) {
+/* the KDA decay gate of u = f + dt_bias (SPEC §3.3): lower-bounded sigmoid or −a·softplus */
+__device__ __forceinline__ float kda_gate_fn(float u, float a, int bounded, float lb) {
+    return bounded ? lb / (1.f + expf(-a * u)) : -a * (u > 20.f ? u : log1pf(expf(u)));
+}
+__global__ void kda_gate32_kernel(float *g, const float *A_log, const float *dt_bias, size_t n, int H, int dk,
+                                  int bounded, float lb) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int hc = (int)(i % ((size_t)H * dk));
-    float a = expf(A_log[hc / dk]);
-    float u = st_bf(f[i]) + dt_bias[hc];
-    if (bounded) g[i] = lb / (1.f + expf(-a * u));
-    else g[i] = -a * (u > 20.f ? u : log1pf(expf(u)));
+    float a = expf(A_log[hc / dk]), u = g[i] + dt_bias[hc];
+    g[i] = kda_gate_fn(u, a, bounded, lb);
 }
-
-extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const st_bf16_t *f,
-                                        const float *A_log, const float *dt_bias, int T, int H, int dk,
-                                        bool bounded, float lb) {
-    if (T < 0 || H <= 0 || dk <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_gate: T=%d H=%d dk=%d", T, H, dk);
+extern "C" st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T,
+                                     int H, int dk, bool bounded, float lb) {
     size_t n = (size_t)T * H * dk;
     if (!n) return ST_OK;
-    kda_gate_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(g, f, A_log, dt_bias, n, H, dk,
-                                                                          bounded, lb);
-    return ST_LAUNCH_OK("kda_gate_kernel");
+    kda_gate32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(g, A_log, dt_bias, n, H, dk, bounded, lb);
+    return ST_LAUNCH_OK("kda_gate32_kernel");
 }
+
+
+/* Decode form of f_b + gate: one warp per channel hc holds w_fb's row hc in registers (f_rank ≤ 256)
+ * and, for each token, g[t, hc] = gate(aux[t, :f_rank] · w_fb[hc] + dt_bias[hc]): the low-rank
+ * GEMM and the gate in one launch (fp32 throughout, like st_cuda_sgemm + kda_gate32_kernel). */
+#define GATE_FB_MAXR 256
+__global__ void kda_gate_fb32_kernel(float *g, const float *aux, int naux, const float *w_fb, int R,
+                                     const float *A_log, const float *dt_bias, int T, int P, int dk, int bounded,
+                                     float lb) {
+    int hc = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (hc >= P) return;
+    float wv[GATE_FB_MAXR / 32];
+#pragma unroll
+    for (int i = 0; i < GATE_FB_MAXR / 32; i++) {
+        int k = lane + 32 * i;
+        wv[i] = k < R ? w_fb[(size_t)hc * R + k] : 0.f;
+    }
+    float a = expf(A_log[hc / dk]), bias = dt_bias[hc];
+    for (int t = 0; t < T; t++) {
+        const float *x = aux + (size_t)t * naux;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < GATE_FB_MAXR / 32; i++) {
+            int k = lane + 32 * i;
+            if (k < R) sum = fmaf(x[k], wv[i], sum); /* explicit: the batched kernel repeats this order */
+        }
+        sum = st_warp_sum(sum);
+        if (lane == 0) {
+            float u = sum + bias;
+            g[(size_t)t * P + hc] = kda_gate_fn(u, a, bounded, lb);
+        }
+    }
+}
+/* The same for a batch of tokens (T ≥ GATE_FB_BATCH_T), tiled: a block computes 32 channels × 8 tokens
+ * (thread: channel tid % 32, token tid / 32) from 64-wide k slices of aux and w_fb in shared memory
+ * (rows padded to 65 floats: the channel-strided reads hit distinct banks, the token reads are
+ * broadcasts); stores coalesced over channels. NOTE: each thread adds in the warp kernel's order (32
+ * chains over k = l + 32 i, then st_warp_sum's butterfly as seen from lane 0), so both kernels give the
+ * same bits: the engine's results do not depend on which one a step size picks. The warp kernel reduces
+ * each token in turn: 15.6 µs at T = 32 on `small` (ncu). */
+#define GATE_FB_BATCH_T 8
+#define GFB_KS 64
+__global__ void __launch_bounds__(256) kda_gate_fbt32_kernel(float *g, const float *aux, int naux, const float *w_fb,
+                                                             int R, const float *A_log, const float *dt_bias, int T,
+                                                             int P, int dk, int bounded, float lb) {
+    __shared__ float xs[8][GFB_KS + 1], wsm[32][GFB_KS + 1];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int c0 = blockIdx.x * 32, t0 = blockIdx.y * 8;
+    float p[32];
+#pragma unroll
+    for (int l = 0; l < 32; l++) p[l] = 0.f;
+    for (int k0 = 0; k0 < R; k0 += GFB_KS) {
+        float v[40 * GFB_KS / 256]; /* every load in flight before the stores */
+#pragma unroll
+        for (int j = 0; j < 40 * GFB_KS / 256; j++) {
+            const int i = threadIdx.x + 256 * j, r = i / GFB_KS, k = i % GFB_KS;
+            const bool kok = k0 + k < R;
+            v[j] = r < 8 ? (kok && t0 + r < T ? aux[(size_t)(t0 + r) * naux + k0 + k] : 0.f)
+                         : (kok && c0 + r - 8 < P ? w_fb[(size_t)(c0 + r - 8) * R + k0 + k] : 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 40 * GFB_KS / 256; j++) {
+            const int i = threadIdx.x + 256 * j, r = i / GFB_KS, k = i % GFB_KS;
+            if (r < 8) xs[r][k] = v[j];
+            else wsm[r - 8][k] = v[j];
+        }
+        __syncthreads();
+        const int kn = min(GFB_KS, R - k0); /* terms past R are left out, as in the warp kernel */
+#pragma unroll
+        for (int i = 0; i < GFB_KS / 32; i++)
+#pragma unroll
+            for (int l = 0; l < 32; l++)
+                if (32 * i + l < kn) p[l] = fmaf(xs[ty][32 * i + l], wsm[tx][32 * i + l], p[l]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int l = 0; l < 16; l++) p[l] = p[l] + p[l + 16];
+#pragma unroll
+    for (int l = 0; l < 8; l++) p[l] = p[l] + p[l + 8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) p[l] = p[l] + p[l + 4];
+    p[0] = p[0] + p[2], p[1] = p[1] + p[3];
+    p[0] = p[0] + p[1];
+    const int hc = c0 + tx, t = t0 + ty;
+    if (hc >= P || t >= T) return;
+    g[(size_t)t * P + hc] = kda_gate_fn(p[0] + dt_bias[hc], expf(A_log[hc / dk]), bounded, lb);
+}
+extern "C" st_status_t st_cuda_kda_gate_fb(const st_gpu_stream_t *s, float *g, const float *aux, int naux,
+                                        const float *w_fb, int R, const float *A_log, const float *dt_bias, int T,
+                                        int H, int dk, bool bounded, float lb) {
+    int P = H * dk;
+    if (T <= 0) return ST_OK;
+    if (R > GATE_FB_MAXR) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_gate_fb32: f_rank %d > %d", R, GATE_FB_MAXR);
+    if (T >= GATE_FB_BATCH_T) {
+        kda_gate_fbt32_kernel<<<dim3((unsigned)((P + 31) / 32), (unsigned)((T + 7) / 8)), 256, 0, ST_STREAM(s)>>>(
+            g, aux, naux, w_fb, R, A_log, dt_bias, T, P, dk, bounded, lb);
+        return ST_LAUNCH_OK("kda_gate_fbt32_kernel");
+    }
+    kda_gate_fb32_kernel<<<(unsigned)((P + 7) / 8), 256, 0, ST_STREAM(s)>>>(g, aux, naux, w_fb, R, A_log, dt_bias, T,
+                                                                         P, dk, bounded, lb);
+    return ST_LAUNCH_OK("kda_gate_fb32_kernel");
+}
+
 
 /* ------------------------------------------------------------------ decode */
 /* grid (KD/NC, H, N), 4·NC threads: a block owns NC value columns of one (sequence, head) state;
@@ -528,3 +629,100 @@ extern "C" st_status_t st_cuda_kda_chunked(const st_gpu_stream_t *s, float *o, c
                                            int B, int H, float scale) {
     return kda_chunked_any<float>(s, o, q, k, v, g, beta, S, slots, cu_seqlens, B, H, scale);
 }
+
+/* ------------------------------------------------------------------ the engine's KDA glue */
+/* one warp per (token, head) */
+__global__ void kda_prep32_kernel(float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb, st_bf16_t *vb,
+                                  float *beta, const float *qkv, const float *aux, int ldaux, int boff, int T, int H,
+                                  int dk, float l2eps) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
+    if (row >= T * H) return;
+    int t = row / H, h = row % H, P = H * dk;
+    const float *src = qkv + (size_t)t * 3 * P + (size_t)h * dk;
+    float sq = 0.f, sk = 0.f;
+    for (int c = l; c < dk; c += 32) {
+        float a = src[c], b = src[P + c];
+        sq += a * a, sk += b * b;
+    }
+    sq = st_warp_sum(sq), sk = st_warp_sum(sk);
+    float rq = 1.f / sqrtf(sq + l2eps), rk = 1.f / sqrtf(sk + l2eps);
+    size_t o = (size_t)t * P + (size_t)h * dk;
+    for (int c = l; c < dk; c += 32) {
+        float a = src[c] * rq, b = src[P + c] * rk, e = src[2 * P + c];
+        q[o + c] = a, k[o + c] = b, v[o + c] = e;
+        if (qb) qb[o + c] = st_tobf(a), kb[o + c] = st_tobf(b), vb[o + c] = st_tobf(e);
+    }
+    if (l == 0) beta[(size_t)t * H + h] = st_sigf(aux[(size_t)t * ldaux + boff + h]);
+}
+extern "C" st_status_t st_cuda_kda_prep(const st_gpu_stream_t *s, float *q, float *k, float *v, st_bf16_t *qb,
+                                     st_bf16_t *kb, st_bf16_t *vb, float *beta, const float *qkv, const float *aux,
+                                     int ldaux, int boff, int T, int H, int dk, float l2eps) {
+    int rows = T * H;
+    if (rows <= 0) return ST_OK;
+    kda_prep32_kernel<<<(rows + 7) / 8, 256, 0, ST_STREAM(s)>>>(q, k, v, qb, kb, vb, beta, qkv, aux, ldaux, boff, T, H,
+                                                                dk, l2eps);
+    return ST_LAUNCH_OK("kda_prep32_kernel");
+}
+
+__global__ void kda_out_gate32_kernel(st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate, int ldg, const float *w, int T,
+                                      int H, int dv, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), l = threadIdx.x & 31;
+    if (row >= T * H) return;
+    int t = row / H, h = row % H;
+    const float *p = o + (size_t)row * dv;
+    const float *g = gate + (size_t)t * ldg + (size_t)h * dv;
+    float ss = 0.f;
+    for (int c = l; c < dv; c += 32) ss += p[c] * p[c];
+    ss = st_warp_sum(ss);
+    float r = 1.f / sqrtf(ss / (float)dv + eps);
+    for (int c = l; c < dv; c += 32)
+        out[(size_t)row * dv + c] = st_split_bf(p[c] * r * w[c] * st_sigf(g[c]), lo ? lo + (size_t)row * dv + c : NULL);
+}
+extern "C" st_status_t st_cuda_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *out, st_bf16_t *lo, const float *o, const float *gate,
+                                         int ldg, const float *w, int T, int H, int dv, float eps) {
+    int rows = T * H;
+    if (rows <= 0) return ST_OK;
+    kda_out_gate32_kernel<<<(rows + 7) / 8, 256, 0, ST_STREAM(s)>>>(out, lo, o, gate, ldg, w, T, H, dv, eps);
+    return ST_LAUNCH_OK("kda_out_gate32_kernel");
+}
+
+
+/* grid (H, B), dk threads; thread j owns value column j of S_h (in global memory, [c][j]). */
+__global__ void kda_rec_kernel(float *o, const float *q, const float *k, const float *v, const float *g,
+                               const float *beta, float *S, const int *slots, const int *cu, int H, int dk, float scale) {
+    __shared__ float qs[128], ks[128], es[128];
+    const int h = blockIdx.x, b = blockIdx.y, j = threadIdx.x;
+    float *Sh = S + ((size_t)(slots ? slots[b] : b) * H + h) * dk * dk;
+    for (int t = cu[b]; t < cu[b + 1]; t++) {
+        size_t base = ((size_t)t * H + h) * dk;
+        __syncthreads();
+        qs[j] = q[base + j] * scale;
+        ks[j] = k[base + j];
+        es[j] = expf(g[base + j]);
+        __syncthreads();
+        float kv = 0.f;
+        for (int c = 0; c < dk; c++) {
+            float sv = Sh[(size_t)c * dk + j] * es[c];
+            Sh[(size_t)c * dk + j] = sv;
+            kv += sv * ks[c];
+        }
+        float e = beta[(size_t)t * H + h] * (v[base + j] - kv);
+        float out = 0.f;
+        for (int c = 0; c < dk; c++) {
+            float sv = Sh[(size_t)c * dk + j] + ks[c] * e;
+            Sh[(size_t)c * dk + j] = sv;
+            out += sv * qs[c];
+        }
+        o[base + j] = out;
+    }
+}
+extern "C" st_status_t st_cuda_kda_recurrent(const st_gpu_stream_t *s, float *o, const float *q, const float *k,
+                                        const float *v, const float *g, const float *beta, float *S,
+                                        const int *slots, const int *cu_seqlens, int B, int H, int dk, float scale) {
+    if (dk <= 0 || dk > 128) return ST_FAIL(ST_ERR_INVALID_ARG, "kda_recurrent: dk=%d (≤ 128)", dk);
+    if (B <= 0) return ST_OK;
+    kda_rec_kernel<<<dim3(H, B), dk, 0, ST_STREAM(s)>>>(o, q, k, v, g, beta, S, slots, cu_seqlens, H, dk, scale);
+    return ST_LAUNCH_OK("kda_rec_kernel");
+}
+

@@ -204,3 +204,47 @@ extern "C" st_status_t st_cuda_linear(const st_gpu_stream_t *s, void *y, int ldy
                                         y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
 }
+
+/* ------------------------------------------------------------------ fp32 and per-head (strided batched) GEMMs
+ * of the GPU engine: plain cuBLAS calls, fp32 compute. CPU: st_sgemm, st_linear_heads (kernels/linear.c). */
+extern "C" st_status_t st_cuda_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x, int ldx, const float *W,
+                                int T, int N, int K) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f, zero = 0.f;
+    return ST_CUBLAS_CHECK(cublasSgemm((cublasHandle_t)s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W, K, x, ldx,
+                                       &zero, y, ldy));
+}
+
+
+extern "C" st_status_t st_cuda_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,
+                                       const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw,
+                                       long long sw, bool trans_w, int T, int N, int K, int H) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f, zero = 0.f;
+    // col-major: y_hᵀ (N×T) = op(W_h)ᵀ-view (N×K) · x_hᵀ (K×T). W_h [K,N] row-major is col-major N×K
+    // (op N, ld N); W_h [N,K] row-major is col-major K×N (op T, ld K).
+    return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
+        ldw, sw, x, CUDA_R_16BF, ldx, sx, &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" st_status_t st_cuda_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const st_bf16_t *x,
+                                           int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw,
+                                           bool trans_w, int T, int N, int K, int H) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f;
+    return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
+        ldw, sw, x, CUDA_R_16BF, ldx, sx, &one, y, CUDA_R_32F, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" st_status_t st_cuda_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x,
+                                      int ldx, long long sx, const float *W, int ldw, long long sw, bool trans_w, int T,
+                                      int N, int K, int H) {
+    if (T <= 0) return ST_OK;
+    const float one = 1.f, zero = 0.f;
+    return ST_CUBLAS_CHECK(cublasSgemmStridedBatched((cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                     CUBLAS_OP_N, N, T, K, &one, W, ldw, sw, x, ldx, sx, &zero, y, ldy,
+                                                     sy, H));
+}
+

@@ -63,3 +63,38 @@ void st_mla_attn_absorbed(float *o_lat, const float *q_abs, const st_kv_view_t *
         }
     }
 }
+
+/* ---- paged-cache plumbing of the engine's MLA layer (pool [pages, page_size, R] fp32) ---- */
+void st_mla_kv_store(float *pool, const float *ckv, const float *w, const int *tok_ent, const int *tok_pos,
+                     const int *btab, int pps, int page_size, int T, int kvr, int R, float eps) {
+    for (int t = 0; t < T; t++) {
+        int pos = tok_pos[t], page = btab[(size_t)tok_ent[t] * pps + pos / page_size];
+        float *dst = pool + ((size_t)page * page_size + pos % page_size) * R;
+        st_rmsnorm(dst, ckv + (size_t)t * R, w, 1, kvr, eps);
+        for (int c = kvr; c < R; c++) dst[c] = ckv[(size_t)t * R + c];
+    }
+}
+
+void st_mla_qpe(float *qabs, const float *q, int T, int H, int nope, int rope, int kvr) {
+    for (size_t th = 0; th < (size_t)T * H; th++)
+        for (int c = 0; c < rope; c++) qabs[th * (kvr + rope) + kvr + c] = q[th * (nope + rope) + nope + c];
+}
+
+void st_mla_gather(float *c, const float *pool, const int *bt, int page_size, int n, int R) {
+    for (int j = 0; j < n; j++)
+        for (int x = 0; x < R; x++)
+            c[(size_t)j * R + x] = pool[((size_t)bt[j / page_size] * page_size + j % page_size) * R + x];
+}
+
+void st_mla_kv_split(float *K, float *V, const float *Y, const float *c, int n, int H, int nope, int rope, int dv,
+                     int R, int kvr) {
+    int dqk = nope + rope;
+    for (int j = 0; j < n; j++)
+        for (int h = 0; h < H; h++) {
+            const float *y = Y + ((size_t)j * H + h) * (nope + dv);
+            float *k = K + ((size_t)j * H + h) * dqk, *v = V + ((size_t)j * H + h) * dv;
+            for (int x = 0; x < nope; x++) k[x] = y[x];
+            for (int x = 0; x < rope; x++) k[nope + x] = c[(size_t)j * R + kvr + x];
+            for (int x = 0; x < dv; x++) v[x] = y[nope + x];
+        }
+}

@@ -579,3 +579,188 @@ extern "C" st_status_t st_cuda_mla_decode(const st_gpu_stream_t *s, st_bf16_t *o
                                           (const float *)ws_ml, seqlens, H, sl, ns));
     return rc ? rc : ST_LAUNCH_OK("mla_decode_combine_kernel");
 }
+
+/* ------------------------------------------------------------------ the engine's MLA glue: cache write, q_pe
+ * copy, absorbed causal attention over the paged cache (any width), direct-form gather and K/V split.
+ * CPU: st_mla_kv_store, st_mla_qpe, st_mla_attn_absorbed, st_mla_gather, st_mla_kv_split (kernels/mla.c). */
+__device__ __forceinline__ float mla_ld(st_bf16_t h) { return st_bf(h); }
+__device__ __forceinline__ float mla_ld(float f) { return f; }
+__device__ __forceinline__ void mla_st(st_bf16_t *p, float f) { *p = st_tobf(f); }
+__device__ __forceinline__ void mla_st(float *p, float f) { *p = f; }
+
+template <typename TC>
+__global__ void mla_kv_store_kernel(TC *pool, const float *ckv, const float *w, const int *tok_ent,
+                                    const int *tok_pos, const int *btab, int pps, int ps, int kvr, int R, float eps) {
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    const float *x = ckv + (size_t)t * R;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < kvr; c += blockDim.x) ss += x[c] * x[c];
+    ss = st_block_sum(ss, red);
+    float r = 1.f / sqrtf(ss / (float)kvr + eps);
+    int pos = tok_pos[t], page = btab[(size_t)tok_ent[t] * pps + pos / ps];
+    TC *dst = pool + ((size_t)page * ps + pos % ps) * R;
+    for (int c = threadIdx.x; c < R; c += blockDim.x) mla_st(dst + c, c < kvr ? x[c] * r * w[c] : x[c]);
+}
+extern "C" st_status_t st_cuda_mla_kv_store(const st_gpu_stream_t *s, void *pool, bool f32, const float *ckv, const float *w,
+                                       const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
+                                       int T, int kvr, int R, float eps) {
+    if (T <= 0) return ST_OK;
+    if (f32)
+        mla_kv_store_kernel<float><<<T, 128, 0, ST_STREAM(s)>>>((float *)pool, ckv, w, tok_ent, tok_pos, btab, pps,
+                                                                page_size, kvr, R, eps);
+    else
+        mla_kv_store_kernel<st_bf16_t><<<T, 128, 0, ST_STREAM(s)>>>((st_bf16_t *)pool, ckv, w, tok_ent, tok_pos, btab,
+                                                                    pps, page_size, kvr, R, eps);
+    return ST_LAUNCH_OK("mla_kv_store_kernel");
+}
+
+template <typename TQ>
+__global__ void mla_qpe_kernel(TQ *qabs, const float *q, int H, int nope, int rope, int kvr) {
+    int th = blockIdx.x, R = kvr + rope; /* (t, h) */
+    for (int c = threadIdx.x; c < rope; c += blockDim.x)
+        mla_st(qabs + (size_t)th * R + kvr + c, q[(size_t)th * (nope + rope) + nope + c]);
+}
+extern "C" st_status_t st_cuda_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const float *q, int T, int H, int nope,
+                                  int rope, int kvr) {
+    if (T <= 0 || rope <= 0) return ST_OK;
+    if (f32) mla_qpe_kernel<float><<<T * H, 64, 0, ST_STREAM(s)>>>((float *)qabs, q, H, nope, rope, kvr);
+    else mla_qpe_kernel<st_bf16_t><<<T * H, 64, 0, ST_STREAM(s)>>>((st_bf16_t *)qabs, q, H, nope, rope, kvr);
+    return ST_LAUNCH_OK("mla_qpe_kernel");
+}
+
+/* grid (T, ceil(H/8)), 256 threads: warp w = head h0+w of query token t. Key tiles of 32 rows go
+ * to shared memory (row stride R+2 bf16: an odd word count, so lane j reading row j is
+ * conflict-free); lane j scores key j, then the warp updates its online softmax and the lane-strided
+ * accumulator (kvr/32 ≤ 16 values per lane). */
+#define MLA_TK 32
+template <typename TC>
+__global__ void __launch_bounds__(256) mla_attn_kernel(st_bf16_t *olat, st_bf16_t *olo, const TC *qabs, const TC *pool,
+                                                       const int *tok_ent, const int *tok_pos, const int *btab, int pps,
+                                                       int ps, int H, int R, int kvr, float scale, const int *cu,
+                                                       int dmin) {
+    /* rows of sequences whose chunk has ≥ dmin tokens go through the direct form (st_cuda_mla_gather …) */
+    if (cu && cu[tok_ent[blockIdx.x] + 1] - cu[tok_ent[blockIdx.x]] >= dmin) return;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    const int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
+    TC *Ks = reinterpret_cast<TC *>(smraw);           /* [TK][LD] */
+    float *qs = reinterpret_cast<float *>(smraw + (size_t)MLA_TK * LD * sizeof(TC) + 16); /* [8][R] */
+    const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y * 8 + w;
+    const bool active = h < H;
+    const int n = tok_pos[t] + 1;
+    const int *bt = btab + (size_t)tok_ent[t] * pps;
+    for (int c = lane; c < R; c += 32) qs[w * R + c] = active ? mla_ld(qabs[((size_t)t * H + h) * R + c]) * scale : 0.f;
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i] = 0.f;
+    float m = -INFINITY, lsum = 0.f;
+    const int nacc = kvr / 32;
+    for (int s0 = 0; s0 < n; s0 += MLA_TK) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < MLA_TK * R; i += blockDim.x) {
+            int r = i / R, c = i % R, j = s0 + r;
+            TC val = 0;
+            if (j < n) val = pool[((size_t)bt[j / ps] * ps + j % ps) * R + c];
+            Ks[r * LD + c] = val;
+        }
+        __syncthreads();
+        if (!active) continue;
+        float sc = -INFINITY;
+        if (s0 + lane < n) {
+            const TC *kr = Ks + lane * LD;
+            const float *qw = qs + w * R;
+            float a = 0.f;
+            for (int c = 0; c < R; c++) a += qw[c] * mla_ld(kr[c]);
+            sc = a;
+        }
+        float mt = st_warp_max(sc), mn = fmaxf(m, mt);
+        float alpha = expf(m - mn), p = s0 + lane < n ? expf(sc - mn) : 0.f;
+        lsum = lsum * alpha + st_warp_sum(p);
+        m = mn;
+#pragma unroll
+        for (int i = 0; i < 16; i++) acc[i] *= alpha;
+        for (int j = 0; j < MLA_TK && s0 + j < n; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            const TC *kr = Ks + j * LD;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                if (i < nacc) acc[i] += pj * mla_ld(kr[lane + 32 * i]);
+        }
+    }
+    if (!active) return;
+    float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (i < nacc) {
+            size_t j = ((size_t)t * H + h) * kvr + lane + 32 * i;
+            olat[j] = st_split_bf(acc[i] * inv, olo ? olo + j : NULL);
+        }
+}
+template <typename TC>
+static st_status_t mla_attn_launch(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
+                                   const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
+                                   int T, int H, int R, int kvr, float scale, const int *cu, int dmin) {
+    int LD = sizeof(TC) == 2 ? R + 2 : R + 1;
+    size_t smem = (size_t)MLA_TK * LD * sizeof(TC) + 16 + (size_t)8 * R * sizeof(float);
+    st_status_t rc = ST_CUDA_CHECK(
+        cudaFuncSetAttribute(mla_attn_kernel<TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (rc) return rc;
+    mla_attn_kernel<TC><<<dim3(T, (H + 7) / 8), 256, smem, ST_STREAM(s)>>>(
+        olat, olo, (const TC *)qabs, (const TC *)pool, tok_ent, tok_pos, btab, pps, page_size, H, R, kvr, scale, cu, dmin);
+    return ST_LAUNCH_OK("mla_attn_kernel");
+}
+extern "C" st_status_t st_cuda_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs, const void *pool,
+                                   bool f32, const int *tok_ent, const int *tok_pos, const int *btab, int pps,
+                                   int page_size, int T, int H, int R, int kvr, float scale, const int *cu, int dmin) {
+    if (R > 1024 || kvr > 512 || kvr % 32 || kvr > R)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "mla_attn: R=%d kvr=%d (R ≤ 1024, kvr ≤ 512, kvr %% 32 = 0)", R, kvr);
+    if (T <= 0) return ST_OK;
+    return f32 ? mla_attn_launch<float>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr, scale,
+                                        cu, dmin)
+               : mla_attn_launch<st_bf16_t>(s, olat, olo, qabs, pool, tok_ent, tok_pos, btab, pps, page_size, T, H, R, kvr,
+                                            scale, cu, dmin);
+}
+
+/* ---- MLA direct form for long prompt chunks (SPEC §4: o_h = softmax(q_h·k_hᵀ) v_h with
+ * k_h = [W_UK,h c̃ ; k_pe], v_h = W_UV,h c̃): one sequence's n latent rows are gathered from the paged
+ * cache, decompressed by one GEMM and split into per-head K and V for st_cuda_mla_prefill. */
+/* c [n, R] bf16 = the sequence's cache rows 0..n-1 (pages bt); 8 bf16 per thread */
+__global__ void mla_gather_kernel(st_bf16_t *c, const st_bf16_t *pool, const int *bt, int ps, int n, int R8) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * R8) return;
+    int j = (int)(i / R8), q = (int)(i % R8);
+    const uint4 *src = reinterpret_cast<const uint4 *>(pool + ((size_t)bt[j / ps] * ps + j % ps) * (R8 * 8)) + q;
+    reinterpret_cast<uint4 *>(c)[i] = *src;
+}
+extern "C" st_status_t st_cuda_mla_gather(const st_gpu_stream_t *s, st_bf16_t *c, const st_bf16_t *pool, const int *bt,
+                                     int page_size, int n, int R) {
+    if (R % 8) return ST_FAIL(ST_ERR_INVALID_ARG, "mla_gather: R=%d (multiple of 8)", R);
+    if (n <= 0) return ST_OK;
+    size_t items = (size_t)n * (R / 8);
+    mla_gather_kernel<<<(unsigned)((items + 255) / 256), 256, 0, ST_STREAM(s)>>>(c, pool, bt, page_size, n, R / 8);
+    return ST_LAUNCH_OK("mla_gather_kernel");
+}
+/* K [n, H, nope+rope] = [Y[n, h, 0:nope] ; c[n, kvr:kvr+rope]], V [n, H, dv] = Y[n, h, nope:nope+dv];
+ * Y [n, H, nope+dv] bf16, c [n, R] bf16 (the gathered rows) */
+__global__ void mla_kv_split_kernel(st_bf16_t *K, st_bf16_t *V, const st_bf16_t *Y, const st_bf16_t *c, int n, int H,
+                                    int nope, int rope, int dv, int R, int kvr) {
+    const int dqk = nope + rope, kvw = nope + dv, width = dqk + dv;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * H * width) return;
+    int x = (int)(i % width);
+    size_t jh = i / width; /* j·H + h */
+    size_t j = jh / H;
+    const st_bf16_t *y = Y + jh * kvw;
+    if (x < nope) K[jh * dqk + x] = y[x];
+    else if (x < dqk) K[jh * dqk + x] = c[j * R + kvr + (x - nope)];
+    else V[jh * dv + (x - dqk)] = y[nope + (x - dqk)];
+}
+extern "C" st_status_t st_cuda_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16_t *V, const st_bf16_t *Y,
+                                       const st_bf16_t *c, int n, int H, int nope, int rope, int dv, int R, int kvr) {
+    if (n <= 0) return ST_OK;
+    size_t items = (size_t)n * H * (nope + rope + dv);
+    mla_kv_split_kernel<<<(unsigned)((items + 255) / 256), 256, 0, ST_STREAM(s)>>>(K, V, Y, c, n, H, nope, rope, dv, R,
+                                                                                   kvr);
+    return ST_LAUNCH_OK("mla_kv_split_kernel");
+}
+

@@ -128,3 +128,98 @@ extern "C" st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const 
     argmax_kernel<<<T, 512, 0, ST_STREAM(s)>>>(ids, logits, V);
     return ST_LAUNCH_OK("argmax_kernel");
 }
+
+/* ------------------------------------------------------------------ dispatch and combine (SPEC §6)
+ * routing → expert-grouped rows, gather of z into that order, combine in slot order.
+ * CPU: st_moe_group, st_moe_gather, st_moe_combine (kernels/moe.c). */
+/* one block: counts per expert, exclusive scan, then rows. NOTE: rows within an expert are placed
+ * by atomics (order may vary run to run); every row is computed on its own and the combine reads
+ * them back in slot order, so the results do not depend on it. */
+__global__ void moe_group_kernel(int *offsets, int *row_of, const int *ids, const int *cnt, int T, int kc, int E) {
+    extern __shared__ int cur[]; /* [E+1] */
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) cur[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < T * kc; p += blockDim.x) {
+        int t = p / kc, i = p % kc;
+        if (i < cnt[t]) atomicAdd(&cur[ids[p] + 1], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0; e < E; e++) cur[e + 1] += cur[e];
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = cur[e];
+    __syncthreads();
+    for (int p = threadIdx.x; p < T * kc; p += blockDim.x) {
+        int t = p / kc, i = p % kc;
+        row_of[p] = i < cnt[t] ? atomicAdd(&cur[ids[p]], 1) : -1;
+    }
+}
+extern "C" st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt,
+                                    int T, int kc, int E) {
+    if (T <= 0) return ST_OK;
+    moe_group_kernel<<<1, 1024, (size_t)(E + 1) * sizeof(int), ST_STREAM(s)>>>(offsets, row_of, ids, cnt, T, kc, E);
+    return ST_LAUNCH_OK("moe_group_kernel");
+}
+
+__global__ void moe_gather_kernel(st_bf16_t *xg, const st_bf16_t *z, const int *row_of, const int *cnt, int kc, int l) {
+    int t = blockIdx.x, i = blockIdx.y;
+    if (i >= cnt[t]) return;
+    int r = row_of[(size_t)t * kc + i];
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(z + (size_t)t * l);
+    uint32_t *dst = reinterpret_cast<uint32_t *>(xg + (size_t)r * l);
+    for (int c = threadIdx.x; c < l / 2; c += blockDim.x) dst[c] = src[c];
+}
+extern "C" st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
+                                     const int *cnt, int T, int kc, int l) {
+    if (T <= 0) return ST_OK;
+    if (l % 2) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_gather: odd width %d", l);
+    moe_gather_kernel<<<dim3(T, kc), 128, 0, ST_STREAM(s)>>>(xg, z, row_of, cnt, kc, l);
+    return ST_LAUNCH_OK("moe_gather_kernel");
+}
+
+/* one block per token; smem u [l] fp32, then the token's weights and source rows [kc] each (read
+ * once, so the rows' loads do not wait on them slot by slot) */
+__global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf, const int *row_of,
+                                   const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
+    extern __shared__ float u[];
+    __shared__ float red[32];
+    float *ps = u + l;
+    int *rs = reinterpret_cast<int *>(ps + kc);
+    const int t = blockIdx.x, c_ = cnt[t];
+    const float *Y = yg ? yg : yf;
+    for (int i = threadIdx.x; i < c_; i += blockDim.x) {
+        ps[i] = p[(size_t)t * kc + i];
+        rs[i] = yg ? row_of[(size_t)t * kc + i] : t * kc + i;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < l; c += blockDim.x) {
+        float a = 0.f;
+#pragma unroll 8
+        for (int i = 0; i < c_; i++) a = __fadd_rn(a, __fmul_rn(ps[i], Y[(size_t)rs[i] * l + c]));
+        u[c] = a;
+    }
+    __syncthreads();
+    if (!un) {
+        for (int c = threadIdx.x; c < l; c += blockDim.x) partial[(size_t)t * l + c] += u[c];
+        return;
+    }
+    float r = 1.f;
+    if (nw) {
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < l; c += blockDim.x) ss += u[c] * u[c];
+        ss = st_block_sum(ss, red);
+        r = 1.f / sqrtf(ss / (float)l + eps);
+    }
+    for (int c = threadIdx.x; c < l; c += blockDim.x)
+        un[(size_t)t * l + c] = st_split_bf(nw ? u[c] * r * nw[c] : u[c], ulo ? ulo + (size_t)t * l + c : NULL);
+}
+extern "C" st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg,
+                                      const float *yf, const int *row_of, const float *p, const int *cnt,
+                                      const float *norm_w, int T, int kc, int l, float eps) {
+    if (T <= 0) return ST_OK;
+    moe_combine_kernel<<<T, 256, ((size_t)l + 2 * (size_t)kc) * sizeof(float), ST_STREAM(s)>>>(
+        un, ulo, partial, yg, yf, row_of, p, cnt, norm_w, kc, l, eps);
+    return ST_LAUNCH_OK("moe_combine_kernel");
+}
+

@@ -1,23 +1,27 @@
-/* RMSNorm and per-head L2Norm over bf16 activations (fp32 math). CPU versions: kernels/norm*.c. */
+/* RMSNorm (fp32 in, bf16 out for the next GEMM) and per-head L2Norm (bf16 in place); fp32 math.
+ * CPU versions: kernels/norm.c. */
 #include "cuda_common.cuh"
 
-/* one block per row; x, y [T, n] bf16; w [n] fp32 or NULL */
-__global__ void rmsnorm_kernel(st_bf16_t *y, const st_bf16_t *x, const float *w, int n, float eps) {
+/* one block per row; x [T, n] fp32, y (and lo) [T, n] bf16; w [n] fp32 or NULL */
+__global__ void rmsnorm32_kernel(st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int n, float eps) {
+    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     __shared__ float red[32];
-    const st_bf16_t *xr = x + (size_t)blockIdx.x * n;
-    st_bf16_t *yr = y + (size_t)blockIdx.x * n;
+    const float *xr = x + (size_t)blockIdx.x * n;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = st_bf(xr[i]);
-        ss += v * v;
-    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = st_block_sum(ss, red);
     float r = rsqrtf(ss / (float)n + eps);
-    // NOTE: y may alias x; every thread reads and writes the same indices, so this is safe.
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = st_bf(xr[i]) * r;
-        yr[i] = st_tobf(w ? v * w[i] : v);
+        float v = xr[i] * r;
+        y[(size_t)blockIdx.x * n + i] = st_split_bf(w ? v * w[i] : v, lo ? lo + (size_t)blockIdx.x * n + i : NULL);
     }
+}
+extern "C" st_status_t st_cuda_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w, int T, int n,
+                                    float eps) {
+    if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "rmsnorm: T=%d n=%d", T, n);
+    if (T == 0) return ST_OK;
+    rmsnorm32_kernel<<<T, 256, 0, ST_STREAM(s)>>>(y, lo, x, w, n, eps);
+    return ST_LAUNCH_OK("rmsnorm32_kernel");
 }
 
 /* one warp per (token, head); x [T, H, dh] bf16 in place */
@@ -33,15 +37,6 @@ __global__ void l2norm_kernel(st_bf16_t *x, int rows, int dh, float eps) {
     ss = st_warp_sum(ss);
     float r = rsqrtf(ss + eps);
     for (int i = l; i < dh; i += 32) p[i] = st_tobf(st_bf(p[i]) * r);
-}
-
-extern "C" st_status_t st_cuda_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x,
-                                       const float *w, int T, int n, float eps) {
-    if (T < 0 || n <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "rmsnorm: T=%d n=%d", T, n);
-    if (T == 0) return ST_OK;
-    int th = n >= 1024 ? 256 : 128;
-    rmsnorm_kernel<<<T, th, 0, ST_STREAM(s)>>>(y, x, w, n, eps);
-    return ST_LAUNCH_OK("rmsnorm_kernel");
 }
 
 extern "C" st_status_t st_cuda_l2norm_heads(const st_gpu_stream_t *s, st_bf16_t *x, int T, int H, int dh,

@@ -79,3 +79,15 @@ void st_route_quantile(int *ids, float *w, int *cnt, const float *s, const float
         cnt[t] = len;
     }
 }
+
+void st_route_finish(const int *ids, float *w, const int *cnt, const float *s, int T, int n, int kc, bool renorm,
+                     float scale) {
+    for (int t = 0; t < T; t++) {
+        const int *id = ids + (size_t)t * kc;
+        const float *st = s + (size_t)t * n;
+        float sum = 0.0f;
+        for (int i = 0; i < cnt[t]; i++) sum += st[id[i]];
+        for (int i = 0; i < kc; i++)
+            w[(size_t)t * kc + i] = i >= cnt[t] ? 0.0f : renorm ? st[id[i]] / (sum + 1e-20f) * scale : st[id[i]] * scale;
+    }
+}

@@ -62,14 +62,16 @@ static void bench_ffn(int E, int tpe, int l, int w) {
 
 static void bench_dispatch(int T, int k, int E, int l) {
     int *ids = bdev(sizeof(int) * T * k), *off = bdev(sizeof(int) * (E + 1)), *row = bdev(sizeof(int) * T * k),
-        *src = bdev(sizeof(int) * T * k), *cnt = bdev(sizeof(int) * T);
+        *cnt = bdev(sizeof(int) * T);
     float *scores = bdev(4 * (size_t)T * E), *sc0 = bdev(4 * (size_t)T * E), *tau = bdev(4 * (size_t)E),
-          *p = bdev(4 * (size_t)T * k), *u = bdev(4 * (size_t)T * l);
+          *p = bdev(4 * (size_t)T * k), *u = bdev(4 * (size_t)T * l), *yg = bdev(4 * (size_t)T * k * l);
     st_bf16_t *z = bdev((size_t)T * l * 2), *xg = bdev((size_t)T * k * l * 2);
     BK(st_cuda_fill_uniform(&bs, sc0, false, (size_t)T * E, -3.f, 3.f, 5));
     BK(st_cuda_fill_uniform(&bs, tau, false, (size_t)E, 0.949f, 0.951f, 6));
     BK(st_cuda_fill_uniform(&bs, z, true, (size_t)T * l, -1.f, 1.f, 7));
     BK(st_cuda_fill_uniform(&bs, xg, true, (size_t)T * k * l, -1.f, 1.f, 8));
+    BK(st_cuda_fill_uniform(&bs, yg, false, (size_t)T * k * l, -1.f, 1.f, 9));
+    BK(st_cuda_fill_uniform(&bs, u, false, (size_t)T * l, -1.f, 1.f, 10));
     double ms;
     /* the router applies σ in place: refill the logits before each call and subtract the fill */
     double ms_fill;
@@ -77,11 +79,9 @@ static void bench_dispatch(int T, int k, int E, int l) {
     BTIME(ms, 10, (st_cuda_fill_uniform(&bs, scores, false, (size_t)T * E, -3.f, 3.f, 5),
                    st_cuda_router_quantile(&bs, ids, p, cnt, scores, tau, T, E, k, true, 2.5f)));
     printf("RESULT router_quantile T=%d n=%d kmax=%d: %.1f us\n", T, E, k, (ms - ms_fill) * 1e3);
-    size_t wsb = st_cuda_moe_group_ws_bytes(T, k, E);
-    void *ws = bdev(wsb + 1);
-    BTIME(ms, 10, st_cuda_moe_group(&bs, off, row, src, ids, cnt, T, k, E, ws, wsb));
+    BTIME(ms, 10, st_cuda_moe_group(&bs, off, row, ids, cnt, T, k, E));
     printf("RESULT moe_group T=%d k=%d E=%d: %.1f us\n", T, k, E, ms * 1e3);
-    BTIME(ms, 10, st_cuda_moe_gather(&bs, xg, z, row, T, k, l));
+    BTIME(ms, 10, st_cuda_moe_gather(&bs, xg, z, row, cnt, T, k, l));
     int *hc = malloc(sizeof(int) * T);
     BK(st_gpu_stream_sync(&bs));
     BK(st_gpu_memcpy_d2h(hc, cnt, sizeof(int) * T));
@@ -89,13 +89,14 @@ static void bench_dispatch(int T, int k, int E, int l) {
     for (int t = 0; t < T; t++) rows += hc[t];
     double gb = (double)(rows + T) * l * 2;
     printf("RESULT moe_gather T=%d l=%d (%ld rows): %.1f us, %.0f GB/s\n", T, l, rows, ms * 1e3, gb / (ms * 1e6));
-    BTIME(ms, 10, st_cuda_moe_combine(&bs, u, xg, p, row, cnt, T, k, l));
-    gb = (double)rows * l * 2 + (double)T * l * 4;
+    /* the full-width form: partial (u) += Σ p·y over fp32 grouped rows */
+    BTIME(ms, 10, st_cuda_moe_combine(&bs, NULL, NULL, u, yg, NULL, row, p, cnt, NULL, T, k, l, 1e-5f));
+    gb = (double)rows * l * 4 + (double)T * l * 8;
     printf("RESULT moe_combine T=%d l=%d (%ld rows): %.1f us, %.0f GB/s\n", T, l, rows, ms * 1e3, gb / (ms * 1e6));
     free(hc);
-    st_gpu_free(ids), st_gpu_free(off), st_gpu_free(row), st_gpu_free(src), st_gpu_free(cnt), st_gpu_free(scores),
+    st_gpu_free(ids), st_gpu_free(off), st_gpu_free(row), st_gpu_free(cnt), st_gpu_free(scores),
         st_gpu_free(sc0), st_gpu_free(tau), st_gpu_free(p), st_gpu_free(u), st_gpu_free(z), st_gpu_free(xg),
-        st_gpu_free(ws);
+        st_gpu_free(yg);
 }
 
 /* Decode-sized routed FFN (argv[1] bit 1): the per-slot kernels (st_cuda_moe_ffn_slots) against the
@@ -103,16 +104,15 @@ static void bench_dispatch(int T, int k, int E, int l) {
  * slots. Every call routes to other experts (E experts, ≥ 256 MB of weights: from HBM); the calls are
  * replayed from one CUDA graph (as decode steps run). GB/s counts the distinct experts' weights. */
 static double graph_call_us(int calls, int which, int T, int kc, int E, int l, int w, int **ids, int *cnt,
-                            st_bf16_t *z, st_bf16_t *h, st_bf16_t *xg, float *y, int *off, int *row, void *gws,
-                            size_t gwsb, void *fws, size_t fwsb, st_bf16_t *w1, st_bf16_t *w3, st_bf16_t *w2) {
+                            st_bf16_t *z, st_bf16_t *h, st_bf16_t *xg, float *y, int *off, int *row, void *fws, size_t fwsb, st_bf16_t *w1, st_bf16_t *w3, st_bf16_t *w2) {
     void *exec;
     BK(st_gpu_capture_begin(&bs));
     for (int c = 0; c < calls; c++) {
         if (which == 0) {
             BK(st_cuda_moe_ffn_slots(&bs, y, h, z, ids[c], cnt, T, kc, w1, w3, w2, l, w, true, 4.f, 25.f));
         } else {
-            BK(st_cuda_moe_group(&bs, off, row, NULL, ids[c], cnt, T, kc, E, gws, gwsb));
-            BK(st_cuda_moe_gather(&bs, xg, z, row, T, kc, l));
+            BK(st_cuda_moe_group(&bs, off, row, ids[c], cnt, T, kc, E));
+            BK(st_cuda_moe_gather(&bs, xg, z, row, cnt, T, kc, l));
             BK(st_cuda_moe_ffn(&bs, y, xg, off, E, T * kc, T, w1, w3, w2, l, w, true, 4.f, 25.f, fws, fwsb));
         }
     }
@@ -137,8 +137,8 @@ static void bench_slots(int kc, int l, int w) {
     float *y = bdev((size_t)TM * kc * l * 4);
     int *off = bdev(sizeof(int) * (E + 1)), *row = bdev(sizeof(int) * TM * kc), *cnt = bdev(sizeof(int) * TM);
     BK(st_cuda_fill_uniform(&bs, z, true, (size_t)TM * l, -1.f, 1.f, 1));
-    size_t gwsb = st_cuda_moe_group_ws_bytes(TM, kc, E), fwsb = st_cuda_moe_ffn_ws_bytes(TM * kc, w);
-    void *gws = bdev(gwsb + 1), *fws = bdev(fwsb);
+    size_t fwsb = st_cuda_moe_ffn_ws_bytes(TM * kc, w);
+    void *fws = bdev(fwsb);
     int hc[32], *hid = malloc(sizeof(int) * TM * kc);
     for (int t = 0; t < TM; t++) hc[t] = kc;
     BK(st_gpu_memcpy_h2d(cnt, hc, sizeof hc));
@@ -160,9 +160,9 @@ static void bench_slots(int kc, int l, int w) {
             BK(st_gpu_memcpy_h2d(ids[c], hid, sizeof(int) * S));
         }
         distinct = ST_MIN(S, E);
-        double us_s = graph_call_us(calls, 0, T, kc, E, l, w, ids, cnt, z, h, xg, y, off, row, gws, gwsb, fws, fwsb,
+        double us_s = graph_call_us(calls, 0, T, kc, E, l, w, ids, cnt, z, h, xg, y, off, row, fws, fwsb,
                                     w1, w3, w2);
-        double us_g = graph_call_us(calls, 1, T, kc, E, l, w, ids, cnt, z, h, xg, y, off, row, gws, gwsb, fws, fwsb,
+        double us_g = graph_call_us(calls, 1, T, kc, E, l, w, ids, cnt, z, h, xg, y, off, row, fws, fwsb,
                                     w1, w3, w2);
         double gbs = distinct * eb / 1e3;
         printf("RESULT moe_ffn_slots T=%d kc=%d l=%d w=%d (%d slots, %ld experts): slots %.1f us (%.0f GB/s, %.0f%% of "
@@ -174,7 +174,7 @@ static void bench_slots(int kc, int l, int w) {
     }
     free(hid);
     st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(z), st_gpu_free(h), st_gpu_free(xg), st_gpu_free(y),
-        st_gpu_free(off), st_gpu_free(row), st_gpu_free(cnt), st_gpu_free(gws), st_gpu_free(fws);
+        st_gpu_free(off), st_gpu_free(row), st_gpu_free(cnt), st_gpu_free(fws);
 }
 
 static void bench_mla_prefill(int T, int H) {

@@ -1,5 +1,5 @@
 /* Sigmoid router with biased top-k and greedy argmax on the GPU vs the CPU ops.
- * Routing sets must match exactly (ids ascending), weights to 1e-5; argmax ids exactly, with ties. */
+ * (GLU: test_gpu_glue_act.c). Routing sets must match exactly (ids ascending), weights to 1e-5; argmax ids exactly, with ties. */
 #include <math.h>
 
 #include "gpu_test.h"

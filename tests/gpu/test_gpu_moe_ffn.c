@@ -1,9 +1,8 @@
-/* Latent-MoE path on the GPU vs the CPU: routing → grouping (offsets and rows exactly), gather
- * (bytes exactly), grouped expert FFN vs st_ffn per expert (bf16 and MXFP4 weights, empty experts,
- * partial tiles, captured into a graph; the weight-table path with its big experts through cuBLAS,
- * y and ws poisoned first), the per-slot FFN for decode sizes vs st_ffn per slot, MXFP4 → bf16 vs st_weight_rows_f32
- * (exactly), combine vs the CPU engine's
- * moe_finish loop (bit-exact), quantile router vs st_route_quantile (ids and counts exactly). */
+/* Latent-MoE path on the GPU vs the CPU (grouping, gather and combine: test_gpu_glue_moe.c): grouped
+ * expert FFN vs st_ffn per expert (bf16 and MXFP4 weights, empty experts, partial tiles, captured into
+ * a graph; the weight-table path with its big experts through cuBLAS, y and ws poisoned first), the
+ * per-slot FFN for decode sizes vs st_ffn per slot, MXFP4 → bf16 vs st_weight_rows_f32 (exactly),
+ * quantile router vs st_route_quantile (ids and counts exactly). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <string.h>
@@ -11,8 +10,8 @@
 #include "gpu_test.h"
 #include "strata/kernels.h"
 
-/* ---------------- grouping, gather, combine ---------------- */
-/* CPU grouping: rows by expert, (t, i) ascending within an expert (what the launcher promises). */
+/* ---------------- routing and grouping for the FFN cases ---------------- */
+/* CPU grouping: rows by expert, (t, i) ascending within an expert. */
 static void cpu_group(int *offsets, int *row_of, int *src_of, const int *ids, const int *cnt, int T, int kmax, int E) {
     memset(offsets, 0, sizeof(int) * (E + 1));
     for (int t = 0; t < T; t++)
@@ -48,70 +47,6 @@ static void random_routing(int *ids, int *cnt, float *p, int T, int kmax, int E,
             p[t * kmax + i] = i < c ? (float)st_rng_uniform(r) : 0.f;
         }
     }
-}
-
-static void dispatch_combine_case(int T, int kmax, int E, int l, bool full, uint64_t seed) {
-    st_rng_t r = {seed};
-    int *ids = gt_xmalloc(sizeof(int) * T * kmax), *cnt = gt_xmalloc(sizeof(int) * T);
-    float *p = gt_xmalloc(4 * (size_t)T * kmax);
-    random_routing(ids, cnt, p, T, kmax, E, full, &r);
-    int *off = gt_xmalloc(sizeof(int) * (E + 1)), *row = gt_xmalloc(sizeof(int) * T * kmax),
-        *src = gt_xmalloc(sizeof(int) * (T * kmax + 1));
-    cpu_group(off, row, src, ids, cnt, T, kmax, E);
-    int N = off[E];
-    int *d_ids = gt_up(ids, sizeof(int) * T * kmax), *d_cnt = gt_up(cnt, sizeof(int) * T);
-    int *d_off = gt_dev(sizeof(int) * (E + 1)), *d_row = gt_dev(sizeof(int) * T * kmax),
-        *d_src = gt_dev(sizeof(int) * (T * kmax + 1));
-    size_t wsb = st_cuda_moe_group_ws_bytes(T, kmax, E);
-    void *d_ws = gt_dev(wsb + 1);
-    GT_OK(st_cuda_moe_group(&gt_stream, d_off, d_row, d_src, d_ids, full ? NULL : d_cnt, T, kmax, E, d_ws, wsb));
-    int *g_off = gt_xmalloc(sizeof(int) * (E + 1)), *g_row = gt_xmalloc(sizeof(int) * T * kmax),
-        *g_src = gt_xmalloc(sizeof(int) * (T * kmax + 1));
-    gt_down(g_off, d_off, sizeof(int) * (E + 1));
-    gt_down(g_row, d_row, sizeof(int) * T * kmax);
-    gt_down(g_src, d_src, sizeof(int) * (T * kmax + 1));
-    CHECK(memcmp(g_off, off, sizeof(int) * (E + 1)) == 0, "moe_group T=%d k=%d E=%d: offsets differ", T, kmax, E);
-    CHECK(memcmp(g_row, row, sizeof(int) * T * kmax) == 0, "moe_group T=%d k=%d E=%d: row_of differs", T, kmax, E);
-    CHECK(N == 0 || memcmp(g_src, src, sizeof(int) * N) == 0, "moe_group T=%d k=%d E=%d: src_of differs", T, kmax, E);
-
-    /* gather */
-    uint16_t *z = gt_xmalloc(2 * (size_t)T * l), *xg = gt_xmalloc(2 * ((size_t)N + 1) * l),
-             *g_xg = gt_xmalloc(2 * ((size_t)N + 1) * l);
-    float *tmp = gt_xmalloc(4 * ((size_t)T + N + 1) * l);
-    gt_randn_bf(tmp, z, (size_t)T * l, 1.f, &r);
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < cnt[t]; i++) memcpy(xg + (size_t)row[t * kmax + i] * l, z + (size_t)t * l, 2 * (size_t)l);
-    uint16_t *d_z = gt_up(z, 2 * (size_t)T * l), *d_xg = gt_dev(2 * ((size_t)N + 1) * l);
-    GT_OK(st_cuda_moe_gather(&gt_stream, d_xg, d_z, d_row, T, kmax, l));
-    gt_down(g_xg, d_xg, 2 * (size_t)N * l);
-    CHECK(N == 0 || memcmp(g_xg, xg, 2 * (size_t)N * l) == 0, "moe_gather T=%d k=%d l=%d: rows differ", T, kmax, l);
-
-    /* combine: y random bf16 [N, l]; reference = engine.c moe_finish's loop */
-    uint16_t *y = gt_xmalloc(2 * ((size_t)N + 1) * l);
-    float *yf = gt_xmalloc(4 * ((size_t)N + 1) * l), *u = gt_xmalloc(4 * (size_t)T * l),
-          *g_u = gt_xmalloc(4 * (size_t)T * l);
-    gt_randn_bf(yf, y, (size_t)N * l, 1.f, &r);
-    for (int t = 0; t < T; t++) {
-        float *ut = u + (size_t)t * l;
-        memset(ut, 0, 4 * (size_t)l);
-        for (int i = 0; i < cnt[t]; i++) {
-            float pp = p[t * kmax + i];
-            const float *yy = yf + (size_t)row[t * kmax + i] * l;
-            for (int q = 0; q < l; q++) ut[q] += pp * yy[q];
-        }
-    }
-    uint16_t *d_y = gt_up(y, 2 * ((size_t)N + 1) * l);
-    float *d_p = gt_up(p, 4 * (size_t)T * kmax), *d_u = gt_dev(4 * (size_t)T * l);
-    GT_OK(st_cuda_moe_combine(&gt_stream, d_u, d_y, d_p, d_row, full ? NULL : d_cnt, T, kmax, l));
-    gt_down(g_u, d_u, 4 * (size_t)T * l);
-    size_t diff = 0;
-    for (size_t i = 0; i < (size_t)T * l; i++) diff += memcmp(&g_u[i], &u[i], 4) != 0;
-    CHECK(diff == 0, "moe_combine T=%d k=%d l=%d: %zu values not bit-identical", T, kmax, l, diff);
-    printf("info group/gather/combine T=%d kmax=%d E=%d l=%d rows=%d full=%d\n", T, kmax, E, l, N, full);
-    st_gpu_free(d_ids), st_gpu_free(d_cnt), st_gpu_free(d_off), st_gpu_free(d_row), st_gpu_free(d_src);
-    st_gpu_free(d_ws), st_gpu_free(d_z), st_gpu_free(d_xg), st_gpu_free(d_y), st_gpu_free(d_p), st_gpu_free(d_u);
-    free(ids), free(cnt), free(p), free(off), free(row), free(src), free(g_off), free(g_row), free(g_src);
-    free(z), free(xg), free(g_xg), free(tmp), free(y), free(yf), free(u), free(g_u);
 }
 
 /* ---------------- MXFP4 ---------------- */
@@ -434,12 +369,6 @@ static void ffn_cases(void) {
 
 int main(void) {
     gt_init_or_skip("test_gpu_moe_ffn");
-    dispatch_combine_case(1, 4, 16, 64, false, 1);
-    dispatch_combine_case(37, 8, 64, 520, false, 2);
-    dispatch_combine_case(300, 8, 896, 1024, false, 3);
-    dispatch_combine_case(2000, 16, 128, 72, true, 4);
-    dispatch_combine_case(5, 4, 3, 1100, false, 5);
-    dispatch_combine_case(9, 6, 20, 1102, false, 6); /* l % 4 != 0: scalar combine */
 
     mxfp4_case(3, 32, 1);
     mxfp4_case(64, 1024, 2);

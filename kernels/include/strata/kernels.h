@@ -26,6 +26,15 @@ void st_linear(float *y, const float *x, const st_weight_t *W, int T, float *ws)
 void st_linear_ref(float *y, const float *x, const st_weight_t *W, int T); /* plain loops */
 /* C [M,N] = A [M,K] · Bᵀ (B [N,K]), all fp32 row-major; BLAS. */
 void st_gemm_nt(float *C, const float *A, const float *B, int M, int N, int K);
+/* y [T, N] (row stride ldy) = x [T, K] (ldx) · Wᵀ, W [N, K]; plain loops (st_cuda_sgemm's twin). */
+void st_sgemm(float *y, int ldy, const float *x, int ldx, const float *W, int T, int N, int K);
+/* Per head h < H: y_h = beta·y_h + x_h · op(W_h) (beta 0: y not read), y_h [T, N] at y + h·sy (row stride
+ * ldy), x_h [T, K] at x + h·sx (ldx), W_h at W + h·sw: trans_w false: [K, N] (ldw N), true: [N, K]
+ * (ldw K). Plain loops (st_cuda_linear_heads, _add, st_cuda_sgemm_heads). */
+void st_linear_heads(float *y, int ldy, long long sy, const float *x, int ldx, long long sx, const float *W, int ldw,
+                     long long sw, bool trans_w, int T, int N, int K, int H, float beta);
+/* partial [T, d] = E[tok[t]] (E [V, d]; SPEC §2). */
+void st_embed(float *partial, const float *E, const int *tok, int T, int d);
 
 /* ---------------- norms & activations ---------------- */
 /* y [T,n] = x / sqrt(mean(x²)+eps) ⊙ w  (w NULL: no weight). y may alias x. */
@@ -38,6 +47,10 @@ float st_sigmoid(float x);
  * gate/up may be rows of one [T, 2n] buffer: pass ld (row stride in floats) for both inputs. */
 void st_glu(float *h, const float *gate, const float *up, int T, int n, int ld_in, st_act_t act,
             float b1, float b2);
+/* y [n] = x ⊙ σ(gate) */
+void st_mul_sigmoid(float *y, const float *x, const float *gate, size_t n);
+/* The split bf16 form of x [n]: hi = bf16(x), lo = bf16(x − hi) (round to nearest even). */
+void st_split_bf16(uint16_t *hi, uint16_t *lo, const float *x, size_t n);
 
 /* ---------------- KDA (SPEC §3) ---------------- */
 /* Depthwise causal conv, kernel K, then SiLU. x [T, C]; w [C, K] fp32 (tap K-1 = newest);
@@ -62,6 +75,14 @@ void st_kda_chunked(float *o, const float *q, const float *k, const float *v, co
                     bool bounded, float *ws);
 /* Output norm and gate: o [T, H, dv] ← RMSNorm(o_h; w_norm [dv], eps) ⊙ σ(gate [T, H*dv]) */
 void st_kda_out_gate(float *o, const float *gate, const float *w_norm, int T, int H, int dv, float eps);
+/* The low-rank f_b product and the gate: g [T, H*dk] = gate(aux[t, :R] (row stride naux) · w_fbᵀ)
+ * (w_fb [H*dk, R]; gate as st_kda_gate). */
+void st_kda_gate_fb(float *g, const float *aux, int naux, const float *w_fb, int R, const float *A_log,
+                    const float *dt_bias, int T, int H, int dk, bool bounded, float lb);
+/* After the fused q|k|v conv: qkv [T, 3·H·dk] → q, k (L2-normed per head, l2eps), v [T, H·dk];
+ * beta [T, H] = σ(aux[t, boff + h]) (aux row stride ldaux). */
+void st_kda_prep(float *q, float *k, float *v, float *beta, const float *qkv, const float *aux, int ldaux, int boff,
+                 int T, int H, int dk, float l2eps);
 
 /* ---------------- MLA (SPEC §4) ---------------- */
 /* Paged latent cache of one sequence and layer: rows of width R = kv_lora + rope, fp32,
@@ -84,6 +105,17 @@ void st_mla_attn_direct(float *o, const float *q, const float *k, const float *v
  * o_lat [T, H, kv_lora] = Σ_s p_s c̃_s. ws: kv->n floats. */
 void st_mla_attn_absorbed(float *o_lat, const float *q_abs, const st_kv_view_t *kv, int T, int H,
                           int kv_lora, float scale, float *ws);
+/* The engine's paged cache, pool [pages, page_size, R] (page ids in btab [n_ent, pps] / bt):
+ * kv_store: row tok_pos[t] of entry tok_ent[t] = [RMSNorm(ckv[t, :kvr]; w, eps) ; ckv[t, kvr:R]];
+ * qpe: qabs[t, h, kvr:kvr+rope] = q[t, h, nope:nope+rope] (qabs [T, H, kvr+rope]);
+ * gather: c [n, R] = rows 0..n-1 of one sequence; kv_split: K [n, H, nope+rope] = [Y[:, h, :nope] ;
+ * c[:, kvr:kvr+rope]], V [n, H, dv] = Y[:, h, nope:] (Y [n, H, nope+dv]). */
+void st_mla_kv_store(float *pool, const float *ckv, const float *w, const int *tok_ent, const int *tok_pos,
+                     const int *btab, int pps, int page_size, int T, int kvr, int R, float eps);
+void st_mla_qpe(float *qabs, const float *q, int T, int H, int nope, int rope, int kvr);
+void st_mla_gather(float *c, const float *pool, const int *bt, int page_size, int n, int R);
+void st_mla_kv_split(float *K, float *V, const float *Y, const float *c, int n, int H, int nope, int rope, int dv,
+                     int R, int kvr);
 
 /* ---------------- Block AttnRes (SPEC §5) ---------------- */
 /* Direct form for one token: out [d] = Σ_i softmax(s)_i V_i over sources src[0..n_src) (each [d]),
@@ -111,6 +143,10 @@ void st_route_topk(int *ids, float *w, const float *s, const float *bias, int T,
  * (ties → lower id); ids [T, kmax] ascending within a token, cnt [T] (may be 0). */
 void st_route_quantile(int *ids, float *w, int *cnt, const float *s, const float *tau, int T, int n,
                        int kmax, bool renorm, float scale);
+/* Weights of given sets: w [T, kc] from s [T, n] over ids[t, 0..cnt[t]) (renorm: s / (Σ s + 1e-20)),
+ * times scale; 0 past cnt. Σ in slot order. */
+void st_route_finish(const int *ids, float *w, const int *cnt, const float *s, int T, int n, int kc, bool renorm,
+                     float scale);
 
 /* ---------------- FFN (SPEC §6) ---------------- */
 /* GLU feed-forward: y [T, down->rows] = down · act(gate x, up x); x [T, gate->cols].
@@ -118,6 +154,17 @@ void st_route_quantile(int *ids, float *w, int *cnt, const float *s, const float
 size_t st_ffn_ws_floats(int T, const st_weight_t *gate, const st_weight_t *up, const st_weight_t *down);
 void st_ffn(float *y, const float *x, int T, const st_weight_t *gate, const st_weight_t *up,
             const st_weight_t *down, st_act_t act, float b1, float b2, float *ws);
+
+/* ---------------- MoE dispatch and combine (SPEC §6) ---------------- */
+/* Grouping: offsets [E+1] (expert e's rows offsets[e] .. offsets[e+1]-1), row_of [T, kc] (grouped row of
+ * slot (t, i), rows of an expert in (t, i) order; −1 for i ≥ cnt[t]). ids [T, kc], cnt [T]. */
+void st_moe_group(int *offsets, int *row_of, const int *ids, const int *cnt, int T, int kc, int E);
+/* xg[row_of[t, i]] = z[t] for i < cnt[t]; z [T, l]. */
+void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt, int T, int kc, int l);
+/* u_t = Σ_{i<cnt[t]} p[t, i] · y_i in slot order, y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i].
+ * u != NULL: u [T, l] = u_t, RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
+void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
+                    const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
 
 /* ---------------- sampling (SPEC §9) ---------------- */
 typedef struct {

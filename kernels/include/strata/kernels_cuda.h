@@ -20,9 +20,6 @@ extern "C" {
 typedef uint16_t st_bf16_t; /* bf16 bit pattern */
 
 /* ---------------- norms ---------------- */
-/* y [T, n] bf16 = x [T, n] bf16 / sqrt(mean(x²)+eps) ⊙ w [n] fp32 (w NULL: no weight). y may alias x. */
-st_status_t st_cuda_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *y, const st_bf16_t *x, const float *w,
-                            int T, int n, float eps);
 /* in place, per head: x [T, H, dh] bf16 ← x / sqrt(Σx² + eps) */
 st_status_t st_cuda_l2norm_heads(const st_gpu_stream_t *s, st_bf16_t *x, int T, int H, int dh, float eps);
 
@@ -59,10 +56,6 @@ st_status_t st_cuda_conv_silu(const st_gpu_stream_t *s, float *y, const float *x
 /* Element conversions, as st_f32_to_bf16 (round to nearest even) / st_bf16_to_f32. */
 st_status_t st_cuda_f32_to_bf16(const st_gpu_stream_t *s, st_bf16_t *dst, const float *src, size_t n);
 st_status_t st_cuda_bf16_to_f32(const st_gpu_stream_t *s, float *dst, const st_bf16_t *src, size_t n);
-/* Gate: f [T, H*dk] bf16 → g [T, H*dk] fp32. bounded: g = lb·σ(exp(A_log[h])·(f+dt_bias));
- * unbounded: g = −exp(A_log[h])·softplus(f+dt_bias). A_log [H], dt_bias [H*dk] fp32. */
-st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const st_bf16_t *f, const float *A_log,
-                             const float *dt_bias, int T, int H, int dk, bool bounded, float lb);
 /* Chunked KDA prefill (SPEC §3.3) over a variable-length batch, K = V = 128.
  * q, k [T_tot, H, 128] bf16 (already L2-normed; the tensor-core tile inputs); v [T_tot, H, 128] bf16;
  * g [T_tot, H, 128] fp32 (log-decay, ≤ 0); beta [T_tot, H] fp32; cu_seqlens [B+1] int32; state pool
@@ -102,30 +95,9 @@ st_status_t st_cuda_router_topk(const st_gpu_stream_t *s, int *ids, float *w, in
 /* Greedy sampling: ids [T] int32 = argmax of logits [T, V] fp32 (ties → lower id). */
 st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const float *logits, int T, int V);
 
-/* ---------------- latent expert FFN, grouped (SPEC §6; kernels/moe_ffn.cu, gather.cu) ----------
+/* ---------------- latent expert FFN, grouped (SPEC §6; kernels/moe_ffn.cu) ----------
  * Rows of the expert batch are grouped by expert: rows offsets[e] .. offsets[e+1]-1 of x belong to
  * expert e (offsets [E+1] int32, device, offsets[0] = 0, non-decreasing; empty experts allowed). */
-
-/* Routing → grouping. ids [T, kmax] int32 (ascending per token, entries ≥ cnt[t] ignored), cnt [T]
- * int32 (NULL: every token uses all kmax slots), E experts →
- *   offsets [E+1] int32: expert e's rows are offsets[e] .. offsets[e+1]-1,
- *   row_of [T, kmax] int32: grouped row of (t, i), −1 for i ≥ cnt[t],
- *   src_of [T*kmax] int32 (may be NULL): token of each grouped row (rows ≥ offsets[E] untouched).
- * NOTE: deterministic: within an expert, rows follow (t, i) ascending.
- * ws: st_cuda_moe_group_ws_bytes(T, kmax, E) bytes of device memory. */
-size_t st_cuda_moe_group_ws_bytes(int T, int kmax, int E);
-st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, int *src_of, const int *ids,
-                              const int *cnt, int T, int kmax, int E, void *ws, size_t ws_bytes);
-/* Dispatch gather: xg [rows, l] bf16, xg[row_of[t,i]] = z[t] for every (t, i) with row_of ≥ 0;
- * z [T, l] bf16; row_of [T, kmax] int32. Rows of xg no (t, i) names are not written. */
-st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
-                               int T, int kmax, int l);
-/* Combine: u [T, l] fp32, u[t] = Σ_{i<cnt[t]} p[t,i] · y[row_of[t,i]], summed in slot order i
- * (= ascending expert id, the CPU engine's moe_finish order; no FMA contraction, fp32).
- * y [rows, l] bf16 (the grouped expert outputs); p [T, kmax] fp32; row_of [T, kmax]; cnt [T] int32
- * (NULL: kmax each); kmax ≤ 64. A token with cnt 0 gets u = 0. */
-st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, float *u, const st_bf16_t *y, const float *p,
-                                const int *row_of, const int *cnt, int T, int kmax, int l);
 
 /* MXFP4 weight → bf16, once at load. codes [rows, cols/2] U8 (low nibble = even column, OCP E2M1),
  * scale [rows, cols/32] U8 (E8M0, value = E2M1[code]·2^(s−127)); out [rows, cols] bf16 row-major.
@@ -249,6 +221,141 @@ st_status_t st_cuda_mla_prefill(const st_gpu_stream_t *s, st_bf16_t *o, const st
 /* Temperature / top-k / top-p sampling stays on the host for now (st_sample on logits copied with
  * cudaMemcpyAsync into pinned memory); only greedy (st_cuda_argmax above) runs on the device.
  * See docs/perf.md "Sampling" for the cost and the plan. */
+
+/* ================ the GPU engine's kernels (moved from attention_worker/engine_gpu_kernels.cu) ================
+ * fp32 activations between kernels; bf16 only where a tensor-core GEMM (or the chunked KDA tiles) reads
+ * them. Optional `lo` outputs (may be NULL): the split bf16 form, lo = bf16(v − hi) next to hi = bf16(v),
+ * so hi + lo carries v to ~16 bits (a GEMM then reads both and accumulates in fp32). Each launcher has
+ * its plain C twin in strata/kernels.h (named in its comment); tests/gpu/test_gpu_glue_*.c compare them. */
+
+/* ---- linear (kernels/linear.cu; cuBLAS on s's handle) ---- */
+/* y [T, N] (row stride ldy) = x [T, K] (ldx) · Wᵀ, all fp32 (W [N, K] row-major); plain fp32 math.
+ * C: st_sgemm. */
+st_status_t st_cuda_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const float *x, int ldx, const float *W, int T,
+                          int N, int K);
+/* Per head h < H: y_h [T, N] (at y + h·sy, row stride ldy) = x_h [T, K] (x + h·sx, ldx) · op(W_h),
+ * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16 in,
+ * y bf16 or fp32 (y_f32), fp32 accumulation. C: st_linear_heads (beta 0). */
+st_status_t st_cuda_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,
+                                 const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw,
+                                 bool trans_w, int T, int N, int K, int H);
+/* y (fp32) += the same product: the second pass of a split bf16 input. C: st_linear_heads (beta 1). */
+st_status_t st_cuda_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const st_bf16_t *x,
+                                     int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw, bool trans_w,
+                                     int T, int N, int K, int H);
+/* The same with everything fp32 (plain fp32 math): the MLA query absorption. C: st_linear_heads. */
+st_status_t st_cuda_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x, int ldx,
+                                long long sx, const float *W, int ldw, long long sw, bool trans_w, int T, int N,
+                                int K, int H);
+
+/* ---- embedding (kernels/embed.cu) ---- */
+/* partial [T, d] fp32 = E[tok[t]] (E [V, d] bf16; tok [T] int32). C: st_embed. */
+st_status_t st_cuda_embed(const st_gpu_stream_t *s, float *partial, const st_bf16_t *E, const int *tok, int T, int d);
+
+/* ---- norms and activations (kernels/norm.cu, act.cu) ---- */
+/* y [T, n] bf16 (+ lo) = RMSNorm(x [T, n] fp32; w [n] fp32 or NULL, eps); y must not alias x.
+ * C: st_rmsnorm. */
+st_status_t st_cuda_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x, const float *w,
+                            int T, int n, float eps);
+/* h [T, n] bf16 (+ lo) = act(gate [T, n], up [T, n]) fp32 with row stride ld_in (both may be halves of
+ * one [T, 2n] buffer); situ: (b1·tanh(a/b1)·σ(a))·(b2·tanh(u/b2)), else SiLU(a)·u. C: st_glu. */
+st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up,
+                        int T, int n, int ld_in, bool situ, float b1, float b2);
+/* y [n] bf16 (+ lo) = x ⊙ σ(gate), x and gate [n] fp32. C: st_mul_sigmoid. */
+st_status_t st_cuda_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x,
+                                const float *gate, size_t n);
+/* hi, lo [n] bf16: the split of x [n] fp32 (hi = bf16(x), lo = bf16(x − hi)). C: st_split_bf16. */
+st_status_t st_cuda_split_bf16(const st_gpu_stream_t *s, st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n);
+
+/* ---- Block AttnRes, first versions (kernels/attnres.cu; the engine's STRATA_EGPU_AR_V1=1 path) ---- */
+/* Phase 1 over m blocks at blocks + i·bstride ([T, d] fp32 each) for Q queries w [Q, d] fp32 → stats
+ * [T, Q, 2], acc [T, Q, d] (one block per token). C: st_attnres_phase1. */
+st_status_t st_cuda_attnres_phase1_strided(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks,
+                                           size_t bstride, int m, const float *w, int Q, int T, int d, float eps);
+/* As st_cuda_attnres_phase2_rmsnorm (same arguments), h staged in shared memory (the partial read
+ * twice). C: st_attnres_phase2 then st_rmsnorm. */
+st_status_t st_cuda_attnres_phase2_rmsnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo,
+                                              const float *partial, const float *stats, const float *acc,
+                                              const float *w_q, int q, int Q, const float *norm_w, const int *rows,
+                                              int n_rows, int d, float ar_eps, float norm_eps);
+
+/* ---- KDA (kernels/kda.cu; SPEC §3) ---- */
+/* Decay gate in place on fp32 f → g [T, H*dk]: bounded: g = lb·σ(exp(A_log[h])·(f+dt_bias));
+ * unbounded: g = −exp(A_log[h])·softplus(f+dt_bias). A_log [H], dt_bias [H*dk] fp32. C: st_kda_gate. */
+st_status_t st_cuda_kda_gate(const st_gpu_stream_t *s, float *g, const float *A_log, const float *dt_bias, int T,
+                             int H, int dk, bool bounded, float lb);
+/* The low-rank f_b product and the gate in one launch: g [T, H*dk] = gate(aux[:, :R] (row stride naux)
+ * · w_fbᵀ + dt_bias), w_fb [H*dk, R] fp32, R ≤ 256. The same bits for every T (the warp form below 8
+ * tokens, a tiled form from 8 on, adding in the same order). C: st_kda_gate_fb. */
+st_status_t st_cuda_kda_gate_fb(const st_gpu_stream_t *s, float *g, const float *aux, int naux, const float *w_fb,
+                                int R, const float *A_log, const float *dt_bias, int T, int H, int dk, bool bounded,
+                                float lb);
+/* After the fused q|k|v conv: qkv [T, 3P] fp32 (P = H·dk) → q, k (L2-normed per head, l2eps), v [T, P]
+ * fp32, and the same rounded to bf16 into qb, kb, vb unless qb == NULL; beta [T, H] fp32 =
+ * σ(aux[t, boff + h]) (aux row stride ldaux). C: st_kda_prep. */
+st_status_t st_cuda_kda_prep(const st_gpu_stream_t *s, float *q, float *k, float *v, st_bf16_t *qb, st_bf16_t *kb,
+                             st_bf16_t *vb, float *beta, const float *qkv, const float *aux, int ldaux, int boff, int T,
+                             int H, int dk, float l2eps);
+/* out [T, H, dv] bf16 (+ lo) = RMSNorm(o_h; w [dv], eps) ⊙ σ(gate) with o [T, H, dv] fp32 and gate
+ * [T, H·dv] fp32 (row stride ldg). C: st_kda_out_gate. */
+st_status_t st_cuda_kda_out_gate(const st_gpu_stream_t *s, st_bf16_t *out, st_bf16_t *lo, const float *o,
+                                 const float *gate, int ldg, const float *w, int T, int H, int dv, float eps);
+/* Recurrent KDA (SPEC §3.2) for any dk = dv ≤ 128 over a variable-length batch, token by token:
+ * arguments as st_cuda_kda_chunked, but q, k, v and o fp32. For head widths the tensor-core kernels do
+ * not take. C: st_kda_recurrent per sequence. */
+st_status_t st_cuda_kda_recurrent(const st_gpu_stream_t *s, float *o, const float *q, const float *k, const float *v,
+                                  const float *g, const float *beta, float *S, const int *slots,
+                                  const int *cu_seqlens, int B, int H, int dk, float scale);
+
+/* ---- MLA (kernels/mla.cu; SPEC §4) ---- */
+/* Cache write: row of token t = [RMSNorm(ckv[t, :kvr]; w, eps) ; ckv[t, kvr:R]] (ckv [T, R] fp32) into
+ * pool [pages, page_size, R] (fp32 if f32, else bf16) at position tok_pos[t] of entry tok_ent[t]
+ * (btab [n_ent, pps] page ids). C: st_mla_kv_store. */
+st_status_t st_cuda_mla_kv_store(const st_gpu_stream_t *s, void *pool, bool f32, const float *ckv, const float *w,
+                                 const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
+                                 int T, int kvr, int R, float eps);
+/* qabs[t, h, kvr:R] = q[t, h, nope:nope+rope] (q [T, H, nope+rope] fp32; qabs [T, H, R] fp32 if f32,
+ * else bf16; the W_UK part is written by st_cuda_linear_heads / st_cuda_sgemm_heads). C: st_mla_qpe. */
+st_status_t st_cuda_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const float *q, int T, int H, int nope,
+                            int rope, int kvr);
+/* Absorbed attention, causal: query t (qabs [T, H, R]) sees cache rows 0..tok_pos[t] of entry
+ * tok_ent[t]; olat [T, H, kvr] bf16 (+ olo) = Σ_s softmax(q·k_s·scale) c̃_s. qabs and pool fp32 if f32,
+ * else bf16. Any R ≤ 1024, kvr ≤ 512, kvr % 32 == 0. cu (may be NULL) [n_ent+1]: tokens of an entry
+ * whose chunk has ≥ dmin tokens are skipped (the direct form takes them). C: st_mla_attn_absorbed. */
+st_status_t st_cuda_mla_attn(const st_gpu_stream_t *s, st_bf16_t *olat, st_bf16_t *olo, const void *qabs,
+                             const void *pool, bool f32, const int *tok_ent, const int *tok_pos, const int *btab,
+                             int pps, int page_size, int T, int H, int R, int kvr, float scale, const int *cu,
+                             int dmin);
+/* Direct form for long prompt chunks: c [n, R] bf16 = one sequence's cache rows 0..n-1 (pool [pages,
+ * page_size, R] bf16, page ids bt); R % 8 == 0. C: st_mla_gather. */
+st_status_t st_cuda_mla_gather(const st_gpu_stream_t *s, st_bf16_t *c, const st_bf16_t *pool, const int *bt,
+                               int page_size, int n, int R);
+/* K [n, H, nope+rope] = [Y[n, h, :nope] ; c[n, kvr:kvr+rope]], V [n, H, dv] = Y[n, h, nope:nope+dv];
+ * Y [n, H, nope+dv] bf16 (= c[:, :kvr] · W_kvbᵀ), c [n, R] bf16. C: st_mla_kv_split. */
+st_status_t st_cuda_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16_t *V, const st_bf16_t *Y,
+                                 const st_bf16_t *c, int n, int H, int nope, int rope, int dv, int R, int kvr);
+
+/* ---- routing tail, dispatch and combine (kernels/router.cu, moe.cu; SPEC §6, §7) ---- */
+/* w [T, kc] fp32 from scores [T, n] (σ) over ids[t, 0..cnt[t]) (ids [T, kc] int32, chosen elsewhere):
+ * renorm: s / (Σ s + 1e-20) · scale, else s · scale; 0 past cnt. Σ in slot order. C: st_route_finish. */
+st_status_t st_cuda_route_finish(const st_gpu_stream_t *s, const int *ids, float *w, const int *cnt,
+                                 const float *scores, int T, int n, int kc, bool renorm, float scale);
+/* Grouping by expert (one block; E + 1 ints of shared memory): offsets [E+1] int32 (expert e's rows are
+ * offsets[e] .. offsets[e+1]-1), row_of [T, kc] int32 (grouped row of slot (t, i), −1 for i ≥ cnt[t]).
+ * NOTE: the order of rows within an expert may vary run to run (atomics); every consumer reads rows
+ * through row_of, so no result depends on it. T = 0: nothing written. C: st_moe_group (one such order). */
+st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_of, const int *ids, const int *cnt,
+                              int T, int kc, int E);
+/* xg[row_of[t, i]] = z[t] for i < cnt[t] (bf16, width l, l even). C: st_moe_gather. */
+st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
+                               const int *cnt, int T, int kc, int l);
+/* Combine in slot order (= ascending expert id), fp32, no FMA contraction: u = Σ_{i<cnt[t]} p[t, i] y_i
+ * (p [T, kc]) with y_i = yg[row_of[t, i]] (fp32 [rows, l], grouped) when yg != NULL, else yf[t·kc + i]
+ * (fp32 [T·kc, l], slot order). Then: norm_w != NULL → un [T, l] bf16 (+ ulo) = RMSNorm(u; norm_w, eps);
+ * un == NULL → partial [T, l] fp32 += u; otherwise un = u as bf16. C: st_moe_combine. */
+st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial,
+                                const float *yg, const float *yf, const int *row_of, const float *p, const int *cnt,
+                                const float *norm_w, int T, int kc, int l, float eps);
 
 #ifdef __cplusplus
 }

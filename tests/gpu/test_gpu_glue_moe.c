@@ -1,0 +1,149 @@
+/* The engine's routing tail, dispatch and combine vs their C twins: st_cuda_route_finish
+ * (st_route_finish; counts 0 .. kc, with and without renormalisation), st_cuda_moe_group (st_moe_group:
+ * offsets exactly, row_of as sets — each slot's row inside its expert's range, every row used once, −1 past
+ * cnt — since rows within an expert are placed by atomics), st_cuda_moe_gather (st_moe_gather through the
+ * GPU's own row_of, exact) and st_cuda_moe_combine in its three modes (st_moe_combine: partial += u
+ * bit-exact, as the fixed slot order and rounded mul/add promise; u as bf16; RMSNorm'd u with the split
+ * output), reading grouped rows (yg) or slot-order rows (yf). Empty experts, tokens with no expert, one
+ * token, the largest batch (8192 tokens × 8 slots). */
+#include <math.h>
+#include <string.h>
+
+#include "glue_test.h"
+#include "strata/kernels.h"
+
+/* ids [T, kc]: cnt[t] distinct experts ascending (experts ≥ E/2 + 1 never chosen: empty experts) */
+static void make_routing(int *ids, int *cnt, int T, int kc, int E, st_rng_t *r) {
+    int lim = E / 2 + 1 < kc ? E : E / 2 + 1;
+    for (int t = 0; t < T; t++) {
+        cnt[t] = t == 0 ? kc : (int)(st_rng_next(r) % (uint64_t)(kc + 1));
+        int n = 0;
+        for (int e = 0; e < lim && n < cnt[t]; e++) /* pick cnt[t] of lim, ascending */
+            if (st_rng_next(r) % (uint64_t)(lim - e) < (uint64_t)(cnt[t] - n)) ids[(size_t)t * kc + n++] = e;
+        for (int i = n; i < kc; i++) ids[(size_t)t * kc + i] = -1;
+    }
+}
+
+static void route_finish_case(int T, int n, int kc, bool renorm, uint64_t seed) {
+    st_rng_t r = {seed};
+    int *ids = gt_xmalloc(sizeof(int) * T * kc + 4), *cnt = gt_xmalloc(sizeof(int) * T + 4);
+    make_routing(ids, cnt, T, kc, n, &r);
+    float *s = gl_randn((size_t)T * n + 1, 2.f, &r), *w = gt_xmalloc(4 * ((size_t)T * kc + 1));
+    st_router_sigmoid(s, T, n);
+    st_route_finish(ids, w, cnt, s, T, n, kc, renorm, 2.5f);
+    int *did = gt_up(ids, sizeof(int) * T * kc + 4), *dcnt = gt_up(cnt, sizeof(int) * T + 4);
+    float *ds = gt_up(s, 4 * ((size_t)T * n + 1)), *dw = gt_dev(4 * ((size_t)T * kc + 1));
+    GT_OK(st_cuda_route_finish(&gt_stream, did, dw, dcnt, ds, T, n, kc, renorm, 2.5f));
+    char what[96];
+    snprintf(what, sizeof what, "route_finish T=%d n=%d kc=%d renorm=%d", T, n, kc, renorm);
+    if (T) {
+        float *got = gl_down_f32(dw, (size_t)T * kc);
+        st_t_close(what, got, w, (size_t)T * kc, 1e-6, 1e-7);
+        free(got);
+    }
+    st_gpu_free(did), st_gpu_free(dcnt), st_gpu_free(ds), st_gpu_free(dw);
+    free(ids), free(cnt), free(s), free(w);
+}
+
+static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t S = (size_t)T * kc;
+    int *ids = gt_xmalloc(sizeof(int) * S + 4), *cnt = gt_xmalloc(sizeof(int) * T + 4);
+    make_routing(ids, cnt, T, kc, E, &r);
+    int *off = gt_xmalloc(sizeof(int) * (E + 1)), *row = gt_xmalloc(sizeof(int) * S + 4);
+    st_moe_group(off, row, ids, cnt, T, kc, E);
+    int *did = gt_up(ids, sizeof(int) * S + 4), *dcnt = gt_up(cnt, sizeof(int) * T + 4),
+        *doff = gt_dev(sizeof(int) * (E + 1)), *drow = gt_dev(sizeof(int) * S + 4);
+    GT_OK(st_cuda_moe_group(&gt_stream, doff, drow, did, dcnt, T, kc, E));
+    int *goff = gt_xmalloc(sizeof(int) * (E + 1)), *grow = gt_xmalloc(sizeof(int) * S + 4);
+    gt_down(goff, doff, sizeof(int) * (E + 1));
+    gt_down(grow, drow, sizeof(int) * S);
+    /* T = 0: nothing is launched, nothing written (the engine never groups an empty batch) */
+    if (T) CHECK(memcmp(goff, off, sizeof(int) * (E + 1)) == 0, "moe_group T=%d kc=%d E=%d: offsets differ", T, kc, E);
+    int N = off[E], bad = 0;
+    char *used = gt_xmalloc((size_t)N + 1);
+    memset(used, 0, (size_t)N + 1);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < kc; i++) {
+            int g = grow[(size_t)t * kc + i];
+            if (i >= cnt[t]) { bad += g != -1; continue; }
+            int e = ids[(size_t)t * kc + i];
+            if (g < off[e] || g >= off[e + 1] || used[g]) bad++;
+            else used[g] = 1;
+        }
+    CHECK(bad == 0, "moe_group T=%d kc=%d E=%d: %d slots with a row outside their expert, reused, or not −1", T, kc, E, bad);
+    /* gather through the GPU's rows: exact */
+    float *z = gt_xmalloc(4 * ((size_t)T * l + 1)), *xg = gt_xmalloc(4 * ((size_t)N * l + 1));
+    uint16_t *zb = gt_xmalloc(2 * (size_t)T * l + 2);
+    gt_randn_bf(z, zb, (size_t)T * l, 1.f, &r);
+    st_moe_gather(xg, z, grow, cnt, T, kc, l);
+    uint16_t *dz = gt_up(zb, 2 * (size_t)T * l + 2), *dxg = gt_dev(2 * (size_t)N * l + 2);
+    GT_OK(st_cuda_moe_gather(&gt_stream, dxg, dz, drow, dcnt, T, kc, l));
+    if (N) {
+        float *gxg = gl_down_bf(dxg, (size_t)N * l);
+        CHECK(memcmp(gxg, xg, 4 * (size_t)N * l) == 0, "moe_gather T=%d kc=%d l=%d: not exact", T, kc, l);
+        free(gxg);
+    }
+    if (T) /* (T = 0 returns before the width is checked) */
+        CHECK(st_cuda_moe_gather(&gt_stream, dxg, dz, drow, dcnt, T, kc, l + 1) == ST_ERR_INVALID_ARG,
+              "moe_gather: odd width accepted");
+    /* combine: yg grouped rows [N, l] and yf slot-order rows [T·kc, l] hold the same values */
+    float *yg = gl_randn((size_t)N * l + 1, 1.f, &r), *yf = gt_xmalloc(4 * (S * l + 1)),
+          *p = gl_randn(S + 1, 0.5f, &r), *nw = gl_randn(l, 0.2f, &r), *part0 = gl_randn((size_t)T * l + 1, 1.f, &r);
+    for (int i = 0; i < l; i++) nw[i] += 1.f;
+    for (size_t i = 0; i < S * l; i++) yf[i] = NAN; /* slots past cnt are never read */
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < cnt[t]; i++)
+            memcpy(yf + ((size_t)t * kc + i) * l, yg + (size_t)grow[(size_t)t * kc + i] * l, 4 * (size_t)l);
+    float *dyg = gt_up(yg, 4 * ((size_t)N * l + 1)), *dyf = gt_up(yf, 4 * (S * l + 1)), *dp = gt_up(p, 4 * (S + 1)),
+          *dnw = gt_up(nw, 4 * (size_t)l), *dpart = gt_up(part0, 4 * ((size_t)T * l + 1));
+    uint16_t *dun = gt_dev(2 * (size_t)T * l + 2), *dulo = gt_dev(2 * (size_t)T * l + 2);
+    float *u = gt_xmalloc(4 * ((size_t)T * l + 1)), *part = gt_xmalloc(4 * ((size_t)T * l + 1));
+    char what[128];
+    for (int src = 0; src < 2; src++) {
+        const float *dYg = src ? NULL : dyg, *dYf = src ? dyf : NULL;
+        /* partial += u: bit-exact */
+        memcpy(part, part0, 4 * (size_t)T * l);
+        st_moe_combine(NULL, part, src ? NULL : yg, src ? yf : NULL, grow, p, cnt, NULL, T, kc, l, 1e-5f);
+        GT_OK(st_gpu_memcpy_h2d(dpart, part0, 4 * (size_t)T * l));
+        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, dYg, dYf, drow, dp, dcnt, NULL, T, kc, l, 1e-5f));
+        if (T) {
+            float *gp = gl_down_f32(dpart, (size_t)T * l);
+            CHECK(memcmp(gp, part, 4 * (size_t)T * l) == 0, "moe_combine partial += u T=%d kc=%d l=%d %s: not bit-exact", T,
+                  kc, l, src ? "yf" : "yg");
+            free(gp);
+        }
+        /* u as bf16, then RMSNorm'd u split */
+        for (int norm = 0; norm < 2; norm++) {
+            st_moe_combine(u, NULL, src ? NULL : yg, src ? yf : NULL, grow, p, cnt, norm ? nw : NULL, T, kc, l, 1e-5f);
+            GT_OK(st_cuda_moe_combine(&gt_stream, dun, norm ? dulo : NULL, NULL, dYg, dYf, drow, dp, dcnt,
+                                      norm ? dnw : NULL, T, kc, l, 1e-5f));
+            snprintf(what, sizeof what, "moe_combine T=%d kc=%d l=%d %s%s", T, kc, l, src ? "yf" : "yg",
+                     norm ? " rmsnorm" : "");
+            if (T) gl_check_split(what, dun, norm ? dulo : NULL, u, (size_t)T * l);
+        }
+    }
+    st_gpu_free(did), st_gpu_free(dcnt), st_gpu_free(doff), st_gpu_free(drow), st_gpu_free(dz), st_gpu_free(dxg),
+        st_gpu_free(dyg), st_gpu_free(dyf), st_gpu_free(dp), st_gpu_free(dnw), st_gpu_free(dpart), st_gpu_free(dun),
+        st_gpu_free(dulo);
+    free(ids), free(cnt), free(off), free(row), free(goff), free(grow), free(used), free(z), free(xg), free(zb),
+        free(yg), free(yf), free(p), free(nw), free(part0), free(u), free(part);
+}
+
+int main(void) {
+    gt_init_or_skip("test_gpu_glue_moe");
+    uint64_t seed = 1;
+    for (int rn = 0; rn < 2; rn++) {
+        route_finish_case(1, 8, 1, rn, seed++);
+        route_finish_case(37, 64, 8, rn, seed++);
+        route_finish_case(8192, 384, 8, rn, seed++);
+        route_finish_case(0, 8, 2, rn, seed++);
+    }
+    dispatch_case(1, 1, 4, 2, seed++);
+    dispatch_case(1, 8, 64, 1026, seed++);
+    dispatch_case(37, 4, 33, 258, seed++);
+    dispatch_case(300, 8, 256, 1024, seed++);
+    dispatch_case(8192, 8, 384, 512, seed++);
+    dispatch_case(0, 8, 16, 64, seed++);
+    return st_test_done();
+}
