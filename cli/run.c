@@ -69,7 +69,8 @@ static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
     size_t n_ent = r->base[r->ns - 1] + (size_t)r->npos[r->ns - 1] * r->n_moe, n_ids = 0, cap = 1024;
     r->ent = malloc(n_ent * sizeof *r->ent);
     r->ids = malloc(cap * sizeof(int));
-    for (size_t i = 0; i < n_ent; i++) r->ent[i] = (st_rt_ent_t){.off = SIZE_MAX};
+    for (size_t i = 0; i < n_ent; i++)
+        r->ent[i] = (st_rt_ent_t){.off = SIZE_MAX};
     bool ok = false;
     int lineno = 0, v[5], *id = malloc((size_t)c->n_experts * sizeof(int));
     char *line = text, *next;
@@ -80,7 +81,8 @@ static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
         if (lineno == 1) {
             int ver, k = 0;
             if (sscanf(line, "strata-routing %d%n", &ver, &k) != 1 || line[k]) {
-                fprintf(stderr, "strata run: %s is not a strata routing file (first line must be \"strata-routing %d\")\n",
+                fprintf(stderr,
+                        "strata run: %s is not a strata routing file (first line must be \"strata-routing %d\")\n",
                         r->path_in, ST_ROUTING_VERSION);
                 goto out;
             }
@@ -98,7 +100,9 @@ static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
                 goto out;
             }
             if (v[0] != c->n_layers || v[1] != c->n_experts) {
-                fprintf(stderr, "strata run: %s was recorded on a model with %d layers and %d experts; this checkpoint has %d and %d\n",
+                fprintf(stderr,
+                        "strata run: %s was recorded on a model with %d layers and %d experts; this checkpoint has %d "
+                        "and %d\n",
                         r->path_in, v[0], v[1], c->n_layers, c->n_experts);
                 goto out;
             }
@@ -119,12 +123,14 @@ static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
         }
         int s = v[0], pos = v[1], tok = v[2], l = v[3], cnt = v[4];
         if (s >= r->ns) {
-            fprintf(stderr, "strata run: %s line %d: sequence %d, but this run has %d prompt%s\n", r->path_in, lineno, s,
-                    r->ns, r->ns > 1 ? "s" : "");
+            fprintf(stderr, "strata run: %s line %d: sequence %d, but this run has %d prompt%s\n", r->path_in, lineno,
+                    s, r->ns, r->ns > 1 ? "s" : "");
             goto out;
         }
         if (pos >= r->npos[s]) {
-            fprintf(stderr, "strata run: %s line %d: position %d of sequence %d is beyond this run (prompt %d + max-tokens %d - 1)\n",
+            fprintf(stderr,
+                    "strata run: %s line %d: position %d of sequence %d is beyond this run (prompt %d + max-tokens %d "
+                    "- 1)\n",
                     r->path_in, lineno, pos, s, r->seqs[s].n_prompt, r->npos[s] - r->seqs[s].n_prompt + 1);
             goto out;
         }
@@ -134,24 +140,28 @@ static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
             goto out;
         }
         if (tok >= c->vocab || (pos < r->seqs[s].n_prompt && tok != r->seqs[s].toks[pos])) {
-            fprintf(stderr, "strata run: %s line %d: position %d of sequence %d was recorded for token %d; the prompt has %d there\n",
+            fprintf(stderr,
+                    "strata run: %s line %d: position %d of sequence %d was recorded for token %d; the prompt has %d "
+                    "there\n",
                     r->path_in, lineno, pos, s, tok, pos < r->seqs[s].n_prompt ? r->seqs[s].toks[pos] : -1);
             goto out;
         }
         if (cnt > kcap) {
-            fprintf(stderr, "strata run: %s line %d: %d experts for one token; this engine routes at most %d\n", r->path_in,
-                    lineno, cnt, kcap);
+            fprintf(stderr, "strata run: %s line %d: %d experts for one token; this engine routes at most %d\n",
+                    r->path_in, lineno, cnt, kcap);
             goto out;
         }
         for (int i = 0; i < cnt; i++) {
             errno = 0;
             long x = strtol(p, &end, 10);
             if (end == p || errno) {
-                fprintf(stderr, "strata run: %s line %d: %d expert ids announced, %d given\n", r->path_in, lineno, cnt, i);
+                fprintf(stderr, "strata run: %s line %d: %d expert ids announced, %d given\n", r->path_in, lineno, cnt,
+                        i);
                 goto out;
             }
             if (x < 0 || x >= c->n_experts || (i > 0 && x <= id[i - 1])) {
-                fprintf(stderr, "strata run: %s line %d: expert id %ld: ids must be in [0, %d), ascending and distinct\n",
+                fprintf(stderr,
+                        "strata run: %s line %d: expert id %ld: ids must be in [0, %d), ascending and distinct\n",
                         r->path_in, lineno, x, c->n_experts);
                 goto out;
             }
@@ -163,8 +173,8 @@ static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
         }
         st_rt_ent_t *e = rt_at(r, s, pos, l);
         if (e->off != SIZE_MAX) {
-            fprintf(stderr, "strata run: %s line %d: sequence %d position %d layer %d given twice\n", r->path_in, lineno, s,
-                    pos, l);
+            fprintf(stderr, "strata run: %s line %d: sequence %d position %d layer %d given twice\n", r->path_in,
+                    lineno, s, pos, l);
             goto out;
         }
         if (n_ids + (size_t)cnt > cap) {
@@ -248,8 +258,9 @@ static void rt_hook(void *ctx, int layer, int T, int n_experts, const float *sco
                     return;
                 }
                 if (e->cnt > kmax) {
-                    snprintf(r->err, sizeof r->err, "%s: %d experts at sequence %d position %d; the engine routes at most %d",
-                             r->path_in, e->cnt, s, pos, kmax);
+                    snprintf(r->err, sizeof r->err,
+                             "%s: %d experts at sequence %d position %d; the engine routes at most %d", r->path_in,
+                             e->cnt, s, pos, kmax);
                     return;
                 }
                 memcpy(id, r->ids + e->off, (size_t)e->cnt * sizeof(int));
@@ -257,7 +268,8 @@ static void rt_hook(void *ctx, int layer, int T, int n_experts, const float *sco
             }
             if (r->out) {
                 fprintf(r->out, "%d %d %d %d %d", s, pos, tok, layer, cnt[t]);
-                for (int k = 0; k < cnt[t]; k++) fprintf(r->out, " %d", id[k]);
+                for (int k = 0; k < cnt[t]; k++)
+                    fprintf(r->out, " %d", id[k]);
                 fputc('\n', r->out);
             }
         }

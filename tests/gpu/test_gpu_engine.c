@@ -208,12 +208,12 @@ static double rel_l2(const float *a, const float *ref, int n, int *nonfinite) {
 }
 
 /* SPEC §8 bounds, GPU vs CPU */
-#define SPEC_SUBLAYER 2e-2   /* every sublayer fed the CPU's input, CPU routing */
-#define SPEC_E2E_WORST 5e-2  /* end to end, routing forced: worst position */
-#define SPEC_E2E_MEAN 3e-2   /* ... mean over positions */
-#define SPEC_TOP 5           /* greedy: each side's token in the other's top 5 where they first differ */
-#define SPEC_NEAR_TIE 4.0    /* ... and the CPU's top-two gap ≤ 4× the step's RMS logit error */
-#define N_PROMPTS 3          /* "several prompts" */
+#define SPEC_SUBLAYER 2e-2  /* every sublayer fed the CPU's input, CPU routing */
+#define SPEC_E2E_WORST 5e-2 /* end to end, routing forced: worst position */
+#define SPEC_E2E_MEAN 3e-2  /* ... mean over positions */
+#define SPEC_TOP 5          /* greedy: each side's token in the other's top 5 where they first differ */
+#define SPEC_NEAR_TIE 4.0   /* ... and the CPU's top-two gap ≤ 4× the step's RMS logit error */
+#define N_PROMPTS 3         /* "several prompts" */
 
 static int prompt_chunk; /* > 0: run_seq feeds the prompt in chunks of this many tokens (chunked prefill) */
 static int *argmax_out;  /* set: run_seq asks for the argmax of each step's row (st_seq_chunk_t.argmax) */
@@ -229,9 +229,10 @@ static st_status_t run_seq(st_engine_t *e, int *toks, int np, int steps, bool fe
     double t0 = st_time_sec();
     st_seq_chunk_t ch;
     float *row = logits;
-    for (int p0 = 0; s == ST_OK && p0 < np; p0 += prompt_chunk > 0 ? prompt_chunk : np) {
+    for (int p0 = 0; s == ST_OK && p0<np; p0 += prompt_chunk> 0 ? prompt_chunk : np) {
         int n = prompt_chunk > 0 && np - p0 > prompt_chunk ? prompt_chunk : np - p0;
-        ch = (st_seq_chunk_t){.slot = slot, .n_tokens = n, .tokens = toks + p0, .argmax = argmax_out, .all_logits = all_rows};
+        ch = (st_seq_chunk_t){
+            .slot = slot, .n_tokens = n, .tokens = toks + p0, .argmax = argmax_out, .all_logits = all_rows};
         s = st_engine_step(e, &ch, 1, row);
         if (all_rows) row += (size_t)n * V;
     }
@@ -239,8 +240,8 @@ static st_status_t run_seq(st_engine_t *e, int *toks, int np, int steps, bool fe
     double t1 = st_time_sec();
     for (int i = 0; s == ST_OK && i < steps; i++) {
         if (!feed) toks[np + i] = argmax(last + (size_t)i * V, V);
-        ch = (st_seq_chunk_t){.slot = slot, .n_tokens = 1, .tokens = &toks[np + i],
-                              .argmax = argmax_out ? argmax_out + i + 1 : NULL};
+        ch = (st_seq_chunk_t){
+            .slot = slot, .n_tokens = 1, .tokens = &toks[np + i], .argmax = argmax_out ? argmax_out + i + 1 : NULL};
         s = st_engine_step(e, &ch, 1, (float *)last + (size_t)(i + 1) * V);
     }
     double t2 = st_time_sec();
@@ -276,7 +277,8 @@ static void e2e_rows(const char *what, const float *gpu, const float *cpu, int r
 /* Rank of token t in row x (how many logits are strictly larger): in the top k iff rank < k. */
 static int rank_of(const float *x, int V, int t) {
     int r = 0;
-    for (int v = 0; v < V; v++) r += x[v] > x[t];
+    for (int v = 0; v < V; v++)
+        r += x[v] > x[t];
     return r;
 }
 
@@ -303,8 +305,8 @@ static int greedy_rule(const char *what, const float *gpu, const float *cpu, int
                what, i, ac, ag, rg + 1, rc + 1, gap, gap / (se > 0 ? se : 1), se);
         CHECK(rg < SPEC_TOP && rc < SPEC_TOP, "%s step %d: a token outside the other side's top %d (#%d, #%d)", what, i,
               SPEC_TOP, rg + 1, rc + 1);
-        CHECK(gap <= SPEC_NEAR_TIE * se, "%s step %d: tokens differ beyond a near-tie (gap %.3e > %.0f x %.3e)", what, i,
-              gap, SPEC_NEAR_TIE, se);
+        CHECK(gap <= SPEC_NEAR_TIE * se, "%s step %d: tokens differ beyond a near-tie (gap %.3e > %.0f x %.3e)", what,
+              i, gap, SPEC_NEAR_TIE, se);
         return i;
     }
     printf("%s: all %d greedy tokens agree\n", what, n);
@@ -527,11 +529,13 @@ static double forced_pass(st_engine_t *eg, rrec_t *rec, trec_t *tr, bool teacher
 }
 
 static void rec_free(rrec_t *r) {
-    for (int i = 0; i < r->n; i++) free(r->calls[i].ids), free(r->calls[i].cnt);
+    for (int i = 0; i < r->n; i++)
+        free(r->calls[i].ids), free(r->calls[i].cnt);
     memset(r, 0, sizeof *r);
 }
 static void trace_free(trec_t *t, int L, int B) {
-    for (int i = 0; i < t->n; i++) free(t->e[i].x);
+    for (int i = 0; i < t->n; i++)
+        free(t->e[i].x);
     free(t->e);
     memset(t, 0, sizeof *t);
     t->record = true, t->L = L, t->B = B;
@@ -541,7 +545,8 @@ static void trace_free(trec_t *t, int L, int B) {
  * launches: a read-only routing observer keeps every step out of graph capture (engine_gpu.c
  * graph_step) without changing what runs. NOTE: an st_engine_opts_t field for graphs (issue 14,
  * item 3) is the direct switch; until it exists this is the product API's way. */
-static void noop_obs(void *ctx, int layer, int T, int n, const float *scores, const int *ids, const int *cnt, int kmax) {
+static void noop_obs(void *ctx, int layer, int T, int n, const float *scores, const int *ids, const int *cnt,
+                     int kmax) {
     (void)ctx, (void)layer, (void)T, (void)n, (void)scores, (void)ids, (void)cnt, (void)kmax;
 }
 
@@ -551,8 +556,8 @@ static void run_preset(const char *preset, int np, int steps) {
     snprintf(dir, sizeof dir, "%s/gpu-engine-%s-%d", tmp ? tmp : "/tmp", preset, (int)getpid());
     st_config_t pc;
     st_config_preset(&pc, preset);
-    st_ckpt_init_opts_t io = {.preset = preset, .out_dir = dir, .seed = 11, .dtype = ST_DT_BF16,
-                              .mxfp4_experts = pc.experts_mxfp4};
+    st_ckpt_init_opts_t io = {
+        .preset = preset, .out_dir = dir, .seed = 11, .dtype = ST_DT_BF16, .mxfp4_experts = pc.experts_mxfp4};
     double t0 = st_time_sec();
     st_ckpt_t *ck = NULL;
     if (st_ckpt_init(&io) != ST_OK || st_ckpt_open(&ck, dir) != ST_OK) {
@@ -564,7 +569,8 @@ static void run_preset(const char *preset, int np, int steps) {
     int V = c->vocab, L = c->n_layers, B = c->attn_res_block;
     int *toks = malloc((size_t)N_PROMPTS * (np + steps) * sizeof(int));
     st_rng_t rng = {.s = 1234};
-    for (int i = 0; i < N_PROMPTS * (np + steps); i++) toks[i] = (int)(st_rng_next(&rng) % 256);
+    for (int i = 0; i < N_PROMPTS * (np + steps); i++)
+        toks[i] = (int)(st_rng_next(&rng) % 256);
     size_t LB = (size_t)(np + steps) * V * sizeof(float);
     float *lc = malloc(LB), *lg = malloc(LB), *lg2 = malloc(LB);
     st_engine_opts_t o;
@@ -673,11 +679,13 @@ static void run_preset(const char *preset, int np, int steps) {
         /* greedy rows through the device argmax (no logits copied) equal the argmax of the rows */
         int *am = malloc(sizeof(int) * (steps + 1)), bad = 0;
         double gp2, gd2;
-        for (int i = 0; i <= steps; i++) am[i] = -1;
+        for (int i = 0; i <= steps; i++)
+            am[i] = -1;
         argmax_out = am;
         CHECK(run_seq(eg, toks, np, steps, true, lg2, V, &gp2, &gd2) == ST_OK, "gpu argmax run: %s", st_err_last());
         argmax_out = NULL;
-        for (int i = 0; i <= steps; i++) bad += am[i] != argmax(lg + (size_t)i * V, V);
+        for (int i = 0; i <= steps; i++)
+            bad += am[i] != argmax(lg + (size_t)i * V, V);
         CHECK(bad == 0, "%s: device argmax differs from the logits' argmax at %d of %d steps", preset, bad, steps + 1);
         printf("RESULT %s_gpu_decode_tok_s_argmax %.1f (batch 1, no logits copied)\n", preset, steps / gd2);
         free(am);
