@@ -238,6 +238,10 @@ static void rt_hook(void *ctx, int layer, int T, int n_experts, const float *sco
     st_rt_t *r = ctx;
     (void)n_experts, (void)scores;
     if (r->err[0]) return;
+    if (layer < r->first_moe || layer >= r->first_moe + r->n_moe) {
+        snprintf(r->err, sizeof r->err, "the engine routed layer %d, not a MoE layer", layer);
+        return;
+    }
     int t = 0;
     for (int j = 0; j < r->nc; j++) {
         const st_run_seq_t *q = &r->seqs[r->who[j]];
