@@ -1,6 +1,6 @@
 /* GPU engine vs CPU engine (SPEC §8 as written), on the presets named on the command line (default
- * small, where §8's bounds were set; ctest runs k3-mini as its own entry). With the CPU's routing forced on the GPU
- * through the route hook and the positions whose choice flipped counted:
+ * small, where §8's bounds were set; ctest runs k3-mini as its own entry). With the CPU's routing
+ * forced on the GPU through the route hook and the positions whose choice flipped counted:
  *  - every sublayer fed the CPU's input (teacher forcing through the trace hook): relative L2 ≤ 2e-2;
  *  - end to end: relative L2 of the logits ≤ 5e-2 at the worst position and ≤ 3e-2 on average over
  *    the positions whose logits a run returns (each prompt's last position and every decode step) of
