@@ -1,5 +1,7 @@
 /* `strata run`: the one-process engine — prefill one prompt or a batch of prompts in one step, then
- * decode all of them together, printing text (or tokens) and tokens/s. */
+ * decode all of them together, printing text (or tokens) and tokens/s. It can write the routing it
+ * chose (--routing-out) and replay a routing file (--routing-in) on either backend. */
+#include <errno.h>
 #include <stdlib.h>
 
 #include "cli.h"
@@ -16,6 +18,268 @@ typedef struct {
     bool dumping;
     int amax; /* the engine's argmax (greedy without --dump-logits: no logits row to the host) */
 } st_run_seq_t;
+
+/* ---- routing files (--routing-out / --routing-in) ----
+ * Version 1, text, one line per (sequence, position, MoE layer):
+ *   strata-routing 1
+ *   layers L experts N
+ *   # seq pos token layer n id...
+ *   0 0 5 1 4 3 17 22 40
+ * seq: the prompt's index (0 alone, else its line in --batch-file); pos: the token's position in its
+ * sequence (prompt from 0, then the generated tokens that are fed back); token: the id fed there;
+ * layer: the MoE layer's index in the model; n: how many experts; then n expert ids, ascending and
+ * distinct. Lines starting with '#' are comments. Written in the engine's order (step, layer,
+ * token); read in any order. A replayed run overwrites the engine's choice at every MoE layer and
+ * position through st_engine_set_route_hook (weights are recomputed from the scores over the
+ * replayed sets, SPEC §7), so replaying a run's own routing gives its logits bit for bit. */
+#define ST_ROUTING_VERSION 1
+
+typedef struct {
+    int tok, cnt;
+    size_t off; /* into ids; SIZE_MAX = no line for this (seq, pos, layer) */
+} st_rt_ent_t;
+
+typedef struct {
+    const char *path_in;
+    FILE *out;
+    st_rt_ent_t *ent; /* [sum over seqs of npos[s]][n_moe] */
+    int *ids;
+    size_t *base; /* [ns] first entry of each sequence */
+    int *npos;    /* [ns] positions that can be fed: prompt + max_tokens - 1 */
+    int ns, n_moe, first_moe;
+    /* the step being run: entries (sequence, first position, tokens) in the engine's order */
+    const st_run_seq_t *seqs;
+    int nc, who[MAX_PROMPTS], pos0[MAX_PROMPTS], ntok[MAX_PROMPTS];
+    char err[512]; /* first failure inside the hook; the step's caller reports it */
+} st_rt_t;
+
+static st_rt_ent_t *rt_at(st_rt_t *r, int s, int p, int l) {
+    return &r->ent[r->base[s] + (size_t)p * r->n_moe + (size_t)(l - r->first_moe)];
+}
+
+/* Parses a routing file into r's table; checks it against the model (layers, experts, at most kcap
+ * ids per token) and the prompts (sequences, positions, prompt tokens). Returns false with a
+ * message on stderr. */
+static bool rt_load(st_rt_t *r, const st_config_t *c, int kcap) {
+    char *text;
+    if (st_file_read_all(r->path_in, &text, NULL) != ST_OK) {
+        fprintf(stderr, "strata run: --routing-in: %s\n", st_err_last());
+        return false;
+    }
+    size_t n_ent = r->base[r->ns - 1] + (size_t)r->npos[r->ns - 1] * r->n_moe, n_ids = 0, cap = 1024;
+    r->ent = malloc(n_ent * sizeof *r->ent);
+    r->ids = malloc(cap * sizeof(int));
+    for (size_t i = 0; i < n_ent; i++)
+        r->ent[i] = (st_rt_ent_t){.off = SIZE_MAX};
+    bool ok = false;
+    int lineno = 0, v[5], *id = malloc((size_t)c->n_experts * sizeof(int));
+    char *line = text, *next;
+    for (; line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        lineno++;
+        if (lineno == 1) {
+            int ver, k = 0;
+            if (sscanf(line, "strata-routing %d%n", &ver, &k) != 1 || line[k]) {
+                fprintf(stderr,
+                        "strata run: %s is not a strata routing file (first line must be \"strata-routing %d\")\n",
+                        r->path_in, ST_ROUTING_VERSION);
+                goto out;
+            }
+            if (ver != ST_ROUTING_VERSION) {
+                fprintf(stderr, "strata run: %s: routing file version %d, this strata reads version %d\n", r->path_in,
+                        ver, ST_ROUTING_VERSION);
+                goto out;
+            }
+            continue;
+        }
+        if (lineno == 2) {
+            int k = 0;
+            if (sscanf(line, "layers %d experts %d%n", &v[0], &v[1], &k) != 2 || line[k]) {
+                fprintf(stderr, "strata run: %s line 2: expected \"layers L experts N\"\n", r->path_in);
+                goto out;
+            }
+            if (v[0] != c->n_layers || v[1] != c->n_experts) {
+                fprintf(stderr,
+                        "strata run: %s was recorded on a model with %d layers and %d experts; this checkpoint has %d "
+                        "and %d\n",
+                        r->path_in, v[0], v[1], c->n_layers, c->n_experts);
+                goto out;
+            }
+            continue;
+        }
+        if (!*line || *line == '#') continue;
+        char *p = line, *end;
+        int nv = 0;
+        for (; nv < 5; nv++) {
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (end == p || errno || x < 0 || x > 0x7fffffff) break;
+            v[nv] = (int)x, p = end;
+        }
+        if (nv < 5) {
+            fprintf(stderr, "strata run: %s line %d: expected \"seq pos token layer n id...\"\n", r->path_in, lineno);
+            goto out;
+        }
+        int s = v[0], pos = v[1], tok = v[2], l = v[3], cnt = v[4];
+        if (s >= r->ns) {
+            fprintf(stderr, "strata run: %s line %d: sequence %d, but this run has %d prompt%s\n", r->path_in, lineno,
+                    s, r->ns, r->ns > 1 ? "s" : "");
+            goto out;
+        }
+        if (pos >= r->npos[s]) {
+            fprintf(stderr,
+                    "strata run: %s line %d: position %d of sequence %d is beyond this run (prompt %d + max-tokens %d "
+                    "- 1)\n",
+                    r->path_in, lineno, pos, s, r->seqs[s].n_prompt, r->npos[s] - r->seqs[s].n_prompt + 1);
+            goto out;
+        }
+        if (!st_config_is_moe_layer(c, l) || l >= c->n_layers) {
+            fprintf(stderr, "strata run: %s line %d: layer %d is not a MoE layer of this model (MoE layers %d..%d)\n",
+                    r->path_in, lineno, l, r->first_moe, c->n_layers - 1);
+            goto out;
+        }
+        if (tok >= c->vocab || (pos < r->seqs[s].n_prompt && tok != r->seqs[s].toks[pos])) {
+            fprintf(stderr,
+                    "strata run: %s line %d: position %d of sequence %d was recorded for token %d; the prompt has %d "
+                    "there\n",
+                    r->path_in, lineno, pos, s, tok, pos < r->seqs[s].n_prompt ? r->seqs[s].toks[pos] : -1);
+            goto out;
+        }
+        if (cnt > kcap) {
+            fprintf(stderr, "strata run: %s line %d: %d experts for one token; this engine routes at most %d\n",
+                    r->path_in, lineno, cnt, kcap);
+            goto out;
+        }
+        for (int i = 0; i < cnt; i++) {
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (end == p || errno) {
+                fprintf(stderr, "strata run: %s line %d: %d expert ids announced, %d given\n", r->path_in, lineno, cnt,
+                        i);
+                goto out;
+            }
+            if (x < 0 || x >= c->n_experts || (i > 0 && x <= id[i - 1])) {
+                fprintf(stderr,
+                        "strata run: %s line %d: expert id %ld: ids must be in [0, %d), ascending and distinct\n",
+                        r->path_in, lineno, x, c->n_experts);
+                goto out;
+            }
+            id[i] = (int)x, p = end;
+        }
+        if (p[strspn(p, " \t\r")]) {
+            fprintf(stderr, "strata run: %s line %d: more than the %d expert ids announced\n", r->path_in, lineno, cnt);
+            goto out;
+        }
+        st_rt_ent_t *e = rt_at(r, s, pos, l);
+        if (e->off != SIZE_MAX) {
+            fprintf(stderr, "strata run: %s line %d: sequence %d position %d layer %d given twice\n", r->path_in,
+                    lineno, s, pos, l);
+            goto out;
+        }
+        if (n_ids + (size_t)cnt > cap) {
+            cap = 2 * cap + (size_t)cnt;
+            r->ids = realloc(r->ids, cap * sizeof(int));
+        }
+        memcpy(r->ids + n_ids, id, (size_t)cnt * sizeof(int));
+        *e = (st_rt_ent_t){.tok = tok, .cnt = cnt, .off = n_ids};
+        n_ids += (size_t)cnt;
+    }
+    if (lineno < 2) {
+        fprintf(stderr, "strata run: %s: no \"layers L experts N\" line\n", r->path_in);
+        goto out;
+    }
+    ok = true;
+out:
+    free(id);
+    free(text);
+    return ok;
+}
+
+static bool rt_open(st_rt_t *r, const char *path_out, const st_run_seq_t *seqs, int ns, int max_tokens,
+                    const st_config_t *c, int kcap) {
+    r->seqs = seqs, r->ns = ns;
+    r->first_moe = c->first_k_dense, r->n_moe = ST_MAX(c->n_layers - c->first_k_dense, 0);
+    if (c->n_experts <= 0 || r->n_moe == 0) {
+        fprintf(stderr, "strata run: --routing-in/--routing-out: this model has no MoE layer\n");
+        return false;
+    }
+    r->base = malloc((size_t)ns * sizeof *r->base);
+    r->npos = malloc((size_t)ns * sizeof *r->npos);
+    for (int s = 0; s < ns; s++) {
+        r->npos[s] = seqs[s].n_prompt + max_tokens - 1;
+        r->base[s] = s ? r->base[s - 1] + (size_t)r->npos[s - 1] * r->n_moe : 0;
+    }
+    if (r->path_in && !rt_load(r, c, kcap)) return false;
+    if (path_out) {
+        if (!(r->out = fopen(path_out, "w"))) {
+            fprintf(stderr, "strata run: --routing-out %s: %s\n", path_out, strerror(errno));
+            return false;
+        }
+        fprintf(r->out, "strata-routing %d\nlayers %d experts %d\n# seq pos token layer n id...\n", ST_ROUTING_VERSION,
+                c->n_layers, c->n_experts);
+    }
+    return true;
+}
+
+/* Closes the output (reporting a failed write); frees the table. */
+static bool rt_close(st_rt_t *r, const char *path_out) {
+    bool ok = true;
+    if (r->out && (ferror(r->out) | fclose(r->out))) {
+        fprintf(stderr, "strata run: --routing-out %s: write failed\n", path_out);
+        ok = false;
+    }
+    free(r->ent), free(r->ids), free(r->base), free(r->npos);
+    return ok;
+}
+
+/* Route hook: replays the file's sets (when reading one), then writes the final sets (when writing). */
+static void rt_hook(void *ctx, int layer, int T, int n_experts, const float *scores, int *ids, int *cnt, int kmax) {
+    st_rt_t *r = ctx;
+    (void)n_experts, (void)scores;
+    if (r->err[0]) return;
+    if (layer < r->first_moe || layer >= r->first_moe + r->n_moe) {
+        snprintf(r->err, sizeof r->err, "the engine routed layer %d, not a MoE layer", layer);
+        return;
+    }
+    int t = 0;
+    for (int j = 0; j < r->nc; j++) {
+        const st_run_seq_t *q = &r->seqs[r->who[j]];
+        for (int i = 0; i < r->ntok[j] && t < T; i++, t++) {
+            int s = r->who[j], pos = r->pos0[j] + i, tok = q->toks[pos];
+            int *id = ids + (size_t)t * kmax;
+            if (r->path_in) {
+                const st_rt_ent_t *e = rt_at(r, s, pos, layer);
+                if (e->off == SIZE_MAX) {
+                    snprintf(r->err, sizeof r->err, "%s has no line for sequence %d position %d layer %d", r->path_in,
+                             s, pos, layer);
+                    return;
+                }
+                if (e->tok != tok) {
+                    snprintf(r->err, sizeof r->err,
+                             "%s: position %d of sequence %d was recorded for token %d; this run feeds %d", r->path_in,
+                             pos, s, e->tok, tok);
+                    return;
+                }
+                if (e->cnt > kmax) {
+                    snprintf(r->err, sizeof r->err,
+                             "%s: %d experts at sequence %d position %d; the engine routes at most %d", r->path_in,
+                             e->cnt, s, pos, kmax);
+                    return;
+                }
+                memcpy(id, r->ids + e->off, (size_t)e->cnt * sizeof(int));
+                cnt[t] = e->cnt;
+            }
+            if (r->out) {
+                fprintf(r->out, "%d %d %d %d %d", s, pos, tok, layer, cnt[t]);
+                for (int k = 0; k < cnt[t]; k++)
+                    fprintf(r->out, " %d", id[k]);
+                fputc('\n', r->out);
+            }
+        }
+    }
+    if (t != T) snprintf(r->err, sizeof r->err, "the engine routed %d tokens in a step of %d", T, t);
+}
 
 /* A batch file: one prompt per line, text, or "tokens: 1,2,3". */
 static int read_batch(const char *path, st_run_seq_t *seqs, int max_new) {
@@ -46,7 +310,8 @@ static int read_batch(const char *path, st_run_seq_t *seqs, int max_new) {
 }
 
 int st_cmd_run(int argc, char **argv) {
-    const char *ckdir = NULL, *prompt = NULL, *ptoks = NULL, *dump = NULL, *batch = NULL;
+    const char *ckdir = NULL, *prompt = NULL, *ptoks = NULL, *dump = NULL, *batch = NULL, *rt_out = NULL;
+    st_rt_t rt = {0};
     int max_tokens = 16;
     bool ignore_eos = false, print_tokens = false;
     st_sampling_t sp = {.temperature = 0, .top_k = 0, .top_p = 1};
@@ -65,6 +330,8 @@ int st_cmd_run(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--top-k"))) sp.top_k = atoi(v);
         else if ((v = st_cli_opt(argc, argv, &i, "--seed"))) seed = strtoull(v, NULL, 10);
         else if ((v = st_cli_opt(argc, argv, &i, "--dump-logits"))) dump = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--routing-out"))) rt_out = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--routing-in"))) rt.path_in = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--device"))) {
             char *end = NULL;
             if (!strcmp(v, "cpu")) eo.device = -1;
@@ -111,13 +378,21 @@ int st_cmd_run(int argc, char **argv) {
     eo.max_seqs = ns;
     eo.max_ctx = longest + max_tokens;
     eo.max_batch_tokens = ST_MAX(total_prompt, ns);
-    st_engine_t *e;
+    st_engine_t *e = NULL;
     int rc = 1;
     float *logits = NULL, *ws = NULL;
+    bool routing = rt.path_in || rt_out;
+    if (routing) {
+        /* the engine's routing stride (engine.c: k, or max(k, k_max) in quantile mode) bounds a token's set */
+        int km = ST_MIN(2 * c->top_k, ST_MAX(c->n_experts, 1));
+        if (!rt_open(&rt, rt_out, seqs, ns, max_tokens, c, ST_MAX(c->top_k, eo.routing == ST_ROUTE_QUANTILE ? km : 0)))
+            goto out_ckpt;
+    }
     if (st_engine_create(&e, ck, &eo) != ST_OK) {
         fprintf(stderr, "strata run: %s\n", st_err_last());
         goto out_ckpt;
     }
+    if (routing) st_engine_set_route_hook(e, rt_hook, &rt);
     int V = c->vocab;
     logits = malloc((size_t)eo.max_batch_tokens * (size_t)V * sizeof(float));
     ws = malloc(2 * (size_t)V * sizeof(float));
@@ -134,11 +409,14 @@ int st_cmd_run(int argc, char **argv) {
         }
     }
     /* prefill: every prompt in one step */
-    for (int i = 0; i < ns; i++)
+    for (int i = 0; i < ns; i++) {
         chunks[i] = (st_seq_chunk_t){.slot = seqs[i].slot, .n_tokens = seqs[i].n_prompt, .tokens = seqs[i].toks, .all_logits = dump != NULL};
+        rt.who[i] = i, rt.pos0[i] = 0, rt.ntok[i] = seqs[i].n_prompt;
+    }
+    rt.nc = ns;
     double t0 = st_time_sec();
-    if (st_engine_step(e, chunks, ns, logits) != ST_OK) {
-        fprintf(stderr, "strata run: prefill failed: %s\n", st_err_last());
+    if (st_engine_step(e, chunks, ns, logits) != ST_OK || rt.err[0]) {
+        fprintf(stderr, "strata run: prefill failed: %s\n", rt.err[0] ? rt.err : st_err_last());
         goto out_engine;
     }
     double t_prefill = st_time_sec() - t0;
@@ -161,14 +439,16 @@ int st_cmd_run(int argc, char **argv) {
         int nc = 0, who[MAX_PROMPTS];
         for (int i = 0; i < ns; i++) {
             if (seqs[i].done) continue;
-            who[nc] = i;
+            who[nc] = rt.who[nc] = i;
+            rt.pos0[nc] = seqs[i].n_prompt + seqs[i].n_gen - 1, rt.ntok[nc] = 1;
             chunks[nc++] = (st_seq_chunk_t){.slot = seqs[i].slot, .n_tokens = 1,
                                             .tokens = &seqs[i].toks[seqs[i].n_prompt + seqs[i].n_gen - 1],
                                             .argmax = greedy ? &seqs[i].amax : NULL};
         }
         if (nc == 0) break;
-        if (st_engine_step(e, chunks, nc, logits) != ST_OK) {
-            fprintf(stderr, "strata run: decode failed: %s\n", st_err_last());
+        rt.nc = nc;
+        if (st_engine_step(e, chunks, nc, logits) != ST_OK || rt.err[0]) {
+            fprintf(stderr, "strata run: decode failed: %s\n", rt.err[0] ? rt.err : st_err_last());
             goto out_engine;
         }
         decoded += nc;
@@ -203,6 +483,7 @@ out_engine:
     free(chunks);
     st_engine_destroy(e);
 out_ckpt:
+    if (routing && !rt_close(&rt, rt_out)) rc = 1;
     free(logits);
     free(ws);
     for (int i = 0; i < ns; i++) free(seqs[i].toks);
