@@ -1,0 +1,457 @@
+/* Coordinator side of the counting estimator (format 2): sums the workers' counts per
+ * (layer, expert) as they arrive, and at the end of a step moves each threshold by a damped Newton
+ * (stochastic-approximation) step toward the (1 - k/n) quantile of the decayed distribution, with
+ * the density from the probe band. Derivation and error/balance argument: docs/quantile.md. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "qinternal.h"
+
+#define QC_CLIP_RATE 2.0  /* one update moves tau by at most this many probe widths ... */
+#define QC_CLIP_GROW 12   /* ... doubled per consecutive clipped update in the same direction, up to 2^12 */
+#define QC_SLOPE_STEP 4.0 /* the density estimate changes by at most this factor per probe */
+
+struct st_qstate {
+    uint32_t L, n, k, H;
+    double p, lambda;
+    st_qstate_opts_t o;
+    /* per (l, j) */
+    double *x;      /* [L*n] level of the threshold estimate */
+    double *u;      /* [L*n] drift (score units per step), trend term */
+    double *f;      /* [L*n] density at tau: tokens' rate per score unit (-dF/dtau) */
+    double *sB, *sM; /* [L*n] decayed probe-band count and band tokens x width */
+    float *resid;   /* [L*n] smoothed (observed rate - k/n) / (k/n) */
+    int8_t *clip;   /* [L*n] signed run of clipped updates */
+    /* per layer */
+    double *W;      /* [L] decayed tokens counted */
+    double *gam;    /* [L] gain of the last update; nlast: its tokens */
+    double *nlast;
+    uint64_t *upd;  /* [L] end_step index of the last update */
+    uint8_t *set;   /* [L] */
+    double *iT, *ir1, *ir2; /* [L] init pool: tokens, sum T*q1, sum T*q2 */
+    double *ix1, *ix2;      /* [L*n] init pool: sum T*x1, sum T*x2 */
+    /* published tables, a ring */
+    uint64_t version, steps;
+    uint64_t *ring_ver;
+    float *ring_tau, *ring_rho; /* [H][L*n] */
+    /* this step's counts */
+    uint32_t *ac, *ab;      /* [L*n] */
+    uint64_t *aN;           /* [L] tokens in count planes */
+    uint32_t *nv;           /* [L] table versions seen in the layer this step */
+    uint32_t *vslot;        /* [L*H] */
+    double *vN, *vNB;       /* [L*H] tokens per version: count plane, band plane */
+    uint8_t *touched;       /* [L] */
+    /* merge scratch */
+    uint32_t *scr;          /* [L*n*2] decoded planes of one summary */
+    uint32_t *soff;         /* [L] section offsets of one summary */
+    /* stats */
+    uint64_t summaries, sections, layers_updated;
+    double last_tokens;
+};
+
+void st_qstate_opts_default(st_qstate_opts_t *o) {
+    *o = (st_qstate_opts_t){.history = 16, .probe_every = 4, .probe_rate = 0.5, .slope_decay = 0.7,
+                            .trend_gain = 1.0, .lead = 2.0, .min_tokens = 0};
+}
+
+void st_qstate_destroy(st_qstate_t *q) {
+    if (!q) return;
+    free(q->x); free(q->u); free(q->f); free(q->sB); free(q->sM); free(q->resid); free(q->clip);
+    free(q->W); free(q->gam); free(q->nlast); free(q->upd); free(q->set); free(q->iT); free(q->ir1); free(q->ir2);
+    free(q->ix1); free(q->ix2); free(q->ring_ver); free(q->ring_tau); free(q->ring_rho); free(q->ac); free(q->ab);
+    free(q->aN); free(q->nv); free(q->vslot); free(q->vN); free(q->vNB); free(q->touched); free(q->scr); free(q->soff);
+    free(q);
+}
+
+st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, double lambda, const st_qstate_opts_t *opts,
+                             st_qstate_t **out) {
+    st_qstate_opts_t o;
+    if (opts) o = *opts; else st_qstate_opts_default(&o);
+    if (!out || !n_layers || !n_experts || n_experts > ST_QSUM_MAX_EXPERTS || !k || k >= n_experts ||
+        !(lambda >= 0 && lambda < 1) || o.history < 2 || o.history > 1024 || !o.probe_every ||
+        !(o.probe_rate > 0 && o.probe_rate <= 1) || !(o.slope_decay >= 0 && o.slope_decay < 1) ||
+        !(o.trend_gain >= 0 && o.trend_gain <= 4) || !(o.lead >= 0 && o.lead <= 64) || !(o.min_tokens >= 0))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "qstate: bad config layers=%u experts=%u k=%u lambda=%g", n_layers, n_experts, k,
+                       lambda);
+    st_qstate_t *q = calloc(1, sizeof *q);
+    if (!q) return ST_FAIL(ST_ERR_NO_MEMORY, "qstate: out of memory");
+    size_t ln = (size_t)n_layers * n_experts, L = n_layers, H = o.history;
+    q->L = n_layers; q->n = n_experts; q->k = k; q->H = o.history; q->lambda = lambda; q->o = o;
+    q->p = (double)k / n_experts;
+    if (q->o.min_tokens == 0) q->o.min_tokens = 2.0 / q->p;
+    q->x = calloc(ln, sizeof(double)); q->u = calloc(ln, sizeof(double)); q->f = calloc(ln, sizeof(double));
+    q->sB = calloc(ln, sizeof(double)); q->sM = calloc(ln, sizeof(double)); q->resid = calloc(ln, sizeof(float));
+    q->clip = calloc(ln, 1);
+    q->W = calloc(L, sizeof(double)); q->gam = calloc(L, sizeof(double)); q->nlast = calloc(L, sizeof(double));
+    q->upd = calloc(L, sizeof(uint64_t)); q->set = calloc(L, 1);
+    q->iT = calloc(L, sizeof(double)); q->ir1 = calloc(L, sizeof(double)); q->ir2 = calloc(L, sizeof(double));
+    q->ix1 = calloc(ln, sizeof(double)); q->ix2 = calloc(ln, sizeof(double));
+    q->ring_ver = calloc(H, sizeof(uint64_t));
+    q->ring_tau = malloc(sizeof(float) * ln * H); q->ring_rho = malloc(sizeof(float) * ln * H);
+    q->ac = calloc(ln, sizeof(uint32_t)); q->ab = calloc(ln, sizeof(uint32_t));
+    q->aN = calloc(L, sizeof(uint64_t)); q->nv = calloc(L, sizeof(uint32_t));
+    q->vslot = calloc(L * H, sizeof(uint32_t)); q->vN = calloc(L * H, sizeof(double)); q->vNB = calloc(L * H, sizeof(double));
+    q->touched = calloc(L, 1);
+    q->scr = malloc(sizeof(uint32_t) * ln * 2); q->soff = malloc(sizeof(uint32_t) * L);
+    if (!q->x || !q->u || !q->f || !q->sB || !q->sM || !q->resid || !q->clip || !q->W || !q->gam || !q->nlast || !q->upd ||
+        !q->set || !q->iT || !q->ir1 || !q->ir2 || !q->ix1 || !q->ix2 || !q->ring_ver || !q->ring_tau || !q->ring_rho ||
+        !q->ac || !q->ab || !q->aN || !q->nv || !q->vslot || !q->vN || !q->vNB || !q->touched || !q->scr || !q->soff) {
+        st_qstate_destroy(q);
+        return ST_FAIL(ST_ERR_NO_MEMORY, "qstate: out of memory for %u x %u", n_layers, n_experts);
+    }
+    *out = q;
+    return ST_OK;
+}
+
+static uint32_t qc_slot_of(const st_qstate_t *q, uint64_t ver) {
+    /* NOTE: history-1, not history: end_step writes the slot of version+1 while this step's counts
+     * still refer to the tables they were built on, so the oldest slot must not be in use. */
+    if (!ver || ver > q->version || q->version - ver >= q->H - 1) return UINT32_MAX;
+    uint32_t s = (uint32_t)(ver % q->H);
+    return q->ring_ver[s] == ver ? s : UINT32_MAX;
+}
+
+static const float *qc_tau(const st_qstate_t *q, uint32_t slot) { return q->ring_tau + (size_t)slot * q->L * q->n; }
+static const float *qc_rho(const st_qstate_t *q, uint32_t slot) { return q->ring_rho + (size_t)slot * q->L * q->n; }
+
+/* Decode one plane at b[*off, end) into v[0..n); 0 or -1 (malformed). */
+static int qc_unpack(const uint8_t *b, size_t *off, size_t end, uint32_t n, uint32_t *v) {
+    if (end - *off < ST_QC_PLANE_HDR) return -1;
+    const uint8_t *p = b + *off;
+    uint32_t base = st_q_get32(p), w = p[4], ne = st_q_get16(p + 6);
+    if (w > 32 || p[5] != 0) return -1;
+    size_t nb = ((size_t)n * w + 7) / 8;
+    if (end - *off - ST_QC_PLANE_HDR < nb + (size_t)ST_QC_EXC_BYTES * ne || ne > n) return -1;
+    const uint8_t *d = p + ST_QC_PLANE_HDR;
+    uint64_t mask = w == 32 ? 0xffffffffull : ((1ull << w) - 1);
+    size_t bit = 0;
+    for (uint32_t j = 0; j < n; j++, bit += w) {
+        size_t by = bit >> 3;
+        uint64_t win = 0;
+        if (by + 8 <= nb) {
+            memcpy(&win, d + by, 8); /* NOTE: little-endian hosts only (as the rest of Strata) */
+        } else {
+            for (size_t i = 0; by + i < nb && i < 8; i++) win |= (uint64_t)d[by + i] << (8 * i);
+        }
+        uint64_t val = (uint64_t)base + ((win >> (bit & 7)) & mask);
+        if (val > UINT32_MAX) return -1;
+        v[j] = (uint32_t)val;
+    }
+    const uint8_t *ex = d + nb;
+    int32_t prev = -1;
+    for (uint32_t i = 0; i < ne; i++, ex += ST_QC_EXC_BYTES) {
+        uint32_t j = st_q_get16(ex);
+        if ((int32_t)j <= prev || j >= n || v[j] != base) return -1; /* ascending; its packed slot is 0 */
+        prev = (int32_t)j;
+        v[j] = st_q_get32(ex + 2);
+    }
+    *off += ST_QC_PLANE_HDR + nb + (size_t)ST_QC_EXC_BYTES * ne;
+    return 0;
+}
+
+#define BAD(...) return ST_FAIL(ST_ERR_PROTOCOL, "qstate_merge: " __VA_ARGS__)
+
+st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
+    const uint8_t *b = bytes;
+    if (!q || !b) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_merge: NULL argument");
+    if (len < ST_QSUM_HEADER_BYTES) BAD("truncated: %zu bytes < header %u", len, ST_QSUM_HEADER_BYTES);
+    if (st_q_get32(b + ST_QH_MAGIC) != ST_QSUM_MAGIC) BAD("bad magic 0x%08x", st_q_get32(b + ST_QH_MAGIC));
+    if (st_q_get16(b + ST_QH_FORMAT) != ST_QSUM_FORMAT) BAD("format version %u, expected %u", st_q_get16(b + ST_QH_FORMAT), ST_QSUM_FORMAT);
+    if (st_q_get16(b + ST_QH_HDR_BYTES) != ST_QSUM_HEADER_BYTES) BAD("header size %u", st_q_get16(b + ST_QH_HDR_BYTES));
+    if (st_q_get32(b + ST_QH_TOTAL) != len) BAD("length field %u, got %zu bytes (truncated?)", st_q_get32(b + ST_QH_TOTAL), len);
+    if (st_q_get32(b + ST_QH_LAYERS) != q->L || st_q_get32(b + ST_QH_EXPERTS) != q->n || st_q_get32(b + ST_QH_K) != q->k)
+        BAD("shape %ux%u k=%u, coordinator %ux%u k=%u", st_q_get32(b + ST_QH_LAYERS), st_q_get32(b + ST_QH_EXPERTS),
+            st_q_get32(b + ST_QH_K), q->L, q->n, q->k);
+    uint64_t ver = st_q_get64(b + ST_QH_TAU_VERSION);
+    uint32_t slot = UINT32_MAX;
+    if (ver) {
+        slot = qc_slot_of(q, ver);
+        if (slot == UINT32_MAX)
+            BAD("built on table version %llu, not among the last %u published (newest %llu)", (unsigned long long)ver,
+                q->H - 1, (unsigned long long)q->version);
+    }
+    uint32_t n_sec = st_q_get32(b + ST_QH_SECTIONS);
+    if (n_sec > q->L) BAD("%u sections > %u layers", n_sec, q->L);
+    const uint32_t n = q->n;
+    const float *tau_t = slot != UINT32_MAX ? qc_tau(q, slot) : NULL, *rho_t = slot != UINT32_MAX ? qc_rho(q, slot) : NULL;
+    for (uint32_t l = 0; l < q->L; l++) q->soff[l] = 0;
+    /* pass 1: validate everything and decode the planes into scratch */
+    size_t off = ST_QSUM_HEADER_BYTES;
+    for (uint32_t s = 0; s < n_sec; s++) {
+        if (len - off < ST_QSUM_SECTION_BYTES) BAD("section %u truncated", s);
+        uint32_t layer = st_q_get32(b + off), T = st_q_get32(b + off + 4), sbytes = st_q_get32(b + off + 12);
+        uint16_t kind = st_q_get16(b + off + 8), flags = st_q_get16(b + off + 10);
+        if (layer >= q->L) BAD("section %u: layer %u >= %u", s, layer, q->L);
+        if (q->soff[layer]) BAD("section %u: layer %u repeated", s, layer);
+        if (T == 0) BAD("layer %u: zero tokens", layer);
+        if (sbytes < ST_QSUM_SECTION_BYTES || sbytes > len - off) BAD("layer %u: section size %u out of bounds", layer, sbytes);
+        if ((uint64_t)q->aN[layer] + T > UINT32_MAX || q->iT[layer] + T > 4e9) BAD("layer %u: too many tokens this step", layer);
+        size_t p = off + ST_QSUM_SECTION_BYTES, end = off + sbytes;
+        if (kind == ST_QC_KIND_INIT) {
+            if (flags) BAD("layer %u: init section with flags 0x%x", layer, flags);
+            if (end - p != ST_QC_INIT_HDR + 8ull * n) BAD("layer %u: init section of %u bytes", layer, sbytes);
+            uint32_t r1 = st_q_get32(b + p), r2 = st_q_get32(b + p + 4);
+            if (r1 < 1 || r1 > r2 || r2 > T) BAD("layer %u: init ranks %u, %u of %u tokens", layer, r1, r2, T);
+            for (uint32_t j = 0; j < n; j++) {
+                float x1 = st_q_getf(b + p + 8 + 8ull * j), x2 = st_q_getf(b + p + 12 + 8ull * j);
+                if (!isfinite(x1) || !isfinite(x2) || x1 < x2 || (r1 == r2 && x1 != x2))
+                    BAD("layer %u expert %u: init scores %g, %g", layer, j, (double)x1, (double)x2);
+            }
+        } else if (kind == ST_QC_KIND_COUNT) {
+            if (flags & ~ST_QC_FLAG_BAND) BAD("layer %u: unknown flags 0x%x", layer, flags);
+            if (!tau_t || !st_qtau_is_set(tau_t[(size_t)layer * n])) BAD("layer %u: counts without a threshold", layer);
+            int band = (flags & ST_QC_FLAG_BAND) != 0;
+            if (band && !st_qtau_is_set(rho_t[(size_t)layer * n])) BAD("layer %u: band counts without a probe", layer);
+            uint32_t *vc = q->scr + (size_t)layer * n * 2, *vb = vc + n;
+            if (qc_unpack(b, &p, end, n, vc)) BAD("layer %u: malformed count plane", layer);
+            if (band && qc_unpack(b, &p, end, n, vb)) BAD("layer %u: malformed band plane", layer);
+            if (p != end) BAD("layer %u: %zu stray bytes in section", layer, end - p);
+            const float *tl = tau_t + (size_t)layer * n, *rl = rho_t + (size_t)layer * n;
+            for (uint32_t j = 0; j < n; j++) {
+                if (vc[j] > T) BAD("layer %u expert %u: count %u > %u tokens", layer, j, vc[j], T);
+                if (band && vb[j] > (rl[j] < tl[j] ? T - vc[j] : vc[j]))
+                    BAD("layer %u expert %u: band count %u out of range", layer, j, vb[j]);
+            }
+        } else {
+            BAD("layer %u: unknown section kind %u", layer, kind);
+        }
+        q->soff[layer] = (uint32_t)off;
+        off = end;
+    }
+    if (off != len) BAD("%zu stray bytes after %u sections", len - off, n_sec);
+    /* pass 2: add */
+    for (uint32_t layer = 0; layer < q->L; layer++) {
+        if (!q->soff[layer]) continue;
+        const uint8_t *sec = b + q->soff[layer];
+        uint32_t T = st_q_get32(sec + 4);
+        uint16_t kind = st_q_get16(sec + 8);
+        int band = (st_q_get16(sec + 10) & ST_QC_FLAG_BAND) != 0;
+        q->sections++;
+        if (kind == ST_QC_KIND_INIT) {
+            if (q->set[layer]) continue; /* built on an older table: the layer has its tau now */
+            const uint8_t *p = sec + ST_QSUM_SECTION_BYTES;
+            uint32_t r1 = st_q_get32(p), r2 = st_q_get32(p + 4);
+            /* an order statistic of rank r among T sits at rate ~ r/(T+1) */
+            q->iT[layer] += T;
+            q->ir1[layer] += (double)T * r1 / (T + 1.0);
+            q->ir2[layer] += (double)T * r2 / (T + 1.0);
+            double *x1 = q->ix1 + (size_t)layer * n, *x2 = q->ix2 + (size_t)layer * n;
+            for (uint32_t j = 0; j < n; j++) {
+                x1[j] += (double)T * st_q_getf(p + 8 + 8ull * j);
+                x2[j] += (double)T * st_q_getf(p + 12 + 8ull * j);
+            }
+            continue;
+        }
+        const uint32_t *vc = q->scr + (size_t)layer * n * 2, *vb = vc + n;
+        uint32_t *ac = q->ac + (size_t)layer * n, *ab = q->ab + (size_t)layer * n;
+        for (uint32_t j = 0; j < n; j++) ac[j] += vc[j];
+        if (band)
+            for (uint32_t j = 0; j < n; j++) ab[j] += vb[j];
+        q->aN[layer] += T;
+        q->touched[layer] = 1;
+        uint32_t *vs = q->vslot + (size_t)layer * q->H, i = 0;
+        while (i < q->nv[layer] && vs[i] != slot) i++;
+        if (i == q->nv[layer]) {
+            vs[i] = slot;
+            q->vN[(size_t)layer * q->H + i] = q->vNB[(size_t)layer * q->H + i] = 0;
+            q->nv[layer]++;
+        }
+        q->vN[(size_t)layer * q->H + i] += T;
+        if (band) q->vNB[(size_t)layer * q->H + i] += T;
+    }
+    q->summaries++;
+    return ST_OK;
+}
+#undef BAD
+
+/* ---------------- end of step ---------------- */
+
+static int qc_probed(const st_qstate_t *q, uint32_t l, uint64_t ver) {
+    return q->o.probe_every == 1 || (l + ver) % q->o.probe_every == 0;
+}
+
+/* A layer's first tau from the pooled order statistics: x1 at rate q1, x2 at rate q2 > q1. */
+static void qc_init_layer(st_qstate_t *q, uint32_t l) {
+    const uint32_t n = q->n;
+    double T = q->iT[l], q1 = q->ir1[l] / T, q2 = q->ir2[l] / T, beta = q->o.probe_rate, p = q->p;
+    for (uint32_t j = 0; j < n; j++) {
+        size_t i = (size_t)l * n + j;
+        double x1 = q->ix1[i] / T, x2 = q->ix2[i] / T, gap = x1 - x2;
+        double f = gap > 0 && q2 > q1 ? (q2 - q1) / gap : 0;
+        double tau = x1;
+        if (f > 0) {
+            double d = (q1 - p) / f; /* move from rate q1 to rate k/n along the secant, at most 2 gaps */
+            tau = x1 + fmax(-2 * gap, fmin(2 * gap, d));
+        } else {
+            /* no spread seen (one token per worker, or ties): a guess the probes correct */
+            double scale = fmax(fabs(x1) * 0.05, 1e-6);
+            f = beta * p / scale;
+        }
+        q->x[i] = tau;
+        q->u[i] = 0;
+        q->f[i] = f;
+        q->sB[i] = 1.0; /* a prior worth one band token */
+        q->sM[i] = 1.0 / f;
+        q->resid[i] = 0;
+        q->clip[i] = 0;
+        q->ix1[i] = q->ix2[i] = 0;
+    }
+    q->iT[l] = q->ir1[l] = q->ir2[l] = 0;
+    q->W[l] = 0;
+    q->upd[l] = q->steps;
+    q->set[l] = 1;
+}
+
+/* One stochastic-approximation update of layer l from this step's counts (docs/quantile.md). */
+static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
+    const uint32_t n = q->n, H = q->H, nv = q->nv[l];
+    const double p = q->p, beta = q->o.probe_rate;
+    double N = (double)q->aN[l], NB = 0;
+    for (uint32_t v = 0; v < nv; v++) NB += q->vNB[(size_t)l * H + v];
+    uint64_t dt = q->steps - q->upd[l];
+    if (dt < 1) dt = 1;
+    double decay = pow(q->lambda, (double)dt);
+    q->W[l] = decay * q->W[l] + N;
+    double g = N / q->W[l];
+    q->gam[l] = g;
+    q->nlast[l] = N;
+    q->upd[l] = q->steps;
+    /* drift gain: an alpha-beta filter with alpha = the steady-state gain 1 - lambda^dt (not the
+     * larger gains right after init, which would read the init error as drift) and
+     * beta = trend_gain * alpha^2 / (2 - alpha) (trend_gain 1: critically damped) */
+    double ga = fmin(g, 1.0 - decay);
+    double gv = q->o.trend_gain * ga * ga / (2.0 - ga);
+    double fd = q->o.slope_decay;
+    for (uint32_t j = 0; j < n; j++) {
+        size_t i = (size_t)l * n + j;
+        double f = q->f[i];
+        /* band: density update from the tokens between rho and tau */
+        if (NB > 0) {
+            double M = 0;
+            for (uint32_t v = 0; v < nv; v++) {
+                double nb = q->vNB[(size_t)l * H + v];
+                if (nb > 0) {
+                    uint32_t s = q->vslot[(size_t)l * H + v];
+                    M += nb * fabs((double)qc_tau(q, s)[i] - (double)qc_rho(q, s)[i]);
+                }
+            }
+            if (M > 0) {
+                q->sB[i] = fd * q->sB[i] + q->ab[i];
+                q->sM[i] = fd * q->sM[i] + M;
+                double fn = fmax(q->sB[i], 0.5) / q->sM[i];
+                f = fmin(f * QC_SLOPE_STEP, fmax(f / QC_SLOPE_STEP, fn));
+                q->f[i] = f;
+            }
+        }
+        /* counts at the tables' tau, carried to the newest tau along the density */
+        double shift = 0;
+        for (uint32_t v = 0; v < nv; v++) {
+            uint32_t s = q->vslot[(size_t)l * H + v];
+            shift += q->vN[(size_t)l * H + v] * ((double)tau_now[i] - (double)qc_tau(q, s)[i]);
+        }
+        double r = ((double)q->ac[i] - f * shift) / N; /* F falls by f per unit of tau */
+        r = fmin(1.0, fmax(0.0, r));
+        q->resid[i] = (float)((1 - g) * q->resid[i] + g * (r - p) / p);
+        /* Newton innovation: where the rate would be k/n, relative to the published tau */
+        double e = (double)tau_now[i] + (r - p) / f - (q->x[i] + q->u[i] * (double)dt);
+        double lim = QC_CLIP_RATE * beta * p / f * (double)(1 << (q->clip[i] < 0 ? -q->clip[i] : q->clip[i]));
+        int c = q->clip[i];
+        if (e > lim) { e = lim; c = c > 0 ? c + 1 : 1; }
+        else if (e < -lim) { e = -lim; c = c < 0 ? c - 1 : -1; }
+        else c = 0;
+        q->clip[i] = (int8_t)(c > QC_CLIP_GROW ? QC_CLIP_GROW : c < -QC_CLIP_GROW ? -QC_CLIP_GROW : c);
+        q->x[i] += q->u[i] * (double)dt + g * e;
+        if (c == 0) q->u[i] += gv * e / (double)dt; /* the drift learns from unclipped errors only */
+        else q->u[i] = 0;
+    }
+}
+
+st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
+    if (!q) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_end_step: NULL");
+    const uint32_t n = q->n, L = q->L;
+    q->steps++;
+    const float *tau_now = q->version ? qc_tau(q, (uint32_t)(q->version % q->H)) : NULL;
+    double tokens = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        if (!q->set[l] && q->iT[l] >= q->o.min_tokens) qc_init_layer(q, l);
+        if (q->set[l] && q->aN[l] && tau_now) {
+            qc_update_layer(q, l, tau_now + 0);
+            q->layers_updated++;
+            tokens += (double)q->aN[l];
+        }
+    }
+    q->last_tokens = tokens;
+    /* publish version+1 */
+    uint64_t v = q->version + 1;
+    uint32_t s = (uint32_t)(v % q->H);
+    float *tau = q->ring_tau + (size_t)s * L * n, *rho = q->ring_rho + (size_t)s * L * n;
+    for (uint32_t l = 0; l < L; l++) {
+        size_t o = (size_t)l * n;
+        if (!q->set[l]) {
+            for (uint32_t j = 0; j < n; j++) tau[o + j] = rho[o + j] = NAN;
+            continue;
+        }
+        int probe = qc_probed(q, l, v);
+        double dir = ((v + l) / q->o.probe_every) % 2 ? 1.0 : -1.0; /* alternate below / above tau */
+        for (uint32_t j = 0; j < n; j++) {
+            size_t i = o + j;
+            /* NOTE: the published tau leads the level by `lead` steps of drift: the step that routes
+             * with it comes that much after the counts of the update */
+            float t = (float)(q->x[i] + q->u[i] * q->o.lead);
+            tau[i] = t;
+            if (!probe) { rho[i] = NAN; continue; }
+            float r = (float)((double)t + dir * q->o.probe_rate * q->p / q->f[i]);
+            if (r == t) r = nextafterf(t, dir > 0 ? INFINITY : -INFINITY);
+            rho[i] = r;
+        }
+    }
+    q->ring_ver[s] = v;
+    q->version = v;
+    /* clear the step's counts */
+    for (uint32_t l = 0; l < L; l++) {
+        if (q->touched[l]) {
+            memset(q->ac + (size_t)l * n, 0, sizeof(uint32_t) * n);
+            memset(q->ab + (size_t)l * n, 0, sizeof(uint32_t) * n);
+        }
+        q->touched[l] = 0;
+        q->aN[l] = 0;
+        q->nv[l] = 0;
+    }
+    if (out) st_qstate_table(q, out);
+    return ST_OK;
+}
+
+void st_qstate_table(const st_qstate_t *q, st_qtable_t *out) {
+    if (!q || !out) return;
+    *out = (st_qtable_t){.version = q->version, .n_layers = q->L, .n_experts = q->n};
+    if (q->version) {
+        uint32_t s = (uint32_t)(q->version % q->H);
+        out->tau = qc_tau(q, s);
+        out->rho = qc_rho(q, s);
+    }
+}
+
+void st_qstate_stats(const st_qstate_t *q, st_qstate_stats_t *out) {
+    if (!q || !out) return;
+    *out = (st_qstate_stats_t){.version = q->version, .summaries = q->summaries, .sections = q->sections,
+                               .layers_updated = q->layers_updated, .last_tokens = q->last_tokens};
+    for (uint32_t l = 0; l < q->L; l++) {
+        if (!q->set[l]) continue;
+        out->n_set += q->n;
+        for (uint32_t j = 0; j < q->n; j++) {
+            double r = fabs(q->resid[(size_t)l * q->n + j]);
+            if (r > out->max_rel_uncert) out->max_rel_uncert = r;
+        }
+    }
+    size_t ln = (size_t)q->L * q->n;
+    out->state_bytes = sizeof *q + ln * (7 * sizeof(double) + sizeof(float) + 1 + 2 * sizeof(uint32_t) * 2) +
+                       ln * q->H * 2 * sizeof(float);
+}
+
+float st_qstate_uncertainty(const st_qstate_t *q, uint32_t layer, uint32_t expert) {
+    if (!q || layer >= q->L || expert >= q->n || !q->set[layer]) return NAN;
+    double g = q->gam[layer], N = q->nlast[layer];
+    if (!(N > 0)) return INFINITY;
+    /* an exponential average with gain g of rates with variance p(1-p)/N */
+    return (float)sqrt(g / (2.0 - g) * (1.0 - q->p) / (q->p * N));
+}
