@@ -10,6 +10,7 @@
 #define QC_CLIP_RATE 2.0  /* one update moves tau by at most this many probe widths ... */
 #define QC_CLIP_GROW 12   /* ... doubled per consecutive clipped update in the same direction, up to 2^12 */
 #define QC_SLOPE_STEP 4.0 /* the density estimate changes by at most this factor per probe */
+#define QC_MIN_BAND 32.0  /* band tokens the density estimate keeps at least */
 
 struct st_qstate {
     uint32_t L, n, k, H;
@@ -149,7 +150,7 @@ static int qc_unpack(const uint8_t *b, size_t *off, size_t end, uint32_t n, uint
     return 0;
 }
 
-#define BAD(...) return ST_FAIL(ST_ERR_PROTOCOL, "qstate_merge: " __VA_ARGS__)
+#define BAD(...) return ST_REJECT(ST_ERR_PROTOCOL, "qstate_merge: " __VA_ARGS__)
 
 st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
     const uint8_t *b = bytes;
@@ -306,6 +307,16 @@ static void qc_init_layer(st_qstate_t *q, uint32_t l) {
 static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
     const uint32_t n = q->n, H = q->H, nv = q->nv[l];
     const double p = q->p, beta = q->o.probe_rate;
+    /* NOTE: the versions in version order, not arrival order, so the fp sums below (and so the
+     * tables) do not depend on the order the summaries were merged in */
+    uint32_t *vs = q->vslot + (size_t)l * H;
+    double *vn = q->vN + (size_t)l * H, *vnb = q->vNB + (size_t)l * H;
+    for (uint32_t a = 1; a < nv; a++)
+        for (uint32_t z = a; z > 0 && q->ring_ver[vs[z - 1]] > q->ring_ver[vs[z]]; z--) {
+            uint32_t ts = vs[z]; vs[z] = vs[z - 1]; vs[z - 1] = ts;
+            double tn = vn[z]; vn[z] = vn[z - 1]; vn[z - 1] = tn;
+            tn = vnb[z]; vnb[z] = vnb[z - 1]; vnb[z - 1] = tn;
+        }
     double N = (double)q->aN[l], NB = 0;
     for (uint32_t v = 0; v < nv; v++) NB += q->vNB[(size_t)l * H + v];
     uint64_t dt = q->steps - q->upd[l];
@@ -321,7 +332,9 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
      * beta = trend_gain * alpha^2 / (2 - alpha) (trend_gain 1: critically damped) */
     double ga = fmin(g, 1.0 - decay);
     double gv = q->o.trend_gain * ga * ga / (2.0 - ga);
+    if (q->lambda == 0) gv = 0; /* this step only: no memory of the drift either */
     double fd = q->o.slope_decay;
+    const double noise = 4.0 * sqrt(p * (1 - p) / N);
     for (uint32_t j = 0; j < n; j++) {
         size_t i = (size_t)l * n + j;
         double f = q->f[i];
@@ -336,8 +349,11 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
                 }
             }
             if (M > 0) {
-                q->sB[i] = fd * q->sB[i] + q->ab[i];
-                q->sM[i] = fd * q->sM[i] + M;
+                /* decay only once the pool holds QC_MIN_BAND tokens: at small T a few probes
+                 * see a handful of band tokens, too few for a density */
+                double d = fd * q->sB[i] + q->ab[i] >= QC_MIN_BAND ? fd : 1.0;
+                q->sB[i] = d * q->sB[i] + q->ab[i];
+                q->sM[i] = d * q->sM[i] + M;
                 double fn = fmax(q->sB[i], 0.5) / q->sM[i];
                 f = fmin(f * QC_SLOPE_STEP, fmax(f / QC_SLOPE_STEP, fn));
                 q->f[i] = f;
@@ -354,7 +370,9 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
         q->resid[i] = (float)((1 - g) * q->resid[i] + g * (r - p) / p);
         /* Newton innovation: where the rate would be k/n, relative to the published tau */
         double e = (double)tau_now[i] + (r - p) / f - (q->x[i] + q->u[i] * (double)dt);
-        double lim = QC_CLIP_RATE * beta * p / f * (double)(1 << (q->clip[i] < 0 ? -q->clip[i] : q->clip[i]));
+        /* trust region, in rate: QC_CLIP_RATE probe bands, doubled per consecutive clip; never
+         * below 4 sd of the step's sampling noise (a clip inside the noise would bias tau) */
+        double lim = fmax(QC_CLIP_RATE * beta * p * (double)(1 << (q->clip[i] < 0 ? -q->clip[i] : q->clip[i])), noise) / f;
         int c = q->clip[i];
         if (e > lim) { e = lim; c = c > 0 ? c + 1 : 1; }
         else if (e < -lim) { e = -lim; c = c < 0 ? c - 1 : -1; }
@@ -418,6 +436,14 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
         q->nv[l] = 0;
     }
     if (out) st_qstate_table(q, out);
+    return ST_OK;
+}
+
+st_status_t st_qstate_step_counts(const st_qstate_t *q, uint32_t layer, uint32_t *cnt, uint32_t *band, uint64_t *tokens) {
+    if (!q || layer >= q->L || !cnt || !band || !tokens) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_step_counts: bad argument");
+    memcpy(cnt, q->ac + (size_t)layer * q->n, sizeof(uint32_t) * q->n);
+    memcpy(band, q->ab + (size_t)layer * q->n, sizeof(uint32_t) * q->n);
+    *tokens = q->aN[layer];
     return ST_OK;
 }
 

@@ -137,7 +137,7 @@ static uint32_t qxstate_slot_of(const st_qxstate_t *q, uint64_t ver) {
 
 /* ---------------- merge: validate everything, then stage ---------------- */
 
-#define BAD(...) return ST_FAIL(ST_ERR_PROTOCOL, "qxstate_merge: " __VA_ARGS__)
+#define BAD(...) return ST_REJECT(ST_ERR_PROTOCOL, "qxstate_merge: " __VA_ARGS__)
 
 st_status_t st_qxstate_merge(st_qxstate_t *q, const void *bytes, size_t len) {
     const uint8_t *b = bytes;

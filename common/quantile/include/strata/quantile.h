@@ -124,6 +124,9 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out);
 /* The newest table (version 0 before the first end_step). */
 void st_qstate_table(const st_qstate_t *q, st_qtable_t *out);
 void st_qstate_stats(const st_qstate_t *q, st_qstate_stats_t *out);
+/* Diagnostics and tests: the counts merged into the current step for `layer` (cnt, band: [n]),
+ * summed over summaries and table versions, and the tokens behind the count planes. */
+st_status_t st_qstate_step_counts(const st_qstate_t *q, uint32_t layer, uint32_t *cnt, uint32_t *band, uint64_t *tokens);
 /* Relative standard error of the rate at the newest tau[layer][expert] (sampling noise of the
  * decayed counts; docs/quantile.md). NaN: unset. */
 float st_qstate_uncertainty(const st_qstate_t *q, uint32_t layer, uint32_t expert);
