@@ -79,22 +79,22 @@ static size_t qc_plane(const uint32_t *v, uint32_t n, uint8_t *out) {
         p[5] = 0;
         st_q_put16(p + 6, (uint16_t)exc_at);
         p += ST_QC_PLANE_HDR;
-        size_t nb = ((size_t)n * bw + 7) / 8;
-        memset(p, 0, nb);
-        uint8_t *ex = p + nb;
-        uint64_t lim = bw == 32 ? UINT64_MAX : (1ull << bw);
+        uint8_t *ex = p + ((size_t)n * bw + 7) / 8;
+        uint64_t lim = bw == 32 ? UINT64_MAX : (1ull << bw), acc = 0;
+        uint32_t held = 0; /* bits in acc, < 8 between values */
         for (uint32_t j = 0; j < n; j++) {
             uint64_t d = v[j] - base;
             if (d >= lim) { /* exception: full value in the list, 0 in the packed slot */
                 st_q_put16(ex, (uint16_t)j);
                 st_q_put32(ex + 2, v[j]);
                 ex += ST_QC_EXC_BYTES;
-                continue;
+                d = 0;
             }
-            size_t bit = (size_t)j * bw;
-            for (uint32_t i = 0; i < bw; i++, bit++)
-                if ((d >> i) & 1) p[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+            acc |= d << held; /* held + bw <= 39 bits */
+            held += bw;
+            while (held >= 8) { *p++ = (uint8_t)acc; acc >>= 8; held -= 8; }
         }
+        if (held) *p = (uint8_t)acc;
     }
     return ST_QC_PLANE_HDR + best;
 }
@@ -278,10 +278,9 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
         st_q_put16(sec + 10, 0);
         st_q_put32(sec + 12, (uint32_t)need);
     } else {
+        /* NOTE: no finiteness pass here (it would cost as much as the counting): a NaN score
+         * counts as below every threshold, an infinite one as what it is */
         const float *tau = b->th->tau + (size_t)layer * n, *rho = qc_layer_probed(b, layer) ? b->th->rho + (size_t)layer * n : NULL;
-        for (size_t i = 0; i < (size_t)T * n; i++)
-            if (!isfinite(scores[i]))
-                return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer: layer %u token %zu expert %zu: non-finite score", layer, i / n, i % n);
         st_qsum_count_layer(scores, T, n, tau, rho, b->cnt, rho ? b->band : NULL);
         size_t a = qc_plane(b->cnt, n, NULL), bb = rho ? qc_plane(b->band, n, NULL) : 0;
         size_t need = ST_QSUM_SECTION_BYTES + a + bb;
