@@ -3,14 +3,19 @@
  * (stochastic-approximation) step toward the (1 - k/n) quantile of the decayed distribution, with
  * the density from the probe band. Derivation and error/balance argument: docs/quantile.md. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "qinternal.h"
 
 #define QC_CLIP_RATE 2.0  /* one update moves tau by at most this many probe widths ... */
-#define QC_CLIP_GROW 12   /* ... doubled per consecutive clipped update in the same direction, up to 2^12 */
+#define QC_CLIP_GROW 24   /* ... doubled along a streak of significant errors, up to 2^24 */
 #define QC_SLOPE_STEP 4.0 /* the density estimate changes by at most this factor per probe */
 #define QC_MIN_BAND 32.0  /* band tokens the density estimate keeps at least */
+#define QC_BAND_TRUST 16.0 /* a probe with this many band tokens that disagrees 2x replaces the estimate */
+#define QC_YOUNG 8        /* a layer is probed every step for its first updates */
+#define QC_BRACKET_SD 5.0 /* a rate this many sd (and half of k/n) off k/n brackets the quantile ... */
+#define QC_BRACKET_AGE 8  /* ... for this many updates */
 
 struct st_qstate {
     uint32_t L, n, k, H;
@@ -19,16 +24,24 @@ struct st_qstate {
     /* per (l, j) */
     double *x;      /* [L*n] level of the threshold estimate */
     double *u;      /* [L*n] drift (score units per step), trend term */
+    double *sT, *sR; /* [L*n] decayed sums: tokens x their thresholds, excess counts (count - p N) */
+    double *aT, *aR; /* [L*n] the same weighted by age in steps */
     double *f;      /* [L*n] density at tau: tokens' rate per score unit (-dF/dtau) */
     double *sB, *sM; /* [L*n] decayed probe-band count and band tokens x width */
     float *resid;   /* [L*n] smoothed (observed rate - k/n) / (k/n) */
-    int8_t *clip;   /* [L*n] signed run of clipped updates */
+    int8_t *clip;   /* [L*n] signed streak of updates with the rate significantly off k/n */
+    double *lo, *hi; /* [L*n] recent thresholds seen with a rate above / below k/n (safeguard) */
+    float *rlo, *rhi; /* [L*n] the rates seen there */
+    uint8_t *alo, *ahi; /* [L*n] their age in updates (> QC_BRACKET_AGE: none) */
+    uint8_t *cool;  /* [L*n] updates left without a drift term after the history was moved */
     /* per layer */
     double *W;      /* [L] decayed tokens counted */
+    double *Wa, *Waa; /* [L] weighted by age, by age^2 */
     double *gam;    /* [L] gain of the last update; nlast: its tokens */
     double *nlast;
     uint64_t *upd;  /* [L] end_step index of the last update */
     uint8_t *set;   /* [L] */
+    uint32_t *nupd; /* [L] updates since the layer's first tau */
     double *iT, *ir1, *ir2; /* [L] init pool: tokens, sum T*q1, sum T*q2 */
     double *ix1, *ix2;      /* [L*n] init pool: sum T*x1, sum T*x2 */
     /* published tables, a ring */
@@ -58,6 +71,8 @@ void st_qstate_opts_default(st_qstate_opts_t *o) {
 void st_qstate_destroy(st_qstate_t *q) {
     if (!q) return;
     free(q->x); free(q->u); free(q->f); free(q->sB); free(q->sM); free(q->resid); free(q->clip);
+    free(q->sT); free(q->sR); free(q->aT); free(q->aR); free(q->Wa); free(q->Waa);
+    free(q->cool); free(q->lo); free(q->hi); free(q->rlo); free(q->rhi); free(q->alo); free(q->ahi); free(q->nupd);
     free(q->W); free(q->gam); free(q->nlast); free(q->upd); free(q->set); free(q->iT); free(q->ir1); free(q->ir2);
     free(q->ix1); free(q->ix2); free(q->ring_ver); free(q->ring_tau); free(q->ring_rho); free(q->ac); free(q->ab);
     free(q->aN); free(q->nv); free(q->vslot); free(q->vN); free(q->vNB); free(q->touched); free(q->scr); free(q->soff);
@@ -83,6 +98,12 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     q->x = calloc(ln, sizeof(double)); q->u = calloc(ln, sizeof(double)); q->f = calloc(ln, sizeof(double));
     q->sB = calloc(ln, sizeof(double)); q->sM = calloc(ln, sizeof(double)); q->resid = calloc(ln, sizeof(float));
     q->clip = calloc(ln, 1);
+    q->lo = calloc(ln, sizeof(double)); q->hi = calloc(ln, sizeof(double));
+    q->sT = calloc(ln, sizeof(double)); q->sR = calloc(ln, sizeof(double));
+    q->aT = calloc(ln, sizeof(double)); q->aR = calloc(ln, sizeof(double));
+    q->Wa = calloc(L, sizeof(double)); q->Waa = calloc(L, sizeof(double));
+    q->rlo = calloc(ln, sizeof(float)); q->rhi = calloc(ln, sizeof(float));
+    q->alo = calloc(ln, 1); q->ahi = calloc(ln, 1); q->cool = calloc(ln, 1); q->nupd = calloc(L, sizeof(uint32_t));
     q->W = calloc(L, sizeof(double)); q->gam = calloc(L, sizeof(double)); q->nlast = calloc(L, sizeof(double));
     q->upd = calloc(L, sizeof(uint64_t)); q->set = calloc(L, 1);
     q->iT = calloc(L, sizeof(double)); q->ir1 = calloc(L, sizeof(double)); q->ir2 = calloc(L, sizeof(double));
@@ -94,7 +115,9 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     q->vslot = calloc(L * H, sizeof(uint32_t)); q->vN = calloc(L * H, sizeof(double)); q->vNB = calloc(L * H, sizeof(double));
     q->touched = calloc(L, 1);
     q->scr = malloc(sizeof(uint32_t) * ln * 2); q->soff = malloc(sizeof(uint32_t) * L);
-    if (!q->x || !q->u || !q->f || !q->sB || !q->sM || !q->resid || !q->clip || !q->W || !q->gam || !q->nlast || !q->upd ||
+    if (!q->x || !q->u || !q->f || !q->sB || !q->sM || !q->resid || !q->clip || !q->lo || !q->hi || !q->rlo ||
+        !q->sT || !q->sR || !q->aT || !q->aR || !q->Wa || !q->Waa || !q->cool ||
+        !q->rhi || !q->alo || !q->ahi || !q->nupd || !q->W || !q->gam || !q->nlast || !q->upd ||
         !q->set || !q->iT || !q->ir1 || !q->ir2 || !q->ix1 || !q->ix2 || !q->ring_ver || !q->ring_tau || !q->ring_rho ||
         !q->ac || !q->ab || !q->aN || !q->nv || !q->vslot || !q->vN || !q->vNB || !q->touched || !q->scr || !q->soff) {
         st_qstate_destroy(q);
@@ -102,6 +125,24 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     }
     *out = q;
     return ST_OK;
+}
+
+/* NOTE: the estimator works on z = logit(s), not on the score s: router scores are sigmoid
+ * outputs, and near saturation (s within 1e-5 of 1) their distribution in s spans a few float
+ * steps while in z it stays smooth, which is what the linear (Newton) model needs. Outside (0, 1)
+ * z continues linearly, so any finite score maps monotonically (and back). Counts do not change:
+ * s >= tau iff z(s) >= z(tau). */
+#define QC_Z_HI 17.0   /* z(1): above logit(1 - 2^-24) = 16.6 */
+#define QC_Z_LO -104.0 /* z(0): below logit(smallest float) = -103.3 */
+static double qc_z(double s) {
+    if (s >= 1.0) return QC_Z_HI + (s - 1.0);
+    if (s <= 0.0) return QC_Z_LO + s;
+    return log(s) - log1p(-s);
+}
+static double qc_s(double z) {
+    if (z >= QC_Z_HI) return 1.0 + (z - QC_Z_HI);
+    if (z <= QC_Z_LO) return z - QC_Z_LO;
+    return 1.0 / (1.0 + exp(-z));
 }
 
 static uint32_t qc_slot_of(const st_qstate_t *q, uint64_t ver) {
@@ -257,8 +298,8 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
             q->ir2[layer] += (double)T * r2 / (T + 1.0);
             double *x1 = q->ix1 + (size_t)layer * n, *x2 = q->ix2 + (size_t)layer * n;
             for (uint32_t j = 0; j < n; j++) {
-                x1[j] += (double)T * st_q_getf(p + 8 + 8ull * j);
-                x2[j] += (double)T * st_q_getf(p + 12 + 8ull * j);
+                x1[j] += (double)T * qc_z(st_q_getf(p + 8 + 8ull * j));
+                x2[j] += (double)T * qc_z(st_q_getf(p + 12 + 8ull * j));
             }
             continue;
         }
@@ -293,7 +334,7 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
 /* ---------------- end of step ---------------- */
 
 static int qc_probed(const st_qstate_t *q, uint32_t l, uint64_t ver) {
-    return q->o.probe_every == 1 || (l + ver) % q->o.probe_every == 0;
+    return q->o.probe_every == 1 || q->nupd[l] < QC_YOUNG || (l + ver) % q->o.probe_every == 0;
 }
 
 /* A layer's first tau from the pooled order statistics: x1 at rate q1, x2 at rate q2 > q1. */
@@ -310,25 +351,36 @@ static void qc_init_layer(st_qstate_t *q, uint32_t l) {
             tau = x1 + fmax(-2 * gap, fmin(2 * gap, d));
         } else {
             /* no spread seen (one token per worker, or ties): a guess the probes correct */
-            double scale = fmax(fabs(x1) * 0.05, 1e-6);
+            double scale = fmax(fabs(x1) * 0.05, 0.1); /* in z units */
             f = beta * p / scale;
         }
         q->x[i] = tau;
         q->u[i] = 0;
+        q->sT[i] = q->sR[i] = q->aT[i] = q->aR[i] = 0;
+        q->cool[i] = 0;
         q->f[i] = f;
         q->sB[i] = 1.0; /* a prior worth one band token */
         q->sM[i] = 1.0 / f;
         q->resid[i] = 0;
         q->clip[i] = 0;
+        q->alo[i] = q->ahi[i] = QC_BRACKET_AGE + 1;
         q->ix1[i] = q->ix2[i] = 0;
     }
     q->iT[l] = q->ir1[l] = q->ir2[l] = 0;
-    q->W[l] = 0;
+    q->W[l] = q->Wa[l] = q->Waa[l] = 0;
+    q->nupd[l] = 0;
     q->upd[l] = q->steps;
     q->set[l] = 1;
 }
 
-/* One stochastic-approximation update of layer l from this step's counts (docs/quantile.md). */
+/* How far off k/n a step's rate must be to count as evidence (brackets, streaks): far beyond its
+ * sampling noise and by half the target, so that noise never makes it (a saturated or tied score
+ * distribution, or a tau outside the scores, does). */
+static double qc_far(double p, double N) { return fmax(QC_BRACKET_SD * sqrt(p * (1 - p) / N), 0.5 * p); }
+
+/* One update of layer l from this step's counts (docs/quantile.md "The math"): the decayed,
+ * linearized quantile and its drift, from sufficient statistics re-read with the newest density;
+ * then the trust region and the safeguards. */
 static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
     const uint32_t n = q->n, H = q->H, nv = q->nv[l];
     const double p = q->p, beta = q->o.probe_rate;
@@ -343,69 +395,158 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
             tn = vnb[z]; vnb[z] = vnb[z - 1]; vnb[z - 1] = tn;
         }
     double N = (double)q->aN[l], NB = 0;
-    for (uint32_t v = 0; v < nv; v++) NB += q->vNB[(size_t)l * H + v];
-    uint64_t dt = q->steps - q->upd[l];
-    if (dt < 1) dt = 1;
-    double decay = pow(q->lambda, (double)dt);
-    q->W[l] = decay * q->W[l] + N;
-    double g = N / q->W[l];
+    for (uint32_t v = 0; v < nv; v++) NB += vnb[v];
+    uint64_t dt64 = q->steps - q->upd[l];
+    double dt = dt64 < 1 ? 1.0 : (double)dt64;
+    double decay = pow(q->lambda, dt);
+    /* per-layer weights: W = sum of decayed tokens, Wa / Waa: weighted by age (in steps) / age^2 */
+    double W0 = q->W[l], Wa0 = q->Wa[l];
+    q->Waa[l] = decay * (q->Waa[l] + 2 * dt * Wa0 + dt * dt * W0);
+    q->Wa[l] = decay * (Wa0 + dt * W0);
+    q->W[l] = decay * W0 + N;
+    const double W = q->W[l], Wa = q->Wa[l], Waa = q->Waa[l];
+    const double g = N / W;
     q->gam[l] = g;
     q->nlast[l] = N;
+    q->nupd[l]++;
     q->upd[l] = q->steps;
-    /* drift gain: an alpha-beta filter with alpha = the steady-state gain 1 - lambda^dt (not the
-     * larger gains right after init, which would read the init error as drift) and
-     * beta = trend_gain * alpha^2 / (2 - alpha) (trend_gain 1: critically damped) */
-    double ga = fmin(g, 1.0 - decay);
-    double gv = q->o.trend_gain * ga * ga / (2.0 - ga);
-    if (q->lambda == 0) gv = 0; /* this step only: no memory of the drift either */
-    double fd = q->o.slope_decay;
-    const double noise = 4.0 * sqrt(p * (1 - p) / N);
+    const double abar = Wa / W, var = Waa / W - abar * abar;
+    /* the drift only from a spread of ages (not the first updates) and with memory (lambda > 0) */
+    const int drift = q->lambda > 0 && q->o.trend_gain > 0 && var > 0.25;
+    const double fd = q->o.slope_decay, noise = 4.0 * sqrt(p * (1 - p) / N);
     for (uint32_t j = 0; j < n; j++) {
         size_t i = (size_t)l * n + j;
         double f = q->f[i];
-        /* band: density update from the tokens between rho and tau */
-        if (NB > 0) {
+        const double rr = (double)q->ac[i] / N, far = qc_far(p, N);
+        /* band: density update from the tokens between rho and tau, only near the target: far
+         * from it (tau in a gap between tied scores, or outside them) the band says nothing
+         * about the density at the quantile */
+        if (NB > 0 && fabs(rr - p) <= far) {
             double M = 0;
-            for (uint32_t v = 0; v < nv; v++) {
-                double nb = q->vNB[(size_t)l * H + v];
-                if (nb > 0) {
-                    uint32_t s = q->vslot[(size_t)l * H + v];
-                    M += nb * fabs((double)qc_tau(q, s)[i] - (double)qc_rho(q, s)[i]);
-                }
-            }
+            for (uint32_t v = 0; v < nv; v++)
+                if (vnb[v] > 0) M += vnb[v] * fabs(qc_z(qc_tau(q, vs[v])[i]) - qc_z(qc_rho(q, vs[v])[i]));
             if (M > 0) {
-                /* decay only once the pool holds QC_MIN_BAND tokens: at small T a few probes
-                 * see a handful of band tokens, too few for a density */
-                double d = fd * q->sB[i] + q->ab[i] >= QC_MIN_BAND ? fd : 1.0;
-                q->sB[i] = d * q->sB[i] + q->ab[i];
-                q->sM[i] = d * q->sM[i] + M;
-                double fn = fmax(q->sB[i], 0.5) / q->sM[i];
-                f = fmin(f * QC_SLOPE_STEP, fmax(f / QC_SLOPE_STEP, fn));
+                double B = q->ab[i], fb = B / M;
+                if (B >= QC_BAND_TRUST && (fb > 2 * f || fb < 0.5 * f)) {
+                    /* a well-populated band that disagrees 2x: the estimate was wrong (a
+                     * saturated or shifted distribution), start over from this probe */
+                    q->sB[i] = B;
+                    q->sM[i] = M;
+                    f = fb;
+                } else {
+                    /* decay only once the pool holds QC_MIN_BAND tokens: at small T a few probes
+                     * see a handful of band tokens, too few for a density */
+                    double d = fd * q->sB[i] + B >= QC_MIN_BAND ? fd : 1.0;
+                    q->sB[i] = d * q->sB[i] + B;
+                    q->sM[i] = d * q->sM[i] + M;
+                    double fn = fmax(q->sB[i], 0.5) / q->sM[i];
+                    f = fmin(f * QC_SLOPE_STEP, fmax(f / QC_SLOPE_STEP, fn));
+                }
                 q->f[i] = f;
             }
         }
-        /* counts at the tables' tau, carried to the newest tau along the density */
-        double shift = 0;
-        for (uint32_t v = 0; v < nv; v++) {
-            uint32_t s = q->vslot[(size_t)l * H + v];
-            shift += q->vN[(size_t)l * H + v] * ((double)tau_now[i] - (double)qc_tau(q, s)[i]);
+        /* this step: tokens x the thresholds they were counted at, and the excess count */
+        double tN = 0;
+        for (uint32_t v = 0; v < nv; v++) tN += vn[v] * qc_z(qc_tau(q, vs[v])[i]);
+        const double tb = tN / N, ex = (double)q->ac[i] - p * N;
+        /* decayed sums; a step's Newton target is y = tau_a + (count_a - p N_a) / (f N_a), so
+         * sum w y = sT + sR / f, re-read with the newest f */
+        q->aT[i] = decay * (q->aT[i] + dt * q->sT[i]);
+        q->aR[i] = decay * (q->aR[i] + dt * q->sR[i]);
+        q->sT[i] = decay * q->sT[i] + tN;
+        q->sR[i] = decay * q->sR[i] + ex;
+        /* bracket evidence: the raw rate at the (token-weighted) thresholds the workers used */
+        int c = q->clip[i], sig = rr > p + far ? 1 : rr < p - far ? -1 : 0;
+        {
+            int streak = c >= 2 || c <= -2; /* brackets hold while a streak runs */
+            if (q->alo[i] <= QC_BRACKET_AGE && !streak) q->alo[i]++;
+            if (q->ahi[i] <= QC_BRACKET_AGE && !streak) q->ahi[i]++;
+            if (sig > 0) {
+                q->lo[i] = tb; q->rlo[i] = (float)rr; q->alo[i] = 0;
+                if (q->ahi[i] <= QC_BRACKET_AGE && q->hi[i] <= tb) q->ahi[i] = QC_BRACKET_AGE + 1;
+            } else if (sig < 0) {
+                q->hi[i] = tb; q->rhi[i] = (float)rr; q->ahi[i] = 0;
+                if (q->alo[i] <= QC_BRACKET_AGE && q->lo[i] >= tb) q->alo[i] = QC_BRACKET_AGE + 1;
+            }
         }
-        double r = ((double)q->ac[i] - f * shift) / N; /* F falls by f per unit of tau */
-        r = fmin(1.0, fmax(0.0, r));
-        q->resid[i] = (float)((1 - g) * q->resid[i] + g * (r - p) / p);
-        /* Newton innovation: where the rate would be k/n, relative to the published tau */
-        double e = (double)tau_now[i] + (r - p) / f - (q->x[i] + q->u[i] * (double)dt);
-        /* trust region, in rate: QC_CLIP_RATE probe bands, doubled per consecutive clip; never
-         * below 4 sd of the step's sampling noise (a clip inside the noise would bias tau) */
-        double lim = fmax(QC_CLIP_RATE * beta * p * (double)(1 << (q->clip[i] < 0 ? -q->clip[i] : q->clip[i])), noise) / f;
-        int c = q->clip[i];
-        if (e > lim) { e = lim; c = c > 0 ? c + 1 : 1; }
-        else if (e < -lim) { e = -lim; c = c < 0 ? c - 1 : -1; }
-        else c = 0;
-        q->clip[i] = (int8_t)(c > QC_CLIP_GROW ? QC_CLIP_GROW : c < -QC_CLIP_GROW ? -QC_CLIP_GROW : c);
-        q->x[i] += q->u[i] * (double)dt + g * e;
-        if (c == 0) q->u[i] += gv * e / (double)dt; /* the drift learns from unclipped errors only */
-        else q->u[i] = 0;
+        /* streak: consecutive steps whose rate is far off k/n in the same direction */
+        c = sig == 0 ? 0 : sig > 0 ? (c > 0 ? c + 1 : 1) : (c < 0 ? c - 1 : -1);
+        c = c > QC_CLIP_GROW ? QC_CLIP_GROW : c < -QC_CLIP_GROW ? -QC_CLIP_GROW : c;
+        q->clip[i] = (int8_t)c;
+        const int ac = c < 0 ? -c : c;
+        q->resid[i] = (float)((1 - g) * q->resid[i] + g * (rr - p) / p);
+        /* level and drift: weighted regression of the targets on their age */
+        double Y = q->sT[i] + q->sR[i] / f, YA = q->aT[i] + q->aR[i] / f, ybar = Y / W, u = 0;
+        if (drift && !q->cool[i]) u = -q->o.trend_gain * (YA / W - ybar * abar) / var;
+        if (q->cool[i]) q->cool[i]--;
+        double xn = ybar + u * abar; /* the level now (age 0) */
+        const double cur = qc_z(tau_now[i]), sd3 = 3.0 * sqrt(p * (1 - p) / N);
+        int anchor = 0;
+        if ((rr > p + sd3 && xn < cur) || (rr < p - sd3 && xn > cur)) {
+            /* this step's own data say the opposite of where the history points: the history was
+             * read through a linear model far outside its range (a saturated score, a density
+             * that moved); drop it and take this step's damped Newton step from tau */
+            double rc = fmin(1.0, fmax(0.0, rr - f * (cur - tb)));
+            xn = cur + g * (rc - p) / f;
+            u = 0;
+            anchor = 1;
+        }
+        /* trust region around the published tau, in rate: QC_CLIP_RATE probe bands, doubled along
+         * a streak; never below 4 sd of the step's sampling noise (a clip inside the noise would
+         * bias tau); and a floor along a streak (a density far too high, at a saturated or tied
+         * score, would crawl): from half a probe width, doubling */
+        double lim = fmax(QC_CLIP_RATE * beta * p * ldexp(1.0, ac), noise) / f, want = xn;
+        want = fmin(cur + lim, fmax(cur - lim, want));
+        if (ac >= 2) {
+            double fl = 0.5 * beta * p / f * ldexp(1.0, ac - 2);
+            if (c > 0 && want < cur + fl) want = cur + fl;
+            if (c < 0 && want > cur - fl) want = cur - fl;
+        }
+        /* safeguard (Newton with bisection): never step past a threshold recently seen far on the
+         * other side of the target; along a streak cover at least a quarter of the way to it */
+        int has_lo = q->alo[i] <= QC_BRACKET_AGE, has_hi = q->ahi[i] <= QC_BRACKET_AGE, guard = 0;
+        if (has_lo && want <= q->lo[i]) {
+            guard = 1;
+            want = cur > q->lo[i] ? 0.5 * (cur + q->lo[i]) : q->lo[i] + beta * p / f;
+        } else if (has_hi && want >= q->hi[i]) {
+            guard = 1;
+            want = cur < q->hi[i] ? 0.5 * (cur + q->hi[i]) : q->hi[i] - beta * p / f;
+        } else if (ac >= 2 && has_lo && has_hi && q->hi[i] > q->lo[i]) {
+            if (c < 0 && cur > q->lo[i] && want > cur - 0.25 * (cur - q->lo[i])) { want = cur - 0.25 * (cur - q->lo[i]); guard = 1; }
+            if (c > 0 && cur < q->hi[i] && want < cur + 0.25 * (q->hi[i] - cur)) { want = cur + 0.25 * (q->hi[i] - cur); guard = 1; }
+        }
+        if (guard && has_lo && has_hi && q->hi[i] > q->lo[i] && q->alo[i] <= 2 && q->ahi[i] <= 2) {
+            /* a recent bracket the Newton step overshot: the density was too low */
+            f = fmax(f, ((double)q->rlo[i] - q->rhi[i]) / (q->hi[i] - q->lo[i]));
+            q->f[i] = f;
+            Y = q->sT[i] + q->sR[i] / f;
+            YA = q->aT[i] + q->aR[i] / f;
+        }
+        if (anchor || want != xn || guard || ac >= 2) {
+            /* the moved history would read as drift while the data catch up: none for the
+             * decay horizon */
+            double h = q->lambda > 0 ? 1.0 / (1.0 - q->lambda) : 0;
+            q->cool[i] = (uint8_t)fmin(64.0, ceil(h));
+        }
+        if (anchor) {
+            /* the whole history collapses onto the new level, without drift */
+            q->sT[i] = want * W;
+            q->sR[i] = 0;
+            q->aT[i] = want * Wa;
+            q->aR[i] = 0;
+            u = 0;
+            xn = want;
+        } else if (want != xn || guard || ac >= 2) {
+            /* move the history with tau (every target by the same amount, so the level lands on
+             * `want`); a clipped, guarded or streaking step also forgets the drift */
+            double shift = want - ybar;
+            q->sR[i] += f * shift * W;
+            q->aR[i] = f * (ybar + shift) * Wa - q->aT[i]; /* age-weighted targets at the new mean: no drift */
+            u = 0;
+            xn = want;
+        }
+        q->x[i] = xn;
+        q->u[i] = u;
     }
 }
 
@@ -440,10 +581,10 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
             size_t i = o + j;
             /* NOTE: the published tau leads the level by `lead` steps of drift: the step that routes
              * with it comes that much after the counts of the update */
-            float t = (float)(q->x[i] + q->u[i] * q->o.lead);
+            float t = (float)qc_s(q->x[i] + q->u[i] * q->o.lead);
             tau[i] = t;
             if (!probe) { rho[i] = NAN; continue; }
-            float r = (float)((double)t + dir * q->o.probe_rate * q->p / q->f[i]);
+            float r = (float)qc_s(qc_z(t) + dir * q->o.probe_rate * q->p / q->f[i]);
             if (r == t) r = nextafterf(t, dir > 0 ? INFINITY : -INFINITY);
             rho[i] = r;
         }

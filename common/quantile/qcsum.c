@@ -250,12 +250,12 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
     uint8_t *sec = b->buf + b->len;
     size_t room = b->limit - b->len;
     if (!qc_layer_set(b, layer)) {
-        /* INIT: per expert the scores of local rank r1 ~ (k/n)T and r2 ~ 4(k/n)T */
+        /* INIT: per expert the scores of local rank r1 ~ (k/n)T and r2 ~ 2(k/n)T */
         size_t need = qc_init_bytes(n);
         if (need > room) return ST_OK; /* waits for a later summary */
         double mu = (double)b->k * T / n;
         uint32_t r1 = (uint32_t)fmin(T, fmax(1.0, ceil(mu)));
-        uint32_t r2 = (uint32_t)fmin(T, fmax((double)r1 + 1.0, ceil(4.0 * mu)));
+        uint32_t r2 = (uint32_t)fmin(T, fmax((double)r1 + 1.0, ceil(2.0 * mu)));
         uint8_t *p = sec + ST_QSUM_SECTION_BYTES + ST_QC_INIT_HDR;
         for (uint32_t j = 0; j < n; j++) {
             for (uint32_t t = 0; t < T; t++) {

@@ -1,6 +1,7 @@
-/* Coordinator side of the quantile estimator: validates and stages worker summaries, and at the end
- * of a step folds them into the decayed per-(layer, expert) distribution D and publishes tau/rho.
- * Derivations (exactness, pruning, compaction bound): docs/quantile.md. No networking here. */
+/* The EXACT reference estimator, coordinator side (format 1; the roles use the counting one,
+ * qcstate.c): validates and stages worker summaries, and at the end of a step folds them into the
+ * decayed per-(layer, expert) distribution D and publishes tau/rho. Derivations (exactness,
+ * pruning, compaction bound): docs/quantile.md "Reference: the exact estimator". */
 #include <math.h>
 #include <stdlib.h>
 

@@ -1,5 +1,6 @@
-/* Worker side of the quantile estimator: turns one step's router scores into a compact summary
- * (byte map in docs/quantile.md and qinternal.h). Not the coordinator; no networking. */
+/* The EXACT reference estimator, worker side (format 1; the roles use the counting one, qcsum.c):
+ * turns one step's router scores into exact top tails (byte map in docs/quantile.md "Reference:
+ * the exact estimator"). Not the coordinator; no networking. */
 #include <math.h>
 #include <stdlib.h>
 
