@@ -263,7 +263,7 @@ int main(int argc, char **argv) {
             uint8_t *buf = malloc(cap);
             st_qtable_t th = {0};
             /* settle a table first (init, then counts) so every layer has tau and 1 in 4 a probe */
-            for (int s = 0; s < 3; s++) {
+            for (int s = 0; s < 7; s++) {
                 st_qsum_begin(b, buf, cap, 1, s, th.version ? &th : NULL);
                 for (uint32_t l = 0; l < K3_L; l++) st_qsum_add_layer(b, l, pool_rows(&pool, 1, l, s, T), T);
                 st_qsum_finish(b, &len);
@@ -297,9 +297,9 @@ int main(int argc, char **argv) {
 
     /* ---- the two budget shapes ---- */
     cost_t dec, pre;
-    printf("\n## coordinator and bytes at the budget shapes (settled: after init and %d count steps)\n", 5);
-    run_cost(&pool, 64, 256, K3_L, 8, 3, &dec);
-    run_cost(&pool, 8, 4096, K3_L, 8, 3, &pre);
+    printf("\n## coordinator and bytes at the budget shapes (settled: after init and %d count steps)\n", 6);
+    run_cost(&pool, 64, 256, K3_L, 10, 3, &dec);
+    run_cost(&pool, 8, 4096, K3_L, 10, 3, &pre);
     printf("  %-26s %12s %12s %14s %14s %12s %10s\n", "shape", "coord CPU ms", "coord wall", "B/worker mean", "B/worker max",
            "layers/sum", "state MB");
     printf("  %-26s %12.2f %12.2f %14.0f %14.0f %12.1f %10.1f\n", "decode 64 x 256", dec.coord_cpu_ms, dec.coord_wall_ms,
@@ -359,20 +359,20 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < ST_ARRAY_LEN(Ws); i++) {
         if (quick && (Ws[i] == 16 || Ws[i] == 128)) continue;
         cost_t c;
-        run_cost(&pool, Ws[i], 256, K3_L, 6, 2, &c);
+        run_cost(&pool, Ws[i], 256, K3_L, 8, 2, &c);
         printf("  %4u x %4u, %2d layers %10s %10.2f %12.0f %12.0f %10.1f\n", Ws[i], 256, K3_L, "(workers)", c.coord_cpu_ms,
                c.bytes_mean, c.bytes_max, c.layers_mean);
     }
     for (size_t i = 0; i < ST_ARRAY_LEN(Tq); i++) {
         if (quick && (Tq[i] == 32 || Tq[i] == 1024)) continue;
         cost_t c;
-        run_cost(&pool, 8, Tq[i], K3_L, 6, 2, &c);
+        run_cost(&pool, 8, Tq[i], K3_L, 8, 2, &c);
         printf("  %4u x %4u, %2d layers %10s %10.2f %12.0f %12.0f %10.1f\n", 8, Tq[i], K3_L, "(tokens)", c.coord_cpu_ms, c.bytes_mean,
                c.bytes_max, c.layers_mean);
     }
     for (size_t i = 0; i < ST_ARRAY_LEN(Ls); i++) {
         cost_t c;
-        run_cost(&pool, 64, 256, Ls[i], 6, 2, &c);
+        run_cost(&pool, 64, 256, Ls[i], 8, 2, &c);
         printf("  %4u x %4u, %2u layers %10s %10.2f %12.0f %12.0f %10.1f\n", 64, 256, Ls[i], "(layers)", c.coord_cpu_ms, c.bytes_mean,
                c.bytes_max, c.layers_mean);
     }

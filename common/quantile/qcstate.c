@@ -1,9 +1,9 @@
 /* Coordinator side of the counting estimator (format 2): sums the workers' counts per
- * (layer, expert) as they arrive, and at the end of a step moves each threshold by a damped Newton
- * (stochastic-approximation) step toward the (1 - k/n) quantile of the decayed distribution, with
- * the density from the probe band. Derivation and error/balance argument: docs/quantile.md. */
+ * (layer, expert) as they arrive, and at the end of a step sets each threshold to the linearized
+ * (1 - k/n) quantile of the decayed distribution (a damped Newton / stochastic-approximation step),
+ * with the density from the probe band, a drift term, and safeguards for far-off thresholds.
+ * Derivation and error/balance argument: docs/quantile.md "The math". */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "qinternal.h"
@@ -13,7 +13,7 @@
 #define QC_SLOPE_STEP 4.0 /* the density estimate changes by at most this factor per probe */
 #define QC_MIN_BAND 32.0  /* band tokens the density estimate keeps at least */
 #define QC_BAND_TRUST 16.0 /* a probe with this many band tokens that disagrees 2x replaces the estimate */
-#define QC_YOUNG 8        /* a layer is probed every step for its first updates */
+#define QC_YOUNG 4        /* a layer is probed every step for its first updates */
 #define QC_BRACKET_SD 5.0 /* a rate this many sd (and half of k/n) off k/n brackets the quantile ... */
 #define QC_BRACKET_AGE 8  /* ... for this many updates */
 
@@ -22,11 +22,12 @@ struct st_qstate {
     double p, lambda;
     st_qstate_opts_t o;
     /* per (l, j) */
+    /* NOTE: thresholds, widths and densities here are in z = logit(score) (qc_z) */
     double *x;      /* [L*n] level of the threshold estimate */
-    double *u;      /* [L*n] drift (score units per step), trend term */
+    double *u;      /* [L*n] drift (z per step), trend term */
     double *sT, *sR; /* [L*n] decayed sums: tokens x their thresholds, excess counts (count - p N) */
     double *aT, *aR; /* [L*n] the same weighted by age in steps */
-    double *f;      /* [L*n] density at tau: tokens' rate per score unit (-dF/dtau) */
+    double *f;      /* [L*n] density at tau: tokens' rate per unit of z (-dF/dz) */
     double *sB, *sM; /* [L*n] decayed probe-band count and band tokens x width */
     float *resid;   /* [L*n] smoothed (observed rate - k/n) / (k/n) */
     int8_t *clip;   /* [L*n] signed streak of updates with the rate significantly off k/n */
@@ -43,11 +44,12 @@ struct st_qstate {
     uint8_t *set;   /* [L] */
     uint32_t *nupd; /* [L] updates since the layer's first tau */
     double *iT, *ir1, *ir2; /* [L] init pool: tokens, sum T*q1, sum T*q2 */
-    double *ix1, *ix2;      /* [L*n] init pool: sum T*x1, sum T*x2 */
+    double *ix1, *ix2;      /* [L*n] init pool: sum T*z(x1), sum T*z(x2) */
     /* published tables, a ring */
     uint64_t version, steps;
     uint64_t *ring_ver;
     float *ring_tau, *ring_rho; /* [H][L*n] */
+    float *ring_tz, *ring_rz;   /* [H][L*n] z of the published (fp32) tau and rho, computed once */
     /* this step's counts */
     uint32_t *ac, *ab;      /* [L*n] */
     uint64_t *aN;           /* [L] tokens in count planes */
@@ -74,7 +76,7 @@ void st_qstate_destroy(st_qstate_t *q) {
     free(q->sT); free(q->sR); free(q->aT); free(q->aR); free(q->Wa); free(q->Waa);
     free(q->cool); free(q->lo); free(q->hi); free(q->rlo); free(q->rhi); free(q->alo); free(q->ahi); free(q->nupd);
     free(q->W); free(q->gam); free(q->nlast); free(q->upd); free(q->set); free(q->iT); free(q->ir1); free(q->ir2);
-    free(q->ix1); free(q->ix2); free(q->ring_ver); free(q->ring_tau); free(q->ring_rho); free(q->ac); free(q->ab);
+    free(q->ix1); free(q->ix2); free(q->ring_ver); free(q->ring_tau); free(q->ring_rho); free(q->ring_tz); free(q->ring_rz); free(q->ac); free(q->ab);
     free(q->aN); free(q->nv); free(q->vslot); free(q->vN); free(q->vNB); free(q->touched); free(q->scr); free(q->soff);
     free(q);
 }
@@ -110,6 +112,7 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     q->ix1 = calloc(ln, sizeof(double)); q->ix2 = calloc(ln, sizeof(double));
     q->ring_ver = calloc(H, sizeof(uint64_t));
     q->ring_tau = malloc(sizeof(float) * ln * H); q->ring_rho = malloc(sizeof(float) * ln * H);
+    q->ring_tz = malloc(sizeof(float) * ln * H); q->ring_rz = malloc(sizeof(float) * ln * H);
     q->ac = calloc(ln, sizeof(uint32_t)); q->ab = calloc(ln, sizeof(uint32_t));
     q->aN = calloc(L, sizeof(uint64_t)); q->nv = calloc(L, sizeof(uint32_t));
     q->vslot = calloc(L * H, sizeof(uint32_t)); q->vN = calloc(L * H, sizeof(double)); q->vNB = calloc(L * H, sizeof(double));
@@ -118,11 +121,15 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     if (!q->x || !q->u || !q->f || !q->sB || !q->sM || !q->resid || !q->clip || !q->lo || !q->hi || !q->rlo ||
         !q->sT || !q->sR || !q->aT || !q->aR || !q->Wa || !q->Waa || !q->cool ||
         !q->rhi || !q->alo || !q->ahi || !q->nupd || !q->W || !q->gam || !q->nlast || !q->upd ||
-        !q->set || !q->iT || !q->ir1 || !q->ir2 || !q->ix1 || !q->ix2 || !q->ring_ver || !q->ring_tau || !q->ring_rho ||
+        !q->set || !q->iT || !q->ir1 || !q->ir2 || !q->ix1 || !q->ix2 || !q->ring_ver || !q->ring_tau || !q->ring_rho || !q->ring_tz || !q->ring_rz ||
         !q->ac || !q->ab || !q->aN || !q->nv || !q->vslot || !q->vN || !q->vNB || !q->touched || !q->scr || !q->soff) {
         st_qstate_destroy(q);
         return ST_FAIL(ST_ERR_NO_MEMORY, "qstate: out of memory for %u x %u", n_layers, n_experts);
     }
+    /* NOTE: touch the table ring now: its pages would otherwise fault in over the first
+     * `history` steps, on the step's clock */
+    memset(q->ring_tau, 0, sizeof(float) * ln * H); memset(q->ring_rho, 0, sizeof(float) * ln * H);
+    memset(q->ring_tz, 0, sizeof(float) * ln * H); memset(q->ring_rz, 0, sizeof(float) * ln * H);
     *out = q;
     return ST_OK;
 }
@@ -134,15 +141,15 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
  * s >= tau iff z(s) >= z(tau). */
 #define QC_Z_HI 17.0   /* z(1): above logit(1 - 2^-24) = 16.6 */
 #define QC_Z_LO -104.0 /* z(0): below logit(smallest float) = -103.3 */
-static double qc_z(double s) {
-    if (s >= 1.0) return QC_Z_HI + (s - 1.0);
-    if (s <= 0.0) return QC_Z_LO + s;
-    return log(s) - log1p(-s);
+static float qc_z(float s) {
+    if (s >= 1.0f) return (float)QC_Z_HI + (s - 1.0f);
+    if (s <= 0.0f) return (float)QC_Z_LO + s;
+    return logf(s) - log1pf(-s);
 }
 static double qc_s(double z) {
     if (z >= QC_Z_HI) return 1.0 + (z - QC_Z_HI);
     if (z <= QC_Z_LO) return z - QC_Z_LO;
-    return 1.0 / (1.0 + exp(-z));
+    return 1.0 / (1.0 + (double)expf((float)-z));
 }
 
 static uint32_t qc_slot_of(const st_qstate_t *q, uint64_t ver) {
@@ -155,6 +162,8 @@ static uint32_t qc_slot_of(const st_qstate_t *q, uint64_t ver) {
 
 static const float *qc_tau(const st_qstate_t *q, uint32_t slot) { return q->ring_tau + (size_t)slot * q->L * q->n; }
 static const float *qc_rho(const st_qstate_t *q, uint32_t slot) { return q->ring_rho + (size_t)slot * q->L * q->n; }
+static const float *qc_tz(const st_qstate_t *q, uint32_t slot) { return q->ring_tz + (size_t)slot * q->L * q->n; }
+static const float *qc_rz(const st_qstate_t *q, uint32_t slot) { return q->ring_rz + (size_t)slot * q->L * q->n; }
 
 /* Decode one plane at b[*off, end) into v[0..n); *vmax = its largest value. 0, or -1 (malformed). */
 static int qc_unpack(const uint8_t *b, size_t *off, size_t end, uint32_t n, uint32_t *v, uint32_t *vmax) {
@@ -381,7 +390,7 @@ static double qc_far(double p, double N) { return fmax(QC_BRACKET_SD * sqrt(p * 
 /* One update of layer l from this step's counts (docs/quantile.md "The math"): the decayed,
  * linearized quantile and its drift, from sufficient statistics re-read with the newest density;
  * then the trust region and the safeguards. */
-static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
+static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tz_now) {
     const uint32_t n = q->n, H = q->H, nv = q->nv[l];
     const double p = q->p, beta = q->o.probe_rate;
     /* NOTE: the versions in version order, not arrival order, so the fp sums below (and so the
@@ -424,7 +433,7 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
         if (NB > 0 && fabs(rr - p) <= far) {
             double M = 0;
             for (uint32_t v = 0; v < nv; v++)
-                if (vnb[v] > 0) M += vnb[v] * fabs(qc_z(qc_tau(q, vs[v])[i]) - qc_z(qc_rho(q, vs[v])[i]));
+                if (vnb[v] > 0) M += vnb[v] * fabs((double)qc_tz(q, vs[v])[i] - (double)qc_rz(q, vs[v])[i]);
             if (M > 0) {
                 double B = q->ab[i], fb = B / M;
                 if (B >= QC_BAND_TRUST && (fb > 2 * f || fb < 0.5 * f)) {
@@ -447,7 +456,7 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
         }
         /* this step: tokens x the thresholds they were counted at, and the excess count */
         double tN = 0;
-        for (uint32_t v = 0; v < nv; v++) tN += vn[v] * qc_z(qc_tau(q, vs[v])[i]);
+        for (uint32_t v = 0; v < nv; v++) tN += vn[v] * (double)qc_tz(q, vs[v])[i];
         const double tb = tN / N, ex = (double)q->ac[i] - p * N;
         /* decayed sums; a step's Newton target is y = tau_a + (count_a - p N_a) / (f N_a), so
          * sum w y = sT + sR / f, re-read with the newest f */
@@ -480,7 +489,7 @@ static void qc_update_layer(st_qstate_t *q, uint32_t l, const float *tau_now) {
         if (drift && !q->cool[i]) u = -q->o.trend_gain * (YA / W - ybar * abar) / var;
         if (q->cool[i]) q->cool[i]--;
         double xn = ybar + u * abar; /* the level now (age 0) */
-        const double cur = qc_z(tau_now[i]), sd3 = 3.0 * sqrt(p * (1 - p) / N);
+        const double cur = (double)tz_now[i], sd3 = 3.0 * sqrt(p * (1 - p) / N);
         int anchor = 0;
         if ((rr > p + sd3 && xn < cur) || (rr < p - sd3 && xn > cur)) {
             /* this step's own data say the opposite of where the history points: the history was
@@ -554,12 +563,12 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
     if (!q) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_end_step: NULL");
     const uint32_t n = q->n, L = q->L;
     q->steps++;
-    const float *tau_now = q->version ? qc_tau(q, (uint32_t)(q->version % q->H)) : NULL;
+    const float *tz_now = q->version ? qc_tz(q, (uint32_t)(q->version % q->H)) : NULL;
     double tokens = 0;
     for (uint32_t l = 0; l < L; l++) {
         if (!q->set[l] && q->iT[l] >= q->o.min_tokens) qc_init_layer(q, l);
-        if (q->set[l] && q->aN[l] && tau_now) {
-            qc_update_layer(q, l, tau_now + 0);
+        if (q->set[l] && q->aN[l] && tz_now) {
+            qc_update_layer(q, l, tz_now);
             q->layers_updated++;
             tokens += (double)q->aN[l];
         }
@@ -569,10 +578,11 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
     uint64_t v = q->version + 1;
     uint32_t s = (uint32_t)(v % q->H);
     float *tau = q->ring_tau + (size_t)s * L * n, *rho = q->ring_rho + (size_t)s * L * n;
+    float *tz = q->ring_tz + (size_t)s * L * n, *rz = q->ring_rz + (size_t)s * L * n;
     for (uint32_t l = 0; l < L; l++) {
         size_t o = (size_t)l * n;
         if (!q->set[l]) {
-            for (uint32_t j = 0; j < n; j++) tau[o + j] = rho[o + j] = NAN;
+            for (uint32_t j = 0; j < n; j++) tau[o + j] = rho[o + j] = tz[o + j] = rz[o + j] = NAN;
             continue;
         }
         int probe = qc_probed(q, l, v);
@@ -583,10 +593,12 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
              * with it comes that much after the counts of the update */
             float t = (float)qc_s(q->x[i] + q->u[i] * q->o.lead);
             tau[i] = t;
-            if (!probe) { rho[i] = NAN; continue; }
-            float r = (float)qc_s(qc_z(t) + dir * q->o.probe_rate * q->p / q->f[i]);
+            tz[i] = qc_z(t); /* NOTE: z of the fp32 value workers compare with, not of the level */
+            if (!probe) { rho[i] = rz[i] = NAN; continue; }
+            float r = (float)qc_s((double)tz[i] + dir * q->o.probe_rate * q->p / q->f[i]);
             if (r == t) r = nextafterf(t, dir > 0 ? INFINITY : -INFINITY);
             rho[i] = r;
+            rz[i] = qc_z(r);
         }
     }
     q->ring_ver[s] = v;
@@ -635,8 +647,10 @@ void st_qstate_stats(const st_qstate_t *q, st_qstate_stats_t *out) {
             if (r > out->max_rel_uncert) out->max_rel_uncert = r;
         }
     }
-    size_t ln = (size_t)q->L * q->n;
-    out->state_bytes = sizeof *q + ln * (7 * sizeof(double) + sizeof(float) + 1 + 2 * sizeof(uint32_t) * 2) +
+    size_t ln = (size_t)q->L * q->n, L = q->L;
+    /* per cell: 13 doubles, 3 floats, 4 bytes; 2 uint32 counts + 2 scratch; the table ring */
+    out->state_bytes = sizeof *q + ln * (13 * sizeof(double) + 3 * sizeof(float) + 4 + 4 * sizeof(uint32_t)) +
+                       L * (9 * sizeof(double) + 3 * sizeof(uint64_t) + (size_t)q->H * (2 * sizeof(double) + 4) + 16) +
                        ln * q->H * 2 * sizeof(float);
 }
 

@@ -235,6 +235,29 @@ static float qc_select_desc(float *x, uint32_t n, uint32_t r) {
     return x[want];
 }
 
+/* Append a COUNT section (count plane, band plane when band) if it fits the room left; a section
+ * that does not fit waits for a later summary. */
+static void qc_put_counts(st_qsum_t *b, uint32_t layer, uint32_t T, const uint32_t *cnt, const uint32_t *band) {
+    const uint32_t n = b->n_experts;
+    const int c = (int)qc_bits(T);
+    uint8_t *sec = b->buf + b->len;
+    size_t a = qc_plane(cnt, n, NULL), bb = band ? qc_plane(band, n, NULL) : 0;
+    size_t need = ST_QSUM_SECTION_BYTES + a + bb;
+    b->est_cnt[c] += 0.25 * ((double)a - b->est_cnt[c]);
+    if (band) b->est_band[c] += 0.25 * ((double)bb - b->est_band[c]);
+    if (need > b->limit - b->len) return;
+    qc_plane(cnt, n, sec + ST_QSUM_SECTION_BYTES);
+    if (band) qc_plane(band, n, sec + ST_QSUM_SECTION_BYTES + a);
+    st_q_put32(sec + 0, layer);
+    st_q_put32(sec + 4, T);
+    st_q_put16(sec + 8, ST_QC_KIND_COUNT);
+    st_q_put16(sec + 10, band ? ST_QC_FLAG_BAND : 0);
+    st_q_put32(sec + 12, (uint32_t)need);
+    b->len += need;
+    b->n_sections++;
+    b->last[layer] = b->seq;
+}
+
 st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores, uint32_t T) {
     if (!b || !b->open) return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer: no summary begun");
     if (layer >= b->n_layers) return ST_FAIL(ST_ERR_OUT_OF_RANGE, "qsum_add_layer: layer %u >= %u", layer, b->n_layers);
@@ -282,22 +305,33 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
          * counts as below every threshold, an infinite one as what it is */
         const float *tau = b->th->tau + (size_t)layer * n, *rho = qc_layer_probed(b, layer) ? b->th->rho + (size_t)layer * n : NULL;
         st_qsum_count_layer(scores, T, n, tau, rho, b->cnt, rho ? b->band : NULL);
-        size_t a = qc_plane(b->cnt, n, NULL), bb = rho ? qc_plane(b->band, n, NULL) : 0;
-        size_t need = ST_QSUM_SECTION_BYTES + a + bb;
-        b->est_cnt[c] += 0.25 * ((double)a - b->est_cnt[c]);
-        if (rho) b->est_band[c] += 0.25 * ((double)bb - b->est_band[c]);
-        if (need > room) return ST_OK; /* waits for a later summary */
-        qc_plane(b->cnt, n, sec + ST_QSUM_SECTION_BYTES);
-        if (rho) qc_plane(b->band, n, sec + ST_QSUM_SECTION_BYTES + a);
-        st_q_put32(sec + 0, layer);
-        st_q_put32(sec + 4, T);
-        st_q_put16(sec + 8, ST_QC_KIND_COUNT);
-        st_q_put16(sec + 10, rho ? ST_QC_FLAG_BAND : 0);
-        st_q_put32(sec + 12, (uint32_t)need);
+        qc_put_counts(b, layer, T, b->cnt, rho ? b->band : NULL);
+        (void)c;
+        return ST_OK;
     }
     b->len += st_q_get32(sec + 12);
     b->n_sections++;
     b->last[layer] = b->seq;
+    return ST_OK;
+}
+
+st_status_t st_qsum_add_layer_counts(st_qsum_t *b, uint32_t layer, uint32_t T, const uint32_t *cnt, const uint32_t *band) {
+    if (!b || !b->open) return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer_counts: no summary begun");
+    if (layer >= b->n_layers) return ST_FAIL(ST_ERR_OUT_OF_RANGE, "qsum_add_layer_counts: layer %u >= %u", layer, b->n_layers);
+    if (b->seen[layer]) return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer_counts: layer %u added twice", layer);
+    if (T == 0) return ST_OK;
+    if (T > b->max_tokens) return ST_FAIL(ST_ERR_OUT_OF_RANGE, "qsum_add_layer_counts: %u tokens > max %u", T, b->max_tokens);
+    if (!qc_layer_set(b, layer))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer_counts: layer %u has no threshold yet: its scores are needed", layer);
+    int probed = qc_layer_probed(b, layer);
+    if (!cnt || (probed && !band)) return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer_counts: layer %u: counts%s missing", layer, probed ? " or band" : "");
+    for (uint32_t j = 0; j < b->n_experts; j++)
+        if (cnt[j] > T || (probed && band[j] > T))
+            return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer_counts: layer %u expert %u: count over %u tokens", layer, j, T);
+    if (!b->planned) qc_plan(b, T);
+    b->seen[layer] = 1;
+    if (!b->sel[layer]) return ST_OK;
+    qc_put_counts(b, layer, T, cnt, probed ? band : NULL);
     return ST_OK;
 }
 

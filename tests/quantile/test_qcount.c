@@ -123,6 +123,21 @@ static void test_roundtrip(void) {
             size_t len = rig_summary(&g, 1, (uint64_t)step, &th);
             CHECK(len > 0 && len <= g.cap, "T=%u step %d: summary of %zu bytes (cap %zu)", T, step, len, g.cap);
             CHECK(st_qstate_merge(g.q, g.buf, len) == ST_OK, "T=%u step %d: merge: %s", T, step, st_err_last());
+            if (th.version && st_qtau_is_set(th.tau[0])) {
+                /* the same summary from counts made elsewhere (the GPU epilogue's path): same bytes */
+                uint8_t *again = malloc(g.cap);
+                uint32_t c2[64], b2[64];
+                size_t len2 = 0;
+                st_qsum_begin(g.b, again, g.cap, 1, (uint64_t)step, &th);
+                for (uint32_t l = 0; l < L; l++) {
+                    const float *tau = th.tau + (size_t)l * n, *rho = th.rho + (size_t)l * n;
+                    st_qsum_count_layer(g.sc + (size_t)l * T * n, T, n, tau, st_qtau_is_set(rho[0]) ? rho : NULL, c2, b2);
+                    CHECK(st_qsum_add_layer_counts(g.b, l, T, c2, st_qtau_is_set(rho[0]) ? b2 : NULL) == ST_OK, "add counts: %s", st_err_last());
+                }
+                st_qsum_finish(g.b, &len2);
+                CHECK(len2 == len && memcmp(again, g.buf, len) == 0, "T=%u step %d: summary from counts differs (%zu vs %zu B)", T, step, len2, len);
+                free(again);
+            }
             for (uint32_t l = 0; th.version && l < L; l++) {
                 uint32_t c[64], b[64], wc[64], wb[64];
                 uint64_t N = 0;
@@ -430,6 +445,8 @@ static void test_api_errors(void) {
     s[3] = 0;
     CHECK(st_qsum_add_layer(b, 1, s, 2) == ST_OK, "add");
     CHECK(st_qsum_add_layer(b, 1, s, 2) != ST_OK, "layer twice");
+    uint32_t cnt[8] = {0};
+    CHECK(st_qsum_add_layer_counts(b, 0, 1, cnt, NULL) != ST_OK, "counts for a layer without a threshold");
     CHECK(st_qsum_finish(b, &len) == ST_OK && len > 48, "finish");
     st_qsum_destroy(b);
 }

@@ -76,6 +76,12 @@ st_status_t st_qsum_begin(st_qsum_t *b, void *buf, size_t cap, uint32_t worker_i
  * per summary; n_tokens == 0 adds nothing. A layer this summary does not carry (budget) returns
  * ST_OK at once. Does not allocate. */
 st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores, uint32_t n_tokens);
+/* The same from counts made elsewhere (the GPU router epilogue): cnt, band [n] as defined by
+ * st_qsum_count_layer with this summary's table; band is required when the table probes the
+ * layer (rho row set) and ignored otherwise. Only for layers whose tau is set: a layer without
+ * one needs its scores (st_qsum_add_layer), for its first threshold. */
+st_status_t st_qsum_add_layer_counts(st_qsum_t *b, uint32_t layer, uint32_t n_tokens, const uint32_t *cnt,
+                                     const uint32_t *band);
 /* Close the summary; *out_bytes = its length. */
 st_status_t st_qsum_finish(st_qsum_t *b, size_t *out_bytes);
 /* Layers carried by the last finished summary (for benchmarks and tests). */
