@@ -651,7 +651,7 @@ void st_qstate_stats(const st_qstate_t *q, st_qstate_stats_t *out) {
     /* per cell: 13 doubles, 3 floats, 4 bytes; 2 uint32 counts + 2 scratch; the table ring */
     out->state_bytes = sizeof *q + ln * (13 * sizeof(double) + 3 * sizeof(float) + 4 + 4 * sizeof(uint32_t)) +
                        L * (9 * sizeof(double) + 3 * sizeof(uint64_t) + (size_t)q->H * (2 * sizeof(double) + 4) + 16) +
-                       ln * q->H * 2 * sizeof(float);
+                       ln * q->H * 4 * sizeof(float); /* tau, rho and their z */
 }
 
 float st_qstate_uncertainty(const st_qstate_t *q, uint32_t layer, uint32_t expert) {
