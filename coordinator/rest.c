@@ -169,6 +169,7 @@ char *st_coord_status_json(coord_t *co) {
                               m->active);
         if (!j) continue;
         if (m->role == ST_PROTO_ROLE_EXPERT) json_object_set_new(j, "experts_held", json_integer(st_placement_count(&co->place, m->id)));
+        if (m->role == ST_PROTO_ROLE_ATTENTION) json_object_set_new(j, "threshold_version", json_integer((json_int_t)m->tau_used));
         json_array_append_new(members, j);
     }
     size_t cells = (size_t)c->n_layers * c->n_experts;
