@@ -51,17 +51,30 @@ static const char *role_name(st_proto_role_t r) {
     return r == ST_PROTO_ROLE_EXPERT ? "expert server" : "attention worker";
 }
 
+/* The host part of a "host:port" endpoint, as a nonzero number (FNV-1a): servers of one machine
+ * share it, and placement keeps an expert's replicas on different ones. */
+static uint32_t endpoint_host(const char *ep) {
+    const char *c = strrchr(ep, ':');
+    size_t n = c ? (size_t)(c - ep) : strlen(ep);
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)ep[i]) * 16777619u;
+    return h ? h : 1;
+}
+
 static void replace_experts(coord_t *co) {
     st_place_server_t live[MAX_MEMBERS];
     int n = 0;
     for (int i = 0; i < co->n_members; i++)
         if (co->members[i].alive && co->members[i].role == ST_PROTO_ROLE_EXPERT)
-            live[n++] = (st_place_server_t){.id = co->members[i].id, .capacity = 0};
+            live[n++] = (st_place_server_t){.id = co->members[i].id, .capacity = 0, .host = endpoint_host(co->members[i].endpoint)};
     uint64_t v = co->place.version;
+    double t0 = st_time_sec();
     st_placement_update(&co->place, live, n);
+    co->place_s_last = st_time_sec() - t0;
+    co->place_s_max = co->place_s_last > co->place_s_max ? co->place_s_last : co->place_s_max;
     if (co->place.version != v)
-        st_log_info("coordinator: placement v%llu over %d expert servers (%s)", (unsigned long long)co->place.version, n,
-                    st_placement_complete(&co->place) ? "complete" : "INCOMPLETE");
+        st_log_info("coordinator: placement v%llu over %d expert servers (%s) in %.1f ms", (unsigned long long)co->place.version, n,
+                    st_placement_complete(&co->place) ? "complete" : "INCOMPLETE", 1e3 * co->place_s_last);
 }
 
 /* The member is gone (missed heartbeats, or replaced by its own re-registration): no new work, its
@@ -279,7 +292,8 @@ static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void
         uint32_t *load = m->load; /* sized at start-up, kept across registrations */
         memset(m, 0, sizeof *m);
         m->load = load;
-        memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
+        if (r.role == ST_PROTO_ROLE_ATTENTION) /* expert servers never use theirs (untouched pages) */
+            memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
         m->id = id;
         memcpy(m->token, token, sizeof m->token);
         peer_hash(call, m->peer_hash);

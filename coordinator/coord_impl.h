@@ -14,7 +14,7 @@
 #include "strata/rpc.h"
 
 #define STRATA_VERSION "0.1.0"
-#define MAX_MEMBERS 256
+#define MAX_MEMBERS 512
 /* A dead member's entry is removed MEMBER_FORGET_BEATS heartbeat intervals after it died, except
  * the MEMBER_KEEP_DEAD most recently dead, which stay listed (in /status) up to MEMBER_KEEP_DEAD_S. */
 #define MEMBER_FORGET_BEATS 10
@@ -95,6 +95,7 @@ struct coord {
     int n_members;
     uint64_t next_id;
     st_placement_t place;
+    double place_s_last, place_s_max; /* placement updates: the last one's time, the slowest */
     st_qstate_t *q;
     uint64_t tau_version, tau_steps;
     float *tau_all, *rho_all; /* [n_layers][n_experts] for the wire (rho_all: the probed rows, packed) */
