@@ -315,12 +315,17 @@ int main(int argc, char **argv) {
            dec.build_ms, pre.build_ms);
 
 #ifdef ST_BENCH_PROTO
-    /* ---- what travels around the estimator today (coord.c / worker.c, not this module) ---- */
+    /* ---- what travels around the estimator (the landed coordinator/worker messages) ---- */
     {
-        size_t cells = (size_t)K3_L * K3_N, n;
+        /* Thresholds: tau for every layer, rho only for the probed layers (1 in probe_every once settled) */
+        size_t cells = (size_t)K3_L * K3_N, n, n_all;
         float *tau = malloc(sizeof(float) * cells), *rho = malloc(sizeof(float) * cells);
-        for (size_t i = 0; i < cells; i++) { tau[i] = 0.9f + 1e-6f * (float)(i % 97); rho[i] = i % 4 ? NAN : tau[i] - 0.01f; }
-        st_proto_thresholds_t t = {.version = 9, .n_layers = K3_L, .n_experts = K3_N, .tau = tau, .rho = rho, .n_rho = cells};
+        uint32_t rl[K3_L];
+        size_t nrl = 0;
+        for (size_t i = 0; i < cells; i++) tau[i] = 0.9f + 1e-6f * (float)(i % 97), rho[i] = tau[i] - 0.01f;
+        for (uint32_t l = 0; l < K3_L; l += 4) rl[nrl++] = l;
+        st_proto_thresholds_t t = {.version = 9, .n_layers = K3_L, .n_experts = K3_N, .tau = tau, .rho = rho,
+                                   .n_rho = nrl * K3_N, .n_rho_layers = nrl, .rho_layers = rl};
         uint8_t *out;
         double c0 = cpu_s();
         int reps = 10;
@@ -330,24 +335,33 @@ int main(int argc, char **argv) {
         }
         double enc = (cpu_s() - c0) / reps;
         free(out);
+        t.n_rho = cells, t.n_rho_layers = 0, t.rho_layers = NULL; /* the whole-table form, for comparison */
+        st_proto_thresholds_encode(&t, &out, &n_all);
+        free(out);
+        /* ReportScores as the worker builds it: the summaries, then whole layers of loads while the
+         * message stays under 64 KB (attention_worker/worker.c REPORT_BUDGET) */
         uint32_t *load = malloc(sizeof(uint32_t) * cells);
         for (size_t i = 0; i < cells; i++) load[i] = (uint32_t)(i * 2654435761u % 10);
-        uint8_t *fake = calloc(1, 60000);
+        size_t sum_len = (size_t)dec.bytes_max, n2, n3;
+        uint8_t *fake = calloc(1, sum_len + 1);
         const uint8_t *sums[1] = {fake};
-        size_t lens[1] = {60000}, n2, n3;
+        size_t lens[1] = {sum_len};
+        size_t room = 65536 - 1024 > sum_len + 4 ? 65536 - 1024 - sum_len - 4 : 0, layers = room / K3_N; /* 1-byte varints */
+        layers = layers > K3_L ? K3_L : layers;
         st_proto_scores_t r = {.worker_id = 1, .step = 1, .n_layers = K3_L, .n_experts = K3_N, .summaries = sums, .summary_lens = lens,
-                               .n_summaries = 1, .load = load, .n_load = cells};
+                               .n_summaries = 1, .load = load, .n_load = layers * K3_N};
         st_proto_scores_encode(&r, &out, &n2);
         free(out);
-        r.n_load = 0;
-        r.load = NULL;
+        r.load = load, r.n_load = cells;
         st_proto_scores_encode(&r, &out, &n3);
         free(out);
-        printf("\n## around the estimator (coordinator/worker code, not common/quantile)\n");
-        printf("  Thresholds reply (tau + rho, every layer): %zu B, encoded in %.2f ms; 64 workers fetching every version: %.1f ms of\n"
-               "  coordinator CPU and %.1f MB per step\n", n, 1e3 * enc, 64e3 * enc, 64.0 * (double)n / 1e6);
-        printf("  ReportScores with a 60000 B summary: %zu B with the per-expert `load` array (%zu cells, 1 digit each), %zu B without\n",
-               n2, cells, n3);
+        printf("\n## around the estimator (the coordinator's and worker's messages)\n");
+        printf("  Thresholds reply (tau every layer, rho for the %zu probed layers): %zu B (every rho row: %zu B), encoded in %.2f ms;\n"
+               "  64 workers fetching every version: %.1f ms of coordinator CPU and %.1f MB per step\n",
+               nrl, n, n_all, 1e3 * enc, 64e3 * enc, 64.0 * (double)n / 1e6);
+        printf("  ReportScores, the decode summary (%zu B) + loads of %zu layers (the rest follow in the next reports): %zu B "
+               "(budget 65536: %s); with every layer's loads it would be %zu B\n",
+               sum_len, layers, n2, n2 <= 65536 ? "ok" : "OVER", n3);
         free(tau); free(rho); free(load); free(fake);
     }
 #endif
