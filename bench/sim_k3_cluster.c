@@ -5,9 +5,10 @@
  * republish time after an expert server is lost, heartbeat cost, the threshold step, and /status and
  * /metrics size and time, each next to its budget. A program that prints figures, not a test.
  *
- *   build/bin/sim_k3_cluster        # 64 servers on 8 hosts, 256 workers (64 reporting, then all), R 1 and 2 (~2 min)
+ *   build/bin/sim_k3_cluster        # 64 servers on 8 hosts, 184 workers (64 reporting, then all), R 1 and 2 (~2 min)
  *   build/bin/sim_k3_cluster --servers 32 --workers 64 --steps 6 --replicas 2
  *
+ * 248 members by default: the coordinator's member table holds 256 (MAX_MEMBERS in coord_impl.h).
  * Members are simulated in this one process over one gRPC channel (gRPC shares the connection),
  * speaking the same protobuf messages as the roles. Coordinator CPU is read from /proc/PID/stat. */
 #include <arpa/inet.h>
@@ -642,7 +643,7 @@ static int run(const char *bin, const char *dir, const st_config_t *cfg, int R, 
 int main(int argc, char **argv) {
     const char *bin = NULL, *config = STRATA_SOURCE_DIR "/fuzz/corpus/config/k3_mxfp4.json", *reps = "1,2";
     int steps = 10;
-    g_servers = 64, g_hosts = 8, g_workers = 256, g_reporting = 64;
+    g_servers = 64, g_hosts = 8, g_workers = 184, g_reporting = 64;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--bin")) bin = argv[i + 1];
         else if (!strcmp(argv[i], "--config")) config = argv[i + 1];

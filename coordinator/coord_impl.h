@@ -14,7 +14,7 @@
 #include "strata/rpc.h"
 
 #define STRATA_VERSION "0.1.0"
-#define MAX_MEMBERS 512
+#define MAX_MEMBERS 256
 /* A dead member's entry is removed MEMBER_FORGET_BEATS heartbeat intervals after it died, except
  * the MEMBER_KEEP_DEAD most recently dead, which stay listed (in /status) up to MEMBER_KEEP_DEAD_S. */
 #define MEMBER_FORGET_BEATS 10
