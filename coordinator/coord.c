@@ -532,8 +532,16 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
     double t_merge = st_time_sec();
     for (size_t k = 0; s == ST_OK && k < r.n_summaries && co->q; k++) {
         s = st_qstate_merge(co->q, r.summaries[k], r.summary_lens[k]);
-        if (s == ST_OK) co->tau_data = 1;
-        else if (s != ST_ERR_NO_MEMORY) s = ST_ERR_INVALID_ARG; /* the sender's bytes */
+        if (s == ST_OK) {
+            co->tau_data = 1;
+        } else if (s == ST_ERR_OUT_OF_RANGE) { /* built on a table older than the history: dropped */
+            co->stale_summaries++;
+            st_log_every(ST_LOG_WARN, 10.0, "coordinator: worker %s: %s (dropped; %llu so far)", m->name, st_err_last(),
+                         (unsigned long long)co->stale_summaries);
+            s = ST_OK;
+        } else if (s != ST_ERR_NO_MEMORY) {
+            s = ST_ERR_INVALID_ARG; /* the sender's bytes */
+        }
     }
     co->merge_s += st_time_sec() - t_merge;
     /* per-expert load of the worker's step (for /status and /metrics) */
@@ -711,7 +719,12 @@ int st_coord_run(const st_coord_opts_t *opts) {
     snprintf(co->model, sizeof co->model, "%s", co->o.model_name ? co->o.model_name : base && base[1] ? base + 1 : co->o.ckpt);
     int n_moe = c->n_layers - c->first_k_dense;
     if (st_placement_init(&co->place, n_moe, c->n_experts, co->o.replicas) != ST_OK) goto out;
-    if (st_qstate_create((uint32_t)n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, co->o.lambda, NULL, &co->q) != ST_OK)
+    /* NOTE: history 32: workers fetch a table when a heartbeat announces one (500 ms) and the 50 ms
+     * timer may close a step before every worker reported: up to ~10 versions behind, plus a step */
+    st_qstate_opts_t qo;
+    st_qstate_opts_default(&qo);
+    qo.history = 32;
+    if (st_qstate_create((uint32_t)n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, co->o.lambda, &qo, &co->q) != ST_OK)
         goto out_place;
     size_t cells = (size_t)c->n_layers * c->n_experts;
     co->tau_all = malloc(sizeof(float) * cells);

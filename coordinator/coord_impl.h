@@ -101,6 +101,7 @@ struct coord {
     float *tau_all, *rho_all; /* [n_layers][n_experts] for the wire (rho_all: the probed rows, packed) */
     uint32_t *rho_layers;     /* [n_layers] the probed layers of the reply */
     int tau_data;             /* summaries merged since the last end_step */
+    uint64_t stale_summaries; /* dropped: built on a table older than the estimator's history */
     /* metrics */
     double t_start, tick_at, tokens_per_s;
     uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;

@@ -223,6 +223,8 @@ char *st_coord_status_json(coord_t *co) {
                                   (json_int_t)co->idle_timeouts, "cancelled_worker_lost", (json_int_t)co->workers_lost_cancelled,
                                   "stream_idle_timeout_s",
                                   jnum(co->o.stream_idle_timeout_s > 0 ? co->o.stream_idle_timeout_s : 60)));
+    json_t *th = json_object_get(root, "thresholds");
+    if (th) json_object_set_new(th, "stale_summaries", json_integer((json_int_t)co->stale_summaries));
     json_t *pl = json_object_get(root, "placement");
     if (pl) {
         json_object_set_new(pl, "update_ms_last", jnum(1e3 * co->place_s_last));

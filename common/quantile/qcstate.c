@@ -237,9 +237,12 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
     uint32_t slot = UINT32_MAX;
     if (ver) {
         slot = qc_slot_of(q, ver);
-        if (slot == UINT32_MAX)
-            BAD("built on table version %llu, not among the last %u published (newest %llu)", (unsigned long long)ver,
-                q->H - 1, (unsigned long long)q->version);
+        if (slot == UINT32_MAX && ver > q->version)
+            BAD("built on table version %llu, newer than the newest published (%llu)", (unsigned long long)ver,
+                (unsigned long long)q->version);
+        if (slot == UINT32_MAX) /* well-formed but stale: the sender is behind, not wrong */
+            return ST_REJECT(ST_ERR_OUT_OF_RANGE, "qstate_merge: built on table version %llu, not among the last %u published (newest %llu)",
+                             (unsigned long long)ver, q->H - 1, (unsigned long long)q->version);
     }
     uint32_t n_sec = st_q_get32(b + ST_QH_SECTIONS);
     if (n_sec > q->L) BAD("%u sections > %u layers", n_sec, q->L);

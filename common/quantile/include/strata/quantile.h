@@ -120,8 +120,10 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
                              const st_qstate_opts_t *opts, st_qstate_t **out);
 void st_qstate_destroy(st_qstate_t *q);
 
-/* Validate one worker summary and add it to the current step. On any error (malformed,
- * truncated, wrong format/shape, unknown table version, counts out of range) nothing changes.
+/* Validate one worker summary and add it to the current step. On any error nothing changes:
+ * ST_ERR_PROTOCOL for a malformed one (truncated, wrong format/shape, a table version never
+ * published, counts out of range), ST_ERR_OUT_OF_RANGE for a well-formed one built on a table no
+ * longer among the last history-1 (a lagging worker: drop it, it is not the sender's fault).
  * The bytes are not kept: they may be freed when this returns. */
 st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len);
 /* Close the step: update tau of every layer that got data, publish version+1 (every step, also
