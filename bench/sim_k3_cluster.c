@@ -291,7 +291,10 @@ static int register_all(int from, int to, int role, double *worst_s, double *las
         st_proto_register_req_t r = {.role = (st_proto_role_t)role, .name = m->name, .data_endpoint = m->ep, .capacity = 4096};
         uint8_t *buf;
         size_t len;
-        if (st_proto_register_req_encode(&r, &buf, &len) != ST_OK) return -1;
+        if (st_proto_register_req_encode(&r, &buf, &len) != ST_OK) {
+            c[i - from] = (call_t){.done = 1, .st = ST_ERR_INVALID_ARG};
+            continue;
+        }
         double t0 = st_time_sec();
         call_start(&c[i - from], ST_PROTO_METHOD_REGISTER, buf, len);
         free(buf);

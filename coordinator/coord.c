@@ -498,8 +498,8 @@ static st_status_t check_scores(const coord_t *co, const st_proto_scores_t *r) {
                          (unsigned long long)r->messages);
     for (size_t i = 0; i < r->n_load; i++)
         if (r->load[i] > MAX_STEP_LOAD)
-            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: load %u at cell %zu of layer %u on > %u", r->load[i], i,
-                             r->load_first_layer, MAX_STEP_LOAD);
+            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: load %u at cell %zu (of the loads from layer %u) > %u", r->load[i],
+                             i, r->load_first_layer, MAX_STEP_LOAD);
     for (size_t k = 0; k < r->n_summaries; k++)
         if (r->summary_lens[k] < ST_QSUM_HEADER_BYTES)
             return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: summary %zu of %zu bytes is shorter than its header", k,

@@ -72,14 +72,12 @@ static int find_server(const st_place_server_t *live, int n, uint64_t id) {
 void st_placement_counts(const st_placement_t *p, const uint64_t *ids, int n, int *out) {
     for (int i = 0; i < n; i++) out[i] = 0;
     st_place_server_t *s = malloc(sizeof *s * (size_t)(n + 1));
-    int *pos = malloc(sizeof *pos * (size_t)(n + 1));
-    if (!s || !pos) { /* the slow way, still right */
+    if (!s) { /* the slow way, still right */
         for (int i = 0; i < n; i++) out[i] = st_placement_count(p, ids[i]);
-        free(s);
-        free(pos);
         return;
     }
-    for (int i = 0; i < n; i++) s[i] = (st_place_server_t){.id = ids[i], .capacity = (uint32_t)i};
+    /* NOTE: .capacity carries the caller's index through the sort */
+    for (int i = 0; i < n; i++) s[i] = (st_place_server_t){.id = ids[i], .capacity = (uint32_t)i, .host = 0};
     qsort(s, (size_t)n, sizeof *s, cmp_server);
     size_t tot = (size_t)p->n_layers * (size_t)p->n_experts * (size_t)p->replicas;
     for (size_t i = 0; i < tot; i++) {
@@ -87,7 +85,6 @@ void st_placement_counts(const st_placement_t *p, const uint64_t *ids, int n, in
         if (k >= 0) out[s[k].capacity]++;
     }
     free(s);
-    free(pos);
 }
 
 typedef struct {
