@@ -565,6 +565,7 @@ static int run(const char *bin, const char *dir, const st_config_t *cfg, int R, 
         double all_cpu = proc_cpu_s() - c_all - beat_cpu;
         st = http_get("/status", &n, &ts);
         double merge_ms = st ? json_num(st, "\"step_ms\"", "coordinator_merge") : NAN, nset = st ? json_num(st, "\"thresholds\"", "set") : NAN;
+        double stale = st ? json_num(st, "\"thresholds\"", "stale_summaries") : NAN;
         free(st);
         double per_step = 1e3 * cpu_steady / n_steady;
         printf("  steady state (last %d steps): coordinator CPU %.1f ms per step (decode + merge + publish + gRPC + the heartbeats "
@@ -574,7 +575,8 @@ static int run(const char *bin, const char *dir, const st_config_t *cfg, int R, 
         printf("  all %d steps: %.1f ms of coordinator CPU per step without the heartbeats; estimator alone (merge + end_step, "
                "/status step_ms.coordinator_merge, since start) %.1f ms per step; thresholds set %.0f of %u\n",
                steps, 1e3 * all_cpu / steps, merge_ms, nset, L * E);
-        printf("  members dropped so far (a heartbeat answered unknown): %llu\n", (unsigned long long)g_forgotten);
+        printf("  members dropped so far (a heartbeat answered unknown): %llu; summaries dropped as stale so far: %.0f\n",
+               (unsigned long long)g_forgotten, stale);
         printf("  ReportScores up to %zu B per worker per step (budget 65536)%s; Thresholds reply %zu B in %.1f ms (x %d workers "
                "fetching each version = %.1f MB per step)\n",
                rep_max, rep_max <= 65536 ? "  ok" : "  OVER", th_bytes, 1e3 * fetch_s, nw, th_bytes * (double)nw / 1e6);
