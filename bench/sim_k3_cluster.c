@@ -687,6 +687,7 @@ int main(int argc, char **argv) {
     free(txt);
     int latent = cfg.latent ? cfg.latent : cfg.d;
     double expert_mb = 3.0 * latent * cfg.moe_inter * (cfg.experts_mxfp4 ? 17.0 / 32.0 : 2.0) / (1 << 20);
+    printf("# sim_k3_cluster: the coordinator's config and logs in %s\n", dir);
     printf("# sim_k3_cluster: %s: %d layers (%d dense) x %d experts, top-%d = %d expert instances; an expert %.1f MB (%s)\n", config,
            cfg.n_layers, cfg.first_k_dense, cfg.n_experts, cfg.top_k, (cfg.n_layers - cfg.first_k_dense) * cfg.n_experts, expert_mb,
            cfg.experts_mxfp4 ? "mxfp4" : "bf16");
