@@ -36,6 +36,10 @@
  * current placement take one, so no flood of registrations fills it for good. */
 #define MAX_SERVERS 64
 #define MAX_MB 4 /* micro-batches in flight per step (--micro-batches) */
+/* One step's ReportScores stays under 64 KB (issue 16): the summaries share ST_QSUM_DEFAULT_BUDGET,
+ * the loads take what is left after REPORT_FIXED bytes of the other fields and framing. */
+#define REPORT_BUDGET 65536u
+#define REPORT_FIXED 1024u
 enum { MB_DONE, MB_LAUNCHED, MB_AT_EXPERTS }; /* a micro-batch's state within a step */
 #define MAX_STOP 16
 
@@ -186,6 +190,7 @@ struct aw {
     int hook_mb;
     bool sync_mb; /* STRATA_WORKER_SYNC=1: collect each micro-batch right after its launch (comparisons) */
     uint32_t *load;              /* [n_layers][n_experts] tokens per expert this step */
+    int load_next;               /* first layer of the next report's loads */
     uint64_t dispatch_bytes, reply_bytes, messages;
     double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
     double t_step;                 /* when this step's micro-batches began */
@@ -711,12 +716,34 @@ static void sync_thresholds(aw_t *aw) {
                              .n_experts = (uint32_t)c->n_experts, .tau = aw->tau_cur + off, .rho = aw->rho_cur + off};
 }
 
-/* After a step: one ReportScores (loads, bytes, and the micro-batches' summaries) to the loop. */
+static size_t varint_bytes(uint32_t v) { return v < (1u << 7) ? 1 : v < (1u << 14) ? 2 : v < (1u << 21) ? 3 : v < (1u << 28) ? 4 : 5; }
+
+/* The loads this report carries: whole MoE layers from aw->load_next on, while they fit `room`
+ * bytes (packed varints); the next report continues after them (wrapping to the first MoE layer). */
+static void pick_load_layers(aw_t *aw, size_t room, st_proto_scores_t *r) {
+    const st_config_t *c = aw->c;
+    int first = aw->load_next >= c->first_k_dense && aw->load_next < c->n_layers ? aw->load_next : c->first_k_dense, l;
+    size_t used = 0;
+    for (l = first; l < c->n_layers; l++) {
+        const uint32_t *ld = aw->load + (size_t)l * c->n_experts;
+        size_t b = 0;
+        for (int e = 0; e < c->n_experts; e++) b += varint_bytes(ld[e]);
+        if (used + b > room) break;
+        used += b;
+    }
+    aw->load_next = l >= c->n_layers ? c->first_k_dense : l;
+    if (l == first) return;
+    r->load_first_layer = (uint32_t)first;
+    r->load = aw->load + (size_t)first * c->n_experts;
+    r->n_load = (size_t)(l - first) * c->n_experts;
+}
+
+/* After a step: one ReportScores (loads, bytes, and the micro-batches' summaries) to the loop,
+ * within REPORT_BUDGET bytes: the summaries first, then as many layers of loads as fit. */
 static void post_report(aw_t *aw, int nmb) {
     const st_config_t *c = aw->c;
     st_proto_scores_t r = {.worker_id = st_member_id(aw->mem), .step = aw->step, .threshold_version = aw->tau_cur_version,
                            .n_layers = (uint32_t)c->n_layers, .n_experts = (uint32_t)c->n_experts,
-                           .load = aw->load, .n_load = (size_t)c->n_layers * c->n_experts,
                            .dispatch_bytes = aw->dispatch_bytes};
     const uint8_t *sums[MAX_MB];
     size_t lens[MAX_MB];
@@ -727,6 +754,9 @@ static void post_report(aw_t *aw, int nmb) {
             sums[r.n_summaries++] = aw->qbuf[m];
         }
     aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
+    size_t room = REPORT_BUDGET - REPORT_FIXED;
+    for (size_t k = 0; k < r.n_summaries; k++) room = room > lens[k] + 4 ? room - lens[k] - 4 : 0;
+    pick_load_layers(aw, room, &r);
     st_engine_stats_t now;
     st_engine_get_stats(aw->e, &now);
     aw->stage[ST_PROTO_STAGE_COMBINE] = now.combine - aw->est.combine;
@@ -818,9 +848,13 @@ static void step(aw_t *aw) {
     st_engine_get_stats(aw->e, &aw->est);
     aw->t_step = st_time_sec();
     for (int m = 0; m < nmb; m++) {
-        if (aw->o.routing == ST_ROUTE_QUANTILE)
+        if (aw->o.routing == ST_ROUTE_QUANTILE) {
+            /* the step's summaries share one budget; a share below one section is refused (the
+             * builder keeps its previous budget: at most one section over) */
+            (void)st_qsum_set_budget(aw->qsum[m], ST_QSUM_DEFAULT_BUDGET / (size_t)nmb);
             st_qsum_begin(aw->qsum[m], aw->qbuf[m], aw->qcap, (uint32_t)st_member_id(aw->mem), aw->step,
                           aw->qtab.version ? &aw->qtab : NULL);
+        }
         aw->hook_mb = m;
         memset(aw->tok_failed[m], 0, sizeof(bool) * (size_t)aw->o.max_batch_tokens);
         if (st_engine_mb_begin(aw->mbs[m], ch + first[m], count[m], aw->logits[m]) != ST_OK) {
@@ -1481,13 +1515,21 @@ static void on_reported(st_status_t st, const uint8_t *reply, size_t len, const 
 static void on_thresholds(void *arg, const st_proto_thresholds_t *t) {
     aw_t *aw = arg;
     size_t cells = (size_t)aw->c->n_layers * aw->c->n_experts;
-    if (t->n_layers != (uint32_t)aw->c->n_layers || t->n_experts != (uint32_t)aw->c->n_experts || !t->tau || t->n_rho != cells) {
+    /* rho: every row, or (format 2) only the probed layers' rows; decode checked the layer list */
+    if (t->n_layers != (uint32_t)aw->c->n_layers || t->n_experts != (uint32_t)aw->c->n_experts || !t->tau ||
+        (t->n_rho_layers ? t->n_rho != t->n_rho_layers * t->n_experts : t->n_rho != cells)) {
         st_log_every(ST_LOG_ERROR, 10.0, "worker %s: thresholds of the wrong shape; ignored", aw->o.name);
         return;
     }
     pthread_mutex_lock(&aw->mu);
     memcpy(aw->tau_in, t->tau, sizeof(float) * cells);
-    memcpy(aw->rho_in, t->rho, sizeof(float) * cells);
+    if (t->n_rho_layers) {
+        for (size_t i = 0; i < cells; i++) aw->rho_in[i] = NAN;
+        for (size_t i = 0; i < t->n_rho_layers; i++)
+            memcpy(aw->rho_in + (size_t)t->rho_layers[i] * t->n_experts, t->rho + i * t->n_experts, sizeof(float) * t->n_experts);
+    } else {
+        memcpy(aw->rho_in, t->rho, sizeof(float) * cells);
+    }
     aw->tau_in_version = t->version;
     pthread_mutex_unlock(&aw->mu);
 }
@@ -1624,8 +1666,9 @@ static st_status_t alloc_buffers(aw_t *aw) {
                                            (uint32_t)aw->o.max_batch_tokens, &aw->qsum[m]) != ST_OK)
             return ST_FAIL(ST_ERR_NO_MEMORY, "score summaries");
     }
-    /* a report: the summaries plus loads (5 bytes a cell at most) and small fields */
-    aw->rep_cap = (aw->o.routing == ST_ROUTE_QUANTILE ? 2 * aw->qcap : 0) + tc * 6 + 1024;
+    /* a report: the summaries plus loads (5 bytes a cell at most) and small fields; the budget
+     * keeps it far below this */
+    aw->rep_cap = (aw->o.routing == ST_ROUTE_QUANTILE ? (size_t)aw->o.micro_batches * aw->qcap : 0) + tc * 6 + REPORT_FIXED;
     for (int i = 0; i < 2; i++)
         if (!(aw->rep_buf[i] = malloc(aw->rep_cap))) return ST_FAIL(ST_ERR_NO_MEMORY, "report buffers");
     if (st_dispatch_plan_init(&aw->plan2, MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;

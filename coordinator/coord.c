@@ -51,17 +51,30 @@ static const char *role_name(st_proto_role_t r) {
     return r == ST_PROTO_ROLE_EXPERT ? "expert server" : "attention worker";
 }
 
+/* The host part of a "host:port" endpoint, as a nonzero number (FNV-1a): servers of one machine
+ * share it, and placement keeps an expert's replicas on different ones. */
+static uint32_t endpoint_host(const char *ep) {
+    const char *c = strrchr(ep, ':');
+    size_t n = c ? (size_t)(c - ep) : strlen(ep);
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)ep[i]) * 16777619u;
+    return h ? h : 1;
+}
+
 static void replace_experts(coord_t *co) {
     st_place_server_t live[MAX_MEMBERS];
     int n = 0;
     for (int i = 0; i < co->n_members; i++)
         if (co->members[i].alive && co->members[i].role == ST_PROTO_ROLE_EXPERT)
-            live[n++] = (st_place_server_t){.id = co->members[i].id, .capacity = 0};
+            live[n++] = (st_place_server_t){.id = co->members[i].id, .capacity = 0, .host = endpoint_host(co->members[i].endpoint)};
     uint64_t v = co->place.version;
+    double t0 = st_time_sec();
     st_placement_update(&co->place, live, n);
+    co->place_s_last = st_time_sec() - t0;
+    co->place_s_max = co->place_s_last > co->place_s_max ? co->place_s_last : co->place_s_max;
     if (co->place.version != v)
-        st_log_info("coordinator: placement v%llu over %d expert servers (%s)", (unsigned long long)co->place.version, n,
-                    st_placement_complete(&co->place) ? "complete" : "INCOMPLETE");
+        st_log_info("coordinator: placement v%llu over %d expert servers (%s) in %.1f ms", (unsigned long long)co->place.version, n,
+                    st_placement_complete(&co->place) ? "complete" : "INCOMPLETE", 1e3 * co->place_s_last);
 }
 
 /* The member is gone (missed heartbeats, or replaced by its own re-registration): no new work, its
@@ -279,7 +292,8 @@ static void h_register(st_rpc_call_t *call, const uint8_t *req, size_t len, void
         uint32_t *load = m->load; /* sized at start-up, kept across registrations */
         memset(m, 0, sizeof *m);
         m->load = load;
-        memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
+        if (r.role == ST_PROTO_ROLE_ATTENTION) /* expert servers never use theirs (untouched pages) */
+            memset(load, 0, sizeof(uint32_t) * (size_t)co->cfg.n_layers * co->cfg.n_experts);
         m->id = id;
         memcpy(m->token, token, sizeof m->token);
         peer_hash(call, m->peer_hash);
@@ -412,14 +426,59 @@ static void publish_thresholds(coord_t *co) {
         co->tau_version = t.version;
         co->tau_steps++;
     }
-    for (int i = 0; i < co->n_pending; i++) free(co->pending[i]);
-    co->n_pending = 0;
+    co->tau_data = 0;
     for (int i = 0; i < co->n_members; i++) co->members[i].reported = 0;
 }
 
 static void on_tau_timer(uv_timer_t *t) {
     coord_t *co = t->data;
-    if (co->n_pending) publish_thresholds(co);
+    if (co->tau_data) publish_thresholds(co);
+}
+
+/* Tests only (--test-reply-delay-ms): a reply held back on a timer, as a slow coordinator would
+ * answer. The call may be cancelled meanwhile (client deadline, shutdown): then it is dropped. */
+typedef struct {
+    uv_timer_t t;
+    st_rpc_call_t *call; /* NULL once cancelled */
+    st_status_t s;
+    uint8_t *buf;
+    size_t len;
+    char err[256];
+} delayed_t;
+
+static void delayed_closed(uv_handle_t *h) {
+    delayed_t *d = h->data;
+    free(d->buf);
+    free(d);
+}
+
+static void delayed_fire(uv_timer_t *t) {
+    delayed_t *d = t->data;
+    if (d->call) {
+        if (d->s == ST_OK) st_rpc_call_reply(d->call, d->buf, d->len);
+        else st_rpc_call_finish(d->call, d->s, d->err);
+    }
+    uv_close((uv_handle_t *)&d->t, delayed_closed);
+}
+
+static void delayed_cancelled(st_rpc_call_t *call, void *arg) {
+    (void)call;
+    ((delayed_t *)arg)->call = NULL;
+}
+
+/* reply_msg, after the test delay when one is set (takes buf either way). */
+static void reply_threshold_msg(coord_t *co, st_rpc_call_t *call, st_status_t s, uint8_t *buf, size_t len) {
+    delayed_t *d = co->o.test_reply_delay_ms && !co->stopping ? calloc(1, sizeof *d) : NULL;
+    if (!d) {
+        reply_msg(call, s, buf, len);
+        return;
+    }
+    *d = (delayed_t){.call = call, .s = s, .buf = buf, .len = len};
+    if (s != ST_OK) snprintf(d->err, sizeof d->err, "%s", st_err_last());
+    uv_timer_init(&co->loop, &d->t);
+    d->t.data = d;
+    st_rpc_call_on_cancel(call, delayed_cancelled, d);
+    uv_timer_start(&d->t, delayed_fire, co->o.test_reply_delay_ms, 0);
 }
 
 /* Every value of a worker's step report, before any of it is used (one NaN would poison /metrics
@@ -439,7 +498,8 @@ static st_status_t check_scores(const coord_t *co, const st_proto_scores_t *r) {
                          (unsigned long long)r->messages);
     for (size_t i = 0; i < r->n_load; i++)
         if (r->load[i] > MAX_STEP_LOAD)
-            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: load %u at cell %zu > %u", r->load[i], i, MAX_STEP_LOAD);
+            return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: load %u at cell %zu (of the loads from layer %u) > %u", r->load[i],
+                             i, r->load_first_layer, MAX_STEP_LOAD);
     for (size_t k = 0; k < r->n_summaries; k++)
         if (r->summary_lens[k] < ST_QSUM_HEADER_BYTES)
             return ST_REJECT(ST_ERR_INVALID_ARG, "ReportScores: summary %zu of %zu bytes is shorter than its header", k,
@@ -468,27 +528,28 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
     if (s == ST_OK) s = check_scores(co, &r);
     /* summaries first: a malformed one fails the report before any statistic moves.
      * NOTE: common/quantile cannot unstage, so summaries before a malformed one in the same report
-     * stay merged (they were valid); nothing else is touched. */
+     * stay merged (they were valid); nothing else is touched. The merge keeps none of the bytes. */
     double t_merge = st_time_sec();
     for (size_t k = 0; s == ST_OK && k < r.n_summaries && co->q; k++) {
-        if (co->n_pending >= MAX_PENDING) publish_thresholds(co);
-        uint8_t *copy = malloc(r.summary_lens[k] + 1);
-        if (!copy) {
-            s = ST_FAIL(ST_ERR_NO_MEMORY, "summary copy");
-            break;
+        s = st_qstate_merge(co->q, r.summaries[k], r.summary_lens[k]);
+        if (s == ST_OK) {
+            co->tau_data = 1;
+        } else if (s == ST_ERR_OUT_OF_RANGE) { /* built on a table older than the history: dropped */
+            co->stale_summaries++;
+            st_log_every(ST_LOG_WARN, 10.0, "coordinator: worker %s: %s (dropped; %llu so far)", m->name, st_err_last(),
+                         (unsigned long long)co->stale_summaries);
+            s = ST_OK;
+        } else if (s != ST_ERR_NO_MEMORY) {
+            s = ST_ERR_INVALID_ARG; /* the sender's bytes */
         }
-        memcpy(copy, r.summaries[k], r.summary_lens[k]);
-        s = st_qstate_merge(co->q, copy, r.summary_lens[k]);
-        if (s == ST_OK) co->pending[co->n_pending++] = copy; /* zero-copy merge: keep until end_step */
-        else free(copy);
-        if (s != ST_OK && s != ST_ERR_CAPACITY && s != ST_ERR_NO_MEMORY) s = ST_ERR_INVALID_ARG; /* the sender's bytes */
     }
     co->merge_s += st_time_sec() - t_merge;
     /* per-expert load of the worker's step (for /status and /metrics) */
-    if (s == ST_OK && r.n_load == (size_t)co->cfg.n_layers * co->cfg.n_experts) {
-        if (r.step != m->load_step) {
+    if (s == ST_OK) {
+        /* decode checked that the layers lie inside the shape check_scores compared */
+        if (r.n_load && r.step != m->load_step) {
             m->load_step = r.step;
-            memcpy(m->load, r.load, sizeof(uint32_t) * r.n_load);
+            memcpy(m->load + (size_t)r.load_first_layer * co->cfg.n_experts, r.load, sizeof(uint32_t) * r.n_load);
         }
         co->dispatch_bytes += r.dispatch_bytes;
         co->reply_bytes += r.reply_bytes;
@@ -497,6 +558,7 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         co->stage_steps++;
         co->steps_total++;
         m->step = r.step;
+        m->tau_used = r.threshold_version;
     }
     if (s == ST_OK && r.n_summaries && co->q) {
         /* the step ends when every live worker has reported (or on the timer) */
@@ -504,7 +566,7 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         int all = 1;
         for (int i = 0; i < co->n_members; i++)
             if (co->members[i].alive && co->members[i].role == ST_PROTO_ROLE_ATTENTION && !co->members[i].reported) all = 0;
-        if (all && co->n_pending) publish_thresholds(co);
+        if (all && co->tau_data) publish_thresholds(co);
     }
     uint8_t *buf = NULL;
     size_t n = 0;
@@ -512,7 +574,7 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         st_proto_scores_reply_t rep = {.threshold_version = co->tau_version};
         s = st_proto_scores_reply_encode(&rep, &buf, &n);
     }
-    reply_msg(call, s, buf, n);
+    reply_threshold_msg(co, call, s, buf, n);
     st_proto_scores_cleanup(&r);
 }
 
@@ -530,20 +592,26 @@ static void h_thresholds(st_rpc_call_t *call, const uint8_t *req, size_t len, vo
     if (r.known_version == co->tau_version || q.version == 0) {
         t.unchanged = 1;
     } else {
-        /* the estimator works over MoE layers; the wire carries every layer (non-MoE rows NaN) */
-        size_t cells = (size_t)co->cfg.n_layers * co->cfg.n_experts;
-        for (size_t i = 0; i < cells; i++) co->tau_all[i] = co->rho_all[i] = NAN;
-        size_t off = (size_t)co->cfg.first_k_dense * co->cfg.n_experts, moe = (size_t)q.n_layers * q.n_experts;
-        memcpy(co->tau_all + off, q.tau, sizeof(float) * moe);
-        memcpy(co->rho_all + off, q.rho, sizeof(float) * moe);
+        /* the estimator works over MoE layers; the wire carries tau for every layer (non-MoE rows
+         * NaN) and rho only for the layers this version probes (a whole row is set or NaN) */
+        uint32_t E = q.n_experts, off = (uint32_t)co->cfg.first_k_dense;
+        for (size_t i = 0; i < (size_t)off * E; i++) co->tau_all[i] = NAN;
+        memcpy(co->tau_all + (size_t)off * E, q.tau, sizeof(float) * q.n_layers * E);
+        for (uint32_t l = 0; l < q.n_layers; l++) {
+            const float *row = q.rho + (size_t)l * E;
+            if (!st_qtau_is_set(row[0])) continue;
+            memcpy(co->rho_all + t.n_rho_layers * E, row, sizeof(float) * E);
+            co->rho_layers[t.n_rho_layers++] = l + off;
+        }
         t.tau = co->tau_all;
         t.rho = co->rho_all;
-        t.n_rho = cells;
+        t.n_rho = t.n_rho_layers * E;
+        t.rho_layers = co->rho_layers;
     }
     uint8_t *buf;
     size_t n;
     st_status_t es_ = st_proto_thresholds_encode(&t, &buf, &n);
-    reply_msg(call, es_, buf, n);
+    reply_threshold_msg(co, call, es_, buf, n);
     st_proto_version_req_cleanup(&r);
 }
 
@@ -651,12 +719,18 @@ int st_coord_run(const st_coord_opts_t *opts) {
     snprintf(co->model, sizeof co->model, "%s", co->o.model_name ? co->o.model_name : base && base[1] ? base + 1 : co->o.ckpt);
     int n_moe = c->n_layers - c->first_k_dense;
     if (st_placement_init(&co->place, n_moe, c->n_experts, co->o.replicas) != ST_OK) goto out;
-    if (st_qstate_create((uint32_t)n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, co->o.lambda, NULL, &co->q) != ST_OK)
+    /* NOTE: history 32: workers fetch a table when a heartbeat announces one (500 ms) and the 50 ms
+     * timer may close a step before every worker reported: up to ~10 versions behind, plus a step */
+    st_qstate_opts_t qo;
+    st_qstate_opts_default(&qo);
+    qo.history = 32;
+    if (st_qstate_create((uint32_t)n_moe, (uint32_t)c->n_experts, (uint32_t)c->top_k, co->o.lambda, &qo, &co->q) != ST_OK)
         goto out_place;
     size_t cells = (size_t)c->n_layers * c->n_experts;
     co->tau_all = malloc(sizeof(float) * cells);
     co->rho_all = malloc(sizeof(float) * cells);
-    int nomem = !co->tau_all || !co->rho_all;
+    co->rho_layers = malloc(sizeof(uint32_t) * ((size_t)c->n_layers + 1));
+    int nomem = !co->tau_all || !co->rho_all || !co->rho_layers;
     for (int i = 0; i < MAX_MEMBERS; i++) nomem |= !(co->members[i].load = calloc(cells, sizeof(uint32_t)));
     if (nomem) {
         ST_FAIL(ST_ERR_NO_MEMORY, "coordinator: member tables for %zu experts", cells);
@@ -728,7 +802,6 @@ out_rpc:
     uv_run(&co->loop, UV_RUN_DEFAULT);
     uv_loop_close(&co->loop);
 out_q:
-    for (int i = 0; i < co->n_pending; i++) free(co->pending[i]);
     st_qstate_destroy(co->q);
 out_place:
     st_placement_cleanup(&co->place);
@@ -737,6 +810,7 @@ out:
     for (int i = 0; i < MAX_MEMBERS; i++) free(co->members[i].load);
     free(co->tau_all);
     free(co->rho_all);
+    free(co->rho_layers);
     free(co);
     return rc;
 }

@@ -26,6 +26,7 @@ typedef struct {
     double queue_timeout_s;   /* a request waits at most this long for a slot (0: default 60) */
     const char *http_tls_cert, *http_tls_key; /* PEM files: serve HTTPS only (NULL: plain HTTP) */
     double stream_idle_timeout_s; /* no token from the worker this long: cancel, tell the client (0: default 60) */
+    uint32_t test_reply_delay_ms; /* tests only: answer ReportScores and GetThresholds this late (0: at once) */
 } st_coord_opts_t;
 
 int st_coord_run(const st_coord_opts_t *o);

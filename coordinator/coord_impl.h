@@ -20,7 +20,6 @@
 #define MEMBER_FORGET_BEATS 10
 #define MEMBER_KEEP_DEAD 16
 #define MEMBER_KEEP_DEAD_S 120.0
-#define MAX_PENDING 256
 #define HIST_BUCKETS 14
 
 typedef struct {
@@ -40,7 +39,9 @@ typedef struct {
     int alive, active, reported; /* active: proxied requests now */
     double last_seen, registered_at;
     uint64_t step, load_step;
-    uint32_t *load; /* [n_layers][n_experts] tokens per expert in the member's last reported step */
+    uint64_t tau_used; /* attention workers: the threshold version their last reported step routed with (0: top-k) */
+    uint32_t *load; /* [n_layers][n_experts] tokens per expert, each layer as last reported (reports
+                       carry the layers that fit the worker's byte budget, in rotation) */
     st_rpc_channel_t *ch; /* attention workers: their Worker service */
     /* security (docs/security.md): heartbeats and reports must carry the token and arrive on the
      * connection that registered */
@@ -94,11 +95,13 @@ struct coord {
     int n_members;
     uint64_t next_id;
     st_placement_t place;
+    double place_s_last, place_s_max; /* placement updates: the last one's time, the slowest */
     st_qstate_t *q;
     uint64_t tau_version, tau_steps;
-    float *tau_all, *rho_all; /* [n_layers][n_experts] for the wire */
-    uint8_t *pending[MAX_PENDING];
-    int n_pending;
+    float *tau_all, *rho_all; /* [n_layers][n_experts] for the wire (rho_all: the probed rows, packed) */
+    uint32_t *rho_layers;     /* [n_layers] the probed layers of the reply */
+    int tau_data;             /* summaries merged since the last end_step */
+    uint64_t stale_summaries; /* dropped: built on a table older than the estimator's history */
     /* metrics */
     double t_start, tick_at, tokens_per_s;
     uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;

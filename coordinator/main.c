@@ -113,6 +113,9 @@ int main(int argc, char **argv) {
             if (secs_arg(a, v, &o.queue_timeout_s) != 0) return 2;
         } else if (!strcmp(a, "--stream-idle-timeout-s")) {
             if (secs_arg(a, v, &o.stream_idle_timeout_s) != 0) return 2;
+        } else if (!strcmp(a, "--test-reply-delay-ms")) { /* tests: a slow coordinator (docs/quantile.md) */
+            if (st_parse_long(a, v, 0, 60000, &x) != 0) return 2;
+            o.test_reply_delay_ms = (uint32_t)x;
         } else if (!strcmp(a, "--routing")) {
             if (!strcmp(v, "quantile")) o.quantile = 1;
             else if (strcmp(v, "topk") != 0) { usage(); return 2; }

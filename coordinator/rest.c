@@ -159,6 +159,11 @@ static void last_load(coord_t *co, uint64_t *out) {
 char *st_coord_status_json(coord_t *co) {
     const st_config_t *c = &co->cfg;
     json_t *members = json_array();
+    /* experts held: one pass over the map for every server (not one per server) */
+    uint64_t ids[MAX_MEMBERS];
+    int held[MAX_MEMBERS];
+    for (int i = 0; i < co->n_members; i++) ids[i] = co->members[i].id;
+    st_placement_counts(&co->place, ids, co->n_members, held);
     for (int i = 0; i < co->n_members; i++) {
         member_t *m = &co->members[i];
         /* names and endpoints are members' words: never trusted to be UTF-8 */
@@ -168,7 +173,8 @@ char *st_coord_status_json(coord_t *co) {
                               (json_int_t)m->step, "last_seen_s_ago", jnum(st_time_sec() - m->last_seen), "active_requests",
                               m->active);
         if (!j) continue;
-        if (m->role == ST_PROTO_ROLE_EXPERT) json_object_set_new(j, "experts_held", json_integer(st_placement_count(&co->place, m->id)));
+        if (m->role == ST_PROTO_ROLE_EXPERT) json_object_set_new(j, "experts_held", json_integer(held[i]));
+        if (m->role == ST_PROTO_ROLE_ATTENTION) json_object_set_new(j, "threshold_version", json_integer((json_int_t)m->tau_used));
         json_array_append_new(members, j);
     }
     size_t cells = (size_t)c->n_layers * c->n_experts;
@@ -217,6 +223,13 @@ char *st_coord_status_json(coord_t *co) {
                                   (json_int_t)co->idle_timeouts, "cancelled_worker_lost", (json_int_t)co->workers_lost_cancelled,
                                   "stream_idle_timeout_s",
                                   jnum(co->o.stream_idle_timeout_s > 0 ? co->o.stream_idle_timeout_s : 60)));
+    json_t *th = json_object_get(root, "thresholds");
+    if (th) json_object_set_new(th, "stale_summaries", json_integer((json_int_t)co->stale_summaries));
+    json_t *pl = json_object_get(root, "placement");
+    if (pl) {
+        json_object_set_new(pl, "update_ms_last", jnum(1e3 * co->place_s_last));
+        json_object_set_new(pl, "update_ms_max", jnum(1e3 * co->place_s_max));
+    }
     json_object_set_new(root, "loop", json_pack("{s:o, s:o}", "stall_max_s_last_60s", jnum(st_coord_stall_max_60s(co)),
                                                 "stall_max_s", jnum(co->stall_max)));
     json_object_set_new(root, "auth", json_pack("{s:b, s:b}", "api_key", co->o.api_key != NULL, "all_endpoints", co->o.auth_all));

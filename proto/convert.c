@@ -431,11 +431,18 @@ err_unpacked:
 
 /* ---- ScoreSummary ---- */
 
+/* load: whole layers from `first`, inside n_layers (cells_ok checked the shape). */
+static int load_ok(uint32_t n_layers, uint32_t n_experts, uint32_t first, size_t n_load) {
+    if (!n_load) return 1;
+    if (!n_experts || n_load % n_experts) return 0;
+    return first < n_layers && n_load / n_experts <= (size_t)(n_layers - first);
+}
+
 /* bins: n_summaries entries of the caller's. */
 static st_status_t scores_fill(Strata__V1__ScoreSummary *pb, ProtobufCBinaryData *bins, const st_proto_scores_t *m) {
     size_t cells;
-    if (!cells_ok(m->n_layers, m->n_experts, &cells) || (m->n_load && (m->n_load != cells || !m->load)) ||
-        (m->n_summaries && (!m->summaries || !m->summary_lens)))
+    if (!cells_ok(m->n_layers, m->n_experts, &cells) || !load_ok(m->n_layers, m->n_experts, m->load_first_layer, m->n_load) ||
+        (m->n_load && !m->load) || (m->n_summaries && (!m->summaries || !m->summary_lens)))
         return ST_FAIL(ST_ERR_INVALID_ARG, "proto: scores %u x %u: bad shape", m->n_layers, m->n_experts);
     if (m->n_summaries > 8) return ST_FAIL(ST_ERR_INVALID_ARG, "proto: at most 8 score summaries per step");
     strata__v1__score_summary__init(pb);
@@ -447,6 +454,7 @@ static st_status_t scores_fill(Strata__V1__ScoreSummary *pb, ProtobufCBinaryData
     pb->n_experts = m->n_experts;
     pb->n_summaries = m->n_summaries;
     pb->summaries = bins;
+    pb->load_first_layer = m->load_first_layer;
     pb->n_load = m->n_load;
     pb->load = m->load;
     pb->dispatch_bytes = m->dispatch_bytes;
@@ -507,10 +515,11 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
     st_status_t st;
     st_proto_scores_t r = {0};
     size_t cells;
-    if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || (pb->n_load && pb->n_load != cells) || pb->n_summaries > 8) {
-        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: scores from worker %llu step %llu: %u x %u with %zu loads, %zu summaries",
+    if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || !load_ok(pb->n_layers, pb->n_experts, pb->load_first_layer, pb->n_load) ||
+        pb->n_summaries > 8) {
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: scores from worker %llu step %llu: %u x %u with %zu loads from layer %u, %zu summaries",
                      (unsigned long long)pb->worker_id, (unsigned long long)pb->step, pb->n_layers, pb->n_experts,
-                     pb->n_load, pb->n_summaries);
+                     pb->n_load, pb->load_first_layer, pb->n_summaries);
         goto err_unpacked;
     }
     r.worker_id = pb->worker_id;
@@ -546,6 +555,7 @@ st_status_t st_proto_scores_decode(const uint8_t *buf, size_t len, st_proto_scor
         goto err_unpacked;
     }
     r.n_load = pb->n_load;
+    r.load_first_layer = pb->n_load ? pb->load_first_layer : 0;
     protobuf_c_message_free_unpacked(&pb->base, NULL);
     *out = r;
     return ST_OK;
@@ -555,6 +565,15 @@ err_unpacked:
 }
 
 /* ---- Thresholds ---- */
+
+/* rho: every row (no layer list), or the rows of ascending layers < n_layers. */
+static int rho_ok(uint32_t n_layers, uint32_t n_experts, size_t n_rho, const uint32_t *layers, size_t n_layers_rho) {
+    if (!n_layers_rho) return n_rho == 0 || n_rho == (size_t)n_layers * n_experts;
+    if (!layers || n_layers_rho > n_layers || n_rho != n_layers_rho * n_experts) return 0;
+    for (size_t i = 0; i < n_layers_rho; i++)
+        if (layers[i] >= n_layers || (i && layers[i] <= layers[i - 1])) return 0;
+    return 1;
+}
 
 st_status_t st_proto_thresholds_encode(const st_proto_thresholds_t *m, uint8_t **out, size_t *len) {
     size_t cells;
@@ -570,9 +589,12 @@ st_status_t st_proto_thresholds_encode(const st_proto_thresholds_t *m, uint8_t *
     if (!m->unchanged) {
         pb.n_tau = cells;
         pb.tau = m->tau;
-        if (m->n_rho && m->n_rho != cells) return ST_FAIL(ST_ERR_INVALID_ARG, "proto: thresholds: rho of %zu values", m->n_rho);
+        if (!rho_ok(m->n_layers, m->n_experts, m->n_rho, m->rho_layers, m->n_rho_layers) || (m->n_rho && !m->rho))
+            return ST_FAIL(ST_ERR_INVALID_ARG, "proto: thresholds: rho of %zu values over %zu layers", m->n_rho, m->n_rho_layers);
         pb.n_rho = m->n_rho;
         pb.rho = m->rho;
+        pb.n_rho_layers = m->n_rho_layers;
+        pb.rho_layers = m->rho_layers;
     }
     return pack_msg(&pb.base, "Thresholds", out, len);
 }
@@ -580,6 +602,7 @@ st_status_t st_proto_thresholds_encode(const st_proto_thresholds_t *m, uint8_t *
 void st_proto_thresholds_cleanup(st_proto_thresholds_t *m) {
     free(m->tau);
     free(m->rho);
+    free(m->rho_layers);
     memset(m, 0, sizeof *m);
 }
 
@@ -591,9 +614,10 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
     st_proto_thresholds_t r = {0};
     /* NOTE: "unchanged" carries no table at all (tau nor rho): what encode writes for it */
     if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_tau != (pb->unchanged ? 0 : cells) ||
-        (pb->n_rho && (pb->unchanged || pb->n_rho != cells))) {
-        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u%s with %zu tau, %zu rho", pb->n_layers, pb->n_experts,
-                       pb->unchanged ? " (unchanged)" : "", pb->n_tau, pb->n_rho);
+        ((pb->n_rho || pb->n_rho_layers) && pb->unchanged) ||
+        !rho_ok(pb->n_layers, pb->n_experts, pb->n_rho, pb->rho_layers, pb->n_rho_layers)) {
+        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u%s with %zu tau, %zu rho over %zu layers", pb->n_layers,
+                       pb->n_experts, pb->unchanged ? " (unchanged)" : "", pb->n_tau, pb->n_rho, pb->n_rho_layers);
         goto err_unpacked;
     }
     r.version = pb->version;
@@ -602,9 +626,12 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
     r.n_layers = pb->n_layers;
     r.n_experts = pb->n_experts;
     r.n_rho = pb->n_rho;
+    r.n_rho_layers = pb->n_rho_layers;
     if (!dup_arr((void **)&r.tau, pb->tau, pb->n_tau, sizeof(float)) ||
-        !dup_arr((void **)&r.rho, pb->rho, pb->n_rho, sizeof(float))) {
+        !dup_arr((void **)&r.rho, pb->rho, pb->n_rho, sizeof(float)) ||
+        !dup_arr((void **)&r.rho_layers, pb->rho_layers, pb->n_rho_layers, sizeof(uint32_t))) {
         free(r.tau);
+        free(r.rho);
         st = NOMEM("Thresholds");
         goto err_unpacked;
     }

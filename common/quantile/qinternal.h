@@ -8,7 +8,14 @@
 
 #include "strata/quantile.h"
 
-#define ST_Q_REC_EXPLICIT 0x8000u /* record carries its own cut and tie count */
+#define ST_Q_REC_EXPLICIT 0x8000u /* format 1: record carries its own cut and tie count */
+
+/* Format 2 (counting estimator) sections and planes; byte map in docs/quantile.md. */
+enum { ST_QC_KIND_COUNT = 1, ST_QC_KIND_INIT = 2 };
+#define ST_QC_FLAG_BAND 0x1u  /* COUNT section: a band plane follows the count plane */
+#define ST_QC_PLANE_HDR 8u    /* u32 base, u8 width, u8 0, u16 n_exceptions */
+#define ST_QC_EXC_BYTES 6u    /* u16 expert, u32 value */
+#define ST_QC_INIT_HDR 8u     /* u32 r1, u32 r2 */
 
 /* Header field offsets (ST_QSUM_HEADER_BYTES = 48). */
 enum {

@@ -126,13 +126,16 @@ enum { ST_PROTO_STAGE_ATTENTION = 0, ST_PROTO_STAGE_DISPATCH, ST_PROTO_STAGE_WAI
        ST_PROTO_STAGE_COMBINE, ST_PROTO_STAGE_THRESHOLDS, ST_PROTO_STAGE_NETWORK, ST_PROTO_STAGES };
 
 /* One worker's step (see strata.proto ScoreSummary): score summaries in common/quantile's byte
- * format (one per micro-batch), and per-expert loads load[l*n_experts + e] (n_load 0 or cells). */
+ * format (one per micro-batch), and per-expert loads of whole layers from load_first_layer on:
+ * load[(l - load_first_layer)*n_experts + e]; n_load a multiple of n_experts (0: none), the
+ * layers inside n_layers. */
 typedef struct {
     uint64_t worker_id, step, threshold_version;
     uint32_t n_layers, n_experts;
     size_t n_summaries;
     const uint8_t **summaries; /* [n_summaries]; decode allocates */
     size_t *summary_lens;      /* [n_summaries] */
+    uint32_t load_first_layer;
     size_t n_load;
     uint32_t *load;
     uint64_t dispatch_bytes, reply_bytes, messages;
@@ -144,16 +147,20 @@ typedef struct {
     uint64_t threshold_version;
 } st_proto_scores_reply_t;
 
-/* τ[l][e] = tau[l*n_experts + e] (NaN = unset layer), rho the report cuts; unchanged: requester
- * is current, tau NULL. */
+/* τ[l][e] = tau[l*n_experts + e] (NaN = unset layer); unchanged: requester is current, tau NULL.
+ * rho, the probe thresholds: with n_rho_layers > 0 only the rows of those layers (ascending, each
+ * < n_layers): rho[i*n_experts + e] is layer rho_layers[i]'s, n_rho = n_rho_layers * n_experts, every
+ * other layer NaN; with n_rho_layers 0, n_rho is 0 or n_layers * n_experts (every row). */
 typedef struct {
     uint64_t version;
     int unchanged;
     uint64_t step;
     uint32_t n_layers, n_experts;
     float *tau;   /* [n_layers * n_experts] */
-    size_t n_rho; /* 0 or n_layers * n_experts */
+    size_t n_rho; /* see above */
     float *rho;
+    size_t n_rho_layers;
+    uint32_t *rho_layers; /* [n_rho_layers] */
 } st_proto_thresholds_t;
 
 typedef struct {

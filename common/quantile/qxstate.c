@@ -1,6 +1,7 @@
-/* Coordinator side of the quantile estimator: validates and stages worker summaries, and at the end
- * of a step folds them into the decayed per-(layer, expert) distribution D and publishes tau/rho.
- * Derivations (exactness, pruning, compaction bound): docs/quantile.md. No networking here. */
+/* The EXACT reference estimator, coordinator side (format 1; the roles use the counting one,
+ * qcstate.c): validates and stages worker summaries, and at the end of a step folds them into the
+ * decayed per-(layer, expert) distribution D and publishes tau/rho. Derivations (exactness,
+ * pruning, compaction bound): docs/quantile.md "Reference: the exact estimator". */
 #include <math.h>
 #include <stdlib.h>
 
@@ -39,10 +40,10 @@ typedef struct {
     uint32_t slot; /* ring slot of the table it was built on, UINT32_MAX: none */
 } q_staged_t;
 
-struct st_qstate {
+struct st_qxstate {
     uint32_t L, n, k;
     double lambda, kn;
-    st_qstate_opts_t o;
+    st_qxstate_opts_t o;
     /* D for (l, j): known entries ent[(l*n+j)*max_entries ...] (cnt of them) plus up to Q_UNK
      * "unknown" items unk[(l*n+j)*Q_UNK ...] (ucnt): mass w somewhere strictly below score c,
      * i.e. tokens a worker counted but did not list (below its cut), or mass pruned here. */
@@ -72,7 +73,7 @@ struct st_qstate {
     double max_rel_uncert;
 };
 
-void st_qstate_opts_default(st_qstate_opts_t *o) {
+void st_qxstate_opts_default(st_qxstate_opts_t *o) {
     o->min_target = 1.0;
     o->max_entries = 1024;
     o->max_summaries = 256;
@@ -80,7 +81,7 @@ void st_qstate_opts_default(st_qstate_opts_t *o) {
     o->history = 16;
 }
 
-void st_qstate_destroy(st_qstate_t *q) {
+void st_qxstate_destroy(st_qxstate_t *q) {
     if (!q) return;
     free(q->ent); free(q->cnt); free(q->unk); free(q->ucnt); free(q->unc); free(q->su); free(q->W);
     free(q->ring_ver); free(q->ring_tau); free(q->ring_rho);
@@ -88,16 +89,16 @@ void st_qstate_destroy(st_qstate_t *q) {
     free(q);
 }
 
-st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, double lambda,
-                             const st_qstate_opts_t *opts, st_qstate_t **out) {
-    st_qstate_opts_t o;
-    if (opts) o = *opts; else st_qstate_opts_default(&o);
+st_status_t st_qxstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, double lambda,
+                             const st_qxstate_opts_t *opts, st_qxstate_t **out) {
+    st_qxstate_opts_t o;
+    if (opts) o = *opts; else st_qxstate_opts_default(&o);
     if (!out || !n_layers || !n_experts || n_experts > ST_QSUM_MAX_EXPERTS || !k || k > n_experts ||
         !(lambda >= 0 && lambda < 1) || !(o.min_target >= 0) || o.max_entries < 16 || !o.max_summaries ||
         o.max_step_entries < 16 || o.history < 2)
         return ST_FAIL(ST_ERR_INVALID_ARG, "qstate: bad config layers=%u experts=%u k=%u lambda=%g max_entries=%u",
                        n_layers, n_experts, k, lambda, o.max_entries);
-    st_qstate_t *q = calloc(1, sizeof *q);
+    st_qxstate_t *q = calloc(1, sizeof *q);
     if (!q) return ST_FAIL(ST_ERR_NO_MEMORY, "qstate: out of memory");
     size_t ln = (size_t)n_layers * n_experts;
     q->L = n_layers; q->n = n_experts; q->k = k; q->lambda = lambda; q->kn = (double)k / n_experts; q->o = o;
@@ -119,7 +120,7 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     q->tmp2 = malloc(sizeof(q_ent_t) * ((size_t)o.max_entries + o.max_step_entries));
     if (!q->ent || !q->cnt || !q->unk || !q->ucnt || !q->unc || !q->su || !q->W || !q->ring_ver || !q->ring_tau || !q->ring_rho || !q->st ||
         !q->sec || !q->cur || !q->pts || !q->tmp || !q->tmp2) {
-        st_qstate_destroy(q);
+        st_qxstate_destroy(q);
         return ST_FAIL(ST_ERR_NO_MEMORY, "qstate: out of memory for %u x %u x %u entries", n_layers, n_experts,
                        o.max_entries);
     }
@@ -127,7 +128,7 @@ st_status_t st_qstate_create(uint32_t n_layers, uint32_t n_experts, uint32_t k, 
     return ST_OK;
 }
 
-static uint32_t qstate_slot_of(const st_qstate_t *q, uint64_t ver) {
+static uint32_t qxstate_slot_of(const st_qxstate_t *q, uint64_t ver) {
     /* NOTE: history-1, not history: end_step writes the slot of version+1 while still reading the
      * report cuts of staged summaries, so the oldest slot must not be in use. */
     if (!ver || ver > q->version || q->version - ver >= q->o.history - 1) return UINT32_MAX;
@@ -137,15 +138,15 @@ static uint32_t qstate_slot_of(const st_qstate_t *q, uint64_t ver) {
 
 /* ---------------- merge: validate everything, then stage ---------------- */
 
-#define BAD(...) return ST_FAIL(ST_ERR_PROTOCOL, "qstate_merge: " __VA_ARGS__)
+#define BAD(...) return ST_REJECT(ST_ERR_PROTOCOL, "qxstate_merge: " __VA_ARGS__)
 
-st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
+st_status_t st_qxstate_merge(st_qxstate_t *q, const void *bytes, size_t len) {
     const uint8_t *b = bytes;
-    if (!q || !b) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_merge: NULL argument");
+    if (!q || !b) return ST_FAIL(ST_ERR_INVALID_ARG, "qxstate_merge: NULL argument");
     if (len < ST_QSUM_HEADER_BYTES) BAD("truncated: %zu bytes < header %u", len, ST_QSUM_HEADER_BYTES);
     if (st_q_get32(b + ST_QH_MAGIC) != ST_QSUM_MAGIC) BAD("bad magic 0x%08x", st_q_get32(b + ST_QH_MAGIC));
-    if (st_q_get16(b + ST_QH_FORMAT) != ST_QSUM_FORMAT)
-        BAD("format version %u, expected %u", st_q_get16(b + ST_QH_FORMAT), ST_QSUM_FORMAT);
+    if (st_q_get16(b + ST_QH_FORMAT) != ST_QXSUM_FORMAT)
+        BAD("format version %u, expected %u", st_q_get16(b + ST_QH_FORMAT), ST_QXSUM_FORMAT);
     if (st_q_get16(b + ST_QH_HDR_BYTES) != ST_QSUM_HEADER_BYTES) BAD("header size %u", st_q_get16(b + ST_QH_HDR_BYTES));
     if (st_q_get32(b + ST_QH_TOTAL) != len) BAD("length field %u, got %zu bytes (truncated?)", st_q_get32(b + ST_QH_TOTAL), len);
     if (st_q_get32(b + ST_QH_LAYERS) != q->L || st_q_get32(b + ST_QH_EXPERTS) != q->n || st_q_get32(b + ST_QH_K) != q->k)
@@ -154,7 +155,7 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
     uint64_t ver = st_q_get64(b + ST_QH_TAU_VERSION);
     uint32_t slot = UINT32_MAX;
     if (ver) {
-        slot = qstate_slot_of(q, ver);
+        slot = qxstate_slot_of(q, ver);
         if (slot == UINT32_MAX)
             BAD("built on table version %llu, not among the last %u published (newest %llu)", (unsigned long long)ver,
                 q->o.history, (unsigned long long)q->version);
@@ -162,7 +163,7 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
     uint32_t n_sec = st_q_get32(b + ST_QH_SECTIONS);
     if (n_sec > q->L) BAD("%u sections > %u layers", n_sec, q->L);
     if (q->n_st >= q->o.max_summaries)
-        return ST_FAIL(ST_ERR_CAPACITY, "qstate_merge: more than %u summaries this step", q->o.max_summaries);
+        return ST_FAIL(ST_ERR_CAPACITY, "qxstate_merge: more than %u summaries this step", q->o.max_summaries);
     uint32_t *secs = q->sec + (size_t)q->n_st * q->L; /* scratch row of the slot it would take */
     memset(secs, 0, sizeof(uint32_t) * q->L);
     const float *rho_t = slot != UINT32_MAX ? q->ring_rho + (size_t)slot * q->L * q->n : NULL;
@@ -223,7 +224,7 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
     }
     if (off != len) BAD("%zu stray bytes after %u sections", len - off, n_sec);
     if (q->demand + max_rec > q->o.max_step_entries)
-        return ST_FAIL(ST_ERR_CAPACITY, "qstate_merge: step would gather over %u entries per expert (max_step_entries)",
+        return ST_FAIL(ST_ERR_CAPACITY, "qxstate_merge: step would gather over %u entries per expert (max_step_entries)",
                        q->o.max_step_entries);
     q->demand += max_rec;
     q->st[q->n_st] = (q_staged_t){.p = b, .len = len, .slot = slot};
@@ -234,7 +235,7 @@ st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
 
 /* ---------------- end of step ---------------- */
 
-static int qstate_cmp_pt(const void *a, const void *b) {
+static int qxstate_cmp_pt(const void *a, const void *b) {
     float x = ((const q_pt_t *)a)->s, y = ((const q_pt_t *)b)->s;
     return (x < y) - (x > y);
 }
@@ -244,7 +245,7 @@ static int qstate_cmp_pt(const void *a, const void *b) {
  * absorbed into that bucket (its interval does not change); otherwise neighbours merge while the
  * bucket weighs at most EPS*m + SLOPE*(its rank distance from m). The rank uncertainty at tau is
  * then one bucket's weight (docs/quantile.md §Compaction). */
-static uint32_t qstate_compact(q_ent_t *e, uint32_t cnt, double m, double alpha) {
+static uint32_t qxstate_compact(q_ent_t *e, uint32_t cnt, double m, double alpha) {
     uint32_t o = 0, cb = UINT32_MAX; /* cb: index in the output of the nearest bucket */
     double r0 = 0, cum = 0;          /* rank at the start of e[o-1], rank after it */
     for (uint32_t i = 0; i < cnt; i++) {
@@ -272,15 +273,15 @@ static uint32_t qstate_compact(q_ent_t *e, uint32_t cnt, double m, double alpha)
     return o;
 }
 
-static int qstate_cmp_unk(const void *a, const void *b) {
+static int qxstate_cmp_unk(const void *a, const void *b) {
     float x = ((const q_unk_t *)a)->c, y = ((const q_unk_t *)b)->c;
     return (x < y) - (x > y);
 }
 
 /* Sort unknown items by c descending, combine equal c, forget negligible ones, and fold the lightest
  * into their upper neighbours until at most Q_UNK remain. */
-static uint32_t qstate_unk_norm(q_unk_t *u, uint32_t nu, double m) {
-    qsort(u, nu, sizeof(q_unk_t), qstate_cmp_unk);
+static uint32_t qxstate_unk_norm(q_unk_t *u, uint32_t nu, double m) {
+    qsort(u, nu, sizeof(q_unk_t), qxstate_cmp_unk);
     uint32_t o = 0;
     for (uint32_t i = 0; i < nu; i++) {
         if (!(u[i].w > Q_UNK_DROP * m)) continue;
@@ -300,7 +301,7 @@ static uint32_t qstate_unk_norm(q_unk_t *u, uint32_t nu, double m) {
 
 /* Fold the step's gathered points (sorted, combined) and unknown items into D for (l, j); compute
  * tau and rho. su[0..nsu) are the step's unknown items; the array has room for Q_UNK + 2 more. */
-static void qstate_fold(st_qstate_t *q, size_t lj, uint32_t n_pts, uint32_t nsu, double m, double sig, float *tau,
+static void qxstate_fold(st_qxstate_t *q, size_t lj, uint32_t n_pts, uint32_t nsu, double m, double sig, float *tau,
                         float *rho) {
     q_ent_t *D = q->ent + lj * q->o.max_entries, *t = q->tmp;
     q_unk_t *U = q->unk + lj * Q_UNK, *su = q->su;
@@ -343,14 +344,14 @@ static void qstate_fold(st_qstate_t *q, size_t lj, uint32_t n_pts, uint32_t nsu,
         uint32_t target = q->o.max_entries / 2;
         double lo_a = 0, hi_a = 1;
         memcpy(q->tmp2, t, sizeof(q_ent_t) * nt);
-        if (qstate_compact(q->tmp2, nt, m, 1.0) <= target) {
+        if (qxstate_compact(q->tmp2, nt, m, 1.0) <= target) {
             for (int it = 0; it < 7; it++) { /* alpha to 1/128: plenty */
                 double mid = 0.5 * (lo_a + hi_a);
                 memcpy(q->tmp2, t, sizeof(q_ent_t) * nt);
-                if (qstate_compact(q->tmp2, nt, m, mid) <= target) hi_a = mid; else lo_a = mid;
+                if (qxstate_compact(q->tmp2, nt, m, mid) <= target) hi_a = mid; else lo_a = mid;
             }
         }
-        nt = qstate_compact(t, nt, m, hi_a);
+        nt = qxstate_compact(t, nt, m, hi_a);
         q->compactions++;
     }
     if (nt > q->o.max_entries) { /* still too many: the lowest become unknown mass */
@@ -361,7 +362,7 @@ static void qstate_fold(st_qstate_t *q, size_t lj, uint32_t n_pts, uint32_t nsu,
     }
     memcpy(D, t, sizeof(q_ent_t) * nt);
     q->cnt[lj] = nt;
-    nsu = qstate_unk_norm(su, nsu, m);
+    nsu = qxstate_unk_norm(su, nsu, m);
     memcpy(U, su, sizeof(q_unk_t) * nsu);
     q->ucnt[lj] = (uint8_t)nsu;
 
@@ -415,8 +416,8 @@ static void qstate_fold(st_qstate_t *q, size_t lj, uint32_t n_pts, uint32_t nsu,
     if (unc / m > q->max_rel_uncert) q->max_rel_uncert = unc / m;
 }
 
-st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
-    if (!q) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_end_step: NULL");
+st_status_t st_qxstate_end_step(st_qxstate_t *q, st_qtable_t *out) {
+    if (!q) return ST_FAIL(ST_ERR_INVALID_ARG, "qxstate_end_step: NULL");
     uint32_t slot = (uint32_t)((q->version + 1) % q->o.history);
     float *tau_all = q->ring_tau + (size_t)slot * q->L * q->n, *rho_all = q->ring_rho + (size_t)slot * q->L * q->n;
     q->n_set = q->n_exact = 0;
@@ -461,26 +462,26 @@ st_status_t st_qstate_end_step(st_qstate_t *q, st_qtable_t *out) {
                 if (Ts > listed) q->su[nsu++] = (q_unk_t){c + 0.0f, (double)(Ts - listed)};
             }
             /* NOTE: sorting, then summing integer counts of equal scores (and of equal cuts in
-             * qstate_unk_norm), makes the result independent of arrival order, bit for bit. */
-            qsort(q->pts, np, sizeof(q_pt_t), qstate_cmp_pt);
+             * qxstate_unk_norm), makes the result independent of arrival order, bit for bit. */
+            qsort(q->pts, np, sizeof(q_pt_t), qxstate_cmp_pt);
             uint32_t u = 0;
             for (uint32_t i = 0; i < np; i++) {
                 if (u && q->pts[u - 1].s == q->pts[i].s) q->pts[u - 1].c += q->pts[i].c;
                 else q->pts[u++] = q->pts[i];
             }
-            nsu = qstate_unk_norm(q->su, nsu, 0); /* combine the step's own items exactly first */
-            qstate_fold(q, lj, u, nsu, m, sqrt(q->kn * (double)T + 1), &tau_all[lj], &rho_all[lj]);
+            nsu = qxstate_unk_norm(q->su, nsu, 0); /* combine the step's own items exactly first */
+            qxstate_fold(q, lj, u, nsu, m, sqrt(q->kn * (double)T + 1), &tau_all[lj], &rho_all[lj]);
         }
     }
     q->version++;
     q->ring_ver[slot] = q->version;
     q->n_st = 0;
     q->demand = 0;
-    if (out) st_qstate_table(q, out);
+    if (out) st_qxstate_table(q, out);
     return ST_OK;
 }
 
-void st_qstate_table(const st_qstate_t *q, st_qtable_t *out) {
+void st_qxstate_table(const st_qxstate_t *q, st_qtable_t *out) {
     memset(out, 0, sizeof *out);
     out->n_layers = q->L;
     out->n_experts = q->n;
@@ -491,12 +492,12 @@ void st_qstate_table(const st_qstate_t *q, st_qtable_t *out) {
     out->rho = q->ring_rho + slot * q->L * q->n;
 }
 
-float st_qstate_uncertainty(const st_qstate_t *q, uint32_t layer, uint32_t expert) {
+float st_qxstate_uncertainty(const st_qxstate_t *q, uint32_t layer, uint32_t expert) {
     if (!q->version || layer >= q->L || expert >= q->n) return NAN;
     return q->unc[(size_t)layer * q->n + expert];
 }
 
-void st_qstate_stats(const st_qstate_t *q, st_qstate_stats_t *out) {
+void st_qxstate_stats(const st_qxstate_t *q, st_qxstate_stats_t *out) {
     memset(out, 0, sizeof *out);
     out->version = q->version;
     out->n_set = q->n_set;

@@ -128,19 +128,19 @@ static void run_scenario(const char *name, const scen_t *c, uint64_t seed) {
     uint32_t maxT = 0;
     for (uint32_t w = 0; w < c->workers; w++)
         for (uint32_t s = 0; s < 7; s++) if (scen_T(c, w, s) > maxT) maxT = scen_T(c, w, s);
-    size_t cap = st_qsum_max_bytes(c->L, c->n, c->k, maxT);
+    size_t cap = st_qxsum_max_bytes(c->L, c->n, c->k, maxT);
     uint8_t **buf = malloc(c->workers * sizeof(uint8_t *));
     size_t *len = malloc(c->workers * sizeof(size_t));
     for (uint32_t w = 0; w < c->workers; w++) buf[w] = malloc(cap);
     float *sc = malloc(sizeof(float) * maxT * c->n);
-    st_qsum_t *b;
-    st_qstate_t *q, *q2;
-    st_qstate_opts_t o;
-    st_qstate_opts_default(&o);
+    st_qxsum_t *b;
+    st_qxstate_t *q, *q2;
+    st_qxstate_opts_t o;
+    st_qxstate_opts_default(&o);
     if (c->max_entries) o.max_entries = c->max_entries;
-    CHECK(st_qsum_create(c->L, c->n, c->k, maxT, &b) == ST_OK, "create builder");
-    CHECK(st_qstate_create(c->L, c->n, c->k, c->lambda, &o, &q) == ST_OK, "create state");
-    CHECK(st_qstate_create(c->L, c->n, c->k, c->lambda, &o, &q2) == ST_OK, "create state 2");
+    CHECK(st_qxsum_create(c->L, c->n, c->k, maxT, &b) == ST_OK, "create builder");
+    CHECK(st_qxstate_create(c->L, c->n, c->k, c->lambda, &o, &q) == ST_OK, "create state");
+    CHECK(st_qxstate_create(c->L, c->n, c->k, c->lambda, &o, &q2) == ST_OK, "create state 2");
     oracle_t orc;
     or_init(&orc, c->L, c->n, c->k, c->lambda);
     st_rng_t r = {seed};
@@ -149,25 +149,25 @@ static void run_scenario(const char *name, const scen_t *c, uint64_t seed) {
     uint64_t n_cmp = 0, n_bitexact = 0, n_unset_bad = 0, order_bad = 0, bytes = 0;
     for (uint32_t step = 0; step < c->steps; step++) {
         st_qtable_t th;
-        st_qstate_table(q, &th);
+        st_qxstate_table(q, &th);
         or_decay(&orc);
         for (uint32_t w = 0; w < c->workers; w++) {
             uint32_t T = scen_T(c, w, step);
-            st_qsum_begin(b, buf[w], cap, w, step, &th);
+            st_qxsum_begin(b, buf[w], cap, w, step, &th);
             for (uint32_t l = 0; l < c->L; l++) {
                 gen_scores(sc, T, c->n, c->dist, l, step, &r);
                 or_add(&orc, l, sc, T);
-                if (st_qsum_add_layer(b, l, sc, T) != ST_OK) n_unset_bad++;
+                if (st_qxsum_add_layer(b, l, sc, T) != ST_OK) n_unset_bad++;
             }
-            st_qsum_finish(b, &len[w]);
+            st_qxsum_finish(b, &len[w]);
             bytes += len[w];
         }
         /* q gets them in order, q2 in reverse order */
-        for (uint32_t w = 0; w < c->workers; w++) if (st_qstate_merge(q, buf[w], len[w]) != ST_OK) n_unset_bad++;
-        for (uint32_t w = c->workers; w-- > 0;) if (st_qstate_merge(q2, buf[w], len[w]) != ST_OK) n_unset_bad++;
+        for (uint32_t w = 0; w < c->workers; w++) if (st_qxstate_merge(q, buf[w], len[w]) != ST_OK) n_unset_bad++;
+        for (uint32_t w = c->workers; w-- > 0;) if (st_qxstate_merge(q2, buf[w], len[w]) != ST_OK) n_unset_bad++;
         st_qtable_t t1, t2;
-        st_qstate_end_step(q, &t1);
-        st_qstate_end_step(q2, &t2);
+        st_qxstate_end_step(q, &t1);
+        st_qxstate_end_step(q2, &t2);
         size_t ln = (size_t)c->L * c->n;
         if (memcmp(t1.tau, t2.tau, ln * 4) || memcmp(t1.rho, t2.rho, ln * 4)) order_bad++;
         for (uint32_t l = 0; l < c->L; l++) {
@@ -185,7 +185,7 @@ static void run_scenario(const char *name, const scen_t *c, uint64_t seed) {
                 if (ts == tau) n_bitexact++;
                 if (e / m > worst) { worst = e / m; worst_m = m; }
                 n_over += e / m > 0.01;
-                float cu = st_qstate_uncertainty(q, l, j);
+                float cu = st_qxstate_uncertainty(q, l, j);
                 if (!(e / m <= (double)cu + 1e-6)) {
                     n_uncert_bad++;
                     if (getenv("QDEBUG"))
@@ -199,8 +199,8 @@ static void run_scenario(const char *name, const scen_t *c, uint64_t seed) {
             }
         }
     }
-    st_qstate_stats_t stt;
-    st_qstate_stats(q, &stt);
+    st_qxstate_stats_t stt;
+    st_qxstate_stats(q, &stt);
     printf("%-30s n=%u k=%u L=%u W=%u steps=%u lambda=%.1f: %llu taus, %.1f%% = oracle, %.1f%% certified exact, "
            "max rank err %.3f%% of m (m=%.1f), %.0f B/worker/step, entries %llu, compactions %llu\n",
            name, c->n, c->k, c->L, c->workers, c->steps, c->lambda, (unsigned long long)n_cmp,
@@ -215,9 +215,9 @@ static void run_scenario(const char *name, const scen_t *c, uint64_t seed) {
     CHECK(n_unset_bad == 0, "%s: %llu unset/merge inconsistencies", name, (unsigned long long)n_unset_bad);
     CHECK(order_bad == 0, "%s: arrival order changed the result at %llu steps", name, (unsigned long long)order_bad);
     or_free(&orc);
-    st_qsum_destroy(b);
-    st_qstate_destroy(q);
-    st_qstate_destroy(q2);
+    st_qxsum_destroy(b);
+    st_qxstate_destroy(q);
+    st_qxstate_destroy(q2);
     for (uint32_t w = 0; w < c->workers; w++) free(buf[w]);
     free(buf); free(len); free(sc);
 }
@@ -225,26 +225,26 @@ static void run_scenario(const char *name, const scen_t *c, uint64_t seed) {
 /* ---------------- arrival order: shuffled, many workers, bitwise ---------------- */
 static void test_order_shuffle(void) {
     const uint32_t n = 16, k = 4, L = 3, NW = 9, T = 40;
-    size_t cap = st_qsum_max_bytes(L, n, k, T);
+    size_t cap = st_qxsum_max_bytes(L, n, k, T);
     uint8_t *buf = malloc(cap * NW);
     size_t len[9];
     float *sc = malloc(sizeof(float) * T * n);
-    st_qsum_t *b;
-    st_qstate_t *q[3];
-    st_qsum_create(L, n, k, T, &b);
-    for (int i = 0; i < 3; i++) st_qstate_create(L, n, k, 0.9, NULL, &q[i]);
+    st_qxsum_t *b;
+    st_qxstate_t *q[3];
+    st_qxsum_create(L, n, k, T, &b);
+    for (int i = 0; i < 3; i++) st_qxstate_create(L, n, k, 0.9, NULL, &q[i]);
     st_rng_t r = {77};
     int bad = 0;
     for (uint32_t step = 0; step < 30; step++) {
         st_qtable_t th;
-        st_qstate_table(q[0], &th);
+        st_qxstate_table(q[0], &th);
         for (uint32_t w = 0; w < NW; w++) {
-            st_qsum_begin(b, buf + w * cap, cap, w, step, &th);
+            st_qxsum_begin(b, buf + w * cap, cap, w, step, &th);
             for (uint32_t l = 0; l < L; l++) {
                 gen_scores(sc, T, n, step % 2 ? D_TIES : D_HOT, l, step, &r);
-                st_qsum_add_layer(b, l, sc, T);
+                st_qxsum_add_layer(b, l, sc, T);
             }
-            st_qsum_finish(b, &len[w]);
+            st_qxsum_finish(b, &len[w]);
         }
         uint32_t perm[9];
         for (int i = 0; i < 3; i++) {
@@ -253,45 +253,45 @@ static void test_order_shuffle(void) {
                 uint32_t z = (uint32_t)(st_rng_next(&r) % (w + 1)), t = perm[w];
                 perm[w] = perm[z]; perm[z] = t;
             }
-            for (uint32_t w = 0; w < NW; w++) st_qstate_merge(q[i], buf + perm[w] * cap, len[perm[w]]);
+            for (uint32_t w = 0; w < NW; w++) st_qxstate_merge(q[i], buf + perm[w] * cap, len[perm[w]]);
         }
         st_qtable_t t0, t1, t2;
-        st_qstate_end_step(q[0], &t0);
-        st_qstate_end_step(q[1], &t1);
-        st_qstate_end_step(q[2], &t2);
+        st_qxstate_end_step(q[0], &t0);
+        st_qxstate_end_step(q[1], &t1);
+        st_qxstate_end_step(q[2], &t2);
         if (memcmp(t0.tau, t1.tau, L * n * 4) || memcmp(t0.tau, t2.tau, L * n * 4) || memcmp(t0.rho, t1.rho, L * n * 4) ||
             memcmp(t0.rho, t2.rho, L * n * 4))
             bad++;
     }
     CHECK(bad == 0, "shuffled arrival changed tau/rho at %d steps", bad);
     printf("arrival order: 3 permutations x 30 steps x 9 workers, %d differing steps\n", bad);
-    for (int i = 0; i < 3; i++) st_qstate_destroy(q[i]);
-    st_qsum_destroy(b);
+    for (int i = 0; i < 3; i++) st_qxstate_destroy(q[i]);
+    st_qxsum_destroy(b);
     free(buf); free(sc);
 }
 
 /* ---------------- lambda = 0: this step only ---------------- */
 static void test_lambda0(void) {
     const uint32_t n = 8, k = 2, T = 64;
-    size_t cap = st_qsum_max_bytes(1, n, k, T), len;
+    size_t cap = st_qxsum_max_bytes(1, n, k, T), len;
     uint8_t *buf = malloc(cap);
     float sc[64 * 8], col[64];
-    st_qsum_t *b;
-    st_qstate_t *q;
-    st_qsum_create(1, n, k, T, &b);
-    st_qstate_create(1, n, k, 0.0, NULL, &q);
+    st_qxsum_t *b;
+    st_qxstate_t *q;
+    st_qxsum_create(1, n, k, T, &b);
+    st_qxstate_create(1, n, k, 0.0, NULL, &q);
     st_rng_t r = {5};
     int bad = 0;
     for (uint32_t step = 0; step < 6; step++) {
         double base = step % 2 ? 0.8 : 0.1; /* alternate high and low steps */
         for (uint32_t i = 0; i < T * n; i++) sc[i] = (float)(base + 0.1 * st_rng_uniform(&r));
         st_qtable_t th, t;
-        st_qstate_table(q, &th);
-        st_qsum_begin(b, buf, cap, 0, step, &th);
-        st_qsum_add_layer(b, 0, sc, T);
-        st_qsum_finish(b, &len);
-        st_qstate_merge(q, buf, len);
-        st_qstate_end_step(q, &t);
+        st_qxstate_table(q, &th);
+        st_qxsum_begin(b, buf, cap, 0, step, &th);
+        st_qxsum_add_layer(b, 0, sc, T);
+        st_qxsum_finish(b, &len);
+        st_qxstate_merge(q, buf, len);
+        st_qxstate_end_step(q, &t);
         for (uint32_t j = 0; j < n; j++) { /* exact: the 16th largest of this step's 64 scores */
             for (uint32_t i = 0; i < T; i++) col[i] = sc[i * n + j];
             uint32_t ge = 0;
@@ -307,43 +307,43 @@ static void test_lambda0(void) {
     }
     CHECK(bad == 0, "lambda=0: %d thresholds differ from this step's exact quantile", bad);
     printf("lambda=0: 6 alternating steps, %d thresholds off\n", bad);
-    st_qstate_destroy(q);
-    st_qsum_destroy(b);
+    st_qxstate_destroy(q);
+    st_qxsum_destroy(b);
     free(buf);
 }
 
 /* ---------------- malformed summaries ---------------- */
 static void test_malformed(void) {
     const uint32_t n = 16, k = 4, L = 2, T = 32;
-    size_t cap = st_qsum_max_bytes(L, n, k, T), len, len2;
+    size_t cap = st_qxsum_max_bytes(L, n, k, T), len, len2;
     uint8_t *good = malloc(cap), *good2 = malloc(cap), *bad = malloc(cap);
     float sc[32 * 16];
-    st_qsum_t *b;
-    st_qstate_t *q, *ref;
-    st_qsum_create(L, n, k, T, &b);
-    st_qstate_create(L, n, k, 0.9, NULL, &q);
-    st_qstate_create(L, n, k, 0.9, NULL, &ref);
+    st_qxsum_t *b;
+    st_qxstate_t *q, *ref;
+    st_qxsum_create(L, n, k, T, &b);
+    st_qxstate_create(L, n, k, 0.9, NULL, &q);
+    st_qxstate_create(L, n, k, 0.9, NULL, &ref);
     st_rng_t r = {11};
     /* step 1 without a table (explicit records), step 2 with one (implicit records, omissions) */
     for (int step = 0; step < 2; step++) {
         st_qtable_t th;
-        st_qstate_table(q, &th);
-        st_qsum_begin(b, good, cap, 1, step, &th);
-        for (uint32_t l = 0; l < L; l++) { gen_scores(sc, T, n, D_HOT, l, 0, &r); st_qsum_add_layer(b, l, sc, T); }
-        st_qsum_finish(b, &len);
-        st_qsum_begin(b, good2, cap, 2, step, &th);
-        for (uint32_t l = 0; l < L; l++) { gen_scores(sc, T, n, D_UNIFORM, l, 0, &r); st_qsum_add_layer(b, l, sc, T); }
-        st_qsum_finish(b, &len2);
+        st_qxstate_table(q, &th);
+        st_qxsum_begin(b, good, cap, 1, step, &th);
+        for (uint32_t l = 0; l < L; l++) { gen_scores(sc, T, n, D_HOT, l, 0, &r); st_qxsum_add_layer(b, l, sc, T); }
+        st_qxsum_finish(b, &len);
+        st_qxsum_begin(b, good2, cap, 2, step, &th);
+        for (uint32_t l = 0; l < L; l++) { gen_scores(sc, T, n, D_UNIFORM, l, 0, &r); st_qxsum_add_layer(b, l, sc, T); }
+        st_qxsum_finish(b, &len2);
         int rejected = 0, tried = 0;
         /* every truncation */
-        for (size_t cut = 0; cut < len; cut++, tried++) rejected += st_qstate_merge(q, good, cut) != ST_OK;
+        for (size_t cut = 0; cut < len; cut++, tried++) rejected += st_qxstate_merge(q, good, cut) != ST_OK;
         /* targeted corruptions */
 #define MUT(stmt)                                   \
     do {                                            \
         memcpy(bad, good, len);                     \
         stmt;                                       \
         tried++;                                    \
-        rejected += st_qstate_merge(q, bad, len) != ST_OK; \
+        rejected += st_qxstate_merge(q, bad, len) != ST_OK; \
     } while (0)
         MUT(bad[0] ^= 1);                            /* magic */
         MUT(bad[4] = 2);                             /* format version */
@@ -367,53 +367,53 @@ static void test_malformed(void) {
         printf("malformed (step %d, %s table): %d of %d rejected: %s\n", step, step ? "with" : "no", rejected, tried,
                st_err_last());
         /* random byte flips into a throw-away coordinator: must never crash or trip the sanitizers */
-        st_qstate_t *qf;
-        st_qstate_create(L, n, k, 0.9, NULL, &qf);
+        st_qxstate_t *qf;
+        st_qxstate_create(L, n, k, 0.9, NULL, &qf);
         int acc = 0;
         for (int it = 0; it < 300; it++) {
             memcpy(bad, good, len);
             bad[st_rng_next(&r) % len] ^= (uint8_t)(1u << (st_rng_next(&r) % 8));
-            acc += st_qstate_merge(qf, bad, len) == ST_OK;
+            acc += st_qxstate_merge(qf, bad, len) == ST_OK;
         }
-        st_qstate_end_step(qf, NULL);
-        st_qstate_destroy(qf);
+        st_qxstate_end_step(qf, NULL);
+        st_qxstate_destroy(qf);
         printf("  random single-bit flips: %d of 300 still well-formed (score bits), rest rejected\n", acc);
         /* state unchanged by the rejections: q equals a reference that saw only the good ones */
-        CHECK(st_qstate_merge(q, good, len) == ST_OK, "good summary accepted: %s", st_err_last());
-        CHECK(st_qstate_merge(q, good2, len2) == ST_OK, "good summary 2 accepted");
-        CHECK(st_qstate_merge(ref, good, len) == ST_OK, "ref accepted: %s", st_err_last());
-        CHECK(st_qstate_merge(ref, good2, len2) == ST_OK, "ref accepted 2");
+        CHECK(st_qxstate_merge(q, good, len) == ST_OK, "good summary accepted: %s", st_err_last());
+        CHECK(st_qxstate_merge(q, good2, len2) == ST_OK, "good summary 2 accepted");
+        CHECK(st_qxstate_merge(ref, good, len) == ST_OK, "ref accepted: %s", st_err_last());
+        CHECK(st_qxstate_merge(ref, good2, len2) == ST_OK, "ref accepted 2");
         st_qtable_t a, c2;
-        st_qstate_end_step(q, &a);
-        st_qstate_end_step(ref, &c2);
+        st_qxstate_end_step(q, &a);
+        st_qxstate_end_step(ref, &c2);
         CHECK(!memcmp(a.tau, c2.tau, L * n * 4) && !memcmp(a.rho, c2.rho, L * n * 4),
               "step %d: rejected summaries changed the state", step);
     }
-    st_qstate_destroy(q);
-    st_qstate_destroy(ref);
-    st_qsum_destroy(b);
+    st_qxstate_destroy(q);
+    st_qxstate_destroy(ref);
+    st_qxsum_destroy(b);
     free(good); free(good2); free(bad);
 }
 
 /* ---------------- balance: route with published tau on fresh draws ---------------- */
 static void test_balance(void) {
     const uint32_t n = 16, k = 4, NW = 4, T = 256, kmax = 2 * k;
-    size_t cap = st_qsum_max_bytes(1, n, k, T), len[4];
+    size_t cap = st_qxsum_max_bytes(1, n, k, T), len[4];
     uint8_t *buf = malloc(cap * NW);
     float *sc = malloc(sizeof(float) * T * n);
     double bias[16];
     for (uint32_t j = 0; j < n; j++) bias[j] = -1.5 + 3.0 * j / (n - 1);
     bias[3] += 2.5; /* a hot expert */
-    st_qsum_t *b;
-    st_qstate_t *q;
-    st_qsum_create(1, n, k, T, &b);
-    st_qstate_create(1, n, k, 0.9, NULL, &q);
+    st_qxsum_t *b;
+    st_qxstate_t *q;
+    st_qxsum_create(1, n, k, T, &b);
+    st_qxstate_create(1, n, k, 0.9, NULL, &q);
     st_rng_t r = {2024};
     uint64_t load[16] = {0}, load_nocap[16] = {0}, topk[16] = {0}, N = 0;
     const uint32_t settle = 60, measure = 300;
     for (uint32_t step = 0; step < settle + measure; step++) {
         st_qtable_t th;
-        st_qstate_table(q, &th);
+        st_qxstate_table(q, &th);
         for (uint32_t w = 0; w < NW; w++) {
             for (uint32_t t = 0; t < T; t++) {
                 double g = st_rng_normal(&r);
@@ -439,12 +439,12 @@ static void test_balance(void) {
                     N++;
                 }
             }
-            st_qsum_begin(b, buf + w * cap, cap, w, step, &th);
-            st_qsum_add_layer(b, 0, sc, T);
-            st_qsum_finish(b, &len[w]);
+            st_qxsum_begin(b, buf + w * cap, cap, w, step, &th);
+            st_qxsum_add_layer(b, 0, sc, T);
+            st_qxsum_finish(b, &len[w]);
         }
-        for (uint32_t w = 0; w < NW; w++) st_qstate_merge(q, buf + w * cap, len[w]);
-        st_qstate_end_step(q, NULL);
+        for (uint32_t w = 0; w < NW; w++) st_qxstate_merge(q, buf + w * cap, len[w]);
+        st_qxstate_end_step(q, NULL);
     }
     double want = (double)k / n * N, worst = 0, tk_max = 0, worst_nc = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -458,31 +458,31 @@ static void test_balance(void) {
            "top-k routing max load/target = %.2fx\n", (unsigned long long)N, want, 100 * worst, tk_max);
     CHECK(N > 0 && worst <= 0.10, "balance: worst expert off target by %.1f%%", 100 * worst);
     CHECK(tk_max > 2.0, "balance: the skewed distribution should overload top-k (%.2fx)", tk_max);
-    st_qstate_destroy(q);
-    st_qsum_destroy(b);
+    st_qxstate_destroy(q);
+    st_qxsum_destroy(b);
     free(buf); free(sc);
 }
 
 static void test_api_errors(void) {
-    st_qsum_t *b;
-    st_qstate_t *q;
-    CHECK(st_qsum_create(1, 0, 1, 1, &b) != ST_OK, "zero experts rejected");
-    CHECK(st_qstate_create(1, 4, 2, 1.0, NULL, &q) != ST_OK, "lambda=1 rejected");
-    CHECK(st_qsum_create(1, 4, 2, 4, &b) == ST_OK, "create");
+    st_qxsum_t *b;
+    st_qxstate_t *q;
+    CHECK(st_qxsum_create(1, 0, 1, 1, &b) != ST_OK, "zero experts rejected");
+    CHECK(st_qxstate_create(1, 4, 2, 1.0, NULL, &q) != ST_OK, "lambda=1 rejected");
+    CHECK(st_qxsum_create(1, 4, 2, 4, &b) == ST_OK, "create");
     uint8_t buf[4096];
     size_t len;
     float s[16] = {0};
     s[5] = NAN;
-    CHECK(st_qsum_begin(b, buf, sizeof buf, 0, 0, NULL) == ST_OK, "begin");
-    CHECK(st_qsum_add_layer(b, 0, s, 4) == ST_ERR_INVALID_ARG, "NaN score rejected by builder");
+    CHECK(st_qxsum_begin(b, buf, sizeof buf, 0, 0, NULL) == ST_OK, "begin");
+    CHECK(st_qxsum_add_layer(b, 0, s, 4) == ST_ERR_INVALID_ARG, "NaN score rejected by builder");
     s[5] = 0;
-    CHECK(st_qsum_add_layer(b, 0, s, 5) == ST_ERR_OUT_OF_RANGE, "too many tokens rejected");
-    CHECK(st_qsum_add_layer(b, 1, s, 4) == ST_ERR_OUT_OF_RANGE, "bad layer rejected");
-    CHECK(st_qsum_add_layer(b, 0, s, 4) == ST_OK, "all-zero (tied) scores fine");
-    CHECK(st_qsum_add_layer(b, 0, s, 4) == ST_ERR_INVALID_ARG, "layer twice rejected");
-    CHECK(st_qsum_finish(b, &len) == ST_OK && len <= st_qsum_max_bytes(1, 4, 2, 4), "within the bound");
-    CHECK(st_qsum_begin(b, buf, 10, 0, 0, NULL) == ST_ERR_CAPACITY, "tiny buffer rejected");
-    st_qsum_destroy(b);
+    CHECK(st_qxsum_add_layer(b, 0, s, 5) == ST_ERR_OUT_OF_RANGE, "too many tokens rejected");
+    CHECK(st_qxsum_add_layer(b, 1, s, 4) == ST_ERR_OUT_OF_RANGE, "bad layer rejected");
+    CHECK(st_qxsum_add_layer(b, 0, s, 4) == ST_OK, "all-zero (tied) scores fine");
+    CHECK(st_qxsum_add_layer(b, 0, s, 4) == ST_ERR_INVALID_ARG, "layer twice rejected");
+    CHECK(st_qxsum_finish(b, &len) == ST_OK && len <= st_qxsum_max_bytes(1, 4, 2, 4), "within the bound");
+    CHECK(st_qxsum_begin(b, buf, 10, 0, 0, NULL) == ST_ERR_CAPACITY, "tiny buffer rejected");
+    st_qxsum_destroy(b);
 }
 
 int main(void) {

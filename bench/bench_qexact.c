@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
         double dense = (double)sh->n * 1000 * 4 * sh->L;
         for (size_t ti = 0; ti < ST_ARRAY_LEN(Ts); ti++) {
             uint32_t T = Ts[ti];
-            size_t cap = st_qsum_max_bytes(sh->L, sh->n, sh->k, T);
+            size_t cap = st_qxsum_max_bytes(sh->L, sh->n, sh->k, T);
             for (size_t wi = 0; wi < ST_ARRAY_LEN(Ws); wi++) {
                 uint32_t W = Ws[wi], D = T >= 4096 && W > 8 ? 8 : W;
                 double est_pts = 2.0 * W * T * sh->k * sh->L; /* ~1.5-2 kT listed per layer per worker */
@@ -57,15 +57,15 @@ int main(int argc, char **argv) {
                 uint8_t *buf = malloc(cap * D);
                 size_t len[64];
                 float *sc = malloc(sizeof(float) * (size_t)T * sh->n);
-                st_qsum_t *b;
-                st_qstate_t *q;
-                st_qstate_opts_t o;
-                st_qstate_opts_default(&o);
+                st_qxsum_t *b;
+                st_qxstate_t *q;
+                st_qxstate_opts_t o;
+                st_qxstate_opts_default(&o);
                 o.max_summaries = 64;
                 uint64_t per_expert = (uint64_t)W * (2ull * sh->k * T / sh->n + 64);
                 o.max_step_entries = (uint32_t)(per_expert < (1u << 16) ? (1u << 16) : per_expert * 2);
-                if (st_qsum_create(sh->L, sh->n, sh->k, T, &b) != ST_OK ||
-                    st_qstate_create(sh->L, sh->n, sh->k, 0.9, &o, &q) != ST_OK) {
+                if (st_qxsum_create(sh->L, sh->n, sh->k, T, &b) != ST_OK ||
+                    st_qxstate_create(sh->L, sh->n, sh->k, 0.9, &o, &q) != ST_OK) {
                     printf("  %-5s %5u %4u: create failed: %s\n", sh->name, T, W, st_err_last());
                     free(buf); free(sc);
                     continue;
@@ -74,30 +74,30 @@ int main(int argc, char **argv) {
                 int timed = 0, ok = 1;
                 for (int step = 0; step < 9 && ok; step++) {
                     st_qtable_t th;
-                    st_qstate_table(q, &th);
+                    st_qxstate_table(q, &th);
                     double bsum = 0;
                     for (uint32_t d = 0; d < D; d++) {
                         double tb = 0;
-                        st_qsum_begin(b, buf + d * cap, cap, d, (uint64_t)step, &th);
+                        st_qxsum_begin(b, buf + d * cap, cap, d, (uint64_t)step, &th);
                         for (uint32_t l = 0; l < sh->L; l++) {
                             gen(sc, T, sh->n, &r);
                             double t0 = st_time_sec();
-                            if (st_qsum_add_layer(b, l, sc, T) != ST_OK) ok = 0;
+                            if (st_qxsum_add_layer(b, l, sc, T) != ST_OK) ok = 0;
                             tb += st_time_sec() - t0;
                         }
-                        st_qsum_finish(b, &len[d]);
+                        st_qxsum_finish(b, &len[d]);
                         bsum += (double)len[d];
                         if (step >= 6) t_build += tb / D;
                     }
                     double t0 = st_time_sec();
                     for (uint32_t w = 0; w < W; w++)
-                        if (st_qstate_merge(q, buf + (w % D) * cap, len[w % D]) != ST_OK) ok = 0;
-                    st_qstate_end_step(q, NULL);
+                        if (st_qxstate_merge(q, buf + (w % D) * cap, len[w % D]) != ST_OK) ok = 0;
+                    st_qxstate_end_step(q, NULL);
                     double dt = st_time_sec() - t0;
                     if (step >= 6) { bytes += bsum / D; t_coord += dt; timed++; }
                 }
-                st_qstate_stats_t stt;
-                st_qstate_stats(q, &stt);
+                st_qxstate_stats_t stt;
+                st_qxstate_stats(q, &stt);
                 if (!ok) printf("  %-5s %5u %4u: error: %s\n", sh->name, T, W, st_err_last());
                 else
                 {
@@ -114,8 +114,8 @@ int main(int argc, char **argv) {
                            1e3 * t_coord / timed, stt.state_bytes / 1048576.0, ex, me);
                 }
                 fflush(stdout);
-                st_qstate_destroy(q);
-                st_qsum_destroy(b);
+                st_qxstate_destroy(q);
+                st_qxsum_destroy(b);
                 free(buf); free(sc);
             }
         }
