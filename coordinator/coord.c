@@ -647,6 +647,12 @@ int st_coord_run(const st_coord_opts_t *opts) {
         ST_FAIL(ST_ERR_CONFIG, "%s: no routed experts to place", path);
         goto out;
     }
+    if (st_tokenizer_load(&co->tok, co->o.ckpt, NULL) != ST_OK) goto out;
+    co->piece_cap = 3 * st_tokenizer_max_token_bytes(co->tok) + 32; /* a step, the flush, a NUL */
+    if (!(co->piece = malloc(co->piece_cap))) {
+        ST_FAIL(ST_ERR_NO_MEMORY, "coordinator: token buffer");
+        goto out;
+    }
     const char *base = strrchr(co->o.ckpt, '/');
     snprintf(co->model, sizeof co->model, "%s", co->o.model_name ? co->o.model_name : base && base[1] ? base + 1 : co->o.ckpt);
     int n_moe = c->n_layers - c->first_k_dense;
@@ -737,6 +743,8 @@ out:
     for (int i = 0; i < MAX_MEMBERS; i++) free(co->members[i].load);
     free(co->tau_all);
     free(co->rho_all);
+    free(co->piece);
+    if (co->tok) st_tokenizer_destroy(co->tok);
     free(co);
     return rc;
 }

@@ -75,6 +75,13 @@ struct gen {
     st_status_t status;   /* what the client is told: ST_OK, or the error's class */
     char err[256];
     char id[48];
+    st_tok_stream_t dec;            /* the worker's token ids → text (UTF-8 safe across tokens) */
+    /* HTTP (rest.c): the OpenAI response's shape */
+    int chat, tools, include_usage, role_sent, stop_hit;
+    char **stop;                    /* stop strings (owned), never in the text the client gets */
+    size_t n_stop;
+    char *echo;                     /* completions' echo: the prompt (owned) */
+    int64_t created;
     char *text;                     /* raw bytes of the completion so far */
     size_t text_len, text_cap, emitted; /* emitted: bytes already streamed */
 };
@@ -82,6 +89,9 @@ struct gen {
 struct coord {
     st_coord_opts_t o;
     st_config_t cfg;
+    st_tokenizer_t *tok;  /* the checkpoint's tokenizer (byte tokenizer when it ships none) */
+    char *piece;          /* one decoded token and a flush (the loop thread's) */
+    size_t piece_cap;
     char model[128];
     uv_loop_t loop;
     uv_timer_t sweep, tau_timer, tick;
@@ -134,6 +144,10 @@ st_status_t st_coord_rpc_authorized(coord_t *co, st_rpc_call_t *call);
  * client's mistake, ST_ERR_CAPACITY the queue is full, ST_ERR_PEER no attention worker at all. */
 st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_req_t *r);
 void st_coord_gen_client_gone(gen_t *g); /* the client went away: leave the queue, or cancel upstream */
+/* A stop string ended a running request: the client is answered now (finish "stop"), the
+ * worker's stream is cancelled and released when it ends. */
+void st_coord_gen_stop(gen_t *g);
+void st_coord_gen_free(gen_t *g); /* a gen_t the front door never took (st_coord_gen_submit failed) */
 int st_coord_queue_cap(const coord_t *co);
 double st_coord_stall_max_60s(const coord_t *co);
 void st_coord_front_start(coord_t *co); /* timers; stops itself once co->stopping */

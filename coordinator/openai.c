@@ -206,7 +206,26 @@ static int bool_field(json_t *body, const char *key, int *out, st_openai_err_t *
     return 1;
 }
 
-static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_openai_req_t *out, st_openai_err_t *e) {
+/* "stop": a string or an array of strings, each 1..ST_OPENAI_MAX_STOP_BYTES bytes */
+static st_status_t parse_stop(json_t *v, st_openai_req_t *out, st_openai_err_t *e) {
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n > ST_OPENAI_MAX_STOP_STRINGS || !(json_is_array(v) || json_is_string(v)))
+        return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' takes a string or up to %d strings",
+                      ST_OPENAI_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(x) || json_string_length(x) == 0 || json_string_length(x) > ST_OPENAI_MAX_STOP_BYTES ||
+            memchr(json_string_value(x), 0, json_string_length(x)))
+            return refuse(e, ST_ERR_INVALID_ARG, "stop", "each 'stop' string must have 1..%d bytes and no NUL",
+                          ST_OPENAI_MAX_STOP_BYTES);
+        if (!(out->stop_strs[out->n_stop_strs] = strdup(json_string_value(x)))) return ST_ERR_NO_MEMORY;
+        out->n_stop_strs++;
+    }
+    return ST_OK;
+}
+
+static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int chat, st_openai_req_t *out,
+                              st_openai_err_t *e) {
     st_proto_generate_req_t *r = &out->req;
     st_status_t s = ST_OK;
     json_t *v;
@@ -216,10 +235,30 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
             return refuse(e, ST_ERR_INVALID_ARG, "model", "model '%.120s' is not served here (this server has '%s')",
                           json_string_value(v), lim->model);
     }
-    if (!(v = field(body, "prompt"))) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "missing 'prompt'");
-    if ((s = parse_prompt(v, out, e)) != ST_OK) return s;
-    json_int_t iv = 16;
+    out->chat = chat;
+    if (chat) {
+        if (!lim->tok) return refuse(e, ST_ERR_INVALID_ARG, NULL, "chat needs the checkpoint's tokenizer");
+        if (!(v = field(body, "messages"))) return refuse(e, ST_ERR_INVALID_ARG, "messages", "missing 'messages'");
+        json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice");
+        if (choice && !(json_is_string(choice) && (!strcmp(json_string_value(choice), "auto") ||
+                                                  !strcmp(json_string_value(choice), "none"))))
+            return refuse(e, ST_ERR_INVALID_ARG, "tool_choice", "'tool_choice' supports \"auto\" and \"none\"");
+        if (choice && !strcmp(json_string_value(choice), "none")) tools = NULL;
+        st_chat_prompt_t p;
+        if ((s = st_chat_render(lim->tok, v, tools, &p, e)) != ST_OK) return s;
+        out->tools = json_array_size(tools) > 0;
+        r->n_prompt_tokens = p.ids.n;
+        r->prompt_tokens = (uint32_t *)p.ids.ids; /* the tokenizer's ids are non-negative */
+        p.ids.ids = NULL;
+        p.ids.n = 0;
+        st_chat_prompt_cleanup(&p);
+    } else {
+        if (!(v = field(body, "prompt"))) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "missing 'prompt'");
+        if ((s = parse_prompt(v, out, e)) != ST_OK) return s;
+    }
+    json_int_t iv = chat ? ST_OPENAI_MAX_TOKENS : 16;
     if (int_field(body, "max_tokens", 1, ST_OPENAI_MAX_TOKENS, &iv, e, &s) < 0) return s;
+    if (chat && int_field(body, "max_completion_tokens", 1, ST_OPENAI_MAX_TOKENS, &iv, e, &s) < 0) return s;
     r->max_tokens = (uint32_t)iv;
     double dv = 1.0;
     if (num_field(body, "temperature", 0, ST_OPENAI_MAX_TEMPERATURE, &dv, e, &s) < 0) return s;
@@ -239,38 +278,45 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
     if (int_field(body, "n", 1, 1, &iv, e, &s) < 0) return refuse(e, s, "n", "only n = 1 is supported");
     if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0)
         return refuse(e, s, "best_of", "only best_of = 1 is supported");
-    if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0)
-        return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
     int b = 0;
-    if (bool_field(body, "echo", &b, e, &s) < 0) return s;
-    if (b) return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo is not supported");
+    if (chat) {
+        if (bool_field(body, "logprobs", &b, e, &s) < 0) return s;
+        if (b) return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
+    } else if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0) {
+        return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
+    }
+    for (int i = 0; i < 2; i++) { /* the sampler has no penalties yet: refused, never ignored */
+        const char *pen = i ? "frequency_penalty" : "presence_penalty";
+        dv = 0;
+        if (num_field(body, pen, -2, 2, &dv, e, &s) < 0) return s;
+        if (dv != 0) return refuse(e, ST_ERR_INVALID_ARG, pen, "'%s' is not supported yet (only 0)", pen);
+    }
+    if ((v = field(body, "logit_bias")) && (!json_is_object(v) || json_object_size(v) > 0))
+        return refuse(e, ST_ERR_INVALID_ARG, "logit_bias", "'logit_bias' is not supported yet");
+    b = 0;
+    if (!chat) {
+        if (bool_field(body, "echo", &b, e, &s) < 0) return s;
+        out->echo = b;
+        if (b && !r->prompt) return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo needs a text prompt");
+    }
     b = 0;
     if (bool_field(body, "ignore_eos", &b, e, &s) < 0) return s; /* vLLM's extension */
     r->ignore_eos = b;
     b = 0;
     if (bool_field(body, "stream", &b, e, &s) < 0) return s;
     out->stream = b;
-    if ((v = field(body, "stop"))) {
-        /* byte-level tokenizer: a one-byte stop string is a stop token */
-        size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        if (n > ST_OPENAI_MAX_STOP)
-            return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
-                          ST_OPENAI_MAX_STOP);
-        for (size_t i = 0; i < n; i++) {
-            json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
-            if (!json_is_string(x) || json_string_length(x) != 1 || (unsigned char)json_string_value(x)[0] >= 0x80)
-                return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
-                              ST_OPENAI_MAX_STOP);
-            out->stops[i] = (unsigned char)json_string_value(x)[0];
-        }
-        r->stop_ids = n ? out->stops : NULL;
-        r->n_stop_ids = n;
+    if ((v = field(body, "stream_options"))) {
+        if (!json_is_object(v)) return refuse(e, ST_ERR_INVALID_ARG, "stream_options", "'stream_options' must be an object");
+        b = 0;
+        if (bool_field(v, "include_usage", &b, e, &s) < 0) return s;
+        out->include_usage = b;
     }
+    if ((v = field(body, "stop")) && (s = parse_stop(v, out, e)) != ST_OK) return s;
     return st_openai_check(r, lim, e);
 }
 
-st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
-                                       st_openai_req_t *out, st_openai_err_t *e) {
+static st_status_t parse_any(const char *body, size_t len, const st_openai_limits_t *lim, int chat, st_openai_req_t *out,
+                             st_openai_err_t *e) {
     st_openai_req_t r;
     memset(&r, 0, sizeof r);
     e->message[0] = 0;
@@ -284,7 +330,7 @@ st_status_t st_openai_parse_completion(const char *body, size_t len, const st_op
                           je.text, je.line, je.column);
         return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body must be a JSON object");
     }
-    st_status_t s = parse_body(j, lim, &r, e);
+    st_status_t s = parse_body(j, lim, chat, &r, e);
     json_decref(j);
     if (s != ST_OK) {
         st_openai_req_cleanup(&r);
@@ -295,7 +341,18 @@ st_status_t st_openai_parse_completion(const char *body, size_t len, const st_op
     return ST_OK;
 }
 
+st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
+                                       st_openai_req_t *out, st_openai_err_t *e) {
+    return parse_any(body, len, lim, 0, out, e);
+}
+
+st_status_t st_openai_parse_chat(const char *body, size_t len, const st_openai_limits_t *lim, st_openai_req_t *out,
+                                 st_openai_err_t *e) {
+    return parse_any(body, len, lim, 1, out, e);
+}
+
 void st_openai_req_cleanup(st_openai_req_t *r) {
+    for (size_t i = 0; i < r->n_stop_strs; i++) free(r->stop_strs[i]);
     free(r->req.prompt);
     free(r->req.prompt_tokens);
     memset(r, 0, sizeof *r);

@@ -377,21 +377,52 @@ static void h_models(const st_http_req_t *req, st_http_res_t *res, void *arg) {
                                    "model", "created", (json_int_t)co->t_start, "owned_by", "strata"));
 }
 
-/* ================================================================ /v1/completions */
+/* ================================================================ /v1/completions, /v1/chat/completions */
 
-static json_t *completion_obj(gen_t *g, const char *text, size_t len, const char *finish) {
+static const char *finish_name(const gen_t *g) {
+    if (g->finish == ST_PROTO_FINISH_LENGTH) return "length";
+    return g->finish == ST_PROTO_FINISH_STOP ? "stop" : NULL;
+}
+
+static json_t *jtext(const char *text, size_t len) {
     json_t *t = json_stringn(text, len); /* text is st_openai_utf8_clean's output: always valid */
-    return json_pack("{s:s, s:s, s:I, s:o, s:[{s:o, s:i, s:n, s:s?}]}", "id", g->id, "object", "text_completion", "created",
-                     (json_int_t)time(NULL), "model", jstr(g->co->model), "choices", "text", t ? t : json_string(""), "index", 0,
-                     "logprobs", "finish_reason", finish);
+    return t ? t : json_string("");
 }
 
-static const char *finish_name(st_proto_finish_t f) {
-    return f == ST_PROTO_FINISH_STOP ? "stop" : f == ST_PROTO_FINISH_LENGTH ? "length" : NULL;
+/* One response object (plain) or chunk (stream) holding text [text, len); finish NULL while streaming. */
+static json_t *choice_obj(gen_t *g, const char *text, size_t len, const char *finish, json_t *tool_calls, int stream) {
+    json_t *c;
+    if (!g->chat) {
+        c = json_pack("{s:o, s:i, s:n, s:s?}", "text", jtext(text, len), "index", 0, "logprobs", "finish_reason", finish);
+        json_decref(tool_calls);
+    } else {
+        json_t *m = json_object();
+        if (!stream || !g->role_sent) json_object_set_new(m, "role", json_string("assistant"));
+        g->role_sent = 1;
+        if (!stream || len) json_object_set_new(m, "content", len || !tool_calls ? jtext(text, len) : json_null());
+        if (tool_calls) {
+            if (stream)
+                for (size_t i = 0; i < json_array_size(tool_calls); i++)
+                    json_object_set_new(json_array_get(tool_calls, i), "index", json_integer((json_int_t)i));
+            json_object_set_new(m, "tool_calls", tool_calls);
+        }
+        c = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, stream ? "delta" : "message", m, "logprobs", "finish_reason",
+                      finish);
+    }
+    json_t *o = json_pack("{s:s, s:s, s:I, s:o, s:[o]}", "id", g->id, "object",
+                          g->chat ? (stream ? "chat.completion.chunk" : "chat.completion")
+                                  : "text_completion",
+                          "created", (json_int_t)g->created, "model", jstr(g->co->model), "choices", c);
+    if (o && stream && g->include_usage) json_object_set_new(o, "usage", json_null());
+    return o;
 }
 
-static void text_append(gen_t *g, const char *s) {
-    size_t n = strlen(s);
+static json_t *usage_obj(const gen_t *g) {
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens", g->n_tokens,
+                     "total_tokens", g->prompt_tokens + g->n_tokens);
+}
+
+static void text_append(gen_t *g, const char *s, size_t n) {
     if (g->text_len + n + 1 > g->text_cap) {
         size_t nc = (g->text_cap + n + 1) * 2;
         char *np = realloc(g->text, nc);
@@ -399,8 +430,9 @@ static void text_append(gen_t *g, const char *s) {
         g->text = np;
         g->text_cap = nc;
     }
-    memcpy(g->text + g->text_len, s, n + 1);
+    memcpy(g->text + g->text_len, s, n);
     g->text_len += n;
+    g->text[g->text_len] = 0;
 }
 
 static void sse_json(gen_t *g, json_t *o) {
@@ -411,32 +443,113 @@ static void sse_json(gen_t *g, json_t *o) {
     json_decref(o);
 }
 
+static const char TOOL_SECTION[] = "<|tool_calls_section_begin|>";
+
+static const char *find_bytes(const char *h, size_t hn, const char *n, size_t nn) {
+    for (size_t i = 0; nn <= hn && i + nn <= hn; i++)
+        if (h[i] == n[0] && !memcmp(h + i, n, nn)) return h + i;
+    return NULL;
+}
+
+/* How much of the text may reach the client now: not a suffix that could still become a stop
+ * string (or, with tools, the tool-call section's marker), nor anything from that marker on. */
+static size_t safe_len(const gen_t *g) {
+    size_t end = g->text_len;
+    if (g->tools) {
+        const char *sec = find_bytes(g->text ? g->text : "", g->text_len, TOOL_SECTION, sizeof TOOL_SECTION - 1);
+        if (sec) end = (size_t)(sec - g->text);
+    }
+    size_t lim = end;
+    for (size_t w = 0; w < g->n_stop + (size_t)(g->tools != 0); w++) {
+        const char *ws = w < g->n_stop ? g->stop[w] : TOOL_SECTION;
+        size_t wn = strlen(ws);
+        for (size_t k = wn - 1 < end ? wn - 1 : end; k > 0; k--)
+            if (!memcmp(g->text + end - k, ws, k)) {
+                if (end - k < lim) lim = end - k;
+                break;
+            }
+    }
+    return lim;
+}
+
+/* A stop string in the text (looked for where the newest bytes could complete one): the text
+ * ends before it. 1 when found. */
+static int cut_at_stop(gen_t *g, size_t added) {
+    size_t best = (size_t)-1;
+    for (size_t w = 0; w < g->n_stop; w++) {
+        size_t wn = strlen(g->stop[w]), from = g->text_len - added;
+        from = from > wn ? from - wn + 1 : 0;
+        const char *hit = find_bytes(g->text + from, g->text_len - from, g->stop[w], wn);
+        if (hit && (size_t)(hit - g->text) < best) best = (size_t)(hit - g->text);
+    }
+    if (best == (size_t)-1) return 0;
+    g->text_len = best;
+    g->text[best] = 0;
+    return 1;
+}
+
+/* Stream the text that is safe now (complete characters only). */
+static void stream_text(gen_t *g, size_t upto, int final) {
+    if (upto <= g->emitted) return;
+    size_t n = upto - g->emitted, cl = 0;
+    char *clean = malloc(3 * n + 1);
+    if (!clean) return;
+    g->emitted += st_openai_utf8_clean((const unsigned char *)g->text + g->emitted, n, clean, &cl, final);
+    if (cl > 0) sse_json(g, choice_obj(g, clean, cl, NULL, NULL, 1));
+    free(clean);
+}
+
+static void stream_begin(gen_t *g) {
+    if (g->http_begun) return;
+    g->http_begun = 1;
+    st_http_res_stream_begin(g->res, 200, "text/event-stream");
+    if (g->echo) sse_json(g, choice_obj(g, g->echo, strlen(g->echo), NULL, NULL, 1));
+}
+
 /* NOTE: a stream's 200 is sent with the worker's first good chunk, not before: an error before
  * then (a refusal, a lost worker, a client's mistake the worker found) is a proper HTTP status. */
 void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
     if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return; /* gen.c keeps the error */
-    if (ch->text && ch->text[0]) text_append(g, ch->text);
-    if (!g->stream || g->http_gone) return;
-    if (!g->http_begun) {
-        g->http_begun = 1;
-        st_http_res_stream_begin(g->res, 200, "text/event-stream");
+    if (g->stop_hit) return;
+    size_t added = ch->text ? strlen(ch->text) : 0;
+    if (added) text_append(g, ch->text, added);
+    if (added && g->n_stop && cut_at_stop(g, added)) {
+        g->stop_hit = 1;
+        st_coord_gen_stop(g); /* answers the client: st_coord_http_done */
+        return;
     }
-    /* emit the complete characters that arrived since the last event */
-    int final = ch->finish != ST_PROTO_FINISH_NONE;
-    size_t n = g->text_len - g->emitted, cl = 0;
-    char *clean = malloc(3 * n + 1);
-    if (!clean) return;
-    g->emitted += st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : "") + g->emitted, n, clean, &cl, final);
-    if (cl > 0 || final) sse_json(g, completion_obj(g, clean, cl, final ? finish_name(ch->finish) : NULL));
-    free(clean);
+    if (!g->stream || g->http_gone) return;
+    stream_begin(g);
+    if (ch->finish == ST_PROTO_FINISH_NONE) stream_text(g, safe_len(g), 0);
+}
+
+/* The end of a successful stream: the rest of the text, the finish (tool calls parsed), usage. */
+static void stream_finish(gen_t *g) {
+    json_t *calls = NULL;
+    size_t content = g->text_len;
+    if (g->tools) calls = st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content);
+    if (content < g->emitted) content = g->emitted;
+    stream_text(g, content, 1);
+    const char *fin = calls ? "tool_calls" : finish_name(g);
+    sse_json(g, choice_obj(g, "", 0, fin, calls, 1));
+    if (g->include_usage) {
+        json_t *o = json_pack("{s:s, s:s, s:I, s:o, s:[], s:o}", "id", g->id, "object",
+                              g->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)g->created,
+                              "model", jstr(g->co->model), "choices", "usage", usage_obj(g));
+        sse_json(g, o);
+    }
 }
 
 void st_coord_http_done(gen_t *g) {
     int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
     const char *msg = g->err[0] ? g->err : "the attention worker ended the stream without finishing";
-    if (g->stream && g->http_begun) { /* too late for a status: the error is an event */
-        if (!ok && !g->http_gone) sse_json(g, error_obj(msg, "server_error", NULL, NULL));
-        if (!g->http_gone) st_http_res_sse(g->res, NULL, "[DONE]");
+    if (g->stream && (g->http_begun || ok)) {
+        if (!g->http_gone) {
+            stream_begin(g);
+            if (ok) stream_finish(g); /* too late for a status: an error is an event */
+            else sse_json(g, error_obj(msg, "server_error", NULL, NULL));
+            st_http_res_sse(g->res, NULL, "[DONE]");
+        }
         st_http_res_stream_end(g->res);
         return;
     }
@@ -444,25 +557,25 @@ void st_coord_http_done(gen_t *g) {
         status_error(g->res, g->status != ST_OK ? g->status : ST_ERR_INTERNAL, msg, NULL);
         return;
     }
-    size_t cl = 0;
-    char *clean = malloc(3 * g->text_len + 1);
+    buf_t all = {0};
+    if (g->echo) bprintf(&all, "%s", g->echo);
+    json_t *calls = NULL;
+    size_t content = g->text_len;
+    if (g->tools) calls = st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content);
+    char *clean = malloc(3 * (content + all.n) + 1);
     if (!clean) {
+        free(all.p);
+        json_decref(calls);
         api_error(g->res, 500, "server_error", "out of memory");
         return;
     }
-    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : ""), g->text_len, clean, &cl, 1);
-    json_t *o = completion_obj(g, clean, cl, finish_name(g->finish));
+    size_t cl = 0, el = 0;
+    if (all.n) st_openai_utf8_clean((const unsigned char *)all.p, all.n, clean, &el, 1);
+    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : ""), content, clean + el, &cl, 1);
+    free(all.p);
+    json_t *o = choice_obj(g, clean, el + cl, calls ? "tool_calls" : finish_name(g), calls, 0);
     free(clean);
-    if (g->stream) { /* finished without any chunk the stream could begin with */
-        st_http_res_stream_begin(g->res, 200, "text/event-stream");
-        g->http_begun = 1;
-        sse_json(g, o);
-        st_http_res_sse(g->res, NULL, "[DONE]");
-        st_http_res_stream_end(g->res);
-        return;
-    }
-    json_object_set_new(o, "usage", json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens",
-                                              g->n_tokens, "total_tokens", g->prompt_tokens + g->n_tokens));
+    json_object_set_new(o, "usage", usage_obj(g));
     json_reply(g->res, 200, o);
 }
 
@@ -473,13 +586,13 @@ static void http_gone(st_http_res_t *res, void *arg) {
     st_coord_gen_client_gone(g);
 }
 
-static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *arg) {
-    coord_t *co = arg;
+static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co, int chat) {
     if (!authorized(co, req, res)) return;
-    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab};
+    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab, .tok = co->tok};
     st_openai_req_t r;
     st_openai_err_t e;
-    st_status_t s = st_openai_parse_completion(req->body, req->body_len, &lim, &r, &e);
+    st_status_t s = chat ? st_openai_parse_chat(req->body, req->body_len, &lim, &r, &e)
+                         : st_openai_parse_completion(req->body, req->body_len, &lim, &r, &e);
     if (s != ST_OK) {
         co->requests_err++;
         if (s == ST_ERR_NO_MEMORY) api_error(res, 500, "server_error", "out of memory");
@@ -487,7 +600,17 @@ static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *ar
         return;
     }
     gen_t *g = calloc(1, sizeof *g);
-    if (!g) {
+    if (g && r.n_stop_strs) {
+        g->stop = r.stop_strs[0] ? calloc(r.n_stop_strs, sizeof(char *)) : NULL;
+        if (g->stop) {
+            memcpy(g->stop, r.stop_strs, r.n_stop_strs * sizeof(char *));
+            g->n_stop = r.n_stop_strs;
+            r.n_stop_strs = 0; /* g owns them now */
+        }
+    }
+    if (g && r.echo) g->echo = strdup(r.req.prompt);
+    if (!g || (r.n_stop_strs && !g->stop) || (r.echo && !g->echo)) {
+        if (g) st_coord_gen_free(g);
         st_openai_req_cleanup(&r);
         api_error(res, 500, "server_error", "out of memory");
         return;
@@ -495,7 +618,12 @@ static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *ar
     g->co = co;
     g->res = res;
     g->stream = r.stream;
-    snprintf(g->id, sizeof g->id, "cmpl-%llx%04llx", (unsigned long long)co->t_start, (unsigned long long)++co->gen_seq);
+    g->chat = r.chat;
+    g->tools = r.tools;
+    g->include_usage = r.stream && r.include_usage;
+    g->created = (int64_t)time(NULL);
+    snprintf(g->id, sizeof g->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)co->t_start,
+             (unsigned long long)++co->gen_seq);
     st_http_res_on_close(res, http_gone, g);
     s = st_coord_gen_submit(co, g, &r.req); /* ST_OK: g is the front door's now */
     st_openai_req_cleanup(&r);
@@ -503,10 +631,12 @@ static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *ar
         co->requests_err++;
         st_http_res_on_close(res, NULL, NULL);
         status_error(res, s, st_err_last(), NULL);
-        free(g->req);
-        free(g);
+        st_coord_gen_free(g);
     }
 }
+
+static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *arg) { h_generate(req, res, arg, 0); }
+static void h_chat(const st_http_req_t *req, st_http_res_t *res, void *arg) { h_generate(req, res, arg, 1); }
 
 void st_coord_http_routes(coord_t *co) {
     st_http_route(co->http, "GET", "/healthz", h_healthz, co);
@@ -515,5 +645,6 @@ void st_coord_http_routes(coord_t *co) {
     st_http_route(co->http, "GET", "/metrics", h_metrics, co);
     st_http_route(co->http, "GET", "/v1/models", h_models, co);
     st_http_route(co->http, "POST", "/v1/completions", h_completions, co);
+    st_http_route(co->http, "POST", "/v1/chat/completions", h_chat, co);
     st_coord_front_start(co);
 }

@@ -216,12 +216,17 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":\"hi\",\"n\":2}", "n");
     expect_refused("{\"prompt\":\"hi\",\"best_of\":3}", "best_of");
     expect_refused("{\"prompt\":\"hi\",\"logprobs\":2}", "logprobs");
-    expect_refused("{\"prompt\":\"hi\",\"echo\":true}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"echo\":1}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"stream\":\"yes\"}", "stream");
     expect_refused("{\"prompt\":\"hi\",\"ignore_eos\":1}", "ignore_eos");
-    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"bc\"]}", "stop");
-    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"\\u00e9\"]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"\"]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",7]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":{}}", "stop");
+    expect_refused("{\"prompt\":[1,2],\"echo\":true}", "echo");
+    expect_refused("{\"prompt\":\"hi\",\"presence_penalty\":0.5}", "presence_penalty");
+    expect_refused("{\"prompt\":\"hi\",\"frequency_penalty\":3}", "frequency_penalty");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"5\":10}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":1}}", "include_usage");
     expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
                    "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}",
                    "stop");
@@ -255,12 +260,14 @@ static void test_parse(void) {
     const char *ok =
         "{\"model\":\"tiny\",\"prompt\":\"hello\",\"max_tokens\":1000000,\"temperature\":0.5,\"top_p\":0.9,"
         "\"top_k\":40,\"seed\":9223372036854775807,\"n\":1,\"best_of\":1,\"logprobs\":null,\"echo\":false,"
-        "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\".\"],\"user\":\"x\"}";
+        "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\"</end>\",\"\\u00e9t\u00e9\"],\"user\":\"x\","
+        "\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"stream_options\":{\"include_usage\":true}}";
     CHECK(parse(ok, &r, &e) == ST_OK, "full request refused: %s", e.message);
     CHECK(r.req.max_tokens == 1000000 && r.req.temperature == 0.5f && r.req.top_p == 0.9f && r.req.top_k == 40 &&
               r.req.has_seed && r.req.seed == 9223372036854775807ull && r.stream && r.req.ignore_eos &&
-              r.req.n_stop_ids == 2 && r.req.stop_ids == r.stops && r.stops[0] == '\n' && r.stops[1] == '.' &&
-              !strcmp(r.req.prompt, "hello"),
+              r.req.n_stop_ids == 0 && r.n_stop_strs == 3 && !strcmp(r.stop_strs[0], "\n") &&
+              !strcmp(r.stop_strs[1], "</end>") && !strcmp(r.stop_strs[2], "\xC3\xA9t\xC3\xA9") && r.include_usage &&
+              !r.chat && !strcmp(r.req.prompt, "hello"),
           "fields");
     st_openai_req_cleanup(&r);
     CHECK(parse("{\"prompt\":[5,6,299],\"top_k\":-1,\"max_tokens\":null}", &r, &e) == ST_OK, "token prompt: %s",
