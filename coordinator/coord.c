@@ -671,6 +671,7 @@ int st_coord_run(const st_coord_opts_t *opts) {
     st_hist_init(&co->ttft);
     st_hist_init(&co->tpot);
     co->t_start = co->tick_at = st_time_sec();
+    co->t_wall_start = (int64_t)time(NULL);
     uv_loop_init(&co->loop);
     if (st_rpc_init(&co->loop) != ST_OK) goto out_q;
     int gport = 0, hport = 0;

@@ -64,7 +64,7 @@ struct gen {
     char worker[64];      /* its name, for errors */
     st_rpc_call_t *call;  /* gRPC client, or */
     st_http_res_t *res;   /* HTTP client; both NULL once the client has been answered (detached) */
-    int stream, http_gone, http_begun, detached, err_in_chunk;
+    int stream, http_gone, detached, err_in_chunk;
     st_rpc_stream_t *up;  /* to the worker */
     uint8_t *req;         /* the encoded Worker/Generate request, kept for a re-dispatch */
     size_t req_len;
@@ -76,12 +76,10 @@ struct gen {
     char err[256];
     char id[48];
     st_tok_stream_t dec;            /* the worker's token ids → text (UTF-8 safe across tokens) */
-    /* HTTP (rest.c): the OpenAI response's shape */
-    int chat, tools, include_usage, role_sent, stop_hit;
-    char **stop;                    /* stop strings (owned), never in the text the client gets */
-    size_t n_stop;
+    /* HTTP (rest.c): one choice of an OpenAI response */
+    struct hreq *parent;            /* the HTTP request this is a choice of */
+    int index, role_sent, stop_hit;
     char *echo;                     /* completions' echo: the prompt (owned) */
-    int64_t created;
     char *text;                     /* raw bytes of the completion so far */
     size_t text_len, text_cap, emitted; /* emitted: bytes already streamed */
 };
@@ -111,6 +109,7 @@ struct coord {
     int n_pending;
     /* metrics */
     double t_start, tick_at, tokens_per_s;
+    int64_t t_wall_start;                   /* Unix time of the start (/v1/models "created") */
     uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;
     int active_requests;
     st_hist_t ttft, tpot;

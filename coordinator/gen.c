@@ -109,8 +109,6 @@ static int any_worker(coord_t *co) {
 /* ================================================================ ending a request */
 
 static void gen_free(gen_t *g) {
-    for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
-    free(g->stop);
     free(g->echo);
     free(g->req);
     free(g->text);
@@ -141,8 +139,7 @@ static void gen_answer(gen_t *g) {
         else /* finished by the worker; an error travelled in the last chunk */
             st_rpc_call_finish(call, ST_OK, NULL);
     } else if (g->res) {
-        st_http_res_on_close(g->res, NULL, NULL);
-        st_coord_http_done(g);
+        st_coord_http_done(g); /* the HTTP request's own close callback is rest.c's */
         g->res = NULL;
     }
 }

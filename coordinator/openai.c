@@ -136,34 +136,57 @@ static json_t *field(json_t *body, const char *key) {
     return v && !json_is_null(v) ? v : NULL;
 }
 
-static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t *e) {
-    st_proto_generate_req_t *r = &out->req;
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+/* One prompt: a non-empty string, or a non-empty array of token ids. */
+static st_status_t parse_one_prompt(json_t *p, char **text, uint32_t **ids, size_t *n_ids, st_openai_err_t *e) {
     if (json_is_string(p)) {
         size_t n = json_string_length(p);
         if (n == 0) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt is empty");
         if (memchr(json_string_value(p), 0, n))
             return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt contains a NUL character");
-        r->prompt = malloc(n + 1);
-        if (!r->prompt) return ST_ERR_NO_MEMORY;
-        memcpy(r->prompt, json_string_value(p), n + 1);
+        if (!(*text = malloc(n + 1))) return ST_ERR_NO_MEMORY;
+        memcpy(*text, json_string_value(p), n + 1);
         return ST_OK;
     }
     if (json_is_array(p) && json_array_size(p) > 0) {
         size_t n = json_array_size(p);
-        r->prompt_tokens = malloc(sizeof(uint32_t) * n);
-        if (!r->prompt_tokens) return ST_ERR_NO_MEMORY;
-        r->n_prompt_tokens = n;
+        if (!(*ids = malloc(sizeof(uint32_t) * n))) return ST_ERR_NO_MEMORY;
+        *n_ids = n;
         for (size_t i = 0; i < n; i++) {
             json_t *v = json_array_get(p, i);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX)
                 return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a token-id prompt must hold non-negative integers");
-            r->prompt_tokens[i] = (uint32_t)json_integer_value(v);
+            (*ids)[i] = (uint32_t)json_integer_value(v);
         }
         return ST_OK;
     }
     return refuse(e, ST_ERR_INVALID_ARG, "prompt",
-                  "'prompt' must be a string, a one-string array, or an array of token ids");
+                  "'prompt' must be a string, an array of token ids, or a batch: an array of strings or of "
+                  "token-id arrays");
+}
+
+/* "prompt": one prompt, or a batch (an array of strings, or of token-id arrays): the first into
+ * out->req, the others into out->batch. */
+static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t *e) {
+    st_proto_generate_req_t *r = &out->req;
+    size_t n = json_array_size(p);
+    int batch = json_is_array(p) && n > 0 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
+    if (!batch) {
+        out->n_prompts = 1;
+        return parse_one_prompt(p, &r->prompt, &r->prompt_tokens, &r->n_prompt_tokens, e);
+    }
+    if (n > ST_OPENAI_MAX_CHOICES)
+        return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a batch holds at most %d prompts", ST_OPENAI_MAX_CHOICES);
+    for (size_t i = 0; i < n; i++)
+        if (!json_is_string(json_array_get(p, i)) && !json_is_array(json_array_get(p, i)))
+            return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a batch is an array of strings or of token-id arrays");
+    if (n > 1 && !(out->batch = calloc(n - 1, sizeof *out->batch))) return ST_ERR_NO_MEMORY;
+    out->n_prompts = n;
+    st_status_t s = parse_one_prompt(json_array_get(p, 0), &r->prompt, &r->prompt_tokens, &r->n_prompt_tokens, e);
+    for (size_t i = 1; i < n && s == ST_OK; i++) {
+        st_openai_prompt_t *b = &out->batch[i - 1];
+        s = parse_one_prompt(json_array_get(p, i), &b->text, &b->ids, &b->n_ids, e);
+    }
+    return s;
 }
 
 /* An integer field in [lo, hi]; *out untouched when absent. 1 present, 0 absent, -1 refused. */
@@ -252,6 +275,7 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
         p.ids.ids = NULL;
         p.ids.n = 0;
         st_chat_prompt_cleanup(&p);
+        out->n_prompts = 1;
     } else {
         if (!(v = field(body, "prompt"))) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "missing 'prompt'");
         if ((s = parse_prompt(v, out, e)) != ST_OK) return s;
@@ -275,7 +299,11 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
         r->seed = (uint64_t)iv;
         r->has_seed = 1;
     }
-    if (int_field(body, "n", 1, 1, &iv, e, &s) < 0) return refuse(e, s, "n", "only n = 1 is supported");
+    iv = 1;
+    if (int_field(body, "n", 1, ST_OPENAI_MAX_CHOICES, &iv, e, &s) < 0) return s;
+    out->n = (int)iv;
+    if ((size_t)out->n * (out->n_prompts ? out->n_prompts : 1) > ST_OPENAI_MAX_CHOICES)
+        return refuse(e, ST_ERR_INVALID_ARG, "n", "n x prompts is at most %d choices", ST_OPENAI_MAX_CHOICES);
     if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0)
         return refuse(e, s, "best_of", "only best_of = 1 is supported");
     int b = 0;
@@ -297,7 +325,9 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
     if (!chat) {
         if (bool_field(body, "echo", &b, e, &s) < 0) return s;
         out->echo = b;
-        if (b && !r->prompt) return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo needs a text prompt");
+        for (size_t i = 0; b && i < out->n_prompts; i++)
+            if (!(i ? out->batch[i - 1].text : r->prompt))
+                return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo needs text prompts");
     }
     b = 0;
     if (bool_field(body, "ignore_eos", &b, e, &s) < 0) return s; /* vLLM's extension */
@@ -312,7 +342,15 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
         out->include_usage = b;
     }
     if ((v = field(body, "stop")) && (s = parse_stop(v, out, e)) != ST_OK) return s;
-    return st_openai_check(r, lim, e);
+    if ((s = st_openai_check(r, lim, e)) != ST_OK) return s;
+    for (size_t i = 1; i < out->n_prompts; i++) { /* each prompt of a batch passes the same checks */
+        st_proto_generate_req_t o = *r;
+        o.prompt = out->batch[i - 1].text;
+        o.prompt_tokens = out->batch[i - 1].ids;
+        o.n_prompt_tokens = out->batch[i - 1].n_ids;
+        if ((s = st_openai_check(&o, lim, e)) != ST_OK) return s;
+    }
+    return ST_OK;
 }
 
 static st_status_t parse_any(const char *body, size_t len, const st_openai_limits_t *lim, int chat, st_openai_req_t *out,
@@ -353,6 +391,11 @@ st_status_t st_openai_parse_chat(const char *body, size_t len, const st_openai_l
 
 void st_openai_req_cleanup(st_openai_req_t *r) {
     for (size_t i = 0; i < r->n_stop_strs; i++) free(r->stop_strs[i]);
+    for (size_t i = 0; r->batch && i + 1 < r->n_prompts; i++) {
+        free(r->batch[i].text);
+        free(r->batch[i].ids);
+    }
+    free(r->batch);
     free(r->req.prompt);
     free(r->req.prompt_tokens);
     memset(r, 0, sizeof *r);

@@ -20,6 +20,7 @@
 #define ST_OPENAI_MAX_STOP 16
 #define ST_OPENAI_MAX_STOP_STRINGS 16   /* "stop": strings of any length up to ST_OPENAI_MAX_STOP_BYTES */
 #define ST_OPENAI_MAX_STOP_BYTES 1024
+#define ST_OPENAI_MAX_CHOICES 64        /* n x prompts of a batch */
 
 typedef struct {
     const char *model; /* the served model's name: another "model" is a 400 */
@@ -27,12 +28,21 @@ typedef struct {
     const st_tokenizer_t *tok; /* chat: renders and encodes the conversation (required for chat) */
 } st_openai_limits_t;
 
+typedef struct {
+    char *text;    /* or */
+    uint32_t *ids; /* token ids */
+    size_t n_ids;
+} st_openai_prompt_t;
+
 /* A parsed /v1/completions or /v1/chat/completions request. req's pointers point into this
  * struct's own allocations: release with st_openai_req_cleanup. */
 typedef struct {
     st_proto_generate_req_t req;
     int stream, chat, include_usage, echo;
     int tools;                        /* chat: tools were declared (tool calls are parsed back) */
+    int n;                            /* choices per prompt */
+    size_t n_prompts;                 /* 1, or a completions batch: req holds the first prompt, */
+    st_openai_prompt_t *batch;        /* batch[i - 1] prompt i (n_prompts - 1 of them) */
     size_t n_stop_strs;
     char *stop_strs[ST_OPENAI_MAX_STOP_STRINGS]; /* NUL-terminated, never empty */
     uint32_t stops[ST_OPENAI_MAX_STOP];

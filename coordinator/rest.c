@@ -374,14 +374,36 @@ static void h_models(const st_http_req_t *req, st_http_res_t *res, void *arg) {
     coord_t *co = arg;
     if (!authorized(co, req, res)) return;
     json_reply(res, 200, json_pack("{s:s, s:[{s:o, s:s, s:I, s:s}]}", "object", "list", "data", "id", jstr(co->model), "object",
-                                   "model", "created", (json_int_t)co->t_start, "owned_by", "strata"));
+                                   "model", "created", (json_int_t)co->t_wall_start, "owned_by", "strata"));
 }
 
 /* ================================================================ /v1/completions, /v1/chat/completions */
 
-static const char *finish_name(const gen_t *g) {
-    if (g->finish == ST_PROTO_FINISH_LENGTH) return "length";
-    return g->finish == ST_PROTO_FINISH_STOP ? "stop" : NULL;
+/* One HTTP request: its choices are gen_t's (n per prompt, every prompt of a batch), each queued
+ * and proxied on its own; the response is written here as they stream and end. Freed when every
+ * choice has been answered (st_coord_http_done). */
+typedef struct hreq {
+    coord_t *co;
+    st_http_res_t *res; /* NULL once the response is complete (or the client gone) */
+    int stream, chat, tools, include_usage, begun, gone, answered;
+    char **stop;        /* stop strings (owned), never in the text the client gets */
+    size_t n_stop;
+    char id[48];
+    int64_t created;
+    int n_choices, n_per;  /* n_per: choices per prompt (the request's n) */
+    int n_open;            /* choices not answered yet, plus one while a caller holds h */
+    gen_t **kids;          /* [n_choices]; a kid's slot is cleared when it is answered */
+    int *done_tokens, *done_prompt; /* per choice once answered */
+    st_proto_finish_t *done_finish;
+    char **done_text;                /* plain responses: each choice's final text (owned) */
+    json_t **done_calls;             /* plain responses: each choice's tool calls */
+    st_status_t status;              /* the first failure, if any */
+    char err[256];
+} hreq_t;
+
+static const char *finish_of(st_proto_finish_t f) {
+    if (f == ST_PROTO_FINISH_LENGTH) return "length";
+    return f == ST_PROTO_FINISH_STOP ? "stop" : NULL;
 }
 
 static json_t *jtext(const char *text, size_t len) {
@@ -389,37 +411,46 @@ static json_t *jtext(const char *text, size_t len) {
     return t ? t : json_string("");
 }
 
-/* One response object (plain) or chunk (stream) holding text [text, len); finish NULL while streaming. */
-static json_t *choice_obj(gen_t *g, const char *text, size_t len, const char *finish, json_t *tool_calls, int stream) {
-    json_t *c;
-    if (!g->chat) {
-        c = json_pack("{s:o, s:i, s:n, s:s?}", "text", jtext(text, len), "index", 0, "logprobs", "finish_reason", finish);
+/* One choice of a response (plain) or of a chunk (stream) holding text [text, len). */
+static json_t *choice_json(hreq_t *h, int index, int *role_sent, const char *text, size_t len, const char *finish,
+                           json_t *tool_calls, int stream) {
+    if (!h->chat) {
         json_decref(tool_calls);
-    } else {
-        json_t *m = json_object();
-        if (!stream || !g->role_sent) json_object_set_new(m, "role", json_string("assistant"));
-        g->role_sent = 1;
-        if (!stream || len) json_object_set_new(m, "content", len || !tool_calls ? jtext(text, len) : json_null());
-        if (tool_calls) {
-            if (stream)
-                for (size_t i = 0; i < json_array_size(tool_calls); i++)
-                    json_object_set_new(json_array_get(tool_calls, i), "index", json_integer((json_int_t)i));
-            json_object_set_new(m, "tool_calls", tool_calls);
-        }
-        c = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, stream ? "delta" : "message", m, "logprobs", "finish_reason",
-                      finish);
+        return json_pack("{s:o, s:i, s:n, s:s?}", "text", jtext(text, len), "index", index, "logprobs", "finish_reason",
+                         finish);
     }
-    json_t *o = json_pack("{s:s, s:s, s:I, s:o, s:[o]}", "id", g->id, "object",
-                          g->chat ? (stream ? "chat.completion.chunk" : "chat.completion")
-                                  : "text_completion",
-                          "created", (json_int_t)g->created, "model", jstr(g->co->model), "choices", c);
-    if (o && stream && g->include_usage) json_object_set_new(o, "usage", json_null());
+    json_t *m = json_object();
+    if (!stream || !*role_sent) json_object_set_new(m, "role", json_string("assistant"));
+    *role_sent = 1;
+    if (!stream || len) json_object_set_new(m, "content", len || !tool_calls ? jtext(text, len) : json_null());
+    if (tool_calls) {
+        if (stream)
+            for (size_t i = 0; i < json_array_size(tool_calls); i++)
+                json_object_set_new(json_array_get(tool_calls, i), "index", json_integer((json_int_t)i));
+        json_object_set_new(m, "tool_calls", tool_calls);
+    }
+    return json_pack("{s:i, s:o, s:n, s:s?}", "index", index, stream ? "delta" : "message", m, "logprobs",
+                     "finish_reason", finish);
+}
+
+static json_t *response_json(hreq_t *h, json_t *choices, int stream) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:o, s:o}", "id", h->id, "object",
+                          h->chat ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion",
+                          "created", (json_int_t)h->created, "model", jstr(h->co->model), "choices", choices);
+    if (o && stream && h->include_usage) json_object_set_new(o, "usage", json_null());
     return o;
 }
 
-static json_t *usage_obj(const gen_t *g) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens", g->n_tokens,
-                     "total_tokens", g->prompt_tokens + g->n_tokens);
+/* Usage: prompt tokens once per prompt (a batch's prompts each once, whatever n), completion
+ * tokens of every choice. */
+static json_t *usage_json(const hreq_t *h) {
+    long p = 0, c = 0;
+    for (int i = 0; i < h->n_choices; i++) {
+        c += h->done_tokens[i];
+        if (i % h->n_per == 0) p += h->done_prompt[i];
+    }
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
+                     "total_tokens", (json_int_t)(p + c));
 }
 
 static void text_append(gen_t *g, const char *s, size_t n) {
@@ -435,33 +466,37 @@ static void text_append(gen_t *g, const char *s, size_t n) {
     g->text[g->text_len] = 0;
 }
 
-static void sse_json(gen_t *g, json_t *o) {
+static void sse_json(hreq_t *h, json_t *o) {
     char *js = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    if (js) st_http_res_sse(g->res, NULL, js);
-    else st_log_error("coordinator: %s: an event could not be encoded", g->id);
+    if (js) st_http_res_sse(h->res, NULL, js);
+    else st_log_error("coordinator: %s: an event could not be encoded", h->id);
     free(js);
     json_decref(o);
 }
 
+static void sse_choice(hreq_t *h, gen_t *g, const char *text, size_t len, const char *finish, json_t *calls) {
+    sse_json(h, response_json(h, json_pack("[o]", choice_json(h, g->index, &g->role_sent, text, len, finish, calls, 1)), 1));
+}
+
 static const char TOOL_SECTION[] = "<|tool_calls_section_begin|>";
 
-static const char *find_bytes(const char *h, size_t hn, const char *n, size_t nn) {
+static const char *find_bytes(const char *hay, size_t hn, const char *n, size_t nn) {
     for (size_t i = 0; nn <= hn && i + nn <= hn; i++)
-        if (h[i] == n[0] && !memcmp(h + i, n, nn)) return h + i;
+        if (hay[i] == n[0] && !memcmp(hay + i, n, nn)) return hay + i;
     return NULL;
 }
 
-/* How much of the text may reach the client now: not a suffix that could still become a stop
- * string (or, with tools, the tool-call section's marker), nor anything from that marker on. */
-static size_t safe_len(const gen_t *g) {
+/* How much of a choice's text may reach the client now: not a suffix that could still become a
+ * stop string (or, with tools, the tool-call section's marker), nor anything from that marker on. */
+static size_t safe_len(const hreq_t *h, const gen_t *g) {
     size_t end = g->text_len;
-    if (g->tools) {
+    if (h->tools) {
         const char *sec = find_bytes(g->text ? g->text : "", g->text_len, TOOL_SECTION, sizeof TOOL_SECTION - 1);
         if (sec) end = (size_t)(sec - g->text);
     }
     size_t lim = end;
-    for (size_t w = 0; w < g->n_stop + (size_t)(g->tools != 0); w++) {
-        const char *ws = w < g->n_stop ? g->stop[w] : TOOL_SECTION;
+    for (size_t w = 0; w < h->n_stop + (size_t)(h->tools != 0); w++) {
+        const char *ws = w < h->n_stop ? h->stop[w] : TOOL_SECTION;
         size_t wn = strlen(ws);
         for (size_t k = wn - 1 < end ? wn - 1 : end; k > 0; k--)
             if (!memcmp(g->text + end - k, ws, k)) {
@@ -474,12 +509,12 @@ static size_t safe_len(const gen_t *g) {
 
 /* A stop string in the text (looked for where the newest bytes could complete one): the text
  * ends before it. 1 when found. */
-static int cut_at_stop(gen_t *g, size_t added) {
+static int cut_at_stop(const hreq_t *h, gen_t *g, size_t added) {
     size_t best = (size_t)-1;
-    for (size_t w = 0; w < g->n_stop; w++) {
-        size_t wn = strlen(g->stop[w]), from = g->text_len - added;
+    for (size_t w = 0; w < h->n_stop; w++) {
+        size_t wn = strlen(h->stop[w]), from = g->text_len - added;
         from = from > wn ? from - wn + 1 : 0;
-        const char *hit = find_bytes(g->text + from, g->text_len - from, g->stop[w], wn);
+        const char *hit = find_bytes(g->text + from, g->text_len - from, h->stop[w], wn);
         if (hit && (size_t)(hit - g->text) < best) best = (size_t)(hit - g->text);
     }
     if (best == (size_t)-1) return 0;
@@ -488,102 +523,159 @@ static int cut_at_stop(gen_t *g, size_t added) {
     return 1;
 }
 
-/* Stream the text that is safe now (complete characters only). */
-static void stream_text(gen_t *g, size_t upto, int final) {
+/* Stream a choice's text that is safe now (complete characters only). */
+static void stream_text(hreq_t *h, gen_t *g, size_t upto, int final) {
     if (upto <= g->emitted) return;
     size_t n = upto - g->emitted, cl = 0;
     char *clean = malloc(3 * n + 1);
     if (!clean) return;
     g->emitted += st_openai_utf8_clean((const unsigned char *)g->text + g->emitted, n, clean, &cl, final);
-    if (cl > 0) sse_json(g, choice_obj(g, clean, cl, NULL, NULL, 1));
+    if (cl > 0) sse_choice(h, g, clean, cl, NULL, NULL);
     free(clean);
 }
 
-static void stream_begin(gen_t *g) {
-    if (g->http_begun) return;
-    g->http_begun = 1;
-    st_http_res_stream_begin(g->res, 200, "text/event-stream");
-    if (g->echo) sse_json(g, choice_obj(g, g->echo, strlen(g->echo), NULL, NULL, 1));
+static void stream_begin(hreq_t *h) {
+    if (h->begun) return;
+    h->begun = 1;
+    st_http_res_stream_begin(h->res, 200, "text/event-stream");
+    for (int i = 0; i < h->n_choices; i++) /* completions' echo: the prompt first */
+        if (h->kids[i] && h->kids[i]->echo) sse_choice(h, h->kids[i], h->kids[i]->echo, strlen(h->kids[i]->echo), NULL, NULL);
 }
 
-/* NOTE: a stream's 200 is sent with the worker's first good chunk, not before: an error before
- * then (a refusal, a lost worker, a client's mistake the worker found) is a proper HTTP status. */
+/* NOTE: a stream's 200 is sent with the first good chunk of any choice, not before: an error
+ * before then (a refusal, a lost worker, a client's mistake the worker found) is a proper status. */
 void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
+    hreq_t *h = g->parent;
     if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return; /* gen.c keeps the error */
     if (g->stop_hit) return;
     size_t added = ch->text ? strlen(ch->text) : 0;
     if (added) text_append(g, ch->text, added);
-    if (added && g->n_stop && cut_at_stop(g, added)) {
+    if (added && h->n_stop && cut_at_stop(h, g, added)) {
         g->stop_hit = 1;
-        st_coord_gen_stop(g); /* answers the client: st_coord_http_done */
+        st_coord_gen_stop(g); /* answers this choice: st_coord_http_done */
         return;
     }
-    if (!g->stream || g->http_gone) return;
-    stream_begin(g);
-    if (ch->finish == ST_PROTO_FINISH_NONE) stream_text(g, safe_len(g), 0);
+    if (!h->stream || !h->res || h->status != ST_OK) return;
+    stream_begin(h);
+    if (ch->finish == ST_PROTO_FINISH_NONE) stream_text(h, g, safe_len(h, g), 0);
 }
 
-/* The end of a successful stream: the rest of the text, the finish (tool calls parsed), usage. */
-static void stream_finish(gen_t *g) {
-    json_t *calls = NULL;
-    size_t content = g->text_len;
-    if (g->tools) calls = st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content);
-    if (content < g->emitted) content = g->emitted;
-    stream_text(g, content, 1);
-    const char *fin = calls ? "tool_calls" : finish_name(g);
-    sse_json(g, choice_obj(g, "", 0, fin, calls, 1));
-    if (g->include_usage) {
-        json_t *o = json_pack("{s:s, s:s, s:I, s:o, s:[], s:o}", "id", g->id, "object",
-                              g->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)g->created,
-                              "model", jstr(g->co->model), "choices", "usage", usage_obj(g));
-        sse_json(g, o);
+static void hreq_free(hreq_t *h) {
+    for (size_t i = 0; i < h->n_stop; i++) free(h->stop[i]);
+    for (int i = 0; i < h->n_choices; i++) {
+        if (h->done_text) free(h->done_text[i]);
+        if (h->done_calls) json_decref(h->done_calls[i]);
     }
+    free(h->stop);
+    free(h->kids);
+    free(h->done_tokens);
+    free(h->done_prompt);
+    free(h->done_finish);
+    free(h->done_text);
+    free(h->done_calls);
+    free(h);
+}
+
+static void http_gone(st_http_res_t *res, void *arg);
+static void hreq_release(hreq_t *h);
+
+/* Every choice answered: the plain response, or the stream's usage and end. */
+static void hreq_complete(hreq_t *h) {
+    if (!h->res) return;
+    st_http_res_t *res = h->res;
+    st_http_res_on_close(res, NULL, NULL);
+    if (h->stream && h->begun) {
+        if (h->status != ST_OK) {
+            sse_json(h, error_obj(h->err, "server_error", NULL, NULL));
+        } else if (h->include_usage) {
+            json_t *o = response_json(h, json_array(), 1);
+            json_object_set_new(o, "usage", usage_json(h));
+            sse_json(h, o);
+        }
+        st_http_res_sse(res, NULL, "[DONE]");
+        st_http_res_stream_end(res);
+    } else if (h->status != ST_OK) {
+        status_error(res, h->status, h->err, NULL);
+    } else {
+        json_t *choices = json_array();
+        for (int i = 0; i < h->n_choices; i++) {
+            int rs = 0;
+            const char *t = h->done_text[i] ? h->done_text[i] : "";
+            json_array_append_new(choices, choice_json(h, i, &rs, t, strlen(t),
+                                                       h->done_calls[i] ? "tool_calls" : finish_of(h->done_finish[i]),
+                                                       h->done_calls[i], 0));
+            h->done_calls[i] = NULL;
+        }
+        json_t *o = response_json(h, choices, 0);
+        json_object_set_new(o, "usage", usage_json(h));
+        json_reply(res, 200, o);
+    }
+    h->res = NULL;
+}
+
+/* The final text of a choice: echo + text before any tool-call section, as valid UTF-8. */
+static char *final_text(const hreq_t *h, gen_t *g, json_t **calls, size_t from) {
+    size_t content = g->text_len;
+    *calls = h->tools ? st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content) : NULL;
+    if (content < from) content = from;
+    size_t el = g->echo && !from ? strlen(g->echo) : 0, cl = 0, tl = 0;
+    char *out = malloc(3 * (el + content - from) + 1);
+    if (!out) return NULL;
+    if (el) st_openai_utf8_clean((const unsigned char *)g->echo, el, out, &cl, 1);
+    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : "") + from, content - from, out + cl, &tl, 1);
+    return out;
 }
 
 void st_coord_http_done(gen_t *g) {
+    hreq_t *h = g->parent;
     int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
-    const char *msg = g->err[0] ? g->err : "the attention worker ended the stream without finishing";
-    if (g->stream && (g->http_begun || ok)) {
-        if (!g->http_gone) {
-            stream_begin(g);
-            if (ok) stream_finish(g); /* too late for a status: an error is an event */
-            else sse_json(g, error_obj(msg, "server_error", NULL, NULL));
-            st_http_res_sse(g->res, NULL, "[DONE]");
+    h->kids[g->index] = NULL;
+    h->done_tokens[g->index] = g->n_tokens;
+    h->done_prompt[g->index] = g->prompt_tokens;
+    h->done_finish[g->index] = g->finish;
+    if (!ok && h->status == ST_OK) { /* the first failure answers the request; the others are cancelled */
+        h->status = g->status != ST_OK ? g->status : ST_ERR_INTERNAL;
+        snprintf(h->err, sizeof h->err, "%s", g->err[0] ? g->err : "the attention worker ended the stream without finishing");
+        for (int i = 0; i < h->n_choices; i++)
+            if (h->kids[i]) {
+                h->kids[i]->http_gone = 1;
+                st_coord_gen_client_gone(h->kids[i]);
+            }
+    }
+    if (ok && h->res && h->status == ST_OK) {
+        json_t *calls = NULL;
+        if (h->stream) {
+            stream_begin(h);
+            char *rest = final_text(h, g, &calls, g->emitted);
+            if (rest && rest[0]) sse_choice(h, g, rest, strlen(rest), NULL, NULL);
+            free(rest);
+            sse_choice(h, g, "", 0, calls ? "tool_calls" : finish_of(g->finish), calls);
+        } else {
+            h->done_text[g->index] = final_text(h, g, &calls, 0);
+            h->done_calls[g->index] = calls;
         }
-        st_http_res_stream_end(g->res);
-        return;
     }
-    if (!ok) {
-        status_error(g->res, g->status != ST_OK ? g->status : ST_ERR_INTERNAL, msg, NULL);
-        return;
-    }
-    buf_t all = {0};
-    if (g->echo) bprintf(&all, "%s", g->echo);
-    json_t *calls = NULL;
-    size_t content = g->text_len;
-    if (g->tools) calls = st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content);
-    char *clean = malloc(3 * (content + all.n) + 1);
-    if (!clean) {
-        free(all.p);
-        json_decref(calls);
-        api_error(g->res, 500, "server_error", "out of memory");
-        return;
-    }
-    size_t cl = 0, el = 0;
-    if (all.n) st_openai_utf8_clean((const unsigned char *)all.p, all.n, clean, &el, 1);
-    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : ""), content, clean + el, &cl, 1);
-    free(all.p);
-    json_t *o = choice_obj(g, clean, el + cl, calls ? "tool_calls" : finish_name(g), calls, 0);
-    free(clean);
-    json_object_set_new(o, "usage", usage_obj(g));
-    json_reply(g->res, 200, o);
+    hreq_release(h);
+}
+
+/* Drop a hold on h (see n_open): the last one completes the response and frees h. */
+static void hreq_release(hreq_t *h) {
+    if (--h->n_open > 0) return;
+    hreq_complete(h);
+    hreq_free(h);
 }
 
 static void http_gone(st_http_res_t *res, void *arg) {
-    gen_t *g = arg;
+    hreq_t *h = arg;
     (void)res;
-    g->http_gone = 1;
-    st_coord_gen_client_gone(g);
+    h->res = NULL; /* no response any more; the choices still open end and free h */
+    h->n_open++;   /* NOTE: a queued choice is answered (and may drop the last hold) inside the loop */
+    for (int i = 0; i < h->n_choices; i++)
+        if (h->kids[i]) {
+            h->kids[i]->http_gone = 1;
+            st_coord_gen_client_gone(h->kids[i]);
+        }
+    hreq_release(h);
 }
 
 static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co, int chat) {
@@ -599,40 +691,90 @@ static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co
         else status_error(res, ST_ERR_INVALID_ARG, e.message, e.param);
         return;
     }
-    gen_t *g = calloc(1, sizeof *g);
-    if (g && r.n_stop_strs) {
-        g->stop = r.stop_strs[0] ? calloc(r.n_stop_strs, sizeof(char *)) : NULL;
-        if (g->stop) {
-            memcpy(g->stop, r.stop_strs, r.n_stop_strs * sizeof(char *));
-            g->n_stop = r.n_stop_strs;
-            r.n_stop_strs = 0; /* g owns them now */
+    int n = (int)r.n_prompts * r.n;
+    hreq_t *h = calloc(1, sizeof *h);
+    int nomem = !h;
+    if (h) {
+        h->kids = calloc((size_t)n, sizeof *h->kids);
+        h->done_tokens = calloc((size_t)n, sizeof(int));
+        h->done_prompt = calloc((size_t)n, sizeof(int));
+        h->done_finish = calloc((size_t)n, sizeof *h->done_finish);
+        h->done_text = calloc((size_t)n, sizeof(char *));
+        h->done_calls = calloc((size_t)n, sizeof(json_t *));
+        h->stop = r.n_stop_strs ? calloc(r.n_stop_strs, sizeof(char *)) : NULL;
+        nomem = !h->kids || !h->done_tokens || !h->done_prompt || !h->done_finish || !h->done_text || !h->done_calls ||
+                (r.n_stop_strs && !h->stop);
+        for (int i = 0; i < n && !nomem; i++) {
+            gen_t *g = h->kids[i] = calloc(1, sizeof *g);
+            const char *ptext = i / r.n ? r.batch[i / r.n - 1].text : r.req.prompt;
+            nomem = !g || (r.echo && !(g->echo = strdup(ptext)));
         }
     }
-    if (g && r.echo) g->echo = strdup(r.req.prompt);
-    if (!g || (r.n_stop_strs && !g->stop) || (r.echo && !g->echo)) {
-        if (g) st_coord_gen_free(g);
+    if (nomem) {
+        for (int i = 0; h && h->kids && i < n; i++)
+            if (h->kids[i]) st_coord_gen_free(h->kids[i]);
+        if (h) hreq_free(h);
         st_openai_req_cleanup(&r);
         api_error(res, 500, "server_error", "out of memory");
         return;
     }
-    g->co = co;
-    g->res = res;
-    g->stream = r.stream;
-    g->chat = r.chat;
-    g->tools = r.tools;
-    g->include_usage = r.stream && r.include_usage;
-    g->created = (int64_t)time(NULL);
-    snprintf(g->id, sizeof g->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)co->t_start,
+    memcpy(h->stop, r.stop_strs, r.n_stop_strs * sizeof(char *));
+    h->n_stop = r.n_stop_strs;
+    r.n_stop_strs = 0; /* h owns them now */
+    h->co = co;
+    h->res = res;
+    h->stream = r.stream;
+    h->chat = r.chat;
+    h->tools = r.tools;
+    h->include_usage = r.stream && r.include_usage;
+    h->created = (int64_t)time(NULL);
+    h->n_choices = n;
+    h->n_per = r.n;
+    h->n_open = 1; /* this function's hold: a choice answered at once cannot free h under it */
+    snprintf(h->id, sizeof h->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)co->t_start,
              (unsigned long long)++co->gen_seq);
-    st_http_res_on_close(res, http_gone, g);
-    s = st_coord_gen_submit(co, g, &r.req); /* ST_OK: g is the front door's now */
-    st_openai_req_cleanup(&r);
-    if (s != ST_OK) {
-        co->requests_err++;
-        st_http_res_on_close(res, NULL, NULL);
-        status_error(res, s, st_err_last(), NULL);
-        st_coord_gen_free(g);
+    st_http_res_on_close(res, http_gone, h);
+    for (int i = 0; i < n; i++) {
+        gen_t *g = h->kids[i];
+        g->co = co;
+        g->res = res;
+        g->stream = r.stream;
+        g->parent = h;
+        g->index = i;
+        snprintf(g->id, sizeof g->id, "%s", h->id);
+        st_proto_generate_req_t one = r.req;
+        if (i / r.n) {
+            const st_openai_prompt_t *p = &r.batch[i / r.n - 1];
+            one.prompt = p->text;
+            one.prompt_tokens = p->ids;
+            one.n_prompt_tokens = p->n_ids;
+        }
+        if (one.has_seed) one.seed += (uint64_t)i; /* n samples of one seed differ, and repeat */
+        h->n_open++;
+        s = st_coord_gen_submit(co, g, &one); /* ST_OK: g is the front door's now */
+        if (s != ST_OK) {
+            h->n_open--;
+            co->requests_err++;
+            h->kids[i] = NULL;
+            st_coord_gen_free(g);
+            if (h->status == ST_OK) {
+                h->status = s;
+                snprintf(h->err, sizeof h->err, "%s", st_err_last());
+            }
+            for (int k = i + 1; k < n; k++) { /* never submitted */
+                st_coord_gen_free(h->kids[k]);
+                h->kids[k] = NULL;
+            }
+            for (int k = 0; k < i; k++) /* submitted: cancelled, answered through st_coord_http_done */
+                if (h->kids[k]) {
+                    h->kids[k]->http_gone = 1;
+                    st_coord_gen_client_gone(h->kids[k]);
+                }
+            break;
+        }
     }
+    st_openai_req_cleanup(&r);
+    hreq_release(h);
 }
 
 static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *arg) { h_generate(req, res, arg, 0); }

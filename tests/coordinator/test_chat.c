@@ -147,7 +147,7 @@ static void test_parse_chat(void) {
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true}", "logprobs"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tool_choice\":\"required\"}", "tool_choice"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":0}", "max_completion_tokens"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":3}", "n"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":65}", "n"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"model\":\"other\"}", "model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -213,7 +213,12 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":\"hi\",\"top_k\":-2}", "top_k");
     expect_refused("{\"prompt\":\"hi\",\"seed\":-1}", "seed");
     expect_refused("{\"prompt\":\"hi\",\"seed\":1.5}", "seed");
-    expect_refused("{\"prompt\":\"hi\",\"n\":2}", "n");
+    expect_refused("{\"prompt\":\"hi\",\"n\":65}", "n");
+    expect_refused("{\"prompt\":[\"a\",\"b\"],\"n\":33}", "n"); /* 66 choices */
+    expect_refused("{\"prompt\":[\"a\",\"\"]}", "prompt");
+    expect_refused("{\"prompt\":[[1,2],[]]}", "prompt");
+    expect_refused("{\"prompt\":[\"a\",[1,400]]}", "prompt"); /* each prompt is checked */
+    expect_refused("{\"prompt\":[\"a\",[1]],\"echo\":true}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"best_of\":3}", "best_of");
     expect_refused("{\"prompt\":\"hi\",\"logprobs\":2}", "logprobs");
     expect_refused("{\"prompt\":\"hi\",\"echo\":1}", "echo");
@@ -235,7 +240,6 @@ static void test_parse(void) {
     expect_refused("{\"max_tokens\":4}", "prompt");
     expect_refused("{\"prompt\":\"\"}", "prompt");
     expect_refused("{\"prompt\":[]}", "prompt");
-    expect_refused("{\"prompt\":[\"a\",\"b\"]}", "prompt");
     expect_refused("{\"prompt\":[1,\"a\"]}", "prompt");
     expect_refused("{\"prompt\":[1,-1]}", "prompt");
     expect_refused("{\"prompt\":[1,4294967296]}", "prompt");
@@ -276,7 +280,13 @@ static void test_parse(void) {
               !r.stream,
           "token prompt fields");
     st_openai_req_cleanup(&r);
-    CHECK(parse("{\"prompt\":[\"one\"]}", &r, &e) == ST_OK && !strcmp(r.req.prompt, "one"), "one-string array");
+    CHECK(parse("{\"prompt\":[\"one\"]}", &r, &e) == ST_OK && !strcmp(r.req.prompt, "one") && r.n_prompts == 1,
+          "one-string array");
+    st_openai_req_cleanup(&r);
+    CHECK(parse("{\"prompt\":[\"one\",[7,8],\"three\"],\"n\":2}", &r, &e) == ST_OK && r.n_prompts == 3 && r.n == 2 &&
+              !strcmp(r.req.prompt, "one") && r.batch[0].n_ids == 2 && r.batch[0].ids[1] == 8 &&
+              !strcmp(r.batch[1].text, "three"),
+          "a batch of prompts, n = 2: %s", e.message);
     st_openai_req_cleanup(&r);
     /* not NUL-terminated: only len bytes are read */
     const char buf[] = "{\"prompt\":\"x\"}garbage";

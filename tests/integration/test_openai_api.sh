@@ -140,7 +140,29 @@ check(f"eos ids stop sampled sequences ({stops} of 30)", stops > 0)
 st, _, b = post("/v1/completions", dict(base, max_tokens=3, echo=True))
 check("echo: the prompt leads the text", b["choices"][0]["text"].startswith("The quick brown fox"))
 
+# ---- n choices, batches of prompts
+st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 4, "n": 3, "ignore_eos": True})
+check("n = 3: three choices, indexed", st == 200 and sorted(c["index"] for c in b["choices"]) == [0, 1, 2])
+check("n = 3: usage counts the prompt once, every choice's tokens", b["usage"]["prompt_tokens"] == 3 and
+      b["usage"]["completion_tokens"] == 12)
+st, _, b = post("/v1/completions", {"prompt": ["ab", [97, 98, 99, 100]], "max_tokens": 2, "n": 2, "ignore_eos": True,
+                                    "temperature": 0})
+check("a batch of 2 prompts x n 2: four choices", st == 200 and [c["index"] for c in b["choices"]] == [0, 1, 2, 3])
+check("  each prompt counted once", b["usage"]["prompt_tokens"] == 6 and b["usage"]["completion_tokens"] == 8)
+st, _, b1 = post("/v1/completions", {"prompt": "abcd", "max_tokens": 2, "temperature": 0, "ignore_eos": True})
+check("  the batch's second prompt gives what it gives alone (greedy)", b["choices"][2]["text"] == b1["choices"][0]["text"])
+st, chunks, last = sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+fins = sorted(c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+check("streamed n = 2: each choice finishes once", fins == [0, 1] and last == "[DONE]")
+check("streamed n = 2: usage of both", chunks[-1]["usage"]["completion_tokens"] == 6)
+import time
+st, _, b = post("/v1/models", None, method="GET")
+check("/v1/models created is a Unix time", st == 200 and abs(b["data"][0]["created"] - time.time()) < 3600)
+
 # ---- errors, OpenAI-shaped
+st, _, b = post("/v1/completions", b'{"prompt":"' + b"x" * (2 << 20) + b'"}')
+check("a body over the limit: 413 OpenAI error", st == 413 and is_openai_error(b))
 st, _, b = post("/v1/chat/completions", {"messages": []})
 check("empty messages: 400 OpenAI error with param", st == 400 and is_openai_error(b) and b["error"]["param"] == "messages")
 st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
