@@ -2,6 +2,7 @@
 #ifndef STRATA_COORD_IMPL_H
 #define STRATA_COORD_IMPL_H
 
+#include <jansson.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -80,6 +81,9 @@ struct gen {
     struct hreq *parent;            /* the HTTP request this is a choice of */
     int index, role_sent, stop_hit;
     char *echo;                     /* completions' echo: the prompt (owned) */
+    int lp_k;                       /* logprobs: -1 none, else top-k per token */
+    json_t *lp;                     /* logprobs entries of the tokens so far (chat's shape) */
+    size_t *lp_off, lp_sent;        /* each entry's offset in text; entries streamed already */
     char *text;                     /* raw bytes of the completion so far */
     size_t text_len, text_cap, emitted; /* emitted: bytes already streamed */
 };

@@ -109,6 +109,8 @@ static int any_worker(coord_t *co) {
 /* ================================================================ ending a request */
 
 static void gen_free(gen_t *g) {
+    json_decref(g->lp);
+    free(g->lp_off);
     free(g->echo);
     free(g->req);
     free(g->text);

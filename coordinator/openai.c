@@ -307,12 +307,20 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
     if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0)
         return refuse(e, s, "best_of", "only best_of = 1 is supported");
     int b = 0;
+    out->logprobs = -1;
     if (chat) {
         if (bool_field(body, "logprobs", &b, e, &s) < 0) return s;
-        if (b) return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
-    } else if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0) {
-        return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
+        iv = 0;
+        int k = int_field(body, "top_logprobs", 0, ST_OPENAI_MAX_LOGPROBS, &iv, e, &s);
+        if (k < 0) return s;
+        if (k > 0 && !b) return refuse(e, ST_ERR_INVALID_ARG, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (b) out->logprobs = (int)iv;
+    } else {
+        iv = -1;
+        if (int_field(body, "logprobs", 0, ST_OPENAI_MAX_LOGPROBS, &iv, e, &s) < 0) return s;
+        out->logprobs = (int)iv;
     }
+    r->dump_logits = out->logprobs >= 0; /* the worker sends each token's logits row; the coordinator reduces it */
     for (int i = 0; i < 2; i++) { /* the sampler has no penalties yet: refused, never ignored */
         const char *pen = i ? "frequency_penalty" : "presence_penalty";
         dv = 0;

@@ -21,6 +21,7 @@
 #define ST_OPENAI_MAX_STOP_STRINGS 16   /* "stop": strings of any length up to ST_OPENAI_MAX_STOP_BYTES */
 #define ST_OPENAI_MAX_STOP_BYTES 1024
 #define ST_OPENAI_MAX_CHOICES 64        /* n x prompts of a batch */
+#define ST_OPENAI_MAX_LOGPROBS 20       /* top_logprobs (chat) / logprobs (completions) */
 
 typedef struct {
     const char *model; /* the served model's name: another "model" is a 400 */
@@ -41,6 +42,7 @@ typedef struct {
     int stream, chat, include_usage, echo;
     int tools;                        /* chat: tools were declared (tool calls are parsed back) */
     int n;                            /* choices per prompt */
+    int logprobs;                     /* -1: none; else the sampled token's logprob and this many top ones */
     size_t n_prompts;                 /* 1, or a completions batch: req holds the first prompt, */
     st_openai_prompt_t *batch;        /* batch[i - 1] prompt i (n_prompts - 1 of them) */
     size_t n_stop_strs;

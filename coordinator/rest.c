@@ -397,6 +397,7 @@ typedef struct hreq {
     st_proto_finish_t *done_finish;
     char **done_text;                /* plain responses: each choice's final text (owned) */
     json_t **done_calls;             /* plain responses: each choice's tool calls */
+    json_t **done_lp;                /* plain responses: each choice's logprobs */
     st_status_t status;              /* the first failure, if any */
     char err[256];
 } hreq_t;
@@ -413,11 +414,12 @@ static json_t *jtext(const char *text, size_t len) {
 
 /* One choice of a response (plain) or of a chunk (stream) holding text [text, len). */
 static json_t *choice_json(hreq_t *h, int index, int *role_sent, const char *text, size_t len, const char *finish,
-                           json_t *tool_calls, int stream) {
+                           json_t *tool_calls, json_t *lp, int stream) {
+    if (!lp) lp = json_null();
     if (!h->chat) {
         json_decref(tool_calls);
-        return json_pack("{s:o, s:i, s:n, s:s?}", "text", jtext(text, len), "index", index, "logprobs", "finish_reason",
-                         finish);
+        return json_pack("{s:o, s:i, s:o, s:s?}", "text", jtext(text, len), "index", index, "logprobs", lp,
+                         "finish_reason", finish);
     }
     json_t *m = json_object();
     if (!stream || !*role_sent) json_object_set_new(m, "role", json_string("assistant"));
@@ -429,7 +431,7 @@ static json_t *choice_json(hreq_t *h, int index, int *role_sent, const char *tex
                 json_object_set_new(json_array_get(tool_calls, i), "index", json_integer((json_int_t)i));
         json_object_set_new(m, "tool_calls", tool_calls);
     }
-    return json_pack("{s:i, s:o, s:n, s:s?}", "index", index, stream ? "delta" : "message", m, "logprobs",
+    return json_pack("{s:i, s:o, s:o, s:s?}", "index", index, stream ? "delta" : "message", m, "logprobs", lp,
                      "finish_reason", finish);
 }
 
@@ -474,8 +476,105 @@ static void sse_json(hreq_t *h, json_t *o) {
     json_decref(o);
 }
 
-static void sse_choice(hreq_t *h, gen_t *g, const char *text, size_t len, const char *finish, json_t *calls) {
-    sse_json(h, response_json(h, json_pack("[o]", choice_json(h, g->index, &g->role_sent, text, len, finish, calls, 1)), 1));
+/* ---- logprobs: the worker sends each token's logits row; reduced here to the sampled token's
+ * log-probability and the top k (of the model's distribution, before temperature) */
+
+static json_t *lp_token(const st_tokenizer_t *tk, int32_t id, double lp) {
+    const char *b = "";
+    size_t n = 0;
+    if (st_tokenizer_token_bytes(tk, id, &b, &n) != ST_OK) n = 0;
+    char *clean = malloc(3 * n + 1);
+    size_t cl = 0;
+    if (clean) st_openai_utf8_clean((const unsigned char *)b, n, clean, &cl, 1);
+    json_t *bytes = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)b[i]));
+    json_t *o = json_pack("{s:o, s:f, s:o}", "token", jtext(clean ? clean : "", cl), "logprob", lp, "bytes", bytes);
+    free(clean);
+    return o;
+}
+
+static void lp_add(gen_t *g, const st_proto_generate_chunk_t *ch, size_t off) {
+    const st_tokenizer_t *tk = g->co->tok;
+    size_t V = ch->logits_len / sizeof(float);
+    if (!V || ch->token_id >= V) return;
+    float x, best[ST_OPENAI_MAX_LOGPROBS];
+    int32_t best_id[ST_OPENAI_MAX_LOGPROBS];
+    int nb = 0, k = g->lp_k;
+    double mx = -INFINITY, sum = 0;
+    for (size_t i = 0; i < V; i++) {
+        memcpy(&x, ch->logits + i * sizeof x, sizeof x);
+        if (x > mx) mx = x;
+    }
+    for (size_t i = 0; i < V; i++) {
+        memcpy(&x, ch->logits + i * sizeof x, sizeof x);
+        sum += exp((double)x - mx);
+        if (k > 0 && (nb < k || x > best[nb - 1])) { /* insertion into the top k, descending */
+            int j = nb < k ? nb++ : k - 1;
+            while (j > 0 && best[j - 1] < x) {
+                best[j] = best[j - 1];
+                best_id[j] = best_id[j - 1];
+                j--;
+            }
+            best[j] = x;
+            best_id[j] = (int32_t)i;
+        }
+    }
+    double lse = mx + log(sum);
+    memcpy(&x, ch->logits + (size_t)ch->token_id * sizeof x, sizeof x);
+    json_t *e = lp_token(tk, (int32_t)ch->token_id, (double)x - lse), *top = json_array();
+    for (int i = 0; i < nb; i++) json_array_append_new(top, lp_token(tk, best_id[i], (double)best[i] - lse));
+    json_object_set_new(e, "top_logprobs", top);
+    size_t n = json_array_size(g->lp);
+    size_t *no = realloc(g->lp_off, (n + 1) * sizeof *no);
+    if (!e || !no) {
+        json_decref(e);
+        if (no) g->lp_off = no;
+        return;
+    }
+    g->lp_off = no;
+    g->lp_off[n] = off;
+    json_array_append_new(g->lp, e);
+}
+
+/* The entries not sent yet whose text starts before upto, in the response's shape: chat
+ * {"content": [...]}, completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+ * NULL without logprobs. */
+static json_t *lp_take(const hreq_t *h, gen_t *g, size_t upto) {
+    if (g->lp_k < 0) return NULL;
+    size_t j = g->lp_sent, n = json_array_size(g->lp), base = g->echo ? strlen(g->echo) : 0;
+    json_t *content = json_array(), *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (; j < n && g->lp_off[j] < upto; j++) {
+        json_t *e = json_array_get(g->lp, j);
+        json_array_append(content, e);
+        json_array_append(toks, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_t *d = json_object(), *t;
+        size_t i;
+        json_array_foreach(json_object_get(e, "top_logprobs"), i, t)
+            json_object_set(d, json_string_value(json_object_get(t, "token")), json_object_get(t, "logprob"));
+        json_array_append_new(tops, d);
+        json_array_append_new(offs, json_integer((json_int_t)(base + g->lp_off[j])));
+    }
+    g->lp_sent = j;
+    if (h->chat) {
+        json_decref(toks);
+        json_decref(lps);
+        json_decref(tops);
+        json_decref(offs);
+        return json_pack("{s:o}", "content", content);
+    }
+    json_decref(content);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset",
+                     offs);
+}
+
+/* At the end every token's entry goes out (those without text too), except the ones from where
+ * a stop string began. */
+static size_t lp_end(const gen_t *g) { return g->stop_hit ? g->text_len : (size_t)-1; }
+
+static void sse_choice(hreq_t *h, gen_t *g, const char *text, size_t len, const char *finish, json_t *calls, json_t *lp) {
+    sse_json(h, response_json(h, json_pack("[o]", choice_json(h, g->index, &g->role_sent, text, len, finish, calls, lp, 1)),
+                              1));
 }
 
 static const char TOOL_SECTION[] = "<|tool_calls_section_begin|>";
@@ -530,7 +629,7 @@ static void stream_text(hreq_t *h, gen_t *g, size_t upto, int final) {
     char *clean = malloc(3 * n + 1);
     if (!clean) return;
     g->emitted += st_openai_utf8_clean((const unsigned char *)g->text + g->emitted, n, clean, &cl, final);
-    if (cl > 0) sse_choice(h, g, clean, cl, NULL, NULL);
+    if (cl > 0) sse_choice(h, g, clean, cl, NULL, NULL, lp_take(h, g, g->emitted));
     free(clean);
 }
 
@@ -539,7 +638,8 @@ static void stream_begin(hreq_t *h) {
     h->begun = 1;
     st_http_res_stream_begin(h->res, 200, "text/event-stream");
     for (int i = 0; i < h->n_choices; i++) /* completions' echo: the prompt first */
-        if (h->kids[i] && h->kids[i]->echo) sse_choice(h, h->kids[i], h->kids[i]->echo, strlen(h->kids[i]->echo), NULL, NULL);
+        if (h->kids[i] && h->kids[i]->echo)
+            sse_choice(h, h->kids[i], h->kids[i]->echo, strlen(h->kids[i]->echo), NULL, NULL, NULL);
 }
 
 /* NOTE: a stream's 200 is sent with the first good chunk of any choice, not before: an error
@@ -548,6 +648,8 @@ void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
     hreq_t *h = g->parent;
     if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return; /* gen.c keeps the error */
     if (g->stop_hit) return;
+    if (g->lp_k >= 0 && (ch->finish == ST_PROTO_FINISH_NONE || ch->finish == ST_PROTO_FINISH_LENGTH))
+        lp_add(g, ch, g->text_len);
     size_t added = ch->text ? strlen(ch->text) : 0;
     if (added) text_append(g, ch->text, added);
     if (added && h->n_stop && cut_at_stop(h, g, added)) {
@@ -565,6 +667,7 @@ static void hreq_free(hreq_t *h) {
     for (int i = 0; i < h->n_choices; i++) {
         if (h->done_text) free(h->done_text[i]);
         if (h->done_calls) json_decref(h->done_calls[i]);
+        if (h->done_lp) json_decref(h->done_lp[i]);
     }
     free(h->stop);
     free(h->kids);
@@ -573,6 +676,7 @@ static void hreq_free(hreq_t *h) {
     free(h->done_finish);
     free(h->done_text);
     free(h->done_calls);
+    free(h->done_lp);
     free(h);
 }
 
@@ -603,8 +707,9 @@ static void hreq_complete(hreq_t *h) {
             const char *t = h->done_text[i] ? h->done_text[i] : "";
             json_array_append_new(choices, choice_json(h, i, &rs, t, strlen(t),
                                                        h->done_calls[i] ? "tool_calls" : finish_of(h->done_finish[i]),
-                                                       h->done_calls[i], 0));
+                                                       h->done_calls[i], h->done_lp[i], 0));
             h->done_calls[i] = NULL;
+            h->done_lp[i] = NULL;
         }
         json_t *o = response_json(h, choices, 0);
         json_object_set_new(o, "usage", usage_json(h));
@@ -647,12 +752,13 @@ void st_coord_http_done(gen_t *g) {
         if (h->stream) {
             stream_begin(h);
             char *rest = final_text(h, g, &calls, g->emitted);
-            if (rest && rest[0]) sse_choice(h, g, rest, strlen(rest), NULL, NULL);
+            if (rest && rest[0]) sse_choice(h, g, rest, strlen(rest), NULL, NULL, lp_take(h, g, lp_end(g)));
             free(rest);
-            sse_choice(h, g, "", 0, calls ? "tool_calls" : finish_of(g->finish), calls);
+            sse_choice(h, g, "", 0, calls ? "tool_calls" : finish_of(g->finish), calls, lp_take(h, g, lp_end(g)));
         } else {
             h->done_text[g->index] = final_text(h, g, &calls, 0);
             h->done_calls[g->index] = calls;
+            h->done_lp[g->index] = lp_take(h, g, lp_end(g));
         }
     }
     hreq_release(h);
@@ -701,13 +807,15 @@ static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co
         h->done_finish = calloc((size_t)n, sizeof *h->done_finish);
         h->done_text = calloc((size_t)n, sizeof(char *));
         h->done_calls = calloc((size_t)n, sizeof(json_t *));
+        h->done_lp = calloc((size_t)n, sizeof(json_t *));
         h->stop = r.n_stop_strs ? calloc(r.n_stop_strs, sizeof(char *)) : NULL;
-        nomem = !h->kids || !h->done_tokens || !h->done_prompt || !h->done_finish || !h->done_text || !h->done_calls ||
+        nomem = !h->kids || !h->done_tokens || !h->done_prompt || !h->done_finish || !h->done_text || !h->done_calls || !h->done_lp ||
                 (r.n_stop_strs && !h->stop);
         for (int i = 0; i < n && !nomem; i++) {
             gen_t *g = h->kids[i] = calloc(1, sizeof *g);
             const char *ptext = i / r.n ? r.batch[i / r.n - 1].text : r.req.prompt;
-            nomem = !g || (r.echo && !(g->echo = strdup(ptext)));
+            nomem = !g || (r.echo && !(g->echo = strdup(ptext))) || (r.logprobs >= 0 && !(g->lp = json_array()));
+            if (g) g->lp_k = r.logprobs;
         }
     }
     if (nomem) {

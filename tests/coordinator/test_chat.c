@@ -144,7 +144,8 @@ static void test_parse_chat(void) {
     static const char *bad[][2] = {
         {"{\"messages\":[]}", "messages"},
         {"{\"prompt\":\"hi\"}", "messages"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true}", "logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":2}", "top_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tool_choice\":\"required\"}", "tool_choice"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":0}", "max_completion_tokens"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":65}", "n"},

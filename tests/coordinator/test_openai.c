@@ -220,7 +220,8 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":[\"a\",[1,400]]}", "prompt"); /* each prompt is checked */
     expect_refused("{\"prompt\":[\"a\",[1]],\"echo\":true}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"best_of\":3}", "best_of");
-    expect_refused("{\"prompt\":\"hi\",\"logprobs\":2}", "logprobs");
+    expect_refused("{\"prompt\":\"hi\",\"logprobs\":21}", "logprobs");
+    expect_refused("{\"prompt\":\"hi\",\"logprobs\":true}", "logprobs");
     expect_refused("{\"prompt\":\"hi\",\"echo\":1}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"stream\":\"yes\"}", "stream");
     expect_refused("{\"prompt\":\"hi\",\"ignore_eos\":1}", "ignore_eos");

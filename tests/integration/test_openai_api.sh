@@ -140,6 +140,32 @@ check(f"eos ids stop sampled sequences ({stops} of 30)", stops > 0)
 st, _, b = post("/v1/completions", dict(base, max_tokens=3, echo=True))
 check("echo: the prompt leads the text", b["choices"][0]["text"].startswith("The quick brown fox"))
 
+# ---- logprobs
+import math
+st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 2})
+lp = b["choices"][0]["logprobs"]
+check("completions logprobs: one entry per token", st == 200 and len(lp["tokens"]) == 6 and len(lp["token_logprobs"]) == 6
+      and len(lp["top_logprobs"]) == 6 and len(lp["text_offset"]) == 6)
+check("  greedy: the sampled token is the most likely", all(abs(l - max(t.values())) < 1e-4 for l, t in
+      zip(lp["token_logprobs"], lp["top_logprobs"])))
+check("  log-probabilities", all(l <= 0 for l in lp["token_logprobs"]) and all(len(t) <= 2 for t in lp["top_logprobs"]))
+st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                                         "ignore_eos": True, "logprobs": True, "top_logprobs": 3, "seed": 5})
+c = b["choices"][0]
+ents = c["logprobs"]["content"]
+check("chat logprobs: token, logprob, bytes, top 3", len(ents) == 5 and all(
+      set(e) == {"token", "logprob", "bytes", "top_logprobs"} and len(e["top_logprobs"]) == 3 for e in ents))
+check("  the bytes spell the text (special tokens have none in it)", bytes(x for e in ents for x in e["bytes"]
+      if not e["token"].startswith("<|")).decode("utf-8", "replace") == c["message"]["content"])
+check("  top 3 hold at most all the mass, descending", all(sum(math.exp(t["logprob"]) for t in e["top_logprobs"]) <= 1.0001
+      and e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][2]["logprob"] for e in ents))
+st, chunks, _ = sse("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                    "ignore_eos": True, "logprobs": True, "seed": 5, "stream": True})
+sent = [e for ch in chunks for c in ch["choices"] if c.get("logprobs") for e in c["logprobs"]["content"]]
+check("streamed logprobs: the same entries", [e["logprob"] for e in sent] == [e["logprob"] for e in ents])
+st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+check("no logprobs unless asked (null)", b["choices"][0]["logprobs"] is None)
+
 # ---- n choices, batches of prompts
 st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 4, "n": 3, "ignore_eos": True})
 check("n = 3: three choices, indexed", st == 200 and sorted(c["index"] for c in b["choices"]) == [0, 1, 2])
