@@ -121,6 +121,15 @@ st_status_t st_openai_check(const st_proto_generate_req_t *r, const st_openai_li
         return refuse(e, ST_ERR_OUT_OF_RANGE, "top_k", "'top_k' must be -1..%d", ST_OPENAI_MAX_TOP_K);
     if (r->n_stop_ids > ST_OPENAI_MAX_STOP || (r->n_stop_ids && !r->stop_ids))
         return refuse(e, ST_ERR_INVALID_ARG, "stop", "at most %d stop ids", ST_OPENAI_MAX_STOP);
+    if (!(fabsf(r->presence_penalty) <= 2) || !(fabsf(r->frequency_penalty) <= 2))
+        return refuse(e, ST_ERR_OUT_OF_RANGE, r->presence_penalty != 0 ? "presence_penalty" : "frequency_penalty",
+                      "penalties must be -2..2");
+    if (r->n_logit_bias > ST_OPENAI_MAX_LOGIT_BIAS || (r->n_logit_bias && (!r->logit_bias_ids || !r->logit_bias_values)))
+        return refuse(e, ST_ERR_INVALID_ARG, "logit_bias", "at most %d logit_bias entries", ST_OPENAI_MAX_LOGIT_BIAS);
+    for (size_t i = 0; i < r->n_logit_bias; i++)
+        if ((lim->vocab > 0 && r->logit_bias_ids[i] >= (uint32_t)lim->vocab) || !(fabsf(r->logit_bias_values[i]) <= 100))
+            return refuse(e, ST_ERR_OUT_OF_RANGE, "logit_bias", "logit_bias token %u: ids below %d, values -100..100",
+                          r->logit_bias_ids[i], lim->vocab);
     for (size_t i = 0; lim->vocab > 0 && i < r->n_stop_ids; i++)
         if (r->stop_ids[i] >= (uint32_t)lim->vocab)
             return refuse(e, ST_ERR_OUT_OF_RANGE, "stop", "stop id %u is outside the vocabulary 0..%d", r->stop_ids[i],
@@ -321,14 +330,33 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
         out->logprobs = (int)iv;
     }
     r->dump_logits = out->logprobs >= 0; /* the worker sends each token's logits row; the coordinator reduces it */
-    for (int i = 0; i < 2; i++) { /* the sampler has no penalties yet: refused, never ignored */
-        const char *pen = i ? "frequency_penalty" : "presence_penalty";
-        dv = 0;
-        if (num_field(body, pen, -2, 2, &dv, e, &s) < 0) return s;
-        if (dv != 0) return refuse(e, ST_ERR_INVALID_ARG, pen, "'%s' is not supported yet (only 0)", pen);
+    dv = 0;
+    if (num_field(body, "presence_penalty", -2, 2, &dv, e, &s) < 0) return s;
+    r->presence_penalty = (float)dv;
+    dv = 0;
+    if (num_field(body, "frequency_penalty", -2, 2, &dv, e, &s) < 0) return s;
+    r->frequency_penalty = (float)dv;
+    if ((v = field(body, "logit_bias"))) {
+        if (!json_is_object(v) || json_object_size(v) > ST_OPENAI_MAX_LOGIT_BIAS)
+            return refuse(e, ST_ERR_INVALID_ARG, "logit_bias", "'logit_bias' maps up to %d token ids to -100..100",
+                          ST_OPENAI_MAX_LOGIT_BIAS);
+        const char *key;
+        json_t *x;
+        size_t n = 0;
+        json_object_foreach(v, key, x) {
+            char *end;
+            unsigned long id = strtoul(key, &end, 10);
+            double bv = json_is_number(x) ? json_number_value(x) : NAN;
+            if (!key[0] || *end || key[0] == '-' || key[0] == '+' || id > UINT32_MAX || !(bv >= -100 && bv <= 100))
+                return refuse(e, ST_ERR_INVALID_ARG, "logit_bias",
+                              "'logit_bias' keys are token ids (decimal) and values numbers -100..100 ('%.40s')", key);
+            out->bias_ids[n] = (uint32_t)id;
+            out->bias_values[n++] = (float)bv;
+        }
+        r->n_logit_bias = n;
+        r->logit_bias_ids = n ? out->bias_ids : NULL;
+        r->logit_bias_values = n ? out->bias_values : NULL;
     }
-    if ((v = field(body, "logit_bias")) && (!json_is_object(v) || json_object_size(v) > 0))
-        return refuse(e, ST_ERR_INVALID_ARG, "logit_bias", "'logit_bias' is not supported yet");
     b = 0;
     if (!chat) {
         if (bool_field(body, "echo", &b, e, &s) < 0) return s;
@@ -384,6 +412,10 @@ static st_status_t parse_any(const char *body, size_t len, const st_openai_limit
     }
     *out = r;
     if (out->req.n_stop_ids) out->req.stop_ids = out->stops; /* into *out, not the local copy */
+    if (out->req.n_logit_bias) {
+        out->req.logit_bias_ids = out->bias_ids;
+        out->req.logit_bias_values = out->bias_values;
+    }
     return ST_OK;
 }
 

@@ -22,6 +22,7 @@
 #define ST_OPENAI_MAX_STOP_BYTES 1024
 #define ST_OPENAI_MAX_CHOICES 64        /* n x prompts of a batch */
 #define ST_OPENAI_MAX_LOGPROBS 20       /* top_logprobs (chat) / logprobs (completions) */
+#define ST_OPENAI_MAX_LOGIT_BIAS 300    /* logit_bias entries */
 
 typedef struct {
     const char *model; /* the served model's name: another "model" is a 400 */
@@ -48,6 +49,8 @@ typedef struct {
     size_t n_stop_strs;
     char *stop_strs[ST_OPENAI_MAX_STOP_STRINGS]; /* NUL-terminated, never empty */
     uint32_t stops[ST_OPENAI_MAX_STOP];
+    uint32_t bias_ids[ST_OPENAI_MAX_LOGIT_BIAS]; /* req.logit_bias_* point here */
+    float bias_values[ST_OPENAI_MAX_LOGIT_BIAS];
 } st_openai_req_t;
 
 /* Why a request was refused: the OpenAI error "message" and "param" (NULL when no one field). */

@@ -229,9 +229,13 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",7]}", "stop");
     expect_refused("{\"prompt\":\"hi\",\"stop\":{}}", "stop");
     expect_refused("{\"prompt\":[1,2],\"echo\":true}", "echo");
-    expect_refused("{\"prompt\":\"hi\",\"presence_penalty\":0.5}", "presence_penalty");
+    expect_refused("{\"prompt\":\"hi\",\"presence_penalty\":2.5}", "presence_penalty");
     expect_refused("{\"prompt\":\"hi\",\"frequency_penalty\":3}", "frequency_penalty");
-    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"5\":10}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"5\":101}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"x5\":1}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"-5\":1}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"300\":1}}", "logit_bias"); /* outside the vocabulary */
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":[1]}", "logit_bias");
     expect_refused("{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":1}}", "include_usage");
     expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
                    "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}",
@@ -266,13 +270,16 @@ static void test_parse(void) {
         "{\"model\":\"tiny\",\"prompt\":\"hello\",\"max_tokens\":1000000,\"temperature\":0.5,\"top_p\":0.9,"
         "\"top_k\":40,\"seed\":9223372036854775807,\"n\":1,\"best_of\":1,\"logprobs\":null,\"echo\":false,"
         "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\"</end>\",\"\\u00e9t\u00e9\"],\"user\":\"x\","
-        "\"presence_penalty\":0,\"frequency_penalty\":0,\"logit_bias\":{},\"stream_options\":{\"include_usage\":true}}";
+        "\"presence_penalty\":0.5,\"frequency_penalty\":-1.5,\"logit_bias\":{\"5\":-100,\"299\":2.5},"
+        "\"stream_options\":{\"include_usage\":true}}";
     CHECK(parse(ok, &r, &e) == ST_OK, "full request refused: %s", e.message);
     CHECK(r.req.max_tokens == 1000000 && r.req.temperature == 0.5f && r.req.top_p == 0.9f && r.req.top_k == 40 &&
               r.req.has_seed && r.req.seed == 9223372036854775807ull && r.stream && r.req.ignore_eos &&
               r.req.n_stop_ids == 0 && r.n_stop_strs == 3 && !strcmp(r.stop_strs[0], "\n") &&
               !strcmp(r.stop_strs[1], "</end>") && !strcmp(r.stop_strs[2], "\xC3\xA9t\xC3\xA9") && r.include_usage &&
-              !r.chat && !strcmp(r.req.prompt, "hello"),
+              !r.chat && !strcmp(r.req.prompt, "hello") && r.req.presence_penalty == 0.5f &&
+              r.req.frequency_penalty == -1.5f && r.req.n_logit_bias == 2 && r.req.logit_bias_ids == r.bias_ids &&
+              r.bias_ids[0] == 5 && r.bias_values[0] == -100.0f && r.bias_ids[1] == 299 && r.bias_values[1] == 2.5f,
           "fields");
     st_openai_req_cleanup(&r);
     CHECK(parse("{\"prompt\":[5,6,299],\"top_k\":-1,\"max_tokens\":null}", &r, &e) == ST_OK, "token prompt: %s",

@@ -140,6 +140,31 @@ check(f"eos ids stop sampled sequences ({stops} of 30)", stops > 0)
 st, _, b = post("/v1/completions", dict(base, max_tokens=3, echo=True))
 check("echo: the prompt leads the text", b["choices"][0]["text"].startswith("The quick brown fox"))
 
+# ---- logit_bias and penalties (applied by the worker's sampler)
+st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                    "logit_bias": {"65": 100}})
+check("logit_bias +100 on 'A': greedy gives AAAAAAAA", b["choices"][0]["text"] == "A" * 8)
+st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 8, "temperature": 1, "seed": 3, "ignore_eos": True,
+                                    "logit_bias": {"65": 100, "66": 100}})
+check("  sampled between two +100 tokens: only A and B", set(b["choices"][0]["text"]) <= {"A", "B"})
+# penalties: the second step's logits of the first token drop by presence + frequency (2 + 1.5),
+# seen in the (processed) logprobs against the same request without penalties
+abc = {"prompt": "abc", "max_tokens": 2, "temperature": 0, "ignore_eos": True, "logprobs": 3,
+       "logit_bias": {"65": 100, "66": 100, "67": 100}}
+st, _, b0 = post("/v1/completions", abc)
+st, _, b1 = post("/v1/completions", dict(abc, presence_penalty=2, frequency_penalty=1.5))
+l0, l1 = b0["choices"][0]["logprobs"], b1["choices"][0]["logprobs"]
+t1 = l0["tokens"][0]
+others = [x for x in "ABC" if x != t1]
+d0 = [l0["top_logprobs"][1][t1] - l0["top_logprobs"][1][o] for o in others]
+d1 = [l1["top_logprobs"][1].get(t1, -1e9) - l1["top_logprobs"][1][o] for o in others]
+check(f"penalties: the first token ({t1!r}) is 3.5 less likely against the others at step 2",
+      l1["tokens"][0] == t1 and all(abs((x - y) - 3.5) < 1e-3 for x, y in zip(d0, d1)))
+check("  and nothing changes at step 1", all(abs(l0["top_logprobs"][0][x] - l1["top_logprobs"][0][x]) < 1e-6 for x in "ABC"))
+st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                         "ignore_eos": True, "temperature": 0, "logit_bias": {"90": 100}})
+check("  chat too", b["choices"][0]["message"]["content"] == "ZZZ")
+
 # ---- logprobs
 import math
 st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 2})
@@ -195,8 +220,10 @@ st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content"
 check("an image part: 400", st == 400 and is_openai_error(b))
 st, _, b = post("/v1/chat/completions", b"{not json")
 check("bad JSON: 400", st == 400 and is_openai_error(b))
-st, _, b = post("/v1/completions", {"prompt": "hi", "presence_penalty": 1})
-check("penalties are refused, not ignored: 400", st == 400 and b["error"]["param"] == "presence_penalty")
+st, _, b = post("/v1/completions", {"prompt": "hi", "presence_penalty": 3})
+check("a penalty outside -2..2: 400", st == 400 and b["error"]["param"] == "presence_penalty")
+st, _, b = post("/v1/completions", {"prompt": "hi", "logit_bias": {"512": 1}})
+check("a logit_bias id without an embedding row: 400", st == 400 and b["error"]["param"] == "logit_bias")
 st, _, b = post("/v1/nowhere", {})
 check("unknown route: 404 OpenAI error", st == 404 and is_openai_error(b))
 st, h, b = post("/v1/chat/completions", None, method="GET")
