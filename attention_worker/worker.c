@@ -109,6 +109,7 @@ typedef struct {
     st_rng_t rng;
     uint32_t stop[MAX_STOP];
     int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
+    int n_fed; /* prompt tokens fed to the engine so far (chunked prefill) */
     int amax; /* the engine's argmax of this step's row (greedy sequences: no logits row to the host) */
     /* OpenAI's penalties and logit bias (st_sample_adjust); adj owns bias ids, values and the
      * penalties' workspace, NULL when the request has none */
@@ -810,16 +811,21 @@ static void step(aw_t *aw) {
     /* cancelled sequences leave first */
     for (int i = 0; i < aw->o.max_seqs; i++)
         if (aw->seqs[i].used && aw->seqs[i].cancelled) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_CANCELLED, "cancelled");
+    /* chunked prefill: a prompt takes what is left of the step's token budget after one token for
+     * every decoding sequence (reserved), the rest of it at later steps */
+    int reserve = 0;
+    for (int i = 0; i < aw->o.max_seqs; i++) reserve += aw->seqs[i].used && aw->seqs[i].prefilled;
     for (int i = 0; i < aw->o.max_seqs && ns < 256; i++) {
         seq_t *q = &aw->seqs[i];
         if (!q->used) continue;
-        int n = q->prefilled ? 1 : q->n_prompt;
-        if (n > budget) continue; /* joins at a later step boundary */
+        if (q->prefilled) reserve--;
+        int n = q->prefilled ? 1 : ST_MIN(q->n_prompt - q->n_fed, budget - reserve);
+        if (n <= 0 || n > budget) continue; /* joins at a later step boundary */
         budget -= n;
         idx[ns] = i;
         /* greedy and not dumping logits: the engine returns the argmax only (st_sample's greedy rule) */
         ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
-                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks,
+                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks + q->n_fed,
                                     .argmax = q->sp.temperature <= 0.0f && !q->dump && !q->adj ? &q->amax : NULL};
     }
     if (ns == 0) return;
@@ -922,6 +928,10 @@ static void step(aw_t *aw) {
             if (bad) {
                 seq_fail(aw, q, ST_PROTO_FINISH_ERROR, why[m][0] ? why[m] : "an expert of this request has no live server");
                 continue;
+            }
+            if (!q->prefilled) { /* a prompt piece: sampling starts after the prompt's last one */
+                q->n_fed += n;
+                if (q->n_fed < q->n_prompt) continue;
             }
             q->prefilled = 1;
             if (q->adj && !ch[first[m] + j].argmax) {
@@ -1732,8 +1742,9 @@ int st_aw_run(const st_aw_opts_t *opts) {
     eo.device = aw->o.device;
     if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
     if (alloc_buffers(aw) != ST_OK) goto out_engine;
-    /* a prompt is prefilled in one step; prompt + generated tokens fit the context */
-    aw->lim = (st_aw_limits_t){.max_ctx = aw->o.max_ctx, .max_prompt = aw->o.max_batch_tokens, .max_stop = MAX_STOP};
+    /* a prompt longer than a step's budget is prefilled over several steps; prompt + generated
+     * tokens fit the context */
+    aw->lim = (st_aw_limits_t){.max_ctx = aw->o.max_ctx, .max_prompt = aw->o.max_ctx - 1, .max_stop = MAX_STOP};
     /* until the coordinator gives its member token, Worker/Generate requires a random one: nobody
      * gets in before registration */
     st_rpc_sec_t ssec = {0};

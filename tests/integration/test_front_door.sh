@@ -127,13 +127,16 @@ done
 check "[utf8] a stream's events add up to the same request's whole text (4 seeds: $same)" "[ $same = 4 ]"
 
 # an error before a stream's first byte is a status, not an event inside a 200 (here the worker
-# refuses a prompt over its 256-token step budget before any token)
+# refuses a prompt + max_tokens over its 1024-token context before any token; a prompt over its
+# 256-token step budget is prefilled in pieces, not refused)
 long=$(seq -s, 1 300)
-st=$(post "{\"prompt\":[$long],\"max_tokens\":4,\"stream\":true}" "${AUTH[@]}")
+st=$(post "{\"prompt\":[$long],\"max_tokens\":900,\"stream\":true}" "${AUTH[@]}")
 check "[status] a stream refused before its first byte gets a status ($st), not 200 or 500" \
-  "[ $st != 200 ] && [ $st != 500 ] && py 'import json; assert \"256\" in json.load(open(\"$TMP/body\"))[\"error\"][\"message\"]'"
-st=$(post "{\"prompt\":[$long],\"max_tokens\":4}" "${AUTH[@]}")
+  "[ $st != 200 ] && [ $st != 500 ] && py 'import json; assert \"1024\" in json.load(open(\"$TMP/body\"))[\"error\"][\"message\"]'"
+st=$(post "{\"prompt\":[$long],\"max_tokens\":900}" "${AUTH[@]}")
 check "[status] the same without streaming: $st, not 500" "[ $st != 200 ] && [ $st != 500 ]"
+st=$(post "{\"prompt\":[$long],\"max_tokens\":4}" "${AUTH[@]}")
+check "[status] a prompt over the step budget is served (chunked prefill): $st" "[ $st = 200 ]"
 
 # the loop's longest stall: freeze the coordinator for 1 s (last in this cluster: members drop)
 kill -STOP "$CPID"; sleep 1; kill -CONT "$CPID"; sleep 0.1
