@@ -670,6 +670,7 @@ int st_coord_run(const st_coord_opts_t *opts) {
     }
     st_hist_init(&co->ttft);
     st_hist_init(&co->tpot);
+    st_hist_init(&co->e2e);
     co->t_start = co->tick_at = st_time_sec();
     co->t_wall_start = (int64_t)time(NULL);
     uv_loop_init(&co->loop);

@@ -116,7 +116,8 @@ struct coord {
     int64_t t_wall_start;                   /* Unix time of the start (/v1/models "created") */
     uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;
     int active_requests;
-    st_hist_t ttft, tpot;
+    st_hist_t ttft, tpot, e2e;
+    uint64_t prompt_tokens_total, finished_stop, finished_length;
     double stage_s[ST_PROTO_STAGES];        /* summed over reported steps */
     uint64_t stage_steps, reply_bytes, messages;
     double merge_s;                         /* coordinator: threshold merges + publishes */

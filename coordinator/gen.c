@@ -126,10 +126,14 @@ static void gen_answer(gen_t *g) {
     if (g->detached) return;
     g->detached = 1;
     int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
-    if (ok)
+    if (ok) {
         co->requests_ok++;
-    else
+        if (g->finish == ST_PROTO_FINISH_STOP) co->finished_stop++;
+        else co->finished_length++;
+        st_hist_add(&co->e2e, st_time_sec() - g->t_enq);
+    } else {
         co->requests_err++;
+    }
     if (g->call) {
         st_rpc_call_t *call = g->call;
         g->call = NULL;
@@ -377,6 +381,7 @@ st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_r
     g->co = co;
     g->t_enq = st_time_sec();
     g->prompt_tokens = (int)w.n_prompt_tokens;
+    co->prompt_tokens_total += w.n_prompt_tokens;
     st_tok_stream_init(&g->dec, ST_TOK_SKIP_SPECIAL);
     q_push(co, g, 0);
     st_coord_queue_pump(co);

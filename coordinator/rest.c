@@ -244,30 +244,130 @@ static const char *prom_num(char out[48], double v) {
     return out;
 }
 
-static void hist_metric(buf_t *b, const char *name, const char *help, const st_hist_t *h) {
+/* A histogram; labels ("k=\"v\"" pairs, comma-separated, or "") go on every series. */
+static void hist_metric(buf_t *b, const char *name, const char *help, const char *labels, const st_hist_t *h) {
     char nb[48];
+    const char *sep = labels[0] ? "," : "";
     bprintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < HIST_BUCKETS; i++) {
         cum += h->count[i];
-        bprintf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        bprintf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->le[i], (unsigned long long)cum);
     }
     cum += h->count[HIST_BUCKETS];
-    bprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %s\n%s_count %llu\n", name, (unsigned long long)cum, name, prom_num(nb, h->sum), name,
+    bprintf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
+    bprintf(b, "%s_sum{%s} %s\n%s_count{%s} %llu\n", name, labels, prom_num(nb, h->sum), name, labels,
             (unsigned long long)h->n);
 }
 
-char *st_coord_metrics_text(coord_t *co, size_t *len) {
+/* A Prometheus label value: backslash, double quote and newline escaped; at most cap - 1 bytes. */
+static void label_value(char *out, size_t cap, const char *v) {
+    size_t o = 0;
+    for (; *v && o + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') out[o++] = '\\';
+        if (*v == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+            continue;
+        }
+        out[o++] = *v;
+    }
+    out[o] = 0;
+}
+
+#define TOP_EXPERTS 10 /* the most loaded experts listed in /metrics */
+
+/* Expert load of the last reported step, summarised: tokens per expert server (an expert's tokens
+ * shared among its holders), the TOP_EXPERTS most loaded (layer, expert), and max/mean over the
+ * experts of the most skewed layer. Never one series per expert (K3 has ~82k). */
+static void expert_load_metrics(coord_t *co, buf_t *b) {
     const st_config_t *c = &co->cfg;
+    size_t cells = (size_t)c->n_layers * c->n_experts;
+    uint64_t *load = calloc(cells + 1, sizeof(uint64_t));
+    double *per = calloc((size_t)co->n_members + 1, sizeof(double));
+    if (!load || !per) {
+        free(load);
+        free(per);
+        return;
+    }
+    last_load(co, load);
+    size_t top[TOP_EXPERTS];
+    int nt = 0;
+    double maxmean = 0;
+    for (int l = c->first_k_dense; l < c->n_layers; l++) {
+        uint64_t sum = 0, mx = 0;
+        for (int e = 0; e < c->n_experts; e++) {
+            size_t k = (size_t)l * c->n_experts + e;
+            uint64_t v = load[k];
+            sum += v;
+            mx = v > mx ? v : mx;
+            const uint64_t *hold = st_placement_holders(&co->place, l - c->first_k_dense, e);
+            int nh = 0;
+            for (int r = 0; r < co->place.replicas; r++) nh += hold[r] != 0;
+            for (int r = 0; r < co->place.replicas && v; r++)
+                for (int i = 0; hold[r] && i < co->n_members; i++)
+                    if (co->members[i].id == hold[r]) per[i] += (double)v / nh;
+            if (!v) continue;
+            if (nt == TOP_EXPERTS && load[top[TOP_EXPERTS - 1]] >= v) continue;
+            int j = nt < TOP_EXPERTS ? nt++ : TOP_EXPERTS - 1; /* insertion, descending */
+            while (j > 0 && load[top[j - 1]] < v) {
+                top[j] = top[j - 1];
+                j--;
+            }
+            top[j] = k;
+        }
+        if (sum) maxmean = fmax(maxmean, (double)mx * c->n_experts / (double)sum);
+    }
+    char nb[48], name[160];
+    bprintf(b, "# HELP strata:expert_server_load_tokens Tokens routed in the last reported step to the experts an "
+               "expert server holds (shared among an expert's holders).\n# TYPE strata:expert_server_load_tokens gauge\n");
+    for (int i = 0; i < co->n_members; i++) {
+        const member_t *m = &co->members[i];
+        if (m->role != ST_PROTO_ROLE_EXPERT || !m->alive) continue;
+        label_value(name, sizeof name, m->name[0] ? m->name : m->endpoint);
+        bprintf(b, "strata:expert_server_load_tokens{server=\"%s\"} %s\n", name, prom_num(nb, per[i]));
+    }
+    bprintf(b, "# HELP strata:expert_load_top_tokens The most loaded experts of the last reported step.\n"
+               "# TYPE strata:expert_load_top_tokens gauge\n");
+    for (int i = 0; i < nt; i++)
+        bprintf(b, "strata:expert_load_top_tokens{rank=\"%d\",layer=\"%zu\",expert=\"%zu\"} %llu\n", i + 1,
+                top[i] / (size_t)c->n_experts, top[i] % (size_t)c->n_experts, (unsigned long long)load[top[i]]);
+    bprintf(b, "# HELP strata:expert_load_max_over_mean Most loaded expert over the mean, in the most skewed layer "
+               "of the last reported step.\n# TYPE strata:expert_load_max_over_mean gauge\n"
+               "strata:expert_load_max_over_mean %s\n", prom_num(nb, maxmean));
+    free(load);
+    free(per);
+}
+
+char *st_coord_metrics_text(coord_t *co, size_t *len) {
     buf_t b = {0};
     char nb[48];
     bprintf(&b, "# HELP strata_requests_total Generate requests by outcome.\n# TYPE strata_requests_total counter\n");
     bprintf(&b, "strata_requests_total{outcome=\"ok\"} %llu\nstrata_requests_total{outcome=\"error\"} %llu\n",
             (unsigned long long)co->requests_ok, (unsigned long long)co->requests_err);
-    bprintf(&b, "# HELP strata_requests_active Requests being generated now.\n# TYPE strata_requests_active gauge\n"
-                "strata_requests_active %d\n", co->active_requests);
-    bprintf(&b, "# HELP strata_requests_waiting Requests queued for a free attention worker slot.\n"
-                "# TYPE strata_requests_waiting gauge\nstrata_requests_waiting %d\n", co->n_waiting);
+    char mn[300], ml[320];
+    label_value(mn, sizeof mn, co->model);
+    snprintf(ml, sizeof ml, "model_name=\"%s\"", mn);
+    /* the request-level series as vLLM names and labels them */
+    bprintf(&b, "# HELP strata:num_requests_running Requests being generated now.\n"
+                "# TYPE strata:num_requests_running gauge\nstrata:num_requests_running{%s} %d\n", ml, co->active_requests);
+    bprintf(&b, "# HELP strata:num_requests_waiting Requests queued for a free attention worker slot.\n"
+                "# TYPE strata:num_requests_waiting gauge\nstrata:num_requests_waiting{%s} %d\n", ml, co->n_waiting);
+    bprintf(&b, "# HELP strata:prompt_tokens_total Prompt tokens of the requests started.\n"
+                "# TYPE strata:prompt_tokens_total counter\nstrata:prompt_tokens_total{%s} %llu\n", ml,
+            (unsigned long long)co->prompt_tokens_total);
+    bprintf(&b, "# HELP strata:generation_tokens_total Tokens generated for clients.\n"
+                "# TYPE strata:generation_tokens_total counter\nstrata:generation_tokens_total{%s} %llu\n", ml,
+            (unsigned long long)co->tokens_total);
+    bprintf(&b, "# HELP strata:request_success_total Requests finished, by finish reason.\n"
+                "# TYPE strata:request_success_total counter\n"
+                "strata:request_success_total{%s,finished_reason=\"stop\"} %llu\n"
+                "strata:request_success_total{%s,finished_reason=\"length\"} %llu\n",
+            ml, (unsigned long long)co->finished_stop, ml, (unsigned long long)co->finished_length);
+    hist_metric(&b, "strata:time_to_first_token_seconds", "Time from request to first token.", ml, &co->ttft);
+    hist_metric(&b, "strata:time_per_output_token_seconds", "Time between tokens of a request.", ml, &co->tpot);
+    hist_metric(&b, "strata:e2e_request_latency_seconds", "Time from arrival to the last token of finished requests.", ml,
+                &co->e2e);
     bprintf(&b, "# HELP strata_requests_rejected_total Requests refused for load: queue full (429) or queue wait timed out (503).\n"
                 "# TYPE strata_requests_rejected_total counter\nstrata_requests_rejected_total{reason=\"queue_full\"} %llu\n"
                 "strata_requests_rejected_total{reason=\"queue_timeout\"} %llu\n",
@@ -280,8 +380,6 @@ char *st_coord_metrics_text(coord_t *co, size_t *len) {
             (unsigned long long)co->idle_timeouts, (unsigned long long)co->workers_lost_cancelled);
     bprintf(&b, "# HELP strata_loop_stall_max_seconds Longest stall of the coordinator's event loop over the last 60 s.\n"
                 "# TYPE strata_loop_stall_max_seconds gauge\nstrata_loop_stall_max_seconds %s\n", prom_num(nb, st_coord_stall_max_60s(co)));
-    bprintf(&b, "# HELP strata_tokens_generated_total Tokens streamed to clients.\n# TYPE strata_tokens_generated_total counter\n"
-                "strata_tokens_generated_total %llu\n", (unsigned long long)co->tokens_total);
     bprintf(&b, "# HELP strata_worker_steps_total Steps reported by attention workers.\n# TYPE strata_worker_steps_total counter\n"
                 "strata_worker_steps_total %llu\n", (unsigned long long)co->steps_total);
     bprintf(&b, "# HELP strata_dispatch_bytes_total Bytes attention workers sent to expert servers.\n"
@@ -304,20 +402,7 @@ char *st_coord_metrics_text(coord_t *co, size_t *len) {
         bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", stages[k], prom_num(nb, co->stage_s[k]));
     bprintf(&b, "# HELP strata_reply_bytes_total Bytes expert servers sent back.\n# TYPE strata_reply_bytes_total counter\n"
                 "strata_reply_bytes_total %llu\n", (unsigned long long)co->reply_bytes);
-    hist_metric(&b, "strata_time_to_first_token_seconds", "Time from request to first token.", &co->ttft);
-    hist_metric(&b, "strata_time_per_output_token_seconds", "Time between tokens of a request.", &co->tpot);
-    size_t cells = (size_t)c->n_layers * c->n_experts;
-    uint64_t *load = calloc(cells + 1, sizeof(uint64_t));
-    if (load) {
-        last_load(co, load);
-        bprintf(&b, "# HELP strata_expert_load_tokens Tokens routed to an expert in the last reported step.\n"
-                    "# TYPE strata_expert_load_tokens gauge\n");
-        for (int l = c->first_k_dense; l < c->n_layers; l++)
-            for (int e = 0; e < c->n_experts; e++)
-                bprintf(&b, "strata_expert_load_tokens{layer=\"%d\",expert=\"%d\"} %llu\n", l, e,
-                        (unsigned long long)load[(size_t)l * c->n_experts + e]);
-        free(load);
-    }
+    expert_load_metrics(co, &b);
     if (!b.p) return NULL;
     *len = b.n;
     return b.p;
