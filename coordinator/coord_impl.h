@@ -14,7 +14,6 @@
 #include "strata/quantile.h"
 #include "strata/rpc.h"
 
-#define STRATA_VERSION "0.1.0"
 #define MAX_MEMBERS 256
 /* A dead member's entry is removed MEMBER_FORGET_BEATS heartbeat intervals after it died, except
  * the MEMBER_KEEP_DEAD most recently dead, which stay listed (in /status) up to MEMBER_KEEP_DEAD_S. */
@@ -101,7 +100,7 @@ struct coord {
     st_rpc_server_t *rpc;
     st_http_server_t *http;
     char grpc_host[128], http_host[128];
-    int grpc_port, stopping;
+    int grpc_port, stopping, was_ready;
     member_t members[MAX_MEMBERS];
     int n_members;
     uint64_t next_id;
@@ -133,7 +132,7 @@ struct coord {
     int64_t stall_sec_at[60];
 };
 
-int st_coord_ready(const coord_t *co);
+int st_coord_ready(coord_t *co); /* can serve (see coord.c) */
 member_t *st_coord_member_find(coord_t *co, uint64_t id);
 /* gen.c: the front door */
 void st_coord_h_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg); /* Coordinator/Generate */

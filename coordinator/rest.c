@@ -975,6 +975,7 @@ static void h_chat(const st_http_req_t *req, st_http_res_t *res, void *arg) { h_
 
 void st_coord_http_routes(coord_t *co) {
     st_http_route(co->http, "GET", "/healthz", h_healthz, co);
+    st_http_route(co->http, "GET", "/health", h_healthz, co); /* vLLM's name */
     st_http_route(co->http, "GET", "/readyz", h_readyz, co);
     st_http_route(co->http, "GET", "/status", h_status, co);
     st_http_route(co->http, "GET", "/metrics", h_metrics, co);

@@ -21,16 +21,20 @@ stop_all() {
 trap 'stop_all; cleanup' EXIT
 L="$TMP/logs"
 mkdir -p "$L"
-"$BIN/strata-coordinator" --insecure --ckpt "$TMP/ck" --grpc 127.0.0.1:0 --http 127.0.0.1:0 --heartbeat-ms 200 \
-  --model-name kimi-test --ready-file "$L/coord.ready" >"$L/coordinator.log" 2>&1 &
+# --http takes a host name (issue 17: "--http localhost:PORT fails")
+"$BIN/strata-coordinator" --insecure --ckpt "$TMP/ck" --grpc 127.0.0.1:0 --http localhost:0 --heartbeat-ms 200 \
+  --expect-experts 2 --model-name kimi-test --ready-file "$L/coord.ready" >"$L/coordinator.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 200); do [ -s "$L/coord.ready" ] && break; sleep 0.05; done
 GRPC=$(sed -n 's/^grpc=//p' "$L/coord.ready")
 H=$(sed -n 's/^http=//p' "$L/coord.ready")
 [ -n "$H" ] || { cat "$L/coordinator.log"; bad "coordinator starts"; finish; }
-"$BIN/strata-expert" --insecure --coordinator "$GRPC" --ckpt "$TMP/ck" --listen 127.0.0.1:0 --name expert-0 \
-  >"$L/expert-0.log" 2>&1 &
-PIDS+=($!)
+for i in 0 1; do
+  "$BIN/strata-expert" --insecure --coordinator "$GRPC" --ckpt "$TMP/ck" --listen 127.0.0.1:0 --name "expert-$i" \
+    >"$L/expert-$i.log" 2>&1 &
+  PIDS+=($!)
+  [ "$i" = 1 ] && XPID=$!
+done
 "$BIN/strata-attn" --insecure --coordinator "$GRPC" --ckpt "$TMP/ck" --listen 127.0.0.1:0 --name attn-0 --max-seqs 8 \
   --routing topk >"$L/attn-0.log" 2>&1 &
 PIDS+=($!)
@@ -232,6 +236,27 @@ print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
 check "OpenAI surface checks" "[ $? = 0 ]"
+
+# ---- operations
+check "--version" "\"$S\" --version | grep -q '^strata [0-9]' && \"$BIN/strata-coordinator\" --version | grep -q '^strata-coordinator [0-9]'"
+for c in up down status generate run ckpt tokenize; do
+  check "strata $c --help: exit 0, its usage on stdout" "\"$S\" $c --help 2>/dev/null | grep -q '$c'"
+done
+check "strata-coordinator --help: exit 0" "\"$BIN/strata-coordinator\" --help | grep -q 'usage: strata-coordinator'"
+check "/health (vLLM's name)" "[ \$(curl -s -o /dev/null -w '%{http_code}' http://$H/health) = 200 ]"
+check "an access-log line per request" "grep -q 'access: 127.0.0.1:[0-9]* \"POST /v1/chat/completions\" 200 ' $L/coordinator.log"
+m=$(curl -s "http://$H/metrics")
+check "vLLM-style metrics with model_name" "echo \"\$m\" | grep -q '^strata:num_requests_running{model_name=\"kimi-test\"} ' && echo \"\$m\" | grep -q '^strata:prompt_tokens_total{model_name=\"kimi-test\"} [1-9]'"
+check "expert load per expert server, no series per expert" "echo \"\$m\" | grep -q '^strata:expert_server_load_tokens{server=\"expert-1\"}' && ! echo \"\$m\" | grep -q 'strata_expert_load_tokens'"
+kill "$XPID"
+for _ in $(seq 60); do curl -s "http://$H/status" | grep -q '"alive":false' && break; sleep 0.1; done
+check "one of two expert servers gone: still ready (/readyz means can serve)" "[ \$(curl -s -o /dev/null -w '%{http_code}' http://$H/readyz) = 200 ]"
+served=0 # the workers take the new placement within a heartbeat or two
+for _ in $(seq 30); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$H/v1/completions" -d '{"prompt":"hi","max_tokens":2}')" = 200 ] && { served=1; break; }
+  sleep 0.2
+done
+check "  and serving (the lost server's experts placed on the other)" "[ $served = 1 ]"
 
 # ---- the official OpenAI Node SDK
 rc=0
