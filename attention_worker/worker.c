@@ -423,8 +423,10 @@ static int admit(aw_t *aw, in_msg_t *m) {
         q->presence = r->presence_penalty;
         q->frequency = r->frequency_penalty;
         q->n_bias = (int)r->n_logit_bias;
-        memcpy(adj, r->logit_bias_ids, r->n_logit_bias * sizeof(uint32_t));
-        memcpy((uint32_t *)adj + r->n_logit_bias, r->logit_bias_values, r->n_logit_bias * sizeof(float));
+        if (r->n_logit_bias) {
+            memcpy(adj, r->logit_bias_ids, r->n_logit_bias * sizeof(uint32_t));
+            memcpy((uint32_t *)adj + r->n_logit_bias, r->logit_bias_values, r->n_logit_bias * sizeof(float));
+        }
     }
     return 1;
 }

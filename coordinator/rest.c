@@ -911,7 +911,7 @@ static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co
         api_error(res, 500, "server_error", "out of memory");
         return;
     }
-    memcpy(h->stop, r.stop_strs, r.n_stop_strs * sizeof(char *));
+    if (r.n_stop_strs) memcpy(h->stop, r.stop_strs, r.n_stop_strs * sizeof(char *));
     h->n_stop = r.n_stop_strs;
     r.n_stop_strs = 0; /* h owns them now */
     h->co = co;
