@@ -61,6 +61,13 @@ const second = await client.chat.completions.create({ model, tools, max_tokens: 
 check("tools: the tool's result is accepted and answered",
   second.choices.length === 1 && second.usage.prompt_tokens > first.usage.prompt_tokens);
 
+const two = await client.chat.completions.create({ model, messages: [{ role: "user", content: "Hi" }], n: 2,
+  max_tokens: 3, ignore_eos: true, logprobs: true, top_logprobs: 2, stop: ["@@@@"], presence_penalty: 0.5,
+  logit_bias: { "65": 1 } });
+check("chat n = 2 with logprobs, stop, penalties, logit_bias", two.choices.length === 2 &&
+  two.choices.every((c, i) => c.index === i && c.logprobs.content.length >= 1 &&
+    c.logprobs.content.every((e) => typeof e.logprob === "number" && e.top_logprobs.length === 2)));
+
 const cmpl = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 5, ignore_eos: true });
 check("completions: text and usage", cmpl.object === "text_completion" && typeof cmpl.choices[0].text === "string" &&
   cmpl.usage.completion_tokens === 5);
