@@ -113,7 +113,13 @@ typedef struct {
     st_rng_t rng;
     uint32_t stop[MAX_STOP];
     int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
+    int n_fed; /* prompt tokens fed to the engine so far (chunked prefill) */
     int amax; /* the engine's argmax of this step's row (greedy sequences: no logits row to the host) */
+    /* OpenAI's penalties and logit bias (st_sample_adjust); adj owns bias ids, values and the
+     * penalties' workspace, NULL when the request has none */
+    float presence, frequency;
+    int n_bias;
+    void *adj;
     char err[256];
 } seq_t;
 
@@ -248,6 +254,14 @@ st_status_t st_aw_check_request(const st_config_t *c, const st_aw_limits_t *lim,
     for (size_t i = 0; i < r->n_stop_ids; i++)
         if (r->stop_ids[i] >= vocab)
             return ST_REJECT(ST_ERR_OUT_OF_RANGE, "stop id %u outside the vocabulary 0..%u", r->stop_ids[i], vocab - 1);
+    if (!(fabsf(r->presence_penalty) <= 2.0f) || !(fabsf(r->frequency_penalty) <= 2.0f)) /* NaN fails */
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "presence/frequency penalty outside -2..2");
+    if (r->n_logit_bias > ST_AW_MAX_LOGIT_BIAS || (r->n_logit_bias && (!r->logit_bias_ids || !r->logit_bias_values)))
+        return ST_REJECT(ST_ERR_INVALID_ARG, "%zu logit_bias entries (at most %d)", r->n_logit_bias, ST_AW_MAX_LOGIT_BIAS);
+    for (size_t i = 0; i < r->n_logit_bias; i++)
+        if (r->logit_bias_ids[i] >= vocab || !(fabsf(r->logit_bias_values[i]) <= 100.0f))
+            return ST_REJECT(ST_ERR_OUT_OF_RANGE, "logit_bias %u: %g (ids below %u, values -100..100)",
+                             r->logit_bias_ids[i], (double)r->logit_bias_values[i], vocab);
     if (r->request_id && strnlen(r->request_id, 257) > 256)
         return ST_REJECT(ST_ERR_INVALID_ARG, "request_id over 256 bytes");
     *n_prompt = (int)n;
@@ -338,10 +352,16 @@ static void end_call(aw_t *aw, int req, uint64_t gen, st_status_t st, const char
     pthread_mutex_unlock(&aw->mu);
 }
 
+static void seq_free_bufs(seq_t *q) {
+    free(q->toks);
+    free(q->adj);
+    q->toks = NULL;
+    q->adj = NULL;
+}
+
 static void seq_end(aw_t *aw, seq_t *q) {
     st_engine_seq_close(aw->e, q->slot);
-    free(q->toks);
-    q->toks = NULL;
+    seq_free_bufs(q);
     q->used = 0;
     pthread_mutex_lock(&aw->mu);
     aw->active--;
@@ -356,8 +376,7 @@ static void seq_fail(aw_t *aw, seq_t *q, st_proto_finish_t fin, const char *err)
 /* A sequence that has sent nothing yet ends with a status instead of a chunk (see end_call). */
 static void seq_abort(aw_t *aw, seq_t *q, st_status_t st, const char *why) {
     st_engine_seq_close(aw->e, q->slot);
-    free(q->toks);
-    q->toks = NULL;
+    seq_free_bufs(q);
     q->used = 0;
     end_call(aw, q->req, q->gen, st, why);
 }
@@ -372,7 +391,13 @@ static int admit(aw_t *aw, in_msg_t *m) {
     if (free_i < 0) return 0;
     int n = m->n_prompt, max_tokens = m->max_tokens;
     int *toks = malloc(sizeof(int) * ((size_t)n + (size_t)max_tokens + 1));
-    if (!toks) {
+    int adjust = r->presence_penalty != 0 || r->frequency_penalty != 0 || r->n_logit_bias > 0;
+    /* [n_logit_bias] ids, [n_logit_bias] values, [max_tokens] ints of workspace */
+    void *adj = adjust ? malloc(r->n_logit_bias * (sizeof(uint32_t) + sizeof(float)) + sizeof(int) * (size_t)max_tokens)
+                       : NULL;
+    if (!toks || (adjust && !adj)) {
+        free(toks);
+        free(adj);
         end_call(aw, m->req, m->gen, ST_ERR_NO_MEMORY, "attention worker: out of memory for a sequence");
         return 1;
     }
@@ -385,6 +410,7 @@ static int admit(aw_t *aw, in_msg_t *m) {
     st_status_t st = st_engine_seq_open(aw->e, &slot);
     if (st != ST_OK) {
         free(toks);
+        free(adj);
         end_call(aw, m->req, m->gen, st, st_err_last());
         return 1;
     }
@@ -397,6 +423,16 @@ static int admit(aw_t *aw, in_msg_t *m) {
     q->rng.s = r->has_seed ? r->seed : (uint64_t)st_time_ns();
     q->n_stop = (int)ST_MIN(r->n_stop_ids, (size_t)MAX_STOP);
     for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
+    if (adj) {
+        q->adj = adj;
+        q->presence = r->presence_penalty;
+        q->frequency = r->frequency_penalty;
+        q->n_bias = (int)r->n_logit_bias;
+        if (r->n_logit_bias) {
+            memcpy(adj, r->logit_bias_ids, r->n_logit_bias * sizeof(uint32_t));
+            memcpy((uint32_t *)adj + r->n_logit_bias, r->logit_bias_values, r->n_logit_bias * sizeof(float));
+        }
+    }
     return 1;
 }
 
@@ -807,17 +843,22 @@ static void step(aw_t *aw) {
     /* cancelled sequences leave first */
     for (int i = 0; i < aw->o.max_seqs; i++)
         if (aw->seqs[i].used && aw->seqs[i].cancelled) seq_fail(aw, &aw->seqs[i], ST_PROTO_FINISH_CANCELLED, "cancelled");
+    /* chunked prefill: a prompt takes what is left of the step's token budget after one token for
+     * every decoding sequence (reserved), the rest of it at later steps */
+    int reserve = 0;
+    for (int i = 0; i < aw->o.max_seqs; i++) reserve += aw->seqs[i].used && aw->seqs[i].prefilled;
     for (int i = 0; i < aw->o.max_seqs && ns < 256; i++) {
         seq_t *q = &aw->seqs[i];
         if (!q->used) continue;
-        int n = q->prefilled ? 1 : q->n_prompt;
-        if (n > budget) continue; /* joins at a later step boundary */
+        if (q->prefilled) reserve--;
+        int n = q->prefilled ? 1 : ST_MIN(q->n_prompt - q->n_fed, budget - reserve);
+        if (n <= 0 || n > budget) continue; /* joins at a later step boundary */
         budget -= n;
         idx[ns] = i;
         /* greedy and not dumping logits: the engine returns the argmax only (st_sample's greedy rule) */
         ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
-                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks,
-                                    .argmax = q->sp.temperature <= 0.0f && !q->dump ? &q->amax : NULL};
+                                    .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks + q->n_fed,
+                                    .argmax = q->sp.temperature <= 0.0f && !q->dump && !q->adj ? &q->amax : NULL};
     }
     if (ns == 0) return;
     /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
@@ -919,12 +960,22 @@ static void step(aw_t *aw) {
             int n = ch[first[m] + j].n_tokens, bad = 0;
             for (int t = 0; t < n; t++) bad |= aw->tok_failed[m][off + t];
             off += n;
-            const float *lg = aw->logits[m] + (size_t)j * aw->c->vocab;
+            float *lg = aw->logits[m] + (size_t)j * aw->c->vocab;
             if (bad) {
                 seq_fail(aw, q, ST_PROTO_FINISH_ERROR, why[m][0] ? why[m] : "an expert of this request has no live server");
                 continue;
             }
+            if (!q->prefilled) { /* a prompt piece: sampling starts after the prompt's last one */
+                q->n_fed += n;
+                if (q->n_fed < q->n_prompt) continue;
+            }
             q->prefilled = 1;
+            if (q->adj && !ch[first[m] + j].argmax) {
+                const uint32_t *ids = q->adj;
+                const float *vals = (const float *)(ids + q->n_bias);
+                st_sample_adjust(lg, aw->c->vocab, q->toks + q->n_prompt, q->n_gen, q->presence, q->frequency, ids,
+                                 vals, q->n_bias, (int *)(vals + q->n_bias));
+            }
             int tok = ch[first[m] + j].argmax ? q->amax
                                               : st_sample(lg, aw->c->vocab, &q->sp, &q->rng,
                                                           aw->logits[m] + (size_t)aw->o.max_seqs * aw->c->vocab);
@@ -1735,8 +1786,9 @@ int st_aw_run(const st_aw_opts_t *opts) {
     eo.device = aw->o.device;
     if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
     if (alloc_buffers(aw) != ST_OK) goto out_engine;
-    /* a prompt is prefilled in one step; prompt + generated tokens fit the context */
-    aw->lim = (st_aw_limits_t){.max_ctx = aw->o.max_ctx, .max_prompt = aw->o.max_batch_tokens, .max_stop = MAX_STOP};
+    /* a prompt longer than a step's budget is prefilled over several steps; prompt + generated
+     * tokens fit the context */
+    aw->lim = (st_aw_limits_t){.max_ctx = aw->o.max_ctx, .max_prompt = aw->o.max_ctx - 1, .max_stop = MAX_STOP};
     /* until the coordinator gives its member token, Worker/Generate requires a random one: nobody
      * gets in before registration */
     st_rpc_sec_t ssec = {0};

@@ -49,6 +49,7 @@ typedef struct {
  * logging above DEBUG). ST_OK with *n_prompt and *max_tokens written; else ST_ERR_INVALID_ARG (a
  * malformed request) or ST_ERR_OUT_OF_RANGE (a count or id beyond the limits), reason in
  * st_err_last(). */
+#define ST_AW_MAX_LOGIT_BIAS 1024 /* logit_bias entries of one request */
 st_status_t st_aw_check_request(const st_config_t *c, const st_aw_limits_t *lim, const st_proto_generate_req_t *r,
                                 int *n_prompt, int *max_tokens);
 

@@ -74,11 +74,46 @@ static int take_set_flags(int *argc, char **argv) {
     return 0;
 }
 
+/* `strata CMD --help`: the usage lines of CMD (its block of the usage text), on stdout. */
+static int usage_of(const char *cmd) {
+    static char text[4096];
+    FILE *f = fmemopen(text, sizeof text - 1, "w");
+    if (!f) return 2;
+    FILE *save = stderr;
+    stderr = f;
+    usage();
+    stderr = save;
+    fclose(f);
+    int in = 0, any = 0;
+    size_t cl = strlen(cmd);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "usage:", 6)) continue;
+        if (line[0] == ' ' && line[1] == ' ' && line[2] != ' ') /* a command's first line */
+            in = !strncmp(line + 2, cmd, cl) && (line[2 + cl] == ' ' || !line[2 + cl]);
+        if (in) {
+            printf("%s%s\n", any ? "" : "usage: strata", any ? line : line + 1);
+            any = 1;
+        }
+    }
+    return any ? 0 : 2;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage();
         return 2;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        printf("strata %s\n", STRATA_VERSION);
+        return 0;
+    }
+    for (int i = 2; i < argc; i++) /* every command's --help: before it parses (and refuses) anything */
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            if (!strcmp(argv[1], "tokenize")) break; /* its own, longer help */
+            int rc = usage_of(argv[1]);
+            if (rc) fprintf(stderr, "strata: unknown command '%s'\n", argv[1]);
+            return rc;
+        }
     st_log_set_tag("strata");
     int sub_argc = argc - 2;
     if (take_set_flags(&sub_argc, argv + 2) != 0) return 2;
@@ -96,6 +131,7 @@ int main(int argc, char **argv) {
 #endif
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage();
+        printf("strata %s: strata COMMAND --help shows one command's options\n", STRATA_VERSION);
         return 0;
     }
     fprintf(stderr, "strata: unknown command '%s'\n", argv[1]);

@@ -5,8 +5,8 @@
 #include "cli.h"
 #include "strata/model.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: strata tokenize --ckpt DIR (TEXT | --file F | --decode 1,2,3) [options]\n"
+static void usage_to(FILE *out) {
+    fprintf(out, "usage: strata tokenize --ckpt DIR (TEXT | --file F | --decode 1,2,3) [options]\n"
                     "  DIR holds tiktoken.model + tokenizer_config.json (config.json, generation_config.json\n"
                     "  optional); without tiktoken.model the byte tokenizer is used\n"
                     "  --file F         encode the bytes of F as they are ('-' = standard input)\n"
@@ -16,6 +16,7 @@ static void usage(void) {
                     "  --skip-special   leave special tokens out when decoding\n"
                     "  --info           print the vocabulary size and the bos/eos/pad ids to stderr\n");
 }
+static void usage(void) { usage_to(stderr); }
 
 /* whole stream (a file or a pipe) */
 static int read_stream(FILE *f, char **out, size_t *len) {
@@ -63,7 +64,7 @@ int st_cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(argv[i], "--skip-special")) dec_flags |= ST_TOK_SKIP_SPECIAL;
         else if (!strcmp(argv[i], "--info")) info = 1;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage();
+            usage_to(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--")) {
             if (i + 2 != argc || text) {

@@ -6,8 +6,10 @@
  * common/rpc before a handler runs); a registration gets a random id and a random member token,
  * and is bound to the connection it came on; Heartbeat and ReportScores count only with both, on
  * that connection. Every field of every accepted message is range-checked before use. */
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,9 +44,16 @@ static int alive_count(const coord_t *co, st_proto_role_t role) {
     return n;
 }
 
-int st_coord_ready(const coord_t *co) {
-    return st_placement_complete(&co->place) && alive_count(co, ST_PROTO_ROLE_ATTENTION) >= co->o.expect_workers &&
-           alive_count(co, ST_PROTO_ROLE_EXPERT) >= co->o.expect_experts;
+/* Ready means "can serve": the first time, the expected members are all there (so a starting
+ * cluster is ready as a whole); after that, an attention worker is alive and every expert has a
+ * live holder, whatever was lost since. */
+int st_coord_ready(coord_t *co) {
+    int can = st_placement_complete(&co->place) && alive_count(co, ST_PROTO_ROLE_ATTENTION) >= 1 &&
+              alive_count(co, ST_PROTO_ROLE_EXPERT) >= 1;
+    if (!co->was_ready)
+        co->was_ready = can && alive_count(co, ST_PROTO_ROLE_ATTENTION) >= co->o.expect_workers &&
+                        alive_count(co, ST_PROTO_ROLE_EXPERT) >= co->o.expect_experts;
+    return co->was_ready && can;
 }
 
 static const char *role_name(st_proto_role_t r) {
@@ -636,6 +645,70 @@ static void h_status(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
     free(json);
 }
 
+/* ================================================================ grpc.health.v1.Health */
+
+/* The standard gRPC health service (grpc/grpc doc/health-checking.md), Check only. Its two
+ * messages are tiny enough to read and write here: HealthCheckRequest {string service = 1},
+ * HealthCheckResponse {ServingStatus status = 1} (1 SERVING, 2 NOT_SERVING). "" and
+ * "strata.v1.Coordinator" are SERVING when the cluster can serve (/readyz). */
+#define ST_HEALTH_METHOD "/grpc.health.v1.Health/Check"
+
+/* The service name of a HealthCheckRequest: 1 when well-formed (name may be empty), else 0. */
+static int health_service(const uint8_t *p, size_t n, char *name, size_t cap) {
+    name[0] = 0;
+    size_t i = 0;
+    while (i < n) {
+        uint64_t key = 0, v = 0;
+        for (int sh = 0; i < n && sh < 64; sh += 7) { /* the field key (varint) */
+            key |= (uint64_t)(p[i] & 0x7f) << sh;
+            if (!(p[i++] & 0x80)) break;
+        }
+        int wt = (int)(key & 7);
+        if (wt == 0 || wt == 2) {
+            int done = 0;
+            for (int sh = 0; i < n && sh < 64; sh += 7) {
+                v |= (uint64_t)(p[i] & 0x7f) << sh;
+                if (!(p[i++] & 0x80)) {
+                    done = 1;
+                    break;
+                }
+            }
+            if (!done) return 0;
+            if (wt == 2) {
+                if (v > n - i) return 0;
+                if ((key >> 3) == 1) {
+                    if (v >= cap) return 0;
+                    memcpy(name, p + i, (size_t)v);
+                    name[v] = 0;
+                }
+                i += (size_t)v;
+            }
+        } else if (wt == 1 || wt == 5) {
+            size_t w = wt == 1 ? 8 : 4;
+            if (w > n - i) return 0;
+            i += w;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void h_health(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
+    coord_t *co = arg;
+    char svc[128];
+    if (!health_service(req, len, svc, sizeof svc)) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "malformed HealthCheckRequest");
+        return;
+    }
+    if (svc[0] && strcmp(svc, "strata.v1.Coordinator") != 0) {
+        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "unknown service (this server has \"\" and strata.v1.Coordinator)");
+        return;
+    }
+    const uint8_t rep[2] = {0x08, st_coord_ready(co) ? 1 : 2}; /* field 1, varint */
+    st_rpc_call_reply(call, rep, sizeof rep);
+}
+
 /* ================================================================ start / stop */
 
 static void write_ready_file(coord_t *co) {
@@ -686,12 +759,23 @@ static void on_tick(uv_timer_t *t) { /* throughput over the last interval */
     co->tick_at = now;
 }
 
+/* "HOST:PORT" → host and port; a host name (localhost) becomes its first IPv4 address, since the
+ * HTTP listener binds an address. */
 static int split_host(const char *s, char *host, size_t hn, int *port) {
     const char *c = strrchr(s, ':');
     if (!c || c == s || (size_t)(c - s) >= hn) return -1;
+    char *end;
+    long p = strtol(c + 1, &end, 10);
+    if (end == c + 1 || *end || p < 0 || p > 65535) return -1;
     memcpy(host, s, (size_t)(c - s));
     host[c - s] = 0;
-    *port = atoi(c + 1);
+    *port = (int)p;
+    struct in_addr a4;
+    if (inet_pton(AF_INET, host, &a4) == 1) return 0;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai) return -1;
+    inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, host, (socklen_t)hn);
+    freeaddrinfo(ai);
     return 0;
 }
 
@@ -713,6 +797,12 @@ int st_coord_run(const st_coord_opts_t *opts) {
     const st_config_t *c = &co->cfg;
     if (c->n_experts <= 0) {
         ST_FAIL(ST_ERR_CONFIG, "%s: no routed experts to place", path);
+        goto out;
+    }
+    if (st_tokenizer_load(&co->tok, co->o.ckpt, NULL) != ST_OK) goto out;
+    co->piece_cap = 3 * st_tokenizer_max_token_bytes(co->tok) + 32; /* a step, the flush, a NUL */
+    if (!(co->piece = malloc(co->piece_cap))) {
+        ST_FAIL(ST_ERR_NO_MEMORY, "coordinator: token buffer");
         goto out;
     }
     const char *base = strrchr(co->o.ckpt, '/');
@@ -738,13 +828,15 @@ int st_coord_run(const st_coord_opts_t *opts) {
     }
     st_hist_init(&co->ttft);
     st_hist_init(&co->tpot);
+    st_hist_init(&co->e2e);
     co->t_start = co->tick_at = st_time_sec();
+    co->t_wall_start = (int64_t)time(NULL);
     uv_loop_init(&co->loop);
     if (st_rpc_init(&co->loop) != ST_OK) goto out_q;
     int gport = 0, hport = 0;
     if (split_host(co->o.grpc, co->grpc_host, sizeof co->grpc_host, &gport) != 0 ||
         split_host(co->o.http, co->http_host, sizeof co->http_host, &hport) != 0) {
-        ST_FAIL(ST_ERR_INVALID_ARG, "--grpc and --http take host:port");
+        ST_FAIL(ST_ERR_INVALID_ARG, "--grpc and --http take HOST:PORT (a host name that resolves, or an IPv4 address)");
         goto out_rpc;
     }
     /* member methods need the cluster token; Generate and Status are the clients' (API key, checked
@@ -770,9 +862,10 @@ int st_coord_run(const st_coord_opts_t *opts) {
         st_rpc_server_add_method(co->rpc, ST_PROTO_METHOD_THRESHOLDS, h_thresholds, co) != ST_OK ||
         st_rpc_server_add_open_method(co->rpc, ST_PROTO_METHOD_GENERATE, st_coord_h_generate, co) != ST_OK ||
         st_rpc_server_add_open_method(co->rpc, ST_PROTO_METHOD_STATUS, h_status, co) != ST_OK ||
+        st_rpc_server_add_open_method(co->rpc, ST_HEALTH_METHOD, h_health, co) != ST_OK ||
         st_rpc_server_start(co->rpc, &co->grpc_port) != ST_OK)
         goto out_rpc;
-    st_http_opts_t ho = {.tls_cert = co->o.http_tls_cert, .tls_key = co->o.http_tls_key};
+    st_http_opts_t ho = {.tls_cert = co->o.http_tls_cert, .tls_key = co->o.http_tls_key, .access_log = true};
     if (st_http_server_create(&co->loop, co->http_host, (uint16_t)hport, &ho, &co->http) != ST_OK) goto out_rpc;
     st_coord_http_routes(co);
     uv_timer_init(&co->loop, &co->sweep);
@@ -811,6 +904,8 @@ out:
     free(co->tau_all);
     free(co->rho_all);
     free(co->rho_layers);
+    free(co->piece);
+    if (co->tok) st_tokenizer_destroy(co->tok);
     free(co);
     return rc;
 }

@@ -2,6 +2,7 @@
 #ifndef STRATA_COORD_IMPL_H
 #define STRATA_COORD_IMPL_H
 
+#include <jansson.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -13,7 +14,6 @@
 #include "strata/quantile.h"
 #include "strata/rpc.h"
 
-#define STRATA_VERSION "0.1.0"
 #define MAX_MEMBERS 256
 /* A dead member's entry is removed MEMBER_FORGET_BEATS heartbeat intervals after it died, except
  * the MEMBER_KEEP_DEAD most recently dead, which stay listed (in /status) up to MEMBER_KEEP_DEAD_S. */
@@ -65,7 +65,7 @@ struct gen {
     char worker[64];      /* its name, for errors */
     st_rpc_call_t *call;  /* gRPC client, or */
     st_http_res_t *res;   /* HTTP client; both NULL once the client has been answered (detached) */
-    int stream, http_gone, http_begun, detached, err_in_chunk;
+    int stream, http_gone, detached, err_in_chunk;
     st_rpc_stream_t *up;  /* to the worker */
     uint8_t *req;         /* the encoded Worker/Generate request, kept for a re-dispatch */
     size_t req_len;
@@ -76,6 +76,14 @@ struct gen {
     st_status_t status;   /* what the client is told: ST_OK, or the error's class */
     char err[256];
     char id[48];
+    st_tok_stream_t dec;            /* the worker's token ids → text (UTF-8 safe across tokens) */
+    /* HTTP (rest.c): one choice of an OpenAI response */
+    struct hreq *parent;            /* the HTTP request this is a choice of */
+    int index, role_sent, stop_hit;
+    char *echo;                     /* completions' echo: the prompt (owned) */
+    int lp_k;                       /* logprobs: -1 none, else top-k per token */
+    json_t *lp;                     /* logprobs entries of the tokens so far (chat's shape) */
+    size_t *lp_off, lp_sent;        /* each entry's offset in text; entries streamed already */
     char *text;                     /* raw bytes of the completion so far */
     size_t text_len, text_cap, emitted; /* emitted: bytes already streamed */
 };
@@ -83,6 +91,9 @@ struct gen {
 struct coord {
     st_coord_opts_t o;
     st_config_t cfg;
+    st_tokenizer_t *tok;  /* the checkpoint's tokenizer (byte tokenizer when it ships none) */
+    char *piece;          /* one decoded token and a flush (the loop thread's) */
+    size_t piece_cap;
     char model[128];
     uv_loop_t loop;
     uv_timer_t sweep, tau_timer, tick;
@@ -90,7 +101,7 @@ struct coord {
     st_rpc_server_t *rpc;
     st_http_server_t *http;
     char grpc_host[128], http_host[128];
-    int grpc_port, stopping;
+    int grpc_port, stopping, was_ready;
     member_t members[MAX_MEMBERS];
     int n_members;
     uint64_t next_id;
@@ -104,9 +115,11 @@ struct coord {
     uint64_t stale_summaries; /* dropped: built on a table older than the estimator's history */
     /* metrics */
     double t_start, tick_at, tokens_per_s;
+    int64_t t_wall_start;                   /* Unix time of the start (/v1/models "created") */
     uint64_t requests_total, requests_ok, requests_err, tokens_total, tokens_window, steps_total, dispatch_bytes, gen_seq;
     int active_requests;
-    st_hist_t ttft, tpot;
+    st_hist_t ttft, tpot, e2e;
+    uint64_t prompt_tokens_total, finished_stop, finished_length;
     double stage_s[ST_PROTO_STAGES];        /* summed over reported steps */
     uint64_t stage_steps, reply_bytes, messages;
     double merge_s;                         /* coordinator: threshold merges + publishes */
@@ -122,7 +135,7 @@ struct coord {
     int64_t stall_sec_at[60];
 };
 
-int st_coord_ready(const coord_t *co);
+int st_coord_ready(coord_t *co); /* can serve (see coord.c) */
 member_t *st_coord_member_find(coord_t *co, uint64_t id);
 /* gen.c: the front door */
 void st_coord_h_generate(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg); /* Coordinator/Generate */
@@ -137,6 +150,10 @@ st_status_t st_coord_rpc_authorized(coord_t *co, st_rpc_call_t *call);
  * client's mistake, ST_ERR_CAPACITY the queue is full, ST_ERR_PEER no attention worker at all. */
 st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_req_t *r);
 void st_coord_gen_client_gone(gen_t *g); /* the client went away: leave the queue, or cancel upstream */
+/* A stop string ended a running request: the client is answered now (finish "stop"), the
+ * worker's stream is cancelled and released when it ends. */
+void st_coord_gen_stop(gen_t *g);
+void st_coord_gen_free(gen_t *g); /* a gen_t the front door never took (st_coord_gen_submit failed) */
 int st_coord_queue_cap(const coord_t *co);
 double st_coord_stall_max_60s(const coord_t *co);
 void st_coord_front_start(coord_t *co); /* timers; stops itself once co->stopping */

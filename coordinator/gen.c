@@ -109,10 +109,15 @@ static int any_worker(coord_t *co) {
 /* ================================================================ ending a request */
 
 static void gen_free(gen_t *g) {
+    json_decref(g->lp);
+    free(g->lp_off);
+    free(g->echo);
     free(g->req);
     free(g->text);
     free(g);
 }
+
+void st_coord_gen_free(gen_t *g) { gen_free(g); }
 
 /* Answer the client now with g->status / g->err (or success) and let go of it: a worker stream
  * still open is cancelled and only released when it ends. */
@@ -121,10 +126,14 @@ static void gen_answer(gen_t *g) {
     if (g->detached) return;
     g->detached = 1;
     int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
-    if (ok)
+    if (ok) {
         co->requests_ok++;
-    else
+        if (g->finish == ST_PROTO_FINISH_STOP) co->finished_stop++;
+        else co->finished_length++;
+        st_hist_add(&co->e2e, st_time_sec() - g->t_enq);
+    } else {
         co->requests_err++;
+    }
     if (g->call) {
         st_rpc_call_t *call = g->call;
         g->call = NULL;
@@ -136,8 +145,7 @@ static void gen_answer(gen_t *g) {
         else /* finished by the worker; an error travelled in the last chunk */
             st_rpc_call_finish(call, ST_OK, NULL);
     } else if (g->res) {
-        st_http_res_on_close(g->res, NULL, NULL);
-        st_coord_http_done(g);
+        st_coord_http_done(g); /* the HTTP request's own close callback is rest.c's */
         g->res = NULL;
     }
 }
@@ -170,7 +178,33 @@ static void gen_abort(gen_t *g, const char *why) {
     if (g->up) st_rpc_stream_cancel(g->up);
 }
 
+void st_coord_gen_stop(gen_t *g) {
+    if (g->detached) return;
+    g->finish = ST_PROTO_FINISH_STOP;
+    g->status = ST_OK;
+    gen_answer(g);
+    if (g->up) st_rpc_stream_cancel(g->up);
+}
+
 /* ================================================================ the worker's stream */
+
+/* The text of one token of the worker's chunk, into co->piece: the checkpoint's tokenizer
+ * decodes it (holding back an unfinished UTF-8 character; special tokens give no text), the stop
+ * token that ends a sequence gives none, and the end flushes what was held back. */
+static const char *chunk_text(gen_t *g, const st_proto_generate_chunk_t *ch) {
+    coord_t *co = g->co;
+    size_t n = 0;
+    int has_token = ch->finish == ST_PROTO_FINISH_NONE || ch->finish == ST_PROTO_FINISH_LENGTH;
+    if (has_token &&
+        st_tok_stream_put(co->tok, &g->dec, (int32_t)ch->token_id, co->piece, co->piece_cap - 16, &n) != ST_OK) {
+        st_log_every(ST_LOG_WARN, 10.0, "coordinator: %s: token %u has no text in the checkpoint's tokenizer: left out",
+                     g->id, ch->token_id);
+        n = 0;
+    }
+    if (ch->finish != ST_PROTO_FINISH_NONE) n += st_tok_stream_flush(&g->dec, co->piece + n);
+    co->piece[n] = 0;
+    return co->piece;
+}
 
 static void gen_on_msg(const uint8_t *msg, size_t len, void *arg) {
     gen_t *g = arg;
@@ -194,11 +228,20 @@ static void gen_on_msg(const uint8_t *msg, size_t len, void *arg) {
     g->t_last = now;
     if (ch.finish != ST_PROTO_FINISH_NONE) g->finish = ch.finish;
     if (ch.error && ch.error[0]) snprintf(g->err, sizeof g->err, "%s", ch.error);
+    /* the worker's text is its byte-level view: the client gets the checkpoint tokenizer's */
+    char *worker_text = ch.text;
+    ch.text = (char *)chunk_text(g, &ch);
     if (g->call) {
-        if (st_rpc_call_write(g->call, msg, len) != ST_OK && g->up) st_rpc_stream_cancel(g->up);
+        uint8_t *out = NULL;
+        size_t out_len = 0;
+        if ((st_proto_generate_chunk_encode(&ch, &out, &out_len) != ST_OK ||
+             st_rpc_call_write(g->call, out, out_len) != ST_OK) && g->up)
+            st_rpc_stream_cancel(g->up);
+        free(out);
     } else if (g->res) {
         st_coord_http_chunk(g, &ch);
     }
+    ch.text = worker_text;
     st_proto_generate_chunk_cleanup(&ch);
 }
 
@@ -288,6 +331,33 @@ void st_coord_queue_pump(coord_t *co) {
     co->pumping = 0;
 }
 
+/* The request the worker gets: a text prompt encoded with the checkpoint's tokenizer (special
+ * tokens' text allowed: a raw completion prompt is the client's whole template, as in vLLM), and
+ * every eos id of the checkpoint among the stop ids unless ignore_eos. */
+static st_status_t worker_request(coord_t *co, const st_proto_generate_req_t *r, st_tok_ids_t *ids, uint32_t *stops,
+                                  st_proto_generate_req_t *w) {
+    *w = *r;
+    if (!r->n_prompt_tokens) {
+        st_status_t s = st_tokenizer_encode(co->tok, r->prompt, strlen(r->prompt), ST_TOK_ALLOW_SPECIAL, ids);
+        if (s != ST_OK) return s;
+        if (ids->n == 0) return ST_REJECT(ST_ERR_INVALID_ARG, "the prompt encodes to no tokens");
+        w->prompt = NULL;
+        w->n_prompt_tokens = ids->n;
+        w->prompt_tokens = (uint32_t *)ids->ids; /* ids are non-negative and below the vocabulary */
+    }
+    const int32_t *eos = NULL;
+    int n_eos = r->ignore_eos ? 0 : st_tokenizer_eos(co->tok, &eos);
+    if (r->n_stop_ids + (size_t)n_eos > ST_OPENAI_MAX_STOP)
+        return ST_REJECT(ST_ERR_INVALID_ARG, "at most %d stop ids (the checkpoint's %d eos ids count too)",
+                         ST_OPENAI_MAX_STOP - n_eos, n_eos);
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_stop_ids; i++) stops[n++] = r->stop_ids[i];
+    for (int i = 0; i < n_eos; i++) stops[n++] = (uint32_t)eos[i];
+    w->stop_ids = n ? stops : NULL;
+    w->n_stop_ids = n;
+    return ST_OK;
+}
+
 st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_req_t *r) {
     st_openai_limits_t lim = {.model = NULL, .vocab = co->cfg.vocab};
     st_openai_err_t e;
@@ -301,11 +371,18 @@ st_status_t st_coord_gen_submit(coord_t *co, gen_t *g, const st_proto_generate_r
                          "server busy: every attention worker slot is taken and %d requests are waiting",
                          co->n_waiting);
     }
-    s = st_proto_generate_req_encode(r, &g->req, &g->req_len);
+    st_tok_ids_t ids = {0};
+    uint32_t stops[ST_OPENAI_MAX_STOP];
+    st_proto_generate_req_t w;
+    s = worker_request(co, r, &ids, stops, &w);
+    if (s == ST_OK) s = st_proto_generate_req_encode(&w, &g->req, &g->req_len);
+    st_tok_ids_free(&ids);
     if (s != ST_OK) return s;
     g->co = co;
     g->t_enq = st_time_sec();
-    g->prompt_tokens = r->n_prompt_tokens ? (int)r->n_prompt_tokens : (int)strlen(r->prompt);
+    g->prompt_tokens = (int)w.n_prompt_tokens;
+    co->prompt_tokens_total += w.n_prompt_tokens;
+    st_tok_stream_init(&g->dec, ST_TOK_SKIP_SPECIAL);
     q_push(co, g, 0);
     st_coord_queue_pump(co);
     return ST_OK;

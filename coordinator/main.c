@@ -7,8 +7,8 @@
 #include "coord.h"
 #include "strata/base.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: strata-coordinator --ckpt DIR [--grpc HOST:PORT] [--http HOST:PORT] [--replicas R]\n"
+static void usage_to(FILE *out) {
+    fprintf(out, "usage: strata-coordinator --ckpt DIR [--grpc HOST:PORT] [--http HOST:PORT] [--replicas R]\n"
                     "                          [--heartbeat-ms MS] [--routing topk|quantile] [--lambda L]\n"
                     "                          [--expect-workers N] [--expect-experts N] [--model-name NAME] [--ready-file PATH]\n"
                     "                          [--api-key KEY | --api-key-file F] [--auth-all] [--max-queue N]\n"
@@ -17,8 +17,10 @@ static void usage(void) {
                     "       " ST_SEC_USAGE "\n"
                     "  --api-key-file F / $STRATA_API_KEY: clients send \"Authorization: Bearer KEY\" on /v1/* (and gRPC\n"
                     "  Generate/Status); --auth-all requires it on /metrics and /status too (/healthz, /readyz stay open).\n"
-                    "  --max-queue N: requests waiting for a worker slot (default 1024, 0: none); beyond it 429.\n");
+                    "  --max-queue N: requests waiting for a worker slot (default 1024, 0: none); beyond it 429.\n"
+                    "  HOST may be a name (localhost) or an address. --help, --version.\n");
 }
+static void usage(void) { usage_to(stderr); }
 
 static int secs_arg(const char *flag, const char *v, double *out) {
     char *end;
@@ -66,6 +68,16 @@ int main(int argc, char **argv) {
     static st_sec_opts_t sec;
     static char api_key[1024];
     const char *key_flag = NULL, *key_file = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_to(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("strata-coordinator %s\n", STRATA_VERSION);
+            return 0;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         int k = st_sec_opts_parse(&sec, argc, argv, &i);
         if (k < 0) return 2;

@@ -121,6 +121,15 @@ st_status_t st_openai_check(const st_proto_generate_req_t *r, const st_openai_li
         return refuse(e, ST_ERR_OUT_OF_RANGE, "top_k", "'top_k' must be -1..%d", ST_OPENAI_MAX_TOP_K);
     if (r->n_stop_ids > ST_OPENAI_MAX_STOP || (r->n_stop_ids && !r->stop_ids))
         return refuse(e, ST_ERR_INVALID_ARG, "stop", "at most %d stop ids", ST_OPENAI_MAX_STOP);
+    if (!(fabsf(r->presence_penalty) <= 2) || !(fabsf(r->frequency_penalty) <= 2))
+        return refuse(e, ST_ERR_OUT_OF_RANGE, r->presence_penalty != 0 ? "presence_penalty" : "frequency_penalty",
+                      "penalties must be -2..2");
+    if (r->n_logit_bias > ST_OPENAI_MAX_LOGIT_BIAS || (r->n_logit_bias && (!r->logit_bias_ids || !r->logit_bias_values)))
+        return refuse(e, ST_ERR_INVALID_ARG, "logit_bias", "at most %d logit_bias entries", ST_OPENAI_MAX_LOGIT_BIAS);
+    for (size_t i = 0; i < r->n_logit_bias; i++)
+        if ((lim->vocab > 0 && r->logit_bias_ids[i] >= (uint32_t)lim->vocab) || !(fabsf(r->logit_bias_values[i]) <= 100))
+            return refuse(e, ST_ERR_OUT_OF_RANGE, "logit_bias", "logit_bias token %u: ids below %d, values -100..100",
+                          r->logit_bias_ids[i], lim->vocab);
     for (size_t i = 0; lim->vocab > 0 && i < r->n_stop_ids; i++)
         if (r->stop_ids[i] >= (uint32_t)lim->vocab)
             return refuse(e, ST_ERR_OUT_OF_RANGE, "stop", "stop id %u is outside the vocabulary 0..%d", r->stop_ids[i],
@@ -136,34 +145,57 @@ static json_t *field(json_t *body, const char *key) {
     return v && !json_is_null(v) ? v : NULL;
 }
 
-static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t *e) {
-    st_proto_generate_req_t *r = &out->req;
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+/* One prompt: a non-empty string, or a non-empty array of token ids. */
+static st_status_t parse_one_prompt(json_t *p, char **text, uint32_t **ids, size_t *n_ids, st_openai_err_t *e) {
     if (json_is_string(p)) {
         size_t n = json_string_length(p);
         if (n == 0) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt is empty");
         if (memchr(json_string_value(p), 0, n))
             return refuse(e, ST_ERR_INVALID_ARG, "prompt", "the prompt contains a NUL character");
-        r->prompt = malloc(n + 1);
-        if (!r->prompt) return ST_ERR_NO_MEMORY;
-        memcpy(r->prompt, json_string_value(p), n + 1);
+        if (!(*text = malloc(n + 1))) return ST_ERR_NO_MEMORY;
+        memcpy(*text, json_string_value(p), n + 1);
         return ST_OK;
     }
     if (json_is_array(p) && json_array_size(p) > 0) {
         size_t n = json_array_size(p);
-        r->prompt_tokens = malloc(sizeof(uint32_t) * n);
-        if (!r->prompt_tokens) return ST_ERR_NO_MEMORY;
-        r->n_prompt_tokens = n;
+        if (!(*ids = malloc(sizeof(uint32_t) * n))) return ST_ERR_NO_MEMORY;
+        *n_ids = n;
         for (size_t i = 0; i < n; i++) {
             json_t *v = json_array_get(p, i);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX)
                 return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a token-id prompt must hold non-negative integers");
-            r->prompt_tokens[i] = (uint32_t)json_integer_value(v);
+            (*ids)[i] = (uint32_t)json_integer_value(v);
         }
         return ST_OK;
     }
     return refuse(e, ST_ERR_INVALID_ARG, "prompt",
-                  "'prompt' must be a string, a one-string array, or an array of token ids");
+                  "'prompt' must be a string, an array of token ids, or a batch: an array of strings or of "
+                  "token-id arrays");
+}
+
+/* "prompt": one prompt, or a batch (an array of strings, or of token-id arrays): the first into
+ * out->req, the others into out->batch. */
+static st_status_t parse_prompt(json_t *p, st_openai_req_t *out, st_openai_err_t *e) {
+    st_proto_generate_req_t *r = &out->req;
+    size_t n = json_array_size(p);
+    int batch = json_is_array(p) && n > 0 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
+    if (!batch) {
+        out->n_prompts = 1;
+        return parse_one_prompt(p, &r->prompt, &r->prompt_tokens, &r->n_prompt_tokens, e);
+    }
+    if (n > ST_OPENAI_MAX_CHOICES)
+        return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a batch holds at most %d prompts", ST_OPENAI_MAX_CHOICES);
+    for (size_t i = 0; i < n; i++)
+        if (!json_is_string(json_array_get(p, i)) && !json_is_array(json_array_get(p, i)))
+            return refuse(e, ST_ERR_INVALID_ARG, "prompt", "a batch is an array of strings or of token-id arrays");
+    if (n > 1 && !(out->batch = calloc(n - 1, sizeof *out->batch))) return ST_ERR_NO_MEMORY;
+    out->n_prompts = n;
+    st_status_t s = parse_one_prompt(json_array_get(p, 0), &r->prompt, &r->prompt_tokens, &r->n_prompt_tokens, e);
+    for (size_t i = 1; i < n && s == ST_OK; i++) {
+        st_openai_prompt_t *b = &out->batch[i - 1];
+        s = parse_one_prompt(json_array_get(p, i), &b->text, &b->ids, &b->n_ids, e);
+    }
+    return s;
 }
 
 /* An integer field in [lo, hi]; *out untouched when absent. 1 present, 0 absent, -1 refused. */
@@ -206,7 +238,26 @@ static int bool_field(json_t *body, const char *key, int *out, st_openai_err_t *
     return 1;
 }
 
-static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_openai_req_t *out, st_openai_err_t *e) {
+/* "stop": a string or an array of strings, each 1..ST_OPENAI_MAX_STOP_BYTES bytes */
+static st_status_t parse_stop(json_t *v, st_openai_req_t *out, st_openai_err_t *e) {
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n > ST_OPENAI_MAX_STOP_STRINGS || !(json_is_array(v) || json_is_string(v)))
+        return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' takes a string or up to %d strings",
+                      ST_OPENAI_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(x) || json_string_length(x) == 0 || json_string_length(x) > ST_OPENAI_MAX_STOP_BYTES ||
+            memchr(json_string_value(x), 0, json_string_length(x)))
+            return refuse(e, ST_ERR_INVALID_ARG, "stop", "each 'stop' string must have 1..%d bytes and no NUL",
+                          ST_OPENAI_MAX_STOP_BYTES);
+        if (!(out->stop_strs[out->n_stop_strs] = strdup(json_string_value(x)))) return ST_ERR_NO_MEMORY;
+        out->n_stop_strs++;
+    }
+    return ST_OK;
+}
+
+static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int chat, st_openai_req_t *out,
+                              st_openai_err_t *e) {
     st_proto_generate_req_t *r = &out->req;
     st_status_t s = ST_OK;
     json_t *v;
@@ -216,10 +267,31 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
             return refuse(e, ST_ERR_INVALID_ARG, "model", "model '%.120s' is not served here (this server has '%s')",
                           json_string_value(v), lim->model);
     }
-    if (!(v = field(body, "prompt"))) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "missing 'prompt'");
-    if ((s = parse_prompt(v, out, e)) != ST_OK) return s;
-    json_int_t iv = 16;
+    out->chat = chat;
+    if (chat) {
+        if (!lim->tok) return refuse(e, ST_ERR_INVALID_ARG, NULL, "chat needs the checkpoint's tokenizer");
+        if (!(v = field(body, "messages"))) return refuse(e, ST_ERR_INVALID_ARG, "messages", "missing 'messages'");
+        json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice");
+        if (choice && !(json_is_string(choice) && (!strcmp(json_string_value(choice), "auto") ||
+                                                  !strcmp(json_string_value(choice), "none"))))
+            return refuse(e, ST_ERR_INVALID_ARG, "tool_choice", "'tool_choice' supports \"auto\" and \"none\"");
+        if (choice && !strcmp(json_string_value(choice), "none")) tools = NULL;
+        st_chat_prompt_t p;
+        if ((s = st_chat_render(lim->tok, v, tools, &p, e)) != ST_OK) return s;
+        out->tools = json_array_size(tools) > 0;
+        r->n_prompt_tokens = p.ids.n;
+        r->prompt_tokens = (uint32_t *)p.ids.ids; /* the tokenizer's ids are non-negative */
+        p.ids.ids = NULL;
+        p.ids.n = 0;
+        st_chat_prompt_cleanup(&p);
+        out->n_prompts = 1;
+    } else {
+        if (!(v = field(body, "prompt"))) return refuse(e, ST_ERR_INVALID_ARG, "prompt", "missing 'prompt'");
+        if ((s = parse_prompt(v, out, e)) != ST_OK) return s;
+    }
+    json_int_t iv = chat ? ST_OPENAI_MAX_TOKENS : 16;
     if (int_field(body, "max_tokens", 1, ST_OPENAI_MAX_TOKENS, &iv, e, &s) < 0) return s;
+    if (chat && int_field(body, "max_completion_tokens", 1, ST_OPENAI_MAX_TOKENS, &iv, e, &s) < 0) return s;
     r->max_tokens = (uint32_t)iv;
     double dv = 1.0;
     if (num_field(body, "temperature", 0, ST_OPENAI_MAX_TEMPERATURE, &dv, e, &s) < 0) return s;
@@ -236,41 +308,89 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, st_op
         r->seed = (uint64_t)iv;
         r->has_seed = 1;
     }
-    if (int_field(body, "n", 1, 1, &iv, e, &s) < 0) return refuse(e, s, "n", "only n = 1 is supported");
+    iv = 1;
+    if (int_field(body, "n", 1, ST_OPENAI_MAX_CHOICES, &iv, e, &s) < 0) return s;
+    out->n = (int)iv;
+    if ((size_t)out->n * (out->n_prompts ? out->n_prompts : 1) > ST_OPENAI_MAX_CHOICES)
+        return refuse(e, ST_ERR_INVALID_ARG, "n", "n x prompts is at most %d choices", ST_OPENAI_MAX_CHOICES);
     if (int_field(body, "best_of", 1, 1, &iv, e, &s) < 0)
         return refuse(e, s, "best_of", "only best_of = 1 is supported");
-    if (int_field(body, "logprobs", 0, 0, &iv, e, &s) < 0)
-        return refuse(e, ST_ERR_INVALID_ARG, "logprobs", "logprobs are not supported");
     int b = 0;
-    if (bool_field(body, "echo", &b, e, &s) < 0) return s;
-    if (b) return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo is not supported");
+    out->logprobs = -1;
+    if (chat) {
+        if (bool_field(body, "logprobs", &b, e, &s) < 0) return s;
+        iv = 0;
+        int k = int_field(body, "top_logprobs", 0, ST_OPENAI_MAX_LOGPROBS, &iv, e, &s);
+        if (k < 0) return s;
+        if (k > 0 && !b) return refuse(e, ST_ERR_INVALID_ARG, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (b) out->logprobs = (int)iv;
+    } else {
+        iv = -1;
+        if (int_field(body, "logprobs", 0, ST_OPENAI_MAX_LOGPROBS, &iv, e, &s) < 0) return s;
+        out->logprobs = (int)iv;
+    }
+    r->dump_logits = out->logprobs >= 0; /* the worker sends each token's logits row; the coordinator reduces it */
+    dv = 0;
+    if (num_field(body, "presence_penalty", -2, 2, &dv, e, &s) < 0) return s;
+    r->presence_penalty = (float)dv;
+    dv = 0;
+    if (num_field(body, "frequency_penalty", -2, 2, &dv, e, &s) < 0) return s;
+    r->frequency_penalty = (float)dv;
+    if ((v = field(body, "logit_bias"))) {
+        if (!json_is_object(v) || json_object_size(v) > ST_OPENAI_MAX_LOGIT_BIAS)
+            return refuse(e, ST_ERR_INVALID_ARG, "logit_bias", "'logit_bias' maps up to %d token ids to -100..100",
+                          ST_OPENAI_MAX_LOGIT_BIAS);
+        const char *key;
+        json_t *x;
+        size_t n = 0;
+        json_object_foreach(v, key, x) {
+            char *end;
+            unsigned long id = strtoul(key, &end, 10);
+            double bv = json_is_number(x) ? json_number_value(x) : NAN;
+            if (!key[0] || *end || key[0] == '-' || key[0] == '+' || id > UINT32_MAX || !(bv >= -100 && bv <= 100))
+                return refuse(e, ST_ERR_INVALID_ARG, "logit_bias",
+                              "'logit_bias' keys are token ids (decimal) and values numbers -100..100 ('%.40s')", key);
+            out->bias_ids[n] = (uint32_t)id;
+            out->bias_values[n++] = (float)bv;
+        }
+        r->n_logit_bias = n;
+        r->logit_bias_ids = n ? out->bias_ids : NULL;
+        r->logit_bias_values = n ? out->bias_values : NULL;
+    }
+    b = 0;
+    if (!chat) {
+        if (bool_field(body, "echo", &b, e, &s) < 0) return s;
+        out->echo = b;
+        for (size_t i = 0; b && i < out->n_prompts; i++)
+            if (!(i ? out->batch[i - 1].text : r->prompt))
+                return refuse(e, ST_ERR_INVALID_ARG, "echo", "echo needs text prompts");
+    }
     b = 0;
     if (bool_field(body, "ignore_eos", &b, e, &s) < 0) return s; /* vLLM's extension */
     r->ignore_eos = b;
     b = 0;
     if (bool_field(body, "stream", &b, e, &s) < 0) return s;
     out->stream = b;
-    if ((v = field(body, "stop"))) {
-        /* byte-level tokenizer: a one-byte stop string is a stop token */
-        size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        if (n > ST_OPENAI_MAX_STOP)
-            return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
-                          ST_OPENAI_MAX_STOP);
-        for (size_t i = 0; i < n; i++) {
-            json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
-            if (!json_is_string(x) || json_string_length(x) != 1 || (unsigned char)json_string_value(x)[0] >= 0x80)
-                return refuse(e, ST_ERR_INVALID_ARG, "stop", "'stop' supports up to %d single-byte strings",
-                              ST_OPENAI_MAX_STOP);
-            out->stops[i] = (unsigned char)json_string_value(x)[0];
-        }
-        r->stop_ids = n ? out->stops : NULL;
-        r->n_stop_ids = n;
+    if ((v = field(body, "stream_options"))) {
+        if (!json_is_object(v)) return refuse(e, ST_ERR_INVALID_ARG, "stream_options", "'stream_options' must be an object");
+        b = 0;
+        if (bool_field(v, "include_usage", &b, e, &s) < 0) return s;
+        out->include_usage = b;
     }
-    return st_openai_check(r, lim, e);
+    if ((v = field(body, "stop")) && (s = parse_stop(v, out, e)) != ST_OK) return s;
+    if ((s = st_openai_check(r, lim, e)) != ST_OK) return s;
+    for (size_t i = 1; i < out->n_prompts; i++) { /* each prompt of a batch passes the same checks */
+        st_proto_generate_req_t o = *r;
+        o.prompt = out->batch[i - 1].text;
+        o.prompt_tokens = out->batch[i - 1].ids;
+        o.n_prompt_tokens = out->batch[i - 1].n_ids;
+        if ((s = st_openai_check(&o, lim, e)) != ST_OK) return s;
+    }
+    return ST_OK;
 }
 
-st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
-                                       st_openai_req_t *out, st_openai_err_t *e) {
+static st_status_t parse_any(const char *body, size_t len, const st_openai_limits_t *lim, int chat, st_openai_req_t *out,
+                             st_openai_err_t *e) {
     st_openai_req_t r;
     memset(&r, 0, sizeof r);
     e->message[0] = 0;
@@ -284,7 +404,7 @@ st_status_t st_openai_parse_completion(const char *body, size_t len, const st_op
                           je.text, je.line, je.column);
         return refuse(e, ST_ERR_INVALID_ARG, NULL, "the request body must be a JSON object");
     }
-    st_status_t s = parse_body(j, lim, &r, e);
+    st_status_t s = parse_body(j, lim, chat, &r, e);
     json_decref(j);
     if (s != ST_OK) {
         st_openai_req_cleanup(&r);
@@ -292,10 +412,30 @@ st_status_t st_openai_parse_completion(const char *body, size_t len, const st_op
     }
     *out = r;
     if (out->req.n_stop_ids) out->req.stop_ids = out->stops; /* into *out, not the local copy */
+    if (out->req.n_logit_bias) {
+        out->req.logit_bias_ids = out->bias_ids;
+        out->req.logit_bias_values = out->bias_values;
+    }
     return ST_OK;
 }
 
+st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
+                                       st_openai_req_t *out, st_openai_err_t *e) {
+    return parse_any(body, len, lim, 0, out, e);
+}
+
+st_status_t st_openai_parse_chat(const char *body, size_t len, const st_openai_limits_t *lim, st_openai_req_t *out,
+                                 st_openai_err_t *e) {
+    return parse_any(body, len, lim, 1, out, e);
+}
+
 void st_openai_req_cleanup(st_openai_req_t *r) {
+    for (size_t i = 0; i < r->n_stop_strs; i++) free(r->stop_strs[i]);
+    for (size_t i = 0; r->batch && i + 1 < r->n_prompts; i++) {
+        free(r->batch[i].text);
+        free(r->batch[i].ids);
+    }
+    free(r->batch);
     free(r->req.prompt);
     free(r->req.prompt_tokens);
     memset(r, 0, sizeof *r);

@@ -8,25 +8,49 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "strata/base.h"
+#include "strata/model.h"
 #include "strata/proto.h"
 
 #define ST_OPENAI_MAX_TOKENS 1000000u /* max_tokens: 1..this */
 #define ST_OPENAI_MAX_TOP_K 1000000   /* top_k: -1 or 0 (off) .. this */
 #define ST_OPENAI_MAX_TEMPERATURE 100.0
 #define ST_OPENAI_MAX_STOP 16
+#define ST_OPENAI_MAX_STOP_STRINGS 16   /* "stop": strings of any length up to ST_OPENAI_MAX_STOP_BYTES */
+#define ST_OPENAI_MAX_STOP_BYTES 1024
+#define ST_OPENAI_MAX_CHOICES 64        /* n x prompts of a batch */
+#define ST_OPENAI_MAX_LOGPROBS 20       /* top_logprobs (chat) / logprobs (completions) */
+#define ST_OPENAI_MAX_LOGIT_BIAS 300    /* logit_bias entries */
 
 typedef struct {
     const char *model; /* the served model's name: another "model" is a 400 */
     int vocab;         /* token ids (prompt and stop) must be below it; 0: not checked */
+    const st_tokenizer_t *tok; /* chat: renders and encodes the conversation (required for chat) */
 } st_openai_limits_t;
 
-/* A parsed /v1/completions request. req's pointers point into this struct's own allocations:
- * release with st_openai_req_cleanup. */
+typedef struct {
+    char *text;    /* or */
+    uint32_t *ids; /* token ids */
+    size_t n_ids;
+} st_openai_prompt_t;
+
+/* A parsed /v1/completions or /v1/chat/completions request. req's pointers point into this
+ * struct's own allocations: release with st_openai_req_cleanup. */
 typedef struct {
     st_proto_generate_req_t req;
-    int stream;
+    int stream, chat, include_usage, echo;
+    int tools;                        /* chat: tools were declared (tool calls are parsed back) */
+    int n;                            /* choices per prompt */
+    int logprobs;                     /* -1: none; else the sampled token's logprob and this many top ones */
+    size_t n_prompts;                 /* 1, or a completions batch: req holds the first prompt, */
+    st_openai_prompt_t *batch;        /* batch[i - 1] prompt i (n_prompts - 1 of them) */
+    size_t n_stop_strs;
+    char *stop_strs[ST_OPENAI_MAX_STOP_STRINGS]; /* NUL-terminated, never empty */
     uint32_t stops[ST_OPENAI_MAX_STOP];
+    uint32_t bias_ids[ST_OPENAI_MAX_LOGIT_BIAS]; /* req.logit_bias_* point here */
+    float bias_values[ST_OPENAI_MAX_LOGIT_BIAS];
 } st_openai_req_t;
 
 /* Why a request was refused: the OpenAI error "message" and "param" (NULL when no one field). */
@@ -40,7 +64,40 @@ typedef struct {
  * ST_ERR_NO_MEMORY otherwise. Every numeric field is range-checked before it is converted. */
 st_status_t st_openai_parse_completion(const char *body, size_t len, const st_openai_limits_t *lim,
                                        st_openai_req_t *out, st_openai_err_t *err);
+/* The same for a /v1/chat/completions body: "messages" are rendered in Kimi's chat format (see
+ * chat.c) and encoded with lim->tok into req.prompt_tokens; "max_completion_tokens" is max_tokens,
+ * "stream_options.include_usage" is honoured, "tools" are declared to the model. */
+st_status_t st_openai_parse_chat(const char *body, size_t len, const st_openai_limits_t *lim, st_openai_req_t *out,
+                                 st_openai_err_t *err);
 void st_openai_req_cleanup(st_openai_req_t *r);
+
+/* ---- Kimi's chat format (chat.c) ----
+ * The K2 / Kimi Linear grammar: <|im_system|>/<|im_user|>/<|im_assistant|> + role (or name) +
+ * <|im_middle|> + content + <|im_end|>, the default system message when the first message is not
+ * a system one, the tool declaration, assistant tool calls and tool results as K2's official
+ * template renders them (tests/coordinator/data/kimi-k2-instruct-0905.jinja, checked with Jinja2),
+ * then the assistant's turn. Template markup becomes special-token ids; everything a client wrote
+ * (content, names, ids, arguments) is encoded with special tokens read as plain text, so a user
+ * typing "<|im_end|>" cannot end a turn. With a tokenizer that lacks a marker (the byte
+ * tokenizer), the marker is encoded as text. */
+typedef struct {
+    st_tok_ids_t ids; /* the prompt's token ids */
+    char *text;       /* the rendered prompt (markers as their text), NUL-terminated */
+    size_t len;
+} st_chat_prompt_t;
+/* messages: the request's "messages" array; tools: its "tools" array or NULL. ST_OK fills *out;
+ * ST_ERR_INVALID_ARG fills *err (a client's mistake); ST_ERR_NO_MEMORY / ST_ERR_INTERNAL. */
+st_status_t st_chat_render(const st_tokenizer_t *tk, const json_t *messages, const json_t *tools, st_chat_prompt_t *out,
+                           st_openai_err_t *err);
+void st_chat_prompt_cleanup(st_chat_prompt_t *p);
+/* Kimi's tool-call section in generated text: <|tool_calls_section_begin|> (<|tool_call_begin|> ID
+ * <|tool_call_argument_begin|> ARGS <|tool_call_end|>)* <|tool_calls_section_end|>. Returns the
+ * OpenAI "tool_calls" array (id ID, function name from "functions.NAME:IDX", arguments ARGS) and
+ * *content_len, the length of the text before the section; NULL when text has no complete call. */
+json_t *st_chat_tool_calls(const char *text, size_t len, size_t *content_len);
+/* json.dumps(v, ensure_ascii=False) as Python writes it (Hugging Face's tojson): ", " and ": "
+ * separators, floats in repr form. malloc'd, NULL on no memory. */
+char *st_chat_tojson(const json_t *v);
 
 /* The checks every Generate request passes before it is queued or proxied (also the gRPC one,
  * decoded from protobuf). ST_OK, or ST_ERR_INVALID_ARG / ST_ERR_OUT_OF_RANGE with *err filled. */

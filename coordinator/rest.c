@@ -257,30 +257,130 @@ static const char *prom_num(char out[48], double v) {
     return out;
 }
 
-static void hist_metric(buf_t *b, const char *name, const char *help, const st_hist_t *h) {
+/* A histogram; labels ("k=\"v\"" pairs, comma-separated, or "") go on every series. */
+static void hist_metric(buf_t *b, const char *name, const char *help, const char *labels, const st_hist_t *h) {
     char nb[48];
+    const char *sep = labels[0] ? "," : "";
     bprintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < HIST_BUCKETS; i++) {
         cum += h->count[i];
-        bprintf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        bprintf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->le[i], (unsigned long long)cum);
     }
     cum += h->count[HIST_BUCKETS];
-    bprintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %s\n%s_count %llu\n", name, (unsigned long long)cum, name, prom_num(nb, h->sum), name,
+    bprintf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
+    bprintf(b, "%s_sum{%s} %s\n%s_count{%s} %llu\n", name, labels, prom_num(nb, h->sum), name, labels,
             (unsigned long long)h->n);
 }
 
-char *st_coord_metrics_text(coord_t *co, size_t *len) {
+/* A Prometheus label value: backslash, double quote and newline escaped; at most cap - 1 bytes. */
+static void label_value(char *out, size_t cap, const char *v) {
+    size_t o = 0;
+    for (; *v && o + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') out[o++] = '\\';
+        if (*v == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+            continue;
+        }
+        out[o++] = *v;
+    }
+    out[o] = 0;
+}
+
+#define TOP_EXPERTS 10 /* the most loaded experts listed in /metrics */
+
+/* Expert load of the last reported step, summarised: tokens per expert server (an expert's tokens
+ * shared among its holders), the TOP_EXPERTS most loaded (layer, expert), and max/mean over the
+ * experts of the most skewed layer. Never one series per expert (K3 has ~82k). */
+static void expert_load_metrics(coord_t *co, buf_t *b) {
     const st_config_t *c = &co->cfg;
+    size_t cells = (size_t)c->n_layers * c->n_experts;
+    uint64_t *load = calloc(cells + 1, sizeof(uint64_t));
+    double *per = calloc((size_t)co->n_members + 1, sizeof(double));
+    if (!load || !per) {
+        free(load);
+        free(per);
+        return;
+    }
+    last_load(co, load);
+    size_t top[TOP_EXPERTS];
+    int nt = 0;
+    double maxmean = 0;
+    for (int l = c->first_k_dense; l < c->n_layers; l++) {
+        uint64_t sum = 0, mx = 0;
+        for (int e = 0; e < c->n_experts; e++) {
+            size_t k = (size_t)l * c->n_experts + e;
+            uint64_t v = load[k];
+            sum += v;
+            mx = v > mx ? v : mx;
+            const uint64_t *hold = st_placement_holders(&co->place, l - c->first_k_dense, e);
+            int nh = 0;
+            for (int r = 0; r < co->place.replicas; r++) nh += hold[r] != 0;
+            for (int r = 0; r < co->place.replicas && v; r++)
+                for (int i = 0; hold[r] && i < co->n_members; i++)
+                    if (co->members[i].id == hold[r]) per[i] += (double)v / nh;
+            if (!v) continue;
+            if (nt == TOP_EXPERTS && load[top[TOP_EXPERTS - 1]] >= v) continue;
+            int j = nt < TOP_EXPERTS ? nt++ : TOP_EXPERTS - 1; /* insertion, descending */
+            while (j > 0 && load[top[j - 1]] < v) {
+                top[j] = top[j - 1];
+                j--;
+            }
+            top[j] = k;
+        }
+        if (sum) maxmean = fmax(maxmean, (double)mx * c->n_experts / (double)sum);
+    }
+    char nb[48], name[160];
+    bprintf(b, "# HELP strata:expert_server_load_tokens Tokens routed in the last reported step to the experts an "
+               "expert server holds (shared among an expert's holders).\n# TYPE strata:expert_server_load_tokens gauge\n");
+    for (int i = 0; i < co->n_members; i++) {
+        const member_t *m = &co->members[i];
+        if (m->role != ST_PROTO_ROLE_EXPERT || !m->alive) continue;
+        label_value(name, sizeof name, m->name[0] ? m->name : m->endpoint);
+        bprintf(b, "strata:expert_server_load_tokens{server=\"%s\"} %s\n", name, prom_num(nb, per[i]));
+    }
+    bprintf(b, "# HELP strata:expert_load_top_tokens The most loaded experts of the last reported step.\n"
+               "# TYPE strata:expert_load_top_tokens gauge\n");
+    for (int i = 0; i < nt; i++)
+        bprintf(b, "strata:expert_load_top_tokens{rank=\"%d\",layer=\"%zu\",expert=\"%zu\"} %llu\n", i + 1,
+                top[i] / (size_t)c->n_experts, top[i] % (size_t)c->n_experts, (unsigned long long)load[top[i]]);
+    bprintf(b, "# HELP strata:expert_load_max_over_mean Most loaded expert over the mean, in the most skewed layer "
+               "of the last reported step.\n# TYPE strata:expert_load_max_over_mean gauge\n"
+               "strata:expert_load_max_over_mean %s\n", prom_num(nb, maxmean));
+    free(load);
+    free(per);
+}
+
+char *st_coord_metrics_text(coord_t *co, size_t *len) {
     buf_t b = {0};
     char nb[48];
     bprintf(&b, "# HELP strata_requests_total Generate requests by outcome.\n# TYPE strata_requests_total counter\n");
     bprintf(&b, "strata_requests_total{outcome=\"ok\"} %llu\nstrata_requests_total{outcome=\"error\"} %llu\n",
             (unsigned long long)co->requests_ok, (unsigned long long)co->requests_err);
-    bprintf(&b, "# HELP strata_requests_active Requests being generated now.\n# TYPE strata_requests_active gauge\n"
-                "strata_requests_active %d\n", co->active_requests);
-    bprintf(&b, "# HELP strata_requests_waiting Requests queued for a free attention worker slot.\n"
-                "# TYPE strata_requests_waiting gauge\nstrata_requests_waiting %d\n", co->n_waiting);
+    char mn[300], ml[320];
+    label_value(mn, sizeof mn, co->model);
+    snprintf(ml, sizeof ml, "model_name=\"%s\"", mn);
+    /* the request-level series as vLLM names and labels them */
+    bprintf(&b, "# HELP strata:num_requests_running Requests being generated now.\n"
+                "# TYPE strata:num_requests_running gauge\nstrata:num_requests_running{%s} %d\n", ml, co->active_requests);
+    bprintf(&b, "# HELP strata:num_requests_waiting Requests queued for a free attention worker slot.\n"
+                "# TYPE strata:num_requests_waiting gauge\nstrata:num_requests_waiting{%s} %d\n", ml, co->n_waiting);
+    bprintf(&b, "# HELP strata:prompt_tokens_total Prompt tokens of the requests started.\n"
+                "# TYPE strata:prompt_tokens_total counter\nstrata:prompt_tokens_total{%s} %llu\n", ml,
+            (unsigned long long)co->prompt_tokens_total);
+    bprintf(&b, "# HELP strata:generation_tokens_total Tokens generated for clients.\n"
+                "# TYPE strata:generation_tokens_total counter\nstrata:generation_tokens_total{%s} %llu\n", ml,
+            (unsigned long long)co->tokens_total);
+    bprintf(&b, "# HELP strata:request_success_total Requests finished, by finish reason.\n"
+                "# TYPE strata:request_success_total counter\n"
+                "strata:request_success_total{%s,finished_reason=\"stop\"} %llu\n"
+                "strata:request_success_total{%s,finished_reason=\"length\"} %llu\n",
+            ml, (unsigned long long)co->finished_stop, ml, (unsigned long long)co->finished_length);
+    hist_metric(&b, "strata:time_to_first_token_seconds", "Time from request to first token.", ml, &co->ttft);
+    hist_metric(&b, "strata:time_per_output_token_seconds", "Time between tokens of a request.", ml, &co->tpot);
+    hist_metric(&b, "strata:e2e_request_latency_seconds", "Time from arrival to the last token of finished requests.", ml,
+                &co->e2e);
     bprintf(&b, "# HELP strata_requests_rejected_total Requests refused for load: queue full (429) or queue wait timed out (503).\n"
                 "# TYPE strata_requests_rejected_total counter\nstrata_requests_rejected_total{reason=\"queue_full\"} %llu\n"
                 "strata_requests_rejected_total{reason=\"queue_timeout\"} %llu\n",
@@ -293,8 +393,6 @@ char *st_coord_metrics_text(coord_t *co, size_t *len) {
             (unsigned long long)co->idle_timeouts, (unsigned long long)co->workers_lost_cancelled);
     bprintf(&b, "# HELP strata_loop_stall_max_seconds Longest stall of the coordinator's event loop over the last 60 s.\n"
                 "# TYPE strata_loop_stall_max_seconds gauge\nstrata_loop_stall_max_seconds %s\n", prom_num(nb, st_coord_stall_max_60s(co)));
-    bprintf(&b, "# HELP strata_tokens_generated_total Tokens streamed to clients.\n# TYPE strata_tokens_generated_total counter\n"
-                "strata_tokens_generated_total %llu\n", (unsigned long long)co->tokens_total);
     bprintf(&b, "# HELP strata_worker_steps_total Steps reported by attention workers.\n# TYPE strata_worker_steps_total counter\n"
                 "strata_worker_steps_total %llu\n", (unsigned long long)co->steps_total);
     bprintf(&b, "# HELP strata_dispatch_bytes_total Bytes attention workers sent to expert servers.\n"
@@ -317,20 +415,7 @@ char *st_coord_metrics_text(coord_t *co, size_t *len) {
         bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", stages[k], prom_num(nb, co->stage_s[k]));
     bprintf(&b, "# HELP strata_reply_bytes_total Bytes expert servers sent back.\n# TYPE strata_reply_bytes_total counter\n"
                 "strata_reply_bytes_total %llu\n", (unsigned long long)co->reply_bytes);
-    hist_metric(&b, "strata_time_to_first_token_seconds", "Time from request to first token.", &co->ttft);
-    hist_metric(&b, "strata_time_per_output_token_seconds", "Time between tokens of a request.", &co->tpot);
-    size_t cells = (size_t)c->n_layers * c->n_experts;
-    uint64_t *load = calloc(cells + 1, sizeof(uint64_t));
-    if (load) {
-        last_load(co, load);
-        bprintf(&b, "# HELP strata_expert_load_tokens Tokens routed to an expert in the last reported step.\n"
-                    "# TYPE strata_expert_load_tokens gauge\n");
-        for (int l = c->first_k_dense; l < c->n_layers; l++)
-            for (int e = 0; e < c->n_experts; e++)
-                bprintf(&b, "strata_expert_load_tokens{layer=\"%d\",expert=\"%d\"} %llu\n", l, e,
-                        (unsigned long long)load[(size_t)l * c->n_experts + e]);
-        free(load);
-    }
+    expert_load_metrics(co, &b);
     if (!b.p) return NULL;
     *len = b.n;
     return b.p;
@@ -387,24 +472,88 @@ static void h_models(const st_http_req_t *req, st_http_res_t *res, void *arg) {
     coord_t *co = arg;
     if (!authorized(co, req, res)) return;
     json_reply(res, 200, json_pack("{s:s, s:[{s:o, s:s, s:I, s:s}]}", "object", "list", "data", "id", jstr(co->model), "object",
-                                   "model", "created", (json_int_t)co->t_start, "owned_by", "strata"));
+                                   "model", "created", (json_int_t)co->t_wall_start, "owned_by", "strata"));
 }
 
-/* ================================================================ /v1/completions */
+/* ================================================================ /v1/completions, /v1/chat/completions */
 
-static json_t *completion_obj(gen_t *g, const char *text, size_t len, const char *finish) {
+/* One HTTP request: its choices are gen_t's (n per prompt, every prompt of a batch), each queued
+ * and proxied on its own; the response is written here as they stream and end. Freed when every
+ * choice has been answered (st_coord_http_done). */
+typedef struct hreq {
+    coord_t *co;
+    st_http_res_t *res; /* NULL once the response is complete (or the client gone) */
+    int stream, chat, tools, include_usage, begun, gone, answered;
+    char **stop;        /* stop strings (owned), never in the text the client gets */
+    size_t n_stop;
+    char id[48];
+    int64_t created;
+    int n_choices, n_per;  /* n_per: choices per prompt (the request's n) */
+    int n_open;            /* choices not answered yet, plus one while a caller holds h */
+    gen_t **kids;          /* [n_choices]; a kid's slot is cleared when it is answered */
+    int *done_tokens, *done_prompt; /* per choice once answered */
+    st_proto_finish_t *done_finish;
+    char **done_text;                /* plain responses: each choice's final text (owned) */
+    json_t **done_calls;             /* plain responses: each choice's tool calls */
+    json_t **done_lp;                /* plain responses: each choice's logprobs */
+    st_status_t status;              /* the first failure, if any */
+    char err[256];
+} hreq_t;
+
+static const char *finish_of(st_proto_finish_t f) {
+    if (f == ST_PROTO_FINISH_LENGTH) return "length";
+    return f == ST_PROTO_FINISH_STOP ? "stop" : NULL;
+}
+
+static json_t *jtext(const char *text, size_t len) {
     json_t *t = json_stringn(text, len); /* text is st_openai_utf8_clean's output: always valid */
-    return json_pack("{s:s, s:s, s:I, s:o, s:[{s:o, s:i, s:n, s:s?}]}", "id", g->id, "object", "text_completion", "created",
-                     (json_int_t)time(NULL), "model", jstr(g->co->model), "choices", "text", t ? t : json_string(""), "index", 0,
-                     "logprobs", "finish_reason", finish);
+    return t ? t : json_string("");
 }
 
-static const char *finish_name(st_proto_finish_t f) {
-    return f == ST_PROTO_FINISH_STOP ? "stop" : f == ST_PROTO_FINISH_LENGTH ? "length" : NULL;
+/* One choice of a response (plain) or of a chunk (stream) holding text [text, len). */
+static json_t *choice_json(hreq_t *h, int index, int *role_sent, const char *text, size_t len, const char *finish,
+                           json_t *tool_calls, json_t *lp, int stream) {
+    if (!lp) lp = json_null();
+    if (!h->chat) {
+        json_decref(tool_calls);
+        return json_pack("{s:o, s:i, s:o, s:s?}", "text", jtext(text, len), "index", index, "logprobs", lp,
+                         "finish_reason", finish);
+    }
+    json_t *m = json_object();
+    if (!stream || !*role_sent) json_object_set_new(m, "role", json_string("assistant"));
+    *role_sent = 1;
+    if (!stream || len) json_object_set_new(m, "content", len || !tool_calls ? jtext(text, len) : json_null());
+    if (tool_calls) {
+        if (stream)
+            for (size_t i = 0; i < json_array_size(tool_calls); i++)
+                json_object_set_new(json_array_get(tool_calls, i), "index", json_integer((json_int_t)i));
+        json_object_set_new(m, "tool_calls", tool_calls);
+    }
+    return json_pack("{s:i, s:o, s:o, s:s?}", "index", index, stream ? "delta" : "message", m, "logprobs", lp,
+                     "finish_reason", finish);
 }
 
-static void text_append(gen_t *g, const char *s) {
-    size_t n = strlen(s);
+static json_t *response_json(hreq_t *h, json_t *choices, int stream) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:o, s:o}", "id", h->id, "object",
+                          h->chat ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion",
+                          "created", (json_int_t)h->created, "model", jstr(h->co->model), "choices", choices);
+    if (o && stream && h->include_usage) json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+/* Usage: prompt tokens once per prompt (a batch's prompts each once, whatever n), completion
+ * tokens of every choice. */
+static json_t *usage_json(const hreq_t *h) {
+    long p = 0, c = 0;
+    for (int i = 0; i < h->n_choices; i++) {
+        c += h->done_tokens[i];
+        if (i % h->n_per == 0) p += h->done_prompt[i];
+    }
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
+                     "total_tokens", (json_int_t)(p + c));
+}
+
+static void text_append(gen_t *g, const char *s, size_t n) {
     if (g->text_len + n + 1 > g->text_cap) {
         size_t nc = (g->text_cap + n + 1) * 2;
         char *np = realloc(g->text, nc);
@@ -412,121 +561,439 @@ static void text_append(gen_t *g, const char *s) {
         g->text = np;
         g->text_cap = nc;
     }
-    memcpy(g->text + g->text_len, s, n + 1);
+    memcpy(g->text + g->text_len, s, n);
     g->text_len += n;
+    g->text[g->text_len] = 0;
 }
 
-static void sse_json(gen_t *g, json_t *o) {
+static void sse_json(hreq_t *h, json_t *o) {
     char *js = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    if (js) st_http_res_sse(g->res, NULL, js);
-    else st_log_error("coordinator: %s: an event could not be encoded", g->id);
+    if (js) st_http_res_sse(h->res, NULL, js);
+    else st_log_error("coordinator: %s: an event could not be encoded", h->id);
     free(js);
     json_decref(o);
 }
 
-/* NOTE: a stream's 200 is sent with the worker's first good chunk, not before: an error before
- * then (a refusal, a lost worker, a client's mistake the worker found) is a proper HTTP status. */
-void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
-    if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return; /* gen.c keeps the error */
-    if (ch->text && ch->text[0]) text_append(g, ch->text);
-    if (!g->stream || g->http_gone) return;
-    if (!g->http_begun) {
-        g->http_begun = 1;
-        st_http_res_stream_begin(g->res, 200, "text/event-stream");
+/* ---- logprobs: the worker sends each token's logits row; reduced here to the sampled token's
+ * log-probability and the top k (of the model's distribution, before temperature) */
+
+static json_t *lp_token(const st_tokenizer_t *tk, int32_t id, double lp) {
+    const char *b = "";
+    size_t n = 0;
+    if (st_tokenizer_token_bytes(tk, id, &b, &n) != ST_OK) n = 0;
+    char *clean = malloc(3 * n + 1);
+    size_t cl = 0;
+    if (clean) st_openai_utf8_clean((const unsigned char *)b, n, clean, &cl, 1);
+    json_t *bytes = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)b[i]));
+    json_t *o = json_pack("{s:o, s:f, s:o}", "token", jtext(clean ? clean : "", cl), "logprob", lp, "bytes", bytes);
+    free(clean);
+    return o;
+}
+
+static void lp_add(gen_t *g, const st_proto_generate_chunk_t *ch, size_t off) {
+    const st_tokenizer_t *tk = g->co->tok;
+    size_t V = ch->logits_len / sizeof(float);
+    if (!V || ch->token_id >= V) return;
+    float x, best[ST_OPENAI_MAX_LOGPROBS];
+    int32_t best_id[ST_OPENAI_MAX_LOGPROBS];
+    int nb = 0, k = g->lp_k;
+    double mx = -INFINITY, sum = 0;
+    for (size_t i = 0; i < V; i++) {
+        memcpy(&x, ch->logits + i * sizeof x, sizeof x);
+        if (x > mx) mx = x;
     }
-    /* emit the complete characters that arrived since the last event */
-    int final = ch->finish != ST_PROTO_FINISH_NONE;
-    size_t n = g->text_len - g->emitted, cl = 0;
+    for (size_t i = 0; i < V; i++) {
+        memcpy(&x, ch->logits + i * sizeof x, sizeof x);
+        sum += exp((double)x - mx);
+        if (k > 0 && (nb < k || x > best[nb - 1])) { /* insertion into the top k, descending */
+            int j = nb < k ? nb++ : k - 1;
+            while (j > 0 && best[j - 1] < x) {
+                best[j] = best[j - 1];
+                best_id[j] = best_id[j - 1];
+                j--;
+            }
+            best[j] = x;
+            best_id[j] = (int32_t)i;
+        }
+    }
+    double lse = mx + log(sum);
+    memcpy(&x, ch->logits + (size_t)ch->token_id * sizeof x, sizeof x);
+    json_t *e = lp_token(tk, (int32_t)ch->token_id, (double)x - lse), *top = json_array();
+    for (int i = 0; i < nb; i++) json_array_append_new(top, lp_token(tk, best_id[i], (double)best[i] - lse));
+    json_object_set_new(e, "top_logprobs", top);
+    size_t n = json_array_size(g->lp);
+    size_t *no = realloc(g->lp_off, (n + 1) * sizeof *no);
+    if (!e || !no) {
+        json_decref(e);
+        if (no) g->lp_off = no;
+        return;
+    }
+    g->lp_off = no;
+    g->lp_off[n] = off;
+    json_array_append_new(g->lp, e);
+}
+
+/* The entries not sent yet whose text starts before upto, in the response's shape: chat
+ * {"content": [...]}, completions {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+ * NULL without logprobs. */
+static json_t *lp_take(const hreq_t *h, gen_t *g, size_t upto) {
+    if (g->lp_k < 0) return NULL;
+    size_t j = g->lp_sent, n = json_array_size(g->lp), base = g->echo ? strlen(g->echo) : 0;
+    json_t *content = json_array(), *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (; j < n && g->lp_off[j] < upto; j++) {
+        json_t *e = json_array_get(g->lp, j);
+        json_array_append(content, e);
+        json_array_append(toks, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_t *d = json_object(), *t;
+        size_t i;
+        json_array_foreach(json_object_get(e, "top_logprobs"), i, t)
+            json_object_set(d, json_string_value(json_object_get(t, "token")), json_object_get(t, "logprob"));
+        json_array_append_new(tops, d);
+        json_array_append_new(offs, json_integer((json_int_t)(base + g->lp_off[j])));
+    }
+    g->lp_sent = j;
+    if (h->chat) {
+        json_decref(toks);
+        json_decref(lps);
+        json_decref(tops);
+        json_decref(offs);
+        return json_pack("{s:o}", "content", content);
+    }
+    json_decref(content);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset",
+                     offs);
+}
+
+/* At the end every token's entry goes out (those without text too), except the ones from where
+ * a stop string began. */
+static size_t lp_end(const gen_t *g) { return g->stop_hit ? g->text_len : (size_t)-1; }
+
+static void sse_choice(hreq_t *h, gen_t *g, const char *text, size_t len, const char *finish, json_t *calls, json_t *lp) {
+    sse_json(h, response_json(h, json_pack("[o]", choice_json(h, g->index, &g->role_sent, text, len, finish, calls, lp, 1)),
+                              1));
+}
+
+static const char TOOL_SECTION[] = "<|tool_calls_section_begin|>";
+
+static const char *find_bytes(const char *hay, size_t hn, const char *n, size_t nn) {
+    for (size_t i = 0; nn <= hn && i + nn <= hn; i++)
+        if (hay[i] == n[0] && !memcmp(hay + i, n, nn)) return hay + i;
+    return NULL;
+}
+
+/* How much of a choice's text may reach the client now: not a suffix that could still become a
+ * stop string (or, with tools, the tool-call section's marker), nor anything from that marker on. */
+static size_t safe_len(const hreq_t *h, const gen_t *g) {
+    size_t end = g->text_len;
+    if (h->tools) {
+        const char *sec = find_bytes(g->text ? g->text : "", g->text_len, TOOL_SECTION, sizeof TOOL_SECTION - 1);
+        if (sec) end = (size_t)(sec - g->text);
+    }
+    size_t lim = end;
+    for (size_t w = 0; w < h->n_stop + (size_t)(h->tools != 0); w++) {
+        const char *ws = w < h->n_stop ? h->stop[w] : TOOL_SECTION;
+        size_t wn = strlen(ws);
+        for (size_t k = wn - 1 < end ? wn - 1 : end; k > 0; k--)
+            if (!memcmp(g->text + end - k, ws, k)) {
+                if (end - k < lim) lim = end - k;
+                break;
+            }
+    }
+    return lim;
+}
+
+/* A stop string in the text (looked for where the newest bytes could complete one): the text
+ * ends before it. 1 when found. */
+static int cut_at_stop(const hreq_t *h, gen_t *g, size_t added) {
+    size_t best = (size_t)-1;
+    for (size_t w = 0; w < h->n_stop; w++) {
+        size_t wn = strlen(h->stop[w]), from = g->text_len - added;
+        from = from > wn ? from - wn + 1 : 0;
+        const char *hit = find_bytes(g->text + from, g->text_len - from, h->stop[w], wn);
+        if (hit && (size_t)(hit - g->text) < best) best = (size_t)(hit - g->text);
+    }
+    if (best == (size_t)-1) return 0;
+    g->text_len = best;
+    g->text[best] = 0;
+    return 1;
+}
+
+/* Stream a choice's text that is safe now (complete characters only). */
+static void stream_text(hreq_t *h, gen_t *g, size_t upto, int final) {
+    if (upto <= g->emitted) return;
+    size_t n = upto - g->emitted, cl = 0;
     char *clean = malloc(3 * n + 1);
     if (!clean) return;
-    g->emitted += st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : "") + g->emitted, n, clean, &cl, final);
-    if (cl > 0 || final) sse_json(g, completion_obj(g, clean, cl, final ? finish_name(ch->finish) : NULL));
+    g->emitted += st_openai_utf8_clean((const unsigned char *)g->text + g->emitted, n, clean, &cl, final);
+    if (cl > 0) sse_choice(h, g, clean, cl, NULL, NULL, lp_take(h, g, g->emitted));
     free(clean);
+}
+
+static void stream_begin(hreq_t *h) {
+    if (h->begun) return;
+    h->begun = 1;
+    st_http_res_stream_begin(h->res, 200, "text/event-stream");
+    for (int i = 0; i < h->n_choices; i++) /* completions' echo: the prompt first */
+        if (h->kids[i] && h->kids[i]->echo)
+            sse_choice(h, h->kids[i], h->kids[i]->echo, strlen(h->kids[i]->echo), NULL, NULL, NULL);
+}
+
+/* NOTE: a stream's 200 is sent with the first good chunk of any choice, not before: an error
+ * before then (a refusal, a lost worker, a client's mistake the worker found) is a proper status. */
+void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
+    hreq_t *h = g->parent;
+    if (ch->finish == ST_PROTO_FINISH_ERROR || ch->finish == ST_PROTO_FINISH_CANCELLED) return; /* gen.c keeps the error */
+    if (g->stop_hit) return;
+    if (g->lp_k >= 0 && (ch->finish == ST_PROTO_FINISH_NONE || ch->finish == ST_PROTO_FINISH_LENGTH))
+        lp_add(g, ch, g->text_len);
+    size_t added = ch->text ? strlen(ch->text) : 0;
+    if (added) text_append(g, ch->text, added);
+    if (added && h->n_stop && cut_at_stop(h, g, added)) {
+        g->stop_hit = 1;
+        st_coord_gen_stop(g); /* answers this choice: st_coord_http_done */
+        return;
+    }
+    if (!h->stream || !h->res || h->status != ST_OK) return;
+    stream_begin(h);
+    if (ch->finish == ST_PROTO_FINISH_NONE) stream_text(h, g, safe_len(h, g), 0);
+}
+
+static void hreq_free(hreq_t *h) {
+    for (size_t i = 0; i < h->n_stop; i++) free(h->stop[i]);
+    for (int i = 0; i < h->n_choices; i++) {
+        if (h->done_text) free(h->done_text[i]);
+        if (h->done_calls) json_decref(h->done_calls[i]);
+        if (h->done_lp) json_decref(h->done_lp[i]);
+    }
+    free(h->stop);
+    free(h->kids);
+    free(h->done_tokens);
+    free(h->done_prompt);
+    free(h->done_finish);
+    free(h->done_text);
+    free(h->done_calls);
+    free(h->done_lp);
+    free(h);
+}
+
+static void http_gone(st_http_res_t *res, void *arg);
+static void hreq_release(hreq_t *h);
+
+/* Every choice answered: the plain response, or the stream's usage and end. */
+static void hreq_complete(hreq_t *h) {
+    if (!h->res) return;
+    st_http_res_t *res = h->res;
+    st_http_res_on_close(res, NULL, NULL);
+    if (h->stream && h->begun) {
+        if (h->status != ST_OK) {
+            sse_json(h, error_obj(h->err, "server_error", NULL, NULL));
+        } else if (h->include_usage) {
+            json_t *o = response_json(h, json_array(), 1);
+            json_object_set_new(o, "usage", usage_json(h));
+            sse_json(h, o);
+        }
+        st_http_res_sse(res, NULL, "[DONE]");
+        st_http_res_stream_end(res);
+    } else if (h->status != ST_OK) {
+        status_error(res, h->status, h->err, NULL);
+    } else {
+        json_t *choices = json_array();
+        for (int i = 0; i < h->n_choices; i++) {
+            int rs = 0;
+            const char *t = h->done_text[i] ? h->done_text[i] : "";
+            json_array_append_new(choices, choice_json(h, i, &rs, t, strlen(t),
+                                                       h->done_calls[i] ? "tool_calls" : finish_of(h->done_finish[i]),
+                                                       h->done_calls[i], h->done_lp[i], 0));
+            h->done_calls[i] = NULL;
+            h->done_lp[i] = NULL;
+        }
+        json_t *o = response_json(h, choices, 0);
+        json_object_set_new(o, "usage", usage_json(h));
+        json_reply(res, 200, o);
+    }
+    h->res = NULL;
+}
+
+/* The final text of a choice: echo + text before any tool-call section, as valid UTF-8. */
+static char *final_text(const hreq_t *h, gen_t *g, json_t **calls, size_t from) {
+    size_t content = g->text_len;
+    *calls = h->tools ? st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content) : NULL;
+    if (content < from) content = from;
+    size_t el = g->echo && !from ? strlen(g->echo) : 0, cl = 0, tl = 0;
+    char *out = malloc(3 * (el + content - from) + 1);
+    if (!out) return NULL;
+    if (el) st_openai_utf8_clean((const unsigned char *)g->echo, el, out, &cl, 1);
+    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : "") + from, content - from, out + cl, &tl, 1);
+    return out;
 }
 
 void st_coord_http_done(gen_t *g) {
+    hreq_t *h = g->parent;
     int ok = g->status == ST_OK && (g->finish == ST_PROTO_FINISH_STOP || g->finish == ST_PROTO_FINISH_LENGTH);
-    const char *msg = g->err[0] ? g->err : "the attention worker ended the stream without finishing";
-    if (g->stream && g->http_begun) { /* too late for a status: the error is an event */
-        if (!ok && !g->http_gone) sse_json(g, error_obj(msg, "server_error", NULL, NULL));
-        if (!g->http_gone) st_http_res_sse(g->res, NULL, "[DONE]");
-        st_http_res_stream_end(g->res);
-        return;
+    h->kids[g->index] = NULL;
+    h->done_tokens[g->index] = g->n_tokens;
+    h->done_prompt[g->index] = g->prompt_tokens;
+    h->done_finish[g->index] = g->finish;
+    if (!ok && h->status == ST_OK) { /* the first failure answers the request; the others are cancelled */
+        h->status = g->status != ST_OK ? g->status : ST_ERR_INTERNAL;
+        snprintf(h->err, sizeof h->err, "%s", g->err[0] ? g->err : "the attention worker ended the stream without finishing");
+        for (int i = 0; i < h->n_choices; i++)
+            if (h->kids[i]) {
+                h->kids[i]->http_gone = 1;
+                st_coord_gen_client_gone(h->kids[i]);
+            }
     }
-    if (!ok) {
-        status_error(g->res, g->status != ST_OK ? g->status : ST_ERR_INTERNAL, msg, NULL);
-        return;
+    if (ok && h->res && h->status == ST_OK) {
+        json_t *calls = NULL;
+        if (h->stream) {
+            stream_begin(h);
+            char *rest = final_text(h, g, &calls, g->emitted);
+            if (rest && rest[0]) sse_choice(h, g, rest, strlen(rest), NULL, NULL, lp_take(h, g, lp_end(g)));
+            free(rest);
+            sse_choice(h, g, "", 0, calls ? "tool_calls" : finish_of(g->finish), calls, lp_take(h, g, lp_end(g)));
+        } else {
+            h->done_text[g->index] = final_text(h, g, &calls, 0);
+            h->done_calls[g->index] = calls;
+            h->done_lp[g->index] = lp_take(h, g, lp_end(g));
+        }
     }
-    size_t cl = 0;
-    char *clean = malloc(3 * g->text_len + 1);
-    if (!clean) {
-        api_error(g->res, 500, "server_error", "out of memory");
-        return;
-    }
-    st_openai_utf8_clean((const unsigned char *)(g->text ? g->text : ""), g->text_len, clean, &cl, 1);
-    json_t *o = completion_obj(g, clean, cl, finish_name(g->finish));
-    free(clean);
-    if (g->stream) { /* finished without any chunk the stream could begin with */
-        st_http_res_stream_begin(g->res, 200, "text/event-stream");
-        g->http_begun = 1;
-        sse_json(g, o);
-        st_http_res_sse(g->res, NULL, "[DONE]");
-        st_http_res_stream_end(g->res);
-        return;
-    }
-    json_object_set_new(o, "usage", json_pack("{s:i, s:i, s:i}", "prompt_tokens", g->prompt_tokens, "completion_tokens",
-                                              g->n_tokens, "total_tokens", g->prompt_tokens + g->n_tokens));
-    json_reply(g->res, 200, o);
+    hreq_release(h);
+}
+
+/* Drop a hold on h (see n_open): the last one completes the response and frees h. */
+static void hreq_release(hreq_t *h) {
+    if (--h->n_open > 0) return;
+    hreq_complete(h);
+    hreq_free(h);
 }
 
 static void http_gone(st_http_res_t *res, void *arg) {
-    gen_t *g = arg;
+    hreq_t *h = arg;
     (void)res;
-    g->http_gone = 1;
-    st_coord_gen_client_gone(g);
+    h->res = NULL; /* no response any more; the choices still open end and free h */
+    h->n_open++;   /* NOTE: a queued choice is answered (and may drop the last hold) inside the loop */
+    for (int i = 0; i < h->n_choices; i++)
+        if (h->kids[i]) {
+            h->kids[i]->http_gone = 1;
+            st_coord_gen_client_gone(h->kids[i]);
+        }
+    hreq_release(h);
 }
 
-static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *arg) {
-    coord_t *co = arg;
+static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co, int chat) {
     if (!authorized(co, req, res)) return;
-    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab};
+    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab, .tok = co->tok};
     st_openai_req_t r;
     st_openai_err_t e;
-    st_status_t s = st_openai_parse_completion(req->body, req->body_len, &lim, &r, &e);
+    st_status_t s = chat ? st_openai_parse_chat(req->body, req->body_len, &lim, &r, &e)
+                         : st_openai_parse_completion(req->body, req->body_len, &lim, &r, &e);
     if (s != ST_OK) {
         co->requests_err++;
         if (s == ST_ERR_NO_MEMORY) api_error(res, 500, "server_error", "out of memory");
         else status_error(res, ST_ERR_INVALID_ARG, e.message, e.param);
         return;
     }
-    gen_t *g = calloc(1, sizeof *g);
-    if (!g) {
+    int n = (int)r.n_prompts * r.n;
+    hreq_t *h = calloc(1, sizeof *h);
+    int nomem = !h;
+    if (h) {
+        h->kids = calloc((size_t)n, sizeof *h->kids);
+        h->done_tokens = calloc((size_t)n, sizeof(int));
+        h->done_prompt = calloc((size_t)n, sizeof(int));
+        h->done_finish = calloc((size_t)n, sizeof *h->done_finish);
+        h->done_text = calloc((size_t)n, sizeof(char *));
+        h->done_calls = calloc((size_t)n, sizeof(json_t *));
+        h->done_lp = calloc((size_t)n, sizeof(json_t *));
+        h->stop = r.n_stop_strs ? calloc(r.n_stop_strs, sizeof(char *)) : NULL;
+        nomem = !h->kids || !h->done_tokens || !h->done_prompt || !h->done_finish || !h->done_text || !h->done_calls || !h->done_lp ||
+                (r.n_stop_strs && !h->stop);
+        for (int i = 0; i < n && !nomem; i++) {
+            gen_t *g = h->kids[i] = calloc(1, sizeof *g);
+            const char *ptext = i / r.n ? r.batch[i / r.n - 1].text : r.req.prompt;
+            nomem = !g || (r.echo && !(g->echo = strdup(ptext))) || (r.logprobs >= 0 && !(g->lp = json_array()));
+            if (g) g->lp_k = r.logprobs;
+        }
+    }
+    if (nomem) {
+        for (int i = 0; h && h->kids && i < n; i++)
+            if (h->kids[i]) st_coord_gen_free(h->kids[i]);
+        if (h) hreq_free(h);
         st_openai_req_cleanup(&r);
         api_error(res, 500, "server_error", "out of memory");
         return;
     }
-    g->co = co;
-    g->res = res;
-    g->stream = r.stream;
-    snprintf(g->id, sizeof g->id, "cmpl-%llx%04llx", (unsigned long long)co->t_start, (unsigned long long)++co->gen_seq);
-    st_http_res_on_close(res, http_gone, g);
-    s = st_coord_gen_submit(co, g, &r.req); /* ST_OK: g is the front door's now */
-    st_openai_req_cleanup(&r);
-    if (s != ST_OK) {
-        co->requests_err++;
-        st_http_res_on_close(res, NULL, NULL);
-        status_error(res, s, st_err_last(), NULL);
-        free(g->req);
-        free(g);
+    if (r.n_stop_strs) memcpy(h->stop, r.stop_strs, r.n_stop_strs * sizeof(char *));
+    h->n_stop = r.n_stop_strs;
+    r.n_stop_strs = 0; /* h owns them now */
+    h->co = co;
+    h->res = res;
+    h->stream = r.stream;
+    h->chat = r.chat;
+    h->tools = r.tools;
+    h->include_usage = r.stream && r.include_usage;
+    h->created = (int64_t)time(NULL);
+    h->n_choices = n;
+    h->n_per = r.n;
+    h->n_open = 1; /* this function's hold: a choice answered at once cannot free h under it */
+    snprintf(h->id, sizeof h->id, "%s-%llx%04llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)co->t_start,
+             (unsigned long long)++co->gen_seq);
+    st_http_res_on_close(res, http_gone, h);
+    for (int i = 0; i < n; i++) {
+        gen_t *g = h->kids[i];
+        g->co = co;
+        g->res = res;
+        g->stream = r.stream;
+        g->parent = h;
+        g->index = i;
+        snprintf(g->id, sizeof g->id, "%s", h->id);
+        st_proto_generate_req_t one = r.req;
+        if (i / r.n) {
+            const st_openai_prompt_t *p = &r.batch[i / r.n - 1];
+            one.prompt = p->text;
+            one.prompt_tokens = p->ids;
+            one.n_prompt_tokens = p->n_ids;
+        }
+        if (one.has_seed) one.seed += (uint64_t)i; /* n samples of one seed differ, and repeat */
+        h->n_open++;
+        s = st_coord_gen_submit(co, g, &one); /* ST_OK: g is the front door's now */
+        if (s != ST_OK) {
+            h->n_open--;
+            co->requests_err++;
+            h->kids[i] = NULL;
+            st_coord_gen_free(g);
+            if (h->status == ST_OK) {
+                h->status = s;
+                snprintf(h->err, sizeof h->err, "%s", st_err_last());
+            }
+            for (int k = i + 1; k < n; k++) { /* never submitted */
+                st_coord_gen_free(h->kids[k]);
+                h->kids[k] = NULL;
+            }
+            for (int k = 0; k < i; k++) /* submitted: cancelled, answered through st_coord_http_done */
+                if (h->kids[k]) {
+                    h->kids[k]->http_gone = 1;
+                    st_coord_gen_client_gone(h->kids[k]);
+                }
+            break;
+        }
     }
+    st_openai_req_cleanup(&r);
+    hreq_release(h);
 }
+
+static void h_completions(const st_http_req_t *req, st_http_res_t *res, void *arg) { h_generate(req, res, arg, 0); }
+static void h_chat(const st_http_req_t *req, st_http_res_t *res, void *arg) { h_generate(req, res, arg, 1); }
 
 void st_coord_http_routes(coord_t *co) {
     st_http_route(co->http, "GET", "/healthz", h_healthz, co);
+    st_http_route(co->http, "GET", "/health", h_healthz, co); /* vLLM's name */
     st_http_route(co->http, "GET", "/readyz", h_readyz, co);
     st_http_route(co->http, "GET", "/status", h_status, co);
     st_http_route(co->http, "GET", "/metrics", h_metrics, co);
     st_http_route(co->http, "GET", "/v1/models", h_models, co);
     st_http_route(co->http, "POST", "/v1/completions", h_completions, co);
+    st_http_route(co->http, "POST", "/v1/chat/completions", h_chat, co);
     st_coord_front_start(co);
 }

@@ -17,6 +17,27 @@ static int cand_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static int int_cmp(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+void st_sample_adjust(float *logits, int V, const int *gen, int n_gen, float presence, float frequency,
+                      const uint32_t *bias_ids, const float *bias_values, int n_bias, int *ws) {
+    if ((presence != 0.0f || frequency != 0.0f) && n_gen > 0) {
+        for (int i = 0; i < n_gen; i++) ws[i] = gen[i];
+        qsort(ws, (size_t)n_gen, sizeof(int), int_cmp);
+        for (int i = 0; i < n_gen;) { /* one run of equal ids: count it */
+            int j = i;
+            while (j < n_gen && ws[j] == ws[i]) j++;
+            if (ws[i] >= 0 && ws[i] < V) logits[ws[i]] -= frequency * (float)(j - i) + presence;
+            i = j;
+        }
+    }
+    for (int i = 0; i < n_bias; i++)
+        if (bias_ids[i] < (uint32_t)V) logits[bias_ids[i]] += bias_values[i];
+}
+
 int st_argmax(const float *x, int V) {
     int best = 0;
     for (int i = 1; i < V; i++)

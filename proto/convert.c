@@ -662,6 +662,11 @@ st_status_t st_proto_generate_req_encode(const st_proto_generate_req_t *m, uint8
     pb.stop_ids = m->stop_ids;
     pb.dump_logits = m->dump_logits != 0;
     pb.ignore_eos = m->ignore_eos != 0;
+    pb.presence_penalty = m->presence_penalty;
+    pb.frequency_penalty = m->frequency_penalty;
+    pb.n_logit_bias_ids = pb.n_logit_bias_values = m->n_logit_bias;
+    pb.logit_bias_ids = m->logit_bias_ids;
+    pb.logit_bias_values = m->logit_bias_values;
     return pack_msg(&pb.base, "GenerateRequest", out, len);
 }
 
@@ -670,6 +675,8 @@ void st_proto_generate_req_cleanup(st_proto_generate_req_t *m) {
     free(m->prompt);
     free(m->prompt_tokens);
     free(m->stop_ids);
+    free(m->logit_bias_ids);
+    free(m->logit_bias_values);
     memset(m, 0, sizeof *m);
 }
 
@@ -685,7 +692,16 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     r.has_seed = pb->has_seed != 0;
     r.dump_logits = pb->dump_logits != 0;
     r.ignore_eos = pb->ignore_eos != 0;
+    r.presence_penalty = pb->presence_penalty;
+    r.frequency_penalty = pb->frequency_penalty;
+    if (pb->n_logit_bias_ids != pb->n_logit_bias_values) {
+        protobuf_c_message_free_unpacked(&pb->base, NULL);
+        return ST_FAIL(ST_ERR_PROTOCOL, "GenerateRequest: %zu logit_bias ids, %zu values", pb->n_logit_bias_ids,
+                       pb->n_logit_bias_values);
+    }
     if (!dup_str(&r.request_id, pb->request_id) || !dup_str(&r.prompt, pb->prompt) ||
+        !dup_arr((void **)&r.logit_bias_ids, pb->logit_bias_ids, pb->n_logit_bias_ids, sizeof(uint32_t)) ||
+        !dup_arr((void **)&r.logit_bias_values, pb->logit_bias_values, pb->n_logit_bias_values, sizeof(float)) ||
         !dup_arr((void **)&r.prompt_tokens, pb->prompt_tokens, pb->n_prompt_tokens, sizeof(uint32_t)) ||
         !dup_arr((void **)&r.stop_ids, pb->stop_ids, pb->n_stop_ids, sizeof(uint32_t))) {
         st_proto_generate_req_cleanup(&r);
@@ -694,6 +710,7 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     }
     r.n_prompt_tokens = pb->n_prompt_tokens;
     r.n_stop_ids = pb->n_stop_ids;
+    r.n_logit_bias = pb->n_logit_bias_ids;
     protobuf_c_message_free_unpacked(&pb->base, NULL);
     *out = r;
     return ST_OK;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Strata needs to build and test on Debian 12 (Debian packages only). The npm packages
-# of the tokenizer's test oracle are installed by tests/tokenizer/setup_oracle.sh when that test runs.
+# of the tokenizer's test oracle are installed by tests/tokenizer/setup_oracle.sh when that test runs;
+# python3-jinja2 renders the official chat template for tests/coordinator/test_chat.
 set -euo pipefail
-pkgs=(build-essential cmake pkgconf git ca-certificates python3 python3-numpy
+pkgs=(build-essential cmake pkgconf git ca-certificates python3 python3-numpy python3-jinja2
       libopenblas-dev libjansson-dev libpcre2-dev
       libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libucx-dev ucx-utils libuv1-dev node-llhttp
       procps curl openssl libssl-dev clang libclang-rt-14-dev)

@@ -88,6 +88,12 @@ struct st_http_res {
     int streaming, ended;
     st_http_close_fn close_fn;
     void *close_arg;
+    /* the access log's line (opts.access_log) */
+    st_http_server_t *srv;
+    int status;
+    size_t bytes;
+    double t0;
+    char peer[64], line[200];
 };
 
 typedef struct {
@@ -745,6 +751,9 @@ static int on_message_complete(llhttp_t *p) {
 static void res_done(st_http_res_t *r) {
     conn_t *c = r->conn;
     r->ended = 1;
+    if (r->srv && r->srv->opts.access_log) /* status 0: the client left before any answer */
+        st_log_info("access: %s \"%s\" %d %zu %.3f s%s", r->peer, r->line, r->status, r->bytes, st_time_sec() - r->t0,
+                    c ? "" : " (client gone)");
     free(r);
     if (!c) return;
     c->res = NULL;
@@ -765,6 +774,8 @@ static void res_send_ex(st_http_res_t *r, int status, const char *ctype, const c
         return;
     }
     conn_t *c = r->conn;
+    r->status = status;
+    r->bytes = len;
     if (c) {
         char h[1024];
         int n = snprintf(h, sizeof h,
@@ -823,6 +834,28 @@ static void dispatch(conn_t *c) {
     }
     r->conn = c;
     c->res = r;
+    if (s->opts.access_log) {
+        r->srv = s;
+        r->t0 = st_time_sec();
+        int n = snprintf(r->line, sizeof r->line, "%s %.150s%s", req.method, req.path, strlen(req.path) > 150 ? "..." : "");
+        for (int i = 0; i < n && i < (int)sizeof r->line - 1; i++) /* a client's bytes: printable ASCII only */
+            if ((unsigned char)r->line[i] < 0x20 || (unsigned char)r->line[i] >= 0x7f || r->line[i] == '"') r->line[i] = '?';
+        struct sockaddr_storage sa;
+        int sl = sizeof sa;
+        snprintf(r->peer, sizeof r->peer, "-");
+        if (!c->sink && uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &sl) == 0) {
+            char ip[INET6_ADDRSTRLEN] = "?";
+            if (sa.ss_family == AF_INET) {
+                struct sockaddr_in *a = (struct sockaddr_in *)&sa;
+                uv_ip4_name(a, ip, sizeof ip);
+                snprintf(r->peer, sizeof r->peer, "%s:%u", ip, ntohs(a->sin_port));
+            } else if (sa.ss_family == AF_INET6) {
+                struct sockaddr_in6 *a = (struct sockaddr_in6 *)&sa;
+                uv_ip6_name(a, ip, sizeof ip);
+                snprintf(r->peer, sizeof r->peer, "[%s]:%u", ip, ntohs(a->sin6_port));
+            }
+        }
+    }
     const route_t *hit = NULL;
     char allow[128] = "";
     size_t al = 0;
@@ -1022,6 +1055,7 @@ static st_status_t server_new(uv_loop_t *loop, const st_http_opts_t *opts, st_ht
         if (opts->max_conns) o.max_conns = opts->max_conns;
         o.tls_cert = opts->tls_cert;
         o.tls_key = opts->tls_key;
+        o.access_log = opts->access_log;
     }
     if (o.max_header > (64u << 20)) return ST_FAIL(ST_ERR_INVALID_ARG, "http: max_header %zu too large", o.max_header);
     if (!o.tls_cert != !o.tls_key)
@@ -1177,6 +1211,7 @@ void st_http_res_json(st_http_res_t *r, int status, const char *fmt, ...) {
 st_status_t st_http_res_stream_begin(st_http_res_t *r, int status, const char *ctype) {
     if (r->ended || r->streaming) return ST_FAIL(ST_ERR_INVALID_ARG, "http: stream begun twice or after end");
     r->streaming = 1;
+    r->status = status;
     conn_t *c = r->conn;
     if (!c) return ST_ERR_PEER;
     char h[1024];
@@ -1191,6 +1226,7 @@ st_status_t st_http_res_stream_begin(st_http_res_t *r, int status, const char *c
 st_status_t st_http_res_stream_write(st_http_res_t *r, const void *data, size_t len) {
     if (!r->streaming || r->ended) return ST_FAIL(ST_ERR_INVALID_ARG, "http: stream write outside a stream");
     if (!r->conn) return ST_ERR_PEER;
+    r->bytes += len;
     if (!len) return ST_OK; /* an empty chunk would end the stream */
     char pre[24];
     int n = snprintf(pre, sizeof pre, "%zx\r\n", len);

@@ -376,6 +376,30 @@ static int is_hex32(const char *t) {
     return 1;
 }
 
+/* grpc.health.v1.Health/Check: a coordinator without members cannot serve (NOT_SERVING = 2) */
+static void test_health(st_rpc_channel_t *ch) {
+    res_t r;
+    static const uint8_t empty[1] = {0}, coordsvc[] = "\x0a\x15strata.v1.Coordinator", other[] = "\x0a\x04nope",
+                         cut[] = "\x0a\x05" "ab", extra[] = "\x10\x07\x0a\x00";
+    CHECK(call(ch, "/grpc.health.v1.Health/Check", empty, 0, &r) == ST_OK && r.len == 2 && r.buf[0] == 0x08 &&
+              r.buf[1] == 2,
+          "health of the server (\"\"): NOT_SERVING without members (%s)", st_status_str(r.st));
+    free(r.buf);
+    CHECK(call(ch, "/grpc.health.v1.Health/Check", coordsvc, sizeof coordsvc - 1, &r) == ST_OK && r.len == 2 &&
+              r.buf[1] == 2,
+          "health of strata.v1.Coordinator");
+    free(r.buf);
+    CHECK(call(ch, "/grpc.health.v1.Health/Check", extra, sizeof extra - 1, &r) == ST_OK && r.len == 2,
+          "an unknown varint field is skipped");
+    free(r.buf);
+    CHECK(call(ch, "/grpc.health.v1.Health/Check", other, sizeof other - 1, &r) == ST_ERR_INVALID_ARG,
+          "an unknown service is refused");
+    free(r.buf);
+    CHECK(call(ch, "/grpc.health.v1.Health/Check", cut, sizeof cut - 1, &r) == ST_ERR_INVALID_ARG,
+          "a cut request is refused");
+    free(r.buf);
+}
+
 static void test_ids(st_rpc_channel_t *ch) {
     st_proto_register_reply_t r[3];
     res_t rr;
@@ -804,6 +828,7 @@ int main(int argc, char **argv) {
             if (!strcmp(mode, "auth")) {
                 test_auth(&c, ch);
             } else {
+                test_health(ch);
                 test_ids(ch);
                 test_forged_heartbeat(ch, &c);
                 test_scores(ch, &c);

@@ -47,6 +47,7 @@ int main(void) {
     CHECK(st_placement_init(&co->place, 2, 4, 1) == ST_OK, "placement");
     st_hist_init(&co->ttft);
     st_hist_init(&co->tpot);
+    st_hist_init(&co->e2e);
     co->t_start = st_time_sec();
     co->n_members = 2;
     for (int i = 0; i < 2; i++)
@@ -104,8 +105,30 @@ int main(void) {
               strstr(m, "strata_step_stage_seconds_total{stage=\"dispatch\"} +Inf\n") &&
               strstr(m, "strata_step_stage_seconds_total{stage=\"wait\"} -Inf\n"),
           "NaN, +Inf, -Inf spelled the Prometheus way");
-    CHECK(m && strstr(m, "strata_requests_waiting 0\n") && strstr(m, "strata_loop_stall_max_seconds "),
-          "queue and stall gauges");
+    CHECK(m && strstr(m, "strata:num_requests_waiting{model_name=\"tiny\"} 0\n") &&
+              strstr(m, "strata:num_requests_running{model_name=\"tiny\"} 0\n") &&
+              strstr(m, "strata_loop_stall_max_seconds "),
+          "queue and stall gauges (vLLM's names and model_name label)");
+    CHECK(m && strstr(m, "strata:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.001\"} 0\n") &&
+              strstr(m, "strata:e2e_request_latency_seconds_count{model_name=\"tiny\"} 0\n") &&
+              strstr(m, "strata:prompt_tokens_total{model_name=\"tiny\"} 0\n") &&
+              strstr(m, "strata:generation_tokens_total{model_name=\"tiny\"} 0\n"),
+          "histograms and token counters with the model_name label");
+    free(m);
+
+    /* expert load, summarised: per expert server, the top experts, max/mean; never per expert */
+    st_place_server_t live = {.id = 2};
+    CHECK(st_placement_update(&co->place, &live, 1) == ST_OK, "every expert on expert-0");
+    for (int k = 0; k < 12; k++) co->members[0].load[k] = (uint32_t)(k >= 4 ? k : 0); /* layers 1, 2 */
+    m = st_coord_metrics_text(co, &n);
+    CHECK(m && strstr(m, "strata:expert_server_load_tokens{server=\"expert-0\"} 60.000000\n"),
+          "expert-0 had 4+..+11 = 60 tokens");
+    CHECK(m && strstr(m, "strata:expert_load_top_tokens{rank=\"1\",layer=\"2\",expert=\"3\"} 11\n") &&
+              strstr(m, "strata:expert_load_top_tokens{rank=\"8\",layer=\"1\",expert=\"0\"} 4\n") &&
+              !strstr(m, "rank=\"9\""),
+          "the most loaded experts, in order (8 with tokens)");
+    CHECK(m && strstr(m, "strata:expert_load_max_over_mean 1.272727\n"), "max over mean of layer 1: 7 / 5.5");
+    CHECK(m && !strstr(m, "strata_expert_load_tokens"), "no series per expert");
     free(m);
 
     for (int i = 0; i < 2; i++)

@@ -213,15 +213,30 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":\"hi\",\"top_k\":-2}", "top_k");
     expect_refused("{\"prompt\":\"hi\",\"seed\":-1}", "seed");
     expect_refused("{\"prompt\":\"hi\",\"seed\":1.5}", "seed");
-    expect_refused("{\"prompt\":\"hi\",\"n\":2}", "n");
+    expect_refused("{\"prompt\":\"hi\",\"n\":65}", "n");
+    expect_refused("{\"prompt\":[\"a\",\"b\"],\"n\":33}", "n"); /* 66 choices */
+    expect_refused("{\"prompt\":[\"a\",\"\"]}", "prompt");
+    expect_refused("{\"prompt\":[[1,2],[]]}", "prompt");
+    expect_refused("{\"prompt\":[\"a\",[1,400]]}", "prompt"); /* each prompt is checked */
+    expect_refused("{\"prompt\":[\"a\",[1]],\"echo\":true}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"best_of\":3}", "best_of");
-    expect_refused("{\"prompt\":\"hi\",\"logprobs\":2}", "logprobs");
-    expect_refused("{\"prompt\":\"hi\",\"echo\":true}", "echo");
+    expect_refused("{\"prompt\":\"hi\",\"logprobs\":21}", "logprobs");
+    expect_refused("{\"prompt\":\"hi\",\"logprobs\":true}", "logprobs");
     expect_refused("{\"prompt\":\"hi\",\"echo\":1}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"stream\":\"yes\"}", "stream");
     expect_refused("{\"prompt\":\"hi\",\"ignore_eos\":1}", "ignore_eos");
-    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"bc\"]}", "stop");
-    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"\\u00e9\"]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"\"]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",7]}", "stop");
+    expect_refused("{\"prompt\":\"hi\",\"stop\":{}}", "stop");
+    expect_refused("{\"prompt\":[1,2],\"echo\":true}", "echo");
+    expect_refused("{\"prompt\":\"hi\",\"presence_penalty\":2.5}", "presence_penalty");
+    expect_refused("{\"prompt\":\"hi\",\"frequency_penalty\":3}", "frequency_penalty");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"5\":101}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"x5\":1}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"-5\":1}}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":{\"300\":1}}", "logit_bias"); /* outside the vocabulary */
+    expect_refused("{\"prompt\":\"hi\",\"logit_bias\":[1]}", "logit_bias");
+    expect_refused("{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":1}}", "include_usage");
     expect_refused("{\"prompt\":\"hi\",\"stop\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
                    "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}",
                    "stop");
@@ -230,7 +245,6 @@ static void test_parse(void) {
     expect_refused("{\"max_tokens\":4}", "prompt");
     expect_refused("{\"prompt\":\"\"}", "prompt");
     expect_refused("{\"prompt\":[]}", "prompt");
-    expect_refused("{\"prompt\":[\"a\",\"b\"]}", "prompt");
     expect_refused("{\"prompt\":[1,\"a\"]}", "prompt");
     expect_refused("{\"prompt\":[1,-1]}", "prompt");
     expect_refused("{\"prompt\":[1,4294967296]}", "prompt");
@@ -255,12 +269,17 @@ static void test_parse(void) {
     const char *ok =
         "{\"model\":\"tiny\",\"prompt\":\"hello\",\"max_tokens\":1000000,\"temperature\":0.5,\"top_p\":0.9,"
         "\"top_k\":40,\"seed\":9223372036854775807,\"n\":1,\"best_of\":1,\"logprobs\":null,\"echo\":false,"
-        "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\".\"],\"user\":\"x\"}";
+        "\"stream\":true,\"ignore_eos\":true,\"stop\":[\"\\n\",\"</end>\",\"\\u00e9t\u00e9\"],\"user\":\"x\","
+        "\"presence_penalty\":0.5,\"frequency_penalty\":-1.5,\"logit_bias\":{\"5\":-100,\"299\":2.5},"
+        "\"stream_options\":{\"include_usage\":true}}";
     CHECK(parse(ok, &r, &e) == ST_OK, "full request refused: %s", e.message);
     CHECK(r.req.max_tokens == 1000000 && r.req.temperature == 0.5f && r.req.top_p == 0.9f && r.req.top_k == 40 &&
               r.req.has_seed && r.req.seed == 9223372036854775807ull && r.stream && r.req.ignore_eos &&
-              r.req.n_stop_ids == 2 && r.req.stop_ids == r.stops && r.stops[0] == '\n' && r.stops[1] == '.' &&
-              !strcmp(r.req.prompt, "hello"),
+              r.req.n_stop_ids == 0 && r.n_stop_strs == 3 && !strcmp(r.stop_strs[0], "\n") &&
+              !strcmp(r.stop_strs[1], "</end>") && !strcmp(r.stop_strs[2], "\xC3\xA9t\xC3\xA9") && r.include_usage &&
+              !r.chat && !strcmp(r.req.prompt, "hello") && r.req.presence_penalty == 0.5f &&
+              r.req.frequency_penalty == -1.5f && r.req.n_logit_bias == 2 && r.req.logit_bias_ids == r.bias_ids &&
+              r.bias_ids[0] == 5 && r.bias_values[0] == -100.0f && r.bias_ids[1] == 299 && r.bias_values[1] == 2.5f,
           "fields");
     st_openai_req_cleanup(&r);
     CHECK(parse("{\"prompt\":[5,6,299],\"top_k\":-1,\"max_tokens\":null}", &r, &e) == ST_OK, "token prompt: %s",
@@ -269,7 +288,13 @@ static void test_parse(void) {
               !r.stream,
           "token prompt fields");
     st_openai_req_cleanup(&r);
-    CHECK(parse("{\"prompt\":[\"one\"]}", &r, &e) == ST_OK && !strcmp(r.req.prompt, "one"), "one-string array");
+    CHECK(parse("{\"prompt\":[\"one\"]}", &r, &e) == ST_OK && !strcmp(r.req.prompt, "one") && r.n_prompts == 1,
+          "one-string array");
+    st_openai_req_cleanup(&r);
+    CHECK(parse("{\"prompt\":[\"one\",[7,8],\"three\"],\"n\":2}", &r, &e) == ST_OK && r.n_prompts == 3 && r.n == 2 &&
+              !strcmp(r.req.prompt, "one") && r.batch[0].n_ids == 2 && r.batch[0].ids[1] == 8 &&
+              !strcmp(r.batch[1].text, "three"),
+          "a batch of prompts, n = 2: %s", e.message);
     st_openai_req_cleanup(&r);
     /* not NUL-terminated: only len bytes are read */
     const char buf[] = "{\"prompt\":\"x\"}garbage";

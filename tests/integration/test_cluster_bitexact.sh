@@ -4,7 +4,10 @@
 # at different times. Also: OpenAI HTTP completions (plain and SSE), /v1/models, /status, /metrics.
 . "$(dirname "$0")/lib.sh"
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1
-prompts=("5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40" "300" "99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81")
+prompts=("5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40" "300" "99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81"
+         "$(python3 -c 'print(",".join(str(i * 7 % 500) for i in range(600)))')")
+# the last prompt (600 tokens) is longer than a step's budget (--max-batch-tokens 256): the workers
+# prefill it in pieces over several steps (chunked prefill)
 for i in "${!prompts[@]}"; do
   "$S" run --ckpt "$TMP/ck" --prompt-tokens "${prompts[$i]}" --max-tokens 40 --dump-logits "$TMP/ref$i.npy" >/dev/null 2>&1
 done
@@ -30,7 +33,12 @@ for cfg in "1 1 1 0" "3 2 3 512"; do
     wait "${pids[$i]}"; rc=$?
     n=$(echo "${prompts[$i]}" | tr ',' '\n' | wc -l)
     check "[$1 experts, $2 workers] request $i (prompt $n) completes" "[ $rc -eq 0 ]"
-    check "[$1 experts, $2 workers] request $i logits == one-process engine, bit for bit" "cmp_rows $TMP/ref$i.npy $TMP/got$i.npy $n"
+    if [ "$n" -le 256 ]; then
+      check "[$1 experts, $2 workers] request $i logits == one-process engine, bit for bit" "cmp_rows $TMP/ref$i.npy $TMP/got$i.npy $n"
+    else # prefilled in pieces: the sums round differently (1e-5), the tokens are the same
+      check "[$1 experts, $2 workers] request $i (chunked prefill) logits within 1e-3 of the one-process engine, same tokens" \
+        "python3 $(dirname "$0")/../npytool.py close $TMP/ref$i.npy $TMP/got$i.npy $((n - 1)) 1e-3"
+    fi
   done
   check "[$1 experts, $2 workers] strata up's --set reached every expert server (configuration logged)" \
     "[ \$(grep -lE 'STRATA_ES_INLINE_ROWS +$4 +env' $STRATA_STATE/expert-*.log | wc -l) -eq $1 ]"
@@ -50,7 +58,7 @@ for cfg in "1 1 1 0" "3 2 3 512"; do
     check "GET /healthz" "[ \$(curl -s -o /dev/null -w '%{http_code}' http://$h/healthz) = 200 ]"
     check "GET /status shows 3 live expert servers and 2 workers" \
       "curl -s http://$h/status | python3 -c 'import sys,json; j=json.load(sys.stdin); m=j[\"members\"]; assert sum(1 for x in m if x[\"alive\"] and x[\"role\"]==\"expert\")==3 and sum(1 for x in m if x[\"alive\"] and x[\"role\"]==\"attention\")==2 and j[\"placement\"][\"complete\"]'"
-    check "GET /metrics has counters and TTFT histogram" "curl -s http://$h/metrics | grep -q 'strata_time_to_first_token_seconds_bucket' && curl -s http://$h/metrics | grep -q '^strata_tokens_generated_total [1-9]'"
+    check "GET /metrics has counters and TTFT histogram" "curl -s http://$h/metrics | grep -q 'strata:time_to_first_token_seconds_bucket' && curl -s http://$h/metrics | grep -q '^strata:generation_tokens_total{model_name=\"ck\"} [1-9]'"
     check "strata status prints the summary" "\"$S\" status | grep -q READY"
   fi
   "$S" down >/dev/null 2>&1

@@ -59,7 +59,7 @@ start_cluster() {
 AUTH=(-H "Authorization: Bearer $KEY")
 # post BODY [curl args...]: prints the HTTP status; the body lands in $TMP/body
 post() { local b=$1; shift; curl -s -o "$TMP/body" -D "$TMP/hdr" -w '%{http_code}' "$@" "http://$H/v1/completions" -d "$b"; }
-metric() { curl -s "${AUTH[@]}" "http://$H/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+metric() { curl -s "${AUTH[@]}" "http://$H/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 { print $2 }'; }
 
 # ---------------------------------------------------------------- 1: API key, ranges, UTF-8
 STRATA_API_KEY=$KEY start_cluster c1 8 "--max-batch-tokens 256 --max-ctx 1024" || { bad "cluster 1 starts"; finish; }
@@ -127,13 +127,16 @@ done
 check "[utf8] a stream's events add up to the same request's whole text (4 seeds: $same)" "[ $same = 4 ]"
 
 # an error before a stream's first byte is a status, not an event inside a 200 (here the worker
-# refuses a prompt over its 256-token step budget before any token)
+# refuses a prompt + max_tokens over its 1024-token context before any token; a prompt over its
+# 256-token step budget is prefilled in pieces, not refused)
 long=$(seq -s, 1 300)
-st=$(post "{\"prompt\":[$long],\"max_tokens\":4,\"stream\":true}" "${AUTH[@]}")
+st=$(post "{\"prompt\":[$long],\"max_tokens\":900,\"stream\":true}" "${AUTH[@]}")
 check "[status] a stream refused before its first byte gets a status ($st), not 200 or 500" \
-  "[ $st != 200 ] && [ $st != 500 ] && py 'import json; assert \"256\" in json.load(open(\"$TMP/body\"))[\"error\"][\"message\"]'"
-st=$(post "{\"prompt\":[$long],\"max_tokens\":4}" "${AUTH[@]}")
+  "[ $st != 200 ] && [ $st != 500 ] && py 'import json; assert \"1024\" in json.load(open(\"$TMP/body\"))[\"error\"][\"message\"]'"
+st=$(post "{\"prompt\":[$long],\"max_tokens\":900}" "${AUTH[@]}")
 check "[status] the same without streaming: $st, not 500" "[ $st != 200 ] && [ $st != 500 ]"
+st=$(post "{\"prompt\":[$long],\"max_tokens\":4}" "${AUTH[@]}")
+check "[status] a prompt over the step budget is served (chunked prefill): $st" "[ $st = 200 ]"
 
 # the loop's longest stall: freeze the coordinator for 1 s (last in this cluster: members drop)
 kill -STOP "$CPID"; sleep 1; kill -CONT "$CPID"; sleep 0.1
@@ -151,8 +154,8 @@ for i in $(seq 1 9); do
   cp+=($!)
 done
 seen=0
-for _ in $(seq 40); do [ "$(metric strata_requests_waiting)" = 3 ] && { seen=1; break; }; sleep 0.05; done
-check "[queue] strata_requests_waiting shows the 3 queued requests" "[ $seen = 1 ]"
+for _ in $(seq 40); do [ "$(metric strata:num_requests_waiting)" = 3 ] && { seen=1; break; }; sleep 0.05; done
+check "[queue] strata:num_requests_waiting shows the 3 queued requests" "[ $seen = 1 ]"
 check "[queue] /status shows them too" "curl -s http://$H/status | py 'import json,sys; q=json.load(sys.stdin)[\"queue\"]; assert q[\"waiting\"]==3 and q[\"max\"]==3, q'"
 waitall "${cp[@]}"
 n200=$(cat "$TMP"/q*.code | grep -c '^200$'); n429=$(cat "$TMP"/q*.code | grep -c '^429$')
@@ -168,9 +171,9 @@ for i in 1 2; do curl -s -o /dev/null "http://$H/v1/completions" -d '{"prompt":[
 sleep 0.3
 curl -s -o /dev/null --max-time 0.5 "http://$H/v1/completions" -d '{"prompt":[5,5],"max_tokens":8}'
 left=0
-for _ in $(seq 40); do [ "$(metric strata_requests_waiting)" = 0 ] && { left=1; break; }; sleep 0.05; done
+for _ in $(seq 40); do [ "$(metric strata:num_requests_waiting)" = 0 ] && { left=1; break; }; sleep 0.05; done
 check "[queue] a client gone while queued leaves the queue (waiting back to 0 while both slots run)" \
-  "[ $left = 1 ] && [ \$(metric strata_requests_active) = 2 ]"
+  "[ $left = 1 ] && [ \$(metric strata:num_requests_running) = 2 ]"
 waitall "${cp[@]}"
 st=$(post '{"prompt":[6,6],"max_tokens":8}')
 check "[queue] and its place is not leaked: a new request is served" "[ $st = 200 ]"

@@ -479,9 +479,9 @@ int main(void) {
     q.n_stop_ids = 17;
     call(ch, &q, &r);
     CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "17 stop ids: %s (%s)", st_status_str(r.st), r.detail);
-    q = req_tokens(65, 4); /* one past --max-batch-tokens */
+    q = req_tokens(512, 1); /* the whole context: no room for a token (over --max-batch-tokens is fine: chunked) */
     call(ch, &q, &r);
-    CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "prompt over the step budget: %s (%s)", st_status_str(r.st),
+    CHECK(r.st == ST_ERR_OUT_OF_RANGE && r.chunks == 0, "prompt of the whole context: %s (%s)", st_status_str(r.st),
           r.detail);
     q = req_tokens(200, 4);
     q.max_tokens = 500; /* 200 > 64 anyway; and prompt + max_tokens > 512 */

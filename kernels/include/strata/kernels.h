@@ -174,6 +174,11 @@ typedef struct {
 } st_sampling_t;
 /* Returns the chosen id. rng advanced only when sampling (temperature > 0). ws: 2*V floats. */
 int st_sample(const float *logits, int V, const st_sampling_t *sp, st_rng_t *rng, float *ws);
+/* OpenAI's logit processors, in place before st_sample (SPEC §9): for every token t generated so
+ * far (gen[0..n_gen)), logits[t] -= frequency * count(t) + presence; then logits[bias_ids[i]] +=
+ * bias_values[i]. ws: n_gen ints (a sorted copy of gen). Ids outside [0, V) are ignored. */
+void st_sample_adjust(float *logits, int V, const int *gen, int n_gen, float presence, float frequency,
+                      const uint32_t *bias_ids, const float *bias_values, int n_bias, int *ws);
 /* Index of the largest of x[0..V) (ties → the lower index; what st_sample returns when greedy). */
 int st_argmax(const float *x, int V);
 

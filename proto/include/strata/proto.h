@@ -178,6 +178,10 @@ typedef struct {
     uint32_t *stop_ids;
     int dump_logits;
     int ignore_eos;
+    float presence_penalty, frequency_penalty; /* 0 = off */
+    size_t n_logit_bias;
+    uint32_t *logit_bias_ids; /* [n_logit_bias] */
+    float *logit_bias_values; /* [n_logit_bias] */
 } st_proto_generate_req_t;
 
 typedef struct {

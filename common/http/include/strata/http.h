@@ -17,6 +17,7 @@
 #ifndef STRATA_HTTP_H
 #define STRATA_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +48,7 @@ typedef struct {
                                    process's other descriptors: call st_fd_limit_raise() first. */
     const char *tls_cert;       /* PEM certificate (chain) file; with tls_key: HTTPS only (TLS 1.2+) */
     const char *tls_key;        /* PEM private key file */
+    bool access_log;            /* one info line per response: peer "METHOD PATH" status body-bytes seconds */
 } st_http_opts_t;
 
 /* Counters for operators (st_http_server_stats). */
