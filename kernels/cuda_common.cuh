@@ -18,7 +18,7 @@ __device__ __forceinline__ st_bf16_t st_tobf(float f) {
 /* σ(x) with the accurate expf (the engine's glue kernels and their CPU twins use this form) */
 __device__ __forceinline__ float st_sigf(float x) { return 1.f / (1.f + expf(-x)); }
 /* v as bf16 hi (returned) and, when lo != NULL, the bf16 of the remainder v − hi into *lo: the split
- * bf16 outputs (hi + lo carries v to ~16 bits; a GEMM reads both, st_split_bf16 in kernels.h) */
+ * bf16 outputs (hi + lo carries v to ~16 bits) */
 __device__ __forceinline__ st_bf16_t st_split_bf(float v, st_bf16_t *lo) {
     st_bf16_t h = st_tobf(v);
     if (lo) *lo = st_tobf(v - st_bf(h));
