@@ -443,3 +443,11 @@ uint64_t st_member_id(const st_member_t *m) { return m->id; }
 const char *st_member_token(const st_member_t *m) { return m->token; }
 st_rpc_channel_t *st_member_channel(st_member_t *m) { return m->ch; }
 void st_member_set_step(st_member_t *m, uint64_t step) { m->step = step; }
+
+int st_member_flags_parse(st_member_flags_t *f, int argc, char **argv, int *i) {
+    int k = st_sec_opts_parse(&f->sec, argc, argv, i);
+    if (k) return k;
+    static const char *const names[] = {"--coordinator", "--coordinator-file", "--ckpt", "--name"};
+    const char **const dst[] = {&f->coordinator, &f->coordinator_file, &f->ckpt, &f->name};
+    return st_parse_str_flag(names, dst, sizeof names / sizeof *names, argc, argv, i);
+}

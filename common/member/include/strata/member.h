@@ -41,6 +41,18 @@ typedef struct {
     void *arg;
 } st_member_opts_t;
 
+/* The command-line flags every member role takes, parsed in one place: those of st_sec_opts_parse
+ * (security, --set), and
+ *   --coordinator HOST:PORT[,HOST:PORT...]  --coordinator-file F  --ckpt DIR  --name NAME
+ * The strings point into argv. */
+typedef struct {
+    const char *coordinator, *coordinator_file, *ckpt, *name;
+    st_sec_opts_t sec;
+} st_member_flags_t;
+/* If argv[*i] is one of the flags above, consume it (and its value) and return 1; 0 if not ours;
+ * -1 (after printing why) when its value is missing. */
+int st_member_flags_parse(st_member_flags_t *f, int argc, char **argv, int *i);
+
 st_status_t st_member_start(struct uv_loop_s *loop, const st_member_opts_t *o, st_member_t **out);
 /* Stop timers and wait for calls in flight; done(arg) once everything is released. */
 void st_member_stop(st_member_t *m, void (*done)(void *arg), void *arg);
