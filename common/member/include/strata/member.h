@@ -6,6 +6,7 @@
 #ifndef STRATA_MEMBER_H
 #define STRATA_MEMBER_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "strata/base.h"
@@ -13,6 +14,7 @@
 #include "strata/rpc.h"
 
 struct uv_loop_s;
+struct uv_signal_s;
 
 typedef struct st_member st_member_t;
 
@@ -54,6 +56,14 @@ typedef struct {
 int st_member_flags_parse(st_member_flags_t *f, int argc, char **argv, int *i);
 
 st_status_t st_member_start(struct uv_loop_s *loop, const st_member_opts_t *o, st_member_t **out);
+/* The serving phase of a member role, once st_member_start has succeeded and its compute thread runs:
+ * SIGINT and SIGTERM call on_signal on the loop (sig_int and sig_term are the caller's handles, their
+ * data set to arg; the caller's drain closes them), "<what> <name> listening on <endpoint>" goes to
+ * stdout (the line launchers and tests wait for), the loop runs until every handle is closed, and then
+ * the compute thread is joined. */
+void st_member_serve(struct uv_loop_s *loop, struct uv_signal_s *sig_int, struct uv_signal_s *sig_term,
+                     void (*on_signal)(struct uv_signal_s *h, int signum), void *arg, pthread_t compute,
+                     const char *what, const char *name, const char *endpoint);
 /* Stop timers and wait for calls in flight; done(arg) once everything is released. */
 void st_member_stop(st_member_t *m, void (*done)(void *arg), void *arg);
 uint64_t st_member_id(const st_member_t *m); /* 0 until registered */
