@@ -2,7 +2,8 @@
  * versioned placement map and thresholds. The registration's id and member token go with every
  * heartbeat and score report; a coordinator that no longer knows them (restarted, or this
  * member's connection changed) is registered with again. Used by expert servers and attention workers. Runs on
- * the process's libuv loop thread (over common/rpc); callbacks run there too. */
+ * the process's libuv loop thread (over common/rpc); callbacks run there too. Also what both member roles'
+ * processes share: their common command-line flags and their serving phase. */
 #ifndef STRATA_MEMBER_H
 #define STRATA_MEMBER_H
 
