@@ -217,24 +217,6 @@ static void qc_plan(st_qsum_t *b, uint32_t T) {
     b->planned = 1;
 }
 
-/* Value of rank r (1-based) in descending order of x[0..n); reorders x (three-way quickselect). */
-static float qc_select_desc(float *x, uint32_t n, uint32_t r) {
-    uint32_t lo = 0, hi = n, want = r - 1;
-    while (hi - lo > 1) {
-        float p = x[lo + (hi - lo) / 2], t;
-        uint32_t lt = lo, i = lo, gt = hi; /* [lo,lt) > p, [lt,i) == p, [gt,hi) < p */
-        while (i < gt) {
-            if (x[i] > p) { t = x[lt]; x[lt++] = x[i]; x[i++] = t; }
-            else if (x[i] < p) { t = x[--gt]; x[gt] = x[i]; x[i] = t; }
-            else i++;
-        }
-        if (want < lt) hi = lt;
-        else if (want >= gt) lo = gt;
-        else return p;
-    }
-    return x[want];
-}
-
 /* Append a COUNT section (count plane, band plane when band) if it fits the room left; a section
  * that does not fit waits for a later summary. */
 static void qc_put_counts(st_qsum_t *b, uint32_t layer, uint32_t T, const uint32_t *cnt, const uint32_t *band) {
@@ -286,9 +268,9 @@ st_status_t st_qsum_add_layer(st_qsum_t *b, uint32_t layer, const float *scores,
                 if (!isfinite(s)) return ST_FAIL(ST_ERR_INVALID_ARG, "qsum_add_layer: layer %u token %u expert %u: non-finite score", layer, t, j);
                 b->col[t] = s + 0.0f;
             }
-            float x2 = qc_select_desc(b->col, T, r2);
+            float x2 = st_q_select_desc(b->col, T, r2);
             /* after the select, col[0..r2) holds the r2 largest */
-            float x1 = r1 == r2 ? x2 : qc_select_desc(b->col, r2, r1);
+            float x1 = r1 == r2 ? x2 : st_q_select_desc(b->col, r2, r1);
             st_q_putf(p, x1);
             st_q_putf(p + 4, x2);
             p += 8;

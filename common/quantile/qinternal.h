@@ -24,6 +24,10 @@ enum {
     ST_QH_STEP = 40,
 };
 
+/* Value of rank r (1-based) in descending order of x[0..n); reorders x (qxsum.c: quickselect with a
+ * three-way partition, so long runs of ties cost one pass). Both summary builders use it. */
+float st_q_select_desc(float *x, uint32_t n, uint32_t r);
+
 static inline void st_q_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void st_q_put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));

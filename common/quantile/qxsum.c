@@ -110,7 +110,7 @@ st_status_t st_qxsum_begin(st_qxsum_t *b, void *buf, size_t cap, uint32_t worker
 
 /* Value of rank r (1-based) in descending order of x[0..n); reorders x. Quickselect with a
  * three-way partition, so long runs of ties cost one pass. */
-static float qxsum_select_desc(float *x, uint32_t n, uint32_t r) {
+float st_q_select_desc(float *x, uint32_t n, uint32_t r) {
     uint32_t lo = 0, hi = n, want = r - 1;
     while (hi - lo > 1) {
         float p = x[lo + (hi - lo) / 2], t;
@@ -208,7 +208,7 @@ st_status_t st_qxsum_add_layer(st_qxsum_t *b, uint32_t layer, const float *score
             uint32_t r = b->want[j] < q ? b->want[j] : q;
             if (r > 65535u) r = 65535u;
             for (uint32_t t = 0; t < T; t++) b->col[t] = scores[(size_t)t * n + j] + 0.0f;
-            cut = qxsum_select_desc(b->col, T, r ? r : 1);
+            cut = st_q_select_desc(b->col, T, r ? r : 1);
             if (r == 0) { /* budget exhausted: report only the top value's group */
                 cut = b->col[0];
                 for (uint32_t t = 1; t < T; t++) if (b->col[t] > cut) cut = b->col[t];
