@@ -719,16 +719,30 @@ static int mb_collect(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256], int 
     return 1;
 }
 
-/* Every MoE layer of every micro-batch: count the load, add the scores to the step's summary. */
+/* Every MoE layer of every micro-batch: count the load, add the scores to the step's summary (only
+ * for layers without a threshold: the others come with their counts, count_hook). */
 static void route_hook(void *ctx, int layer, int T, int n, const float *scores, const int *ids, const int *cnt, int kmax) {
     aw_t *aw = ctx;
     uint32_t *ld = aw->load + (size_t)layer * n;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < cnt[t]; i++) ld[ids[(size_t)t * kmax + i]]++;
-    if (aw->o.routing != ST_ROUTE_QUANTILE) return;
+    if (aw->o.routing != ST_ROUTE_QUANTILE || !scores) return;
     double t0 = st_time_sec();
     if (st_qsum_add_layer(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), scores, (uint32_t)T) != ST_OK)
         st_log_every(ST_LOG_WARN, 10.0, "worker %s: score summary of layer %d dropped: %s", aw->o.name, layer,
+                     st_err_last());
+    aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
+}
+
+/* Every MoE layer routed by its thresholds: the engine's counts (on the GPU, the router's epilogue)
+ * into the step's summary. */
+static void count_hook(void *ctx, int layer, int T, int n, const uint32_t *cnt, const uint32_t *band) {
+    aw_t *aw = ctx;
+    (void)n;
+    double t0 = st_time_sec();
+    if (st_qsum_add_layer_counts(aw->qsum[aw->hook_mb], (uint32_t)(layer - aw->c->first_k_dense), (uint32_t)T, cnt,
+                                 band) != ST_OK)
+        st_log_every(ST_LOG_WARN, 10.0, "worker %s: threshold counts of layer %d dropped: %s", aw->o.name, layer,
                      st_err_last());
     aw->stage[ST_PROTO_STAGE_THRESHOLDS] += st_time_sec() - t0;
 }
@@ -746,6 +760,7 @@ static void sync_thresholds(aw_t *aw) {
     }
     pthread_mutex_unlock(&aw->mu);
     if (!fresh) return;
+    st_engine_set_probes(aw->e, aw->rho_cur);
     st_engine_set_thresholds(aw->e, aw->tau_cur, aw->tau_cur_version);
     size_t off = (size_t)c->first_k_dense * c->n_experts;
     aw->qtab = (st_qtable_t){.version = aw->tau_cur_version, .n_layers = (uint32_t)(c->n_layers - c->first_k_dense),
@@ -1846,6 +1861,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
                            .on_registered = on_registered,
                            .sec = sec ? &aw->member_sec : NULL};
     st_engine_set_route_observer(aw->e, route_hook, aw);
+    if (aw->o.routing == ST_ROUTE_QUANTILE) st_engine_set_count_observer(aw->e, count_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);
     st_log_info("worker %s: serving %s on %s (%d seqs, %d tokens/step, %d ctx, %s routing, %d micro-batches)", aw->o.name,

@@ -44,6 +44,7 @@ typedef struct {
     float *cq, *ckv, *qabs, *olat, *cctx, *kvfull, *K, *V, *attn_ws, *kda_ws;
     float *scores, *wts, *z, *zin, *eout, *u, *ffn_ws, *sh;
     int *ids, *ids_tmp, *cnt, *grp_off, *grp_tok, *tok_ent;
+    uint32_t *qcnt, *qband; /* [n] threshold counts (count observer) */
     float *lin;
 } st_bufs_t;
 
@@ -93,6 +94,7 @@ static size_t carve_bufs(st_engine_t *e, uint8_t *base, st_bufs_t *b) {
     size_t n = (size_t)ST_MAX(c->n_experts, 1), kc = (size_t)e->kcap, ew = (size_t)st_config_expert_width(c);
     CF(scores, T * n); CF(wts, T * kc); CI(ids, T * kc); CI(ids_tmp, T * kc); CI(cnt, T);
     CI(grp_off, n + 1); CI(grp_tok, T * kc); CI(tok_ent, T);
+    b->qcnt = carve(base, &off, n * sizeof(uint32_t)); b->qband = carve(base, &off, n * sizeof(uint32_t));
     CF(z, T * ew); CF(zin, 2 * T * ew); CF(eout, T * kc * ew); CF(u, T * ew); CF(sh, T * d);
     /* FFN workspace: the largest of dense, shared and expert FFNs at T (experts: T·kcap rows max) */
     size_t fw = 0;
@@ -265,7 +267,13 @@ static void route(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t
         }
     }
     st_engine_route_host(e, l, T, b->scores, b->ids, b->cnt, b->wts); /* quantile sets, the hook */
-    if (e->obs) e->obs(e->obs_ctx, l, T, n, b->scores, b->ids, b->cnt, kc);
+    bool counted = st_engine_counted(e, l);
+    if (counted) {
+        const float *rho = st_engine_probe_row(e, l);
+        st_route_count(b->qcnt, b->qband, b->scores, e->tau + (size_t)l * n, rho, T, n);
+        e->cobs(e->cobs_ctx, l, T, n, b->qcnt, rho ? b->qband : NULL);
+    }
+    if (e->obs) e->obs(e->obs_ctx, l, T, n, counted ? NULL : b->scores, b->ids, b->cnt, kc);
     /* weights from the unbiased scores over the final sets (SPEC §7) */
     for (int t = 0; t < T; t++) {
         const float *s = b->scores + (size_t)t * n;

@@ -86,6 +86,7 @@ typedef struct {
     int mla_dmin;
     st_bf16_t *dc, *dY, *dK, *dV, *dod;
     float *tau_d; /* device copy of e->tau (quantile routing on the device) */
+    float *rho_d; /* device copy of e->rho (the band counts) */
     /* ordering across micro-batch streams: seq_open's state resets on s (open_ev); the compute of
      * the micro-batches in launch order (chain_ev, see chain_wait), so that an early micro-batch's
      * hand-off is ready early and the copies run beside the next one's compute */
@@ -129,6 +130,10 @@ typedef struct {
     /* pinned host */
     int *meta_h, *ids_h, *cnt_h;
     float *z_h, *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
+    /* threshold counts (count observer): cnt | band, [2, n] uint32 on the device and pinned; counted:
+     * the layer in flight was counted, banded: with the band */
+    uint32_t *qc, *qc_h;
+    bool counted, banded;
     /* step */
     int n_rows;
     int *d_tok, *d_tok_ent, *d_tok_pos, *d_rows, *d_cu, *d_slot, *d_len, *d_btab; /* into meta_d */
@@ -374,6 +379,7 @@ static st_status_t alloc_pools(cu_t *g, size_t *sb, size_t *cb, size_t *kvb) {
     g->mla_ws_bytes = st_cuda_mla_decode_ws_bytes(M, ST_MAX(c->mla_heads, 1), e->o.max_ctx, MLA_SPLIT);
     TRY(galloc(g, &g->mla_ws, g->mla_ws_bytes));
     TRY(galloc(g, (void **)&g->tau_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float)));
+    TRY(galloc(g, (void **)&g->rho_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float)));
     TRY(st_gpu_event_create(&g->open_ev));
     TRY(st_gpu_event_create(&g->chain_ev));
     /* MLA direct form for prompt chunks (mla_direct): the prefill kernel's head shapes */
@@ -444,6 +450,11 @@ static st_status_t set_thresholds(st_engine_t *e, const float *tau) {
     return st_gpu_memcpy_h2d(CU(e)->tau_d, tau, (size_t)e->c.n_layers * e->c.n_experts * sizeof(float));
 }
 
+static st_status_t set_probes(st_engine_t *e, const float *rho) {
+    TRY(st_gpu_init(e->o.device));
+    return st_gpu_memcpy_h2d(CU(e)->rho_d, rho, (size_t)e->c.n_layers * e->c.n_experts * sizeof(float));
+}
+
 static st_status_t set_trace(st_engine_t *e, bool on) {
     cu_t *g = CU(e);
     const st_config_t *c = &e->c;
@@ -512,7 +523,7 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
     DC(cq, T * (size_t)ST_MAX(c->q_lora_rank, 1) * B2); DC(cq32, T * (size_t)ST_MAX(c->q_lora_rank, 1) * F); DC(qm, T * Hm * dqk * B2); DC(qm32, T * Hm * dqk * F);
     DC(ckv, T * R * F); DC(qabs, T * Hm * R * B2); DC(olat, T * Hm * (size_t)ST_MAX(c->kv_lora_rank, 1) * B2);
     DC(h2, T * 2 * fw * F); DC(hh, T * fw * B2);
-    DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(cnt, T * 4);
+    DC(scores, T * n * F); DC(wts, T * kc * F); DC(ids, T * kc * 4); DC(cnt, T * 4); DC(qc, 2 * n * 4);
     DC(offsets, (n + 1) * 4); DC(row_of, T * kc * 4); DC(z, T * ew * B2); DC(un, T * ew * B2);
     if (c->n_experts > 0 && !g->e->o.remote_experts) {
         DC(xg, T * kc * ew * B2); DC(yg, T * kc * ew * F);
@@ -531,6 +542,7 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
     *pneed = 0;
 #define PC(f, bytes) mb->f = dcarve(a, pneed, (bytes))
     PC(meta_h, meta * 4); PC(amax_h, T * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(scores_h, T * n * F); PC(wq_h, T * kc * F);
+    PC(qc_h, 2 * n * 4);
     if (!mb->fm->internal && c->n_experts > 0) {
         PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F);
     }
@@ -822,18 +834,37 @@ static void ffn_add(cmb_t *mb, const st_bf16_t *gu, const st_bf16_t *down, int w
     CK(lin(mb, mb->partial, d, 1.f, mb->hh, w, down, T, d, w));
 }
 
+/* The count and route observers of layer l, from the host copies (engine.h). */
+static void deliver(cmb_t *mb, int l) {
+    st_engine_t *e = mb->g->e;
+    int T = mb->fm->T, n = e->c.n_experts;
+    if (mb->counted) e->cobs(e->cobs_ctx, l, T, n, mb->qc_h, mb->banded ? mb->qc_h + n : NULL);
+    if (e->obs) e->obs(e->obs_ctx, l, T, n, mb->counted ? NULL : mb->scores_h, mb->ids_h, mb->cnt_h, e->kcap);
+}
+
 /* The route observer (engine.h): the scores come back with the hand-off and the observer runs in
- * collect (micro-batches); st_engine_step's walk copies and calls it here. */
+ * collect (micro-batches); st_engine_step's walk copies and calls it here. A counted layer's
+ * threshold counts are made here, on the device right after routing (the router's epilogue), and
+ * only they come back, not the scores. */
 static void observe(cmb_t *mb, int l) {
     cu_t *g = mb->g;
-    int T = mb->fm->T, n = g->e->c.n_experts, kc = g->e->kcap;
-    if (!g->e->obs) return;
-    CK(st_gpu_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
-    if (!mb->fm->internal) return;
+    st_engine_t *e = g->e;
+    int T = mb->fm->T, n = e->c.n_experts, kc = e->kcap;
+    const float *rho = st_engine_probe_row(e, l);
+    mb->counted = st_engine_counted(e, l);
+    mb->banded = mb->counted && rho;
+    if (mb->counted) {
+        CK(st_cuda_route_count(mb->s, mb->qc, mb->qc + n, mb->scores, g->tau_d + (size_t)l * n,
+                               rho ? g->rho_d + (size_t)l * n : NULL, T, n));
+        CK(st_gpu_memcpy_async(mb->s, mb->qc_h, mb->qc, (size_t)(rho ? 2 : 1) * n * sizeof(uint32_t), ST_GPU_COPY_D2H));
+    } else if (e->obs) {
+        CK(st_gpu_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
+    }
+    if (!mb->fm->internal || (!e->obs && !mb->counted)) return;
     CK(st_gpu_memcpy_async(mb->s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(mb->s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(mb->s));
-    g->e->obs(g->e->obs_ctx, l, T, n, mb->scores_h, mb->ids_h, mb->cnt_h, kc);
+    deliver(mb, l);
 }
 
 /* The three GEMMs of a latent MoE layer that read xn: router scores (fp32), z = xn · lat_downᵀ (bf16)
@@ -1064,7 +1095,7 @@ static void handoff_wait(st_engine_mb_t *fm) {
     st_engine_t *e = fm->e;
     if (st_gpu_init(e->o.device) != ST_OK && fm->err == ST_OK) fm->err = ST_ERR_INTERNAL;
     CK(st_gpu_event_sync(mb->ev));
-    if (e->obs) e->obs(e->obs_ctx, fm->l, fm->T, e->c.n_experts, mb->scores_h, mb->ids_h, mb->cnt_h, e->kcap);
+    deliver(mb, fm->l);
 }
 
 /* The head: final norm, lm_head, logits or argmax to the caller; synchronises. */
@@ -1123,7 +1154,7 @@ void st_engine_cuda_set_graphs(st_engine_t *e, bool on) {
  * embedding, every layer with its local experts: the frontend's walk, st_engine_mb_launch), which
  * read the step's tokens, slots, lengths and block tables from device memory, so one capture serves
  * every step with the same token count and MLA split bound; the head runs after it as usual. Steps
- * with host round trips (a hook, an observer, the trace, host routing) are not captured. Queues
+ * with host round trips (a hook, an observer of either kind, the trace, host routing) are not captured. Queues
  * nothing when the step does not qualify or the capture failed (graphs are then switched off with
  * a warning). */
 static void graph_step(st_engine_mb_t *fm) {
@@ -1131,7 +1162,7 @@ static void graph_step(st_engine_mb_t *fm) {
     cu_t *g = mb->g;
     st_engine_t *e = g->e;
     bool host_route = e->o.routing == ST_ROUTE_QUANTILE && e->tau_set && (e->o.host_route || e->kcap != e->o.k_max);
-    if (!g->graphs || !mb->all_decode || e->hook || e->obs || e->trace || host_route) return;
+    if (!g->graphs || !mb->all_decode || e->hook || e->obs || e->cobs || e->trace || host_route) return;
     int hit = -1, victim = 0;
     for (int i = 0; i < EGPU_GRAPHS; i++) {
         if (g->gr[i].exec && g->gr[i].T == fm->T && g->gr[i].lb == mb->max_len) hit = i;
@@ -1178,6 +1209,7 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .mb_free = mb_free,
     .seq_reset = seq_reset,
     .set_thresholds = set_thresholds,
+    .set_probes = set_probes,
     .set_trace = set_trace,
     .begin = begin,
     .launch_begin = launch_begin,

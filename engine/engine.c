@@ -92,7 +92,9 @@ static st_status_t alloc_tables(st_engine_t *e) {
     e->seq_npages = calloc((size_t)M * (size_t)e->n_mla + 1, sizeof(int));
     e->seq_pageid = calloc((size_t)M * (size_t)e->n_mla * (size_t)e->pps + 1, sizeof(int));
     e->tau = calloc((size_t)c->n_layers * (size_t)ST_MAX(c->n_experts, 1), sizeof(float));
-    if (!e->seq_used || !e->seq_busy || !e->seq_len || !e->free_pages || !e->seq_npages || !e->seq_pageid || !e->tau)
+    e->rho = calloc((size_t)c->n_layers * (size_t)ST_MAX(c->n_experts, 1), sizeof(float));
+    if (!e->seq_used || !e->seq_busy || !e->seq_len || !e->free_pages || !e->seq_npages || !e->seq_pageid || !e->tau ||
+        !e->rho)
         return ST_FAIL(ST_ERR_NO_MEMORY, "engine tables for %d sequences × %d tokens", M, e->o.max_ctx);
     for (int i = 0; i < e->n_pages; i++) e->free_pages[i] = e->n_pages - 1 - i;
     e->n_free = e->n_pages;
@@ -101,7 +103,7 @@ static st_status_t alloc_tables(st_engine_t *e) {
 
 static void free_tables(st_engine_t *e) {
     free(e->seq_used), free(e->seq_busy), free(e->seq_len), free(e->free_pages), free(e->seq_npages);
-    free(e->seq_pageid), free(e->tau);
+    free(e->seq_pageid), free(e->tau), free(e->rho);
     if (e->bq)
         for (int b = 0; b < e->n_blocks; b++) free(e->bq[b].w);
     free(e->bq), free(e->q_attn), free(e->q_mlp), free(e->layer_slot);
@@ -223,6 +225,20 @@ void st_engine_set_thresholds(st_engine_t *e, const float *tau, uint64_t version
     e->tau_version = version;
 }
 
+void st_engine_set_probes(st_engine_t *e, const float *rho) {
+    if (!rho) {
+        e->rho_set = false;
+        return;
+    }
+    memcpy(e->rho, rho, (size_t)e->c.n_layers * (size_t)e->c.n_experts * sizeof(float));
+    if (e->be->set_probes && e->be->set_probes(e, rho) != ST_OK) {
+        st_log_error("engine: probe thresholds not uploaded (%s); no band counts until the next set", st_err_last());
+        e->rho_set = false;
+        return;
+    }
+    e->rho_set = true;
+}
+
 void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx) {
     e->hook = fn;
     e->hook_ctx = ctx;
@@ -231,6 +247,11 @@ void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx) {
 void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx) {
     e->obs = fn;
     e->obs_ctx = ctx;
+}
+
+void st_engine_set_count_observer(st_engine_t *e, st_count_observer_t fn, void *ctx) {
+    e->cobs = fn;
+    e->cobs_ctx = ctx;
 }
 
 void st_engine_set_trace_hook(st_engine_t *e, st_trace_hook_t fn, void *ctx) {
@@ -245,6 +266,13 @@ void st_engine_set_trace_hook(st_engine_t *e, st_trace_hook_t fn, void *ctx) {
 /* NOTE: a layer whose thresholds are unset (NaN) routes top-k until the coordinator has data */
 bool st_engine_route_quantile(const st_engine_t *e, int l) {
     return e->o.routing == ST_ROUTE_QUANTILE && e->tau_set && !isnan(e->tau[(size_t)l * e->c.n_experts]);
+}
+
+bool st_engine_counted(const st_engine_t *e, int l) { return e->cobs && st_engine_route_quantile(e, l); }
+
+const float *st_engine_probe_row(const st_engine_t *e, int l) {
+    const float *r = e->rho + (size_t)l * e->c.n_experts;
+    return e->rho_set && !isnan(r[0]) ? r : NULL;
 }
 
 void st_engine_route_host(st_engine_t *e, int l, int T, const float *scores, int *ids, int *cnt, float *wq) {

@@ -92,6 +92,10 @@ struct st_engine {
     void *hook_ctx;
     st_route_observer_t obs;
     void *obs_ctx;
+    float *rho; /* host [L][n]: probe thresholds for the band counts */
+    bool rho_set;
+    st_count_observer_t cobs;
+    void *cobs_ctx;
     st_trace_hook_t trace; /* test-only (engine.h) */
     void *trace_ctx;
     struct st_engine_mb *mb; /* st_engine_step's (local experts only) */
@@ -119,6 +123,10 @@ struct st_engine_mb {
  * into the scratch wq [T, k_max]) when the thresholds apply, else ids/cnt as given (top-k); then
  * the route hook, which may rewrite the sets. */
 bool st_engine_route_quantile(const st_engine_t *e, int l);
+/* Whether layer l's threshold counts go to the count observer (engine.h), and its probe row (ρ of
+ * layer l, or NULL: no band counts). */
+bool st_engine_counted(const st_engine_t *e, int l);
+const float *st_engine_probe_row(const st_engine_t *e, int l);
 void st_engine_route_host(st_engine_t *e, int l, int T, const float *scores, int *ids, int *cnt, float *wq);
 
 /* ------------------------------------------------------------------ the backend table
@@ -140,6 +148,7 @@ struct st_engine_backend {
     void (*mb_free)(st_engine_mb_t *mb);
     st_status_t (*seq_reset)(st_engine_t *e, int slot);   /* zero a slot's KDA state and conv windows */
     st_status_t (*set_thresholds)(st_engine_t *e, const float *tau); /* device copy of τ */
+    st_status_t (*set_probes)(st_engine_t *e, const float *rho);     /* device copy of ρ */
     st_status_t (*set_trace)(st_engine_t *e, bool on);    /* trace staging buffers */
     /* ---- a step ---- */
     void (*begin)(st_engine_mb_t *mb);        /* after validation and page growth: tokens, metadata */

@@ -91,3 +91,19 @@ void st_route_finish(const int *ids, float *w, const int *cnt, const float *s, i
             w[(size_t)t * kc + i] = i >= cnt[t] ? 0.0f : renorm ? st[id[i]] / (sum + 1e-20f) * scale : st[id[i]] * scale;
     }
 }
+
+void st_route_count(uint32_t *cnt, uint32_t *band, const float *s, const float *tau, const float *rho, int T, int n) {
+    const bool with_band = rho && band;
+    for (int j = 0; j < n; j++) {
+        cnt[j] = 0;
+        if (with_band) band[j] = 0;
+    }
+    for (int t = 0; t < T; t++) {
+        const float *st = s + (size_t)t * n;
+        for (int j = 0; j < n; j++) {
+            bool at_tau = st[j] >= tau[j]; /* NOTE: false for a NaN score or threshold */
+            cnt[j] += at_tau;
+            if (with_band) band[j] += (st[j] >= rho[j]) != at_tau; /* in [min, max) of rho, tau */
+        }
+    }
+}

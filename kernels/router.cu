@@ -21,3 +21,39 @@ extern "C" st_status_t st_cuda_route_finish(const st_gpu_stream_t *s, const int 
     return ST_LAUNCH_OK("route_finish_kernel");
 }
 
+
+/* Threshold counts: thread j of a block counts expert j over one chunk of RC_CHUNK tokens (a warp
+ * reads 32 consecutive experts of a row: coalesced), then adds its chunk's count once. Integer
+ * atomics: the totals do not depend on the order. */
+#define RC_THREADS 128
+#define RC_CHUNK 32
+__global__ void route_count_kernel(uint32_t *cnt, uint32_t *band, const float *scores, const float *tau,
+                                   const float *rho, int T, int n) {
+    int j = blockIdx.x * RC_THREADS + threadIdx.x;
+    if (j >= n) return;
+    int t0 = blockIdx.y * RC_CHUNK, t1 = min(T, t0 + RC_CHUNK);
+    float tj = tau[j], rj = band ? rho[j] : 0.f;
+    uint32_t c = 0, b = 0;
+    for (int t = t0; t < t1; t++) {
+        float sv = scores[(size_t)t * n + j];
+        bool at_tau = sv >= tj; /* NOTE: false for NaN, as the C twin */
+        c += at_tau;
+        if (band) b += (sv >= rj) != at_tau;
+    }
+    if (c) atomicAdd(cnt + j, c);
+    if (band && b) atomicAdd(band + j, b);
+}
+extern "C" st_status_t st_cuda_route_count(const st_gpu_stream_t *s, uint32_t *cnt, uint32_t *band,
+                                           const float *scores, const float *tau, const float *rho, int T, int n) {
+    if (T < 0 || n <= 0 || T / RC_CHUNK >= 65535)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "route_count: T=%d n=%d", T, n);
+    if (!rho) band = NULL;
+    cudaStream_t st = ST_STREAM(s);
+    if (cudaMemsetAsync(cnt, 0, (size_t)n * sizeof(uint32_t), st) != cudaSuccess ||
+        (band && cudaMemsetAsync(band, 0, (size_t)n * sizeof(uint32_t), st) != cudaSuccess))
+        return ST_LAUNCH_OK("route_count memset");
+    if (!T) return ST_OK;
+    dim3 grid((n + RC_THREADS - 1) / RC_THREADS, (T + RC_CHUNK - 1) / RC_CHUNK);
+    route_count_kernel<<<grid, RC_THREADS, 0, st>>>(cnt, band, scores, tau, rho, T, n);
+    return ST_LAUNCH_OK("route_count_kernel");
+}

@@ -75,10 +75,24 @@ void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx);
  * the GPU engine route on the device without a host round trip: there the observer of a
  * micro-batch's layer runs inside st_engine_mb_collect, once the hand-off copies have landed (the
  * scores come back with them); st_engine_step calls it right after routing. The worker counts
- * expert load and builds its threshold summaries this way. */
+ * expert load and builds its threshold summaries this way. scores is NULL on a layer the count
+ * observer (below) received counts for: those scores are not copied back. */
 typedef void (*st_route_observer_t)(void *ctx, int layer, int T, int n_experts, const float *scores,
                                     const int *ids, const int *cnt, int kmax);
 void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx);
+/* Threshold counts (the router's epilogue; docs/quantile.md, the counting estimator): with a count
+ * observer set, at every MoE layer that routes by its thresholds (quantile mode, τ row set), the
+ * engine counts over the layer's σ scores cnt[j] = #{t : s_tj ≥ τ_j} and, when the layer's probe row
+ * ρ is set (st_engine_set_probes), band[j] = #{t : exactly one of s_tj ≥ ρ_j, s_tj ≥ τ_j} (band NULL
+ * otherwise): st_route_count's integers, which st_qsum_add_layer_counts takes. The GPU engine counts
+ * on the device right after routing and copies back only these 2n integers. Called where the route
+ * observer is, just before it; cnt/band [n_experts] valid during the call. */
+typedef void (*st_count_observer_t)(void *ctx, int layer, int T, int n_experts, const uint32_t *cnt,
+                                    const uint32_t *band);
+void st_engine_set_count_observer(st_engine_t *e, st_count_observer_t fn, void *ctx);
+/* Probe thresholds ρ [n_layers][n_experts] for the band counts (a row starting with NaN: that
+ * layer is not probed); NULL = none. Copied; set between steps with the τ they belong to. */
+void st_engine_set_probes(st_engine_t *e, const float *rho);
 
 /* ---- test-only trace: per-sublayer comparison of backends (SPEC §8) ----
  * Called at fixed points of the layer walk, in the same order on every backend, with an fp32 host

@@ -306,6 +306,12 @@ st_status_t st_cuda_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16
  * renorm: s / (Σ s + 1e-20) · scale, else s · scale; 0 past cnt. Σ in slot order. C: st_route_finish. */
 st_status_t st_cuda_route_finish(const st_gpu_stream_t *s, const int *ids, float *w, const int *cnt,
                                  const float *scores, int T, int n, int kc, bool renorm, float scale);
+/* Threshold counts (the router's epilogue for the quantile summaries): cnt [n], band [n] uint32
+ * device (band written only when rho and band are non-NULL) from scores [T, n] fp32 (σ), tau, rho
+ * [n] fp32; exactly st_route_count's integers (same ≥ and NaN semantics). Zeroes cnt/band itself
+ * (an async memset, then one atomic add per expert per 32-token chunk). T ≥ 0, n > 0. */
+st_status_t st_cuda_route_count(const st_gpu_stream_t *s, uint32_t *cnt, uint32_t *band, const float *scores,
+                                const float *tau, const float *rho, int T, int n);
 /* Grouping by expert (one block; E + 1 ints of shared memory): offsets [E+1] int32 (expert e's rows are
  * offsets[e] .. offsets[e+1]-1), row_of [T, kc] int32 (grouped row of slot (t, i), −1 for i ≥ cnt[t]).
  * NOTE: the order of rows within an expert may vary run to run (atomics); every consumer reads rows
