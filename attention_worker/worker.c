@@ -322,8 +322,8 @@ static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logi
     ev->gen = q->gen;
     ev->finish = fin != ST_PROTO_FINISH_NONE;
     ev->bytes = ev->inl;
-    if (st_proto_generate_chunk_encode_into(&ch, ev->inl, sizeof ev->inl, &ev->len) != ST_OK) {
-        /* only a --dump-logits chunk (vocab × 4 bytes) takes this debugging path */
+    /* a chunk with a logits row (vocab × 4 bytes: logprobs, --dump-logits) never fits the inline buffer */
+    if (ch.logits || st_proto_generate_chunk_encode_into(&ch, ev->inl, sizeof ev->inl, &ev->len) != ST_OK) {
         ev->heap = 1;
         if (st_proto_generate_chunk_encode(&ch, &ev->bytes, &ev->len) != ST_OK) {
             ev->heap = 0;
