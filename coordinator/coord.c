@@ -702,7 +702,7 @@ static void h_health(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         return;
     }
     if (svc[0] && strcmp(svc, "strata.v1.Coordinator") != 0) {
-        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "unknown service (this server has \"\" and strata.v1.Coordinator)");
+        st_rpc_call_finish(call, ST_ERR_NOT_FOUND, "unknown service (this server has \"\" and strata.v1.Coordinator)");
         return;
     }
     const uint8_t rep[2] = {0x08, st_coord_ready(co) ? 1 : 2}; /* field 1, varint */

@@ -115,6 +115,7 @@ static void status_error(st_http_res_t *res, st_status_t s, const char *msg, con
     case ST_ERR_INVALID_ARG:
     case ST_ERR_OUT_OF_RANGE:
     case ST_ERR_PARSE: json_reply(res, 400, error_obj(msg, "invalid_request_error", param, NULL)); return;
+    case ST_ERR_NOT_FOUND: json_reply(res, 404, error_obj(msg, "invalid_request_error", param, "not_found")); return;
     case ST_ERR_AUTH:
         json_reply_with(res, 401, error_obj(msg, "invalid_request_error", NULL, "invalid_api_key"), "WWW-Authenticate: Bearer");
         return;

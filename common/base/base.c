@@ -21,6 +21,7 @@ const char *st_status_str(st_status_t s) {
     case ST_ERR_TIMEOUT: return "timed out";
     case ST_ERR_CANCELLED: return "cancelled";
     case ST_ERR_AUTH: return "unauthenticated";
+    case ST_ERR_NOT_FOUND: return "not found";
     case ST_ERR_CONFIG: return "bad config";
     case ST_ERR_CHECKPOINT: return "bad checkpoint";
     case ST_ERR_IO: return "I/O error";

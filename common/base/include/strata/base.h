@@ -22,6 +22,7 @@ typedef enum {
     ST_ERR_TIMEOUT = -4,        /* a bounded wait expired */
     ST_ERR_CANCELLED = -5,
     ST_ERR_AUTH = -6,           /* missing or wrong credentials: refuse, keep serving */
+    ST_ERR_NOT_FOUND = -7,      /* no such named thing (service, route, sequence) */
     /* input files: fail the load, keep the process */
     ST_ERR_CONFIG = -20,        /* config.json missing, malformed or inconsistent */
     ST_ERR_CHECKPOINT = -21,    /* safetensors / index malformed or disagreeing with config */
