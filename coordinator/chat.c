@@ -20,7 +20,7 @@ typedef struct {
 } sbuf_t;
 
 static void sb_put(sbuf_t *b, const char *s, size_t n) {
-    if (b->oom) return;
+    if (b->oom || !n) return; /* NOTE: s may be NULL when n is 0 (an empty content array) */
     if (b->n + n + 1 > b->cap) {
         size_t nc = (b->n + n + 1) * 2 + 64;
         char *np = realloc(b->p, nc);
