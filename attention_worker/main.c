@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "strata/member.h"
 #include "worker.h"
 
 static void usage(void) {
@@ -22,18 +23,14 @@ static long num(const char *flag, const char *v, long lo, long hi) {
 
 int main(int argc, char **argv) {
     st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1, .drain_timeout_s = 30};
-    static st_sec_opts_t sec;
+    static st_member_flags_t mf;
     for (int i = 1; i < argc; i++) {
-        int k = st_sec_opts_parse(&sec, argc, argv, &i);
+        int k = st_member_flags_parse(&mf, argc, argv, &i);
         if (k < 0) return 2;
         if (k) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
-        if (!strcmp(a, "--coordinator")) o.coordinator = v;
-        else if (!strcmp(a, "--coordinator-file")) o.coordinator_file = v;
-        else if (!strcmp(a, "--ckpt")) o.ckpt = v;
-        else if (!strcmp(a, "--listen")) o.listen = v;
-        else if (!strcmp(a, "--name")) o.name = v;
+        if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--max-seqs")) {
             if ((o.max_seqs = (int)num(a, v, 0, 1 << 16)) < 0) return 2;
         } else if (!strcmp(a, "--max-batch-tokens")) {
@@ -70,16 +67,17 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    if (!o.coordinator || !o.ckpt) { usage(); return 2; }
+    if (!mf.coordinator || !mf.ckpt) { usage(); return 2; }
+    o.coordinator = mf.coordinator, o.coordinator_file = mf.coordinator_file, o.ckpt = mf.ckpt, o.name = mf.name;
     st_log_set_tag(o.name ? o.name : "attn");
     st_fd_limit_raise();
-    if (st_sec_opts_finish(&sec, "strata-attn") != ST_OK) return 2;
-    if (sec.tls && !sec.tls_cert) { /* the coordinator reaches a TLS cluster's workers over TLS */
+    if (st_sec_opts_finish(&mf.sec, "strata-attn") != ST_OK) return 2;
+    if (mf.sec.tls && !mf.sec.tls_cert) { /* the coordinator reaches a TLS cluster's workers over TLS */
         fprintf(
             stderr,
             "strata-attn: --tls needs --tls-cert and --tls-key: the coordinator calls this worker's port over TLS\n");
         return 2;
     }
-    o.sec = &sec;
+    o.sec = &mf.sec;
     return st_aw_run(&o);
 }

@@ -1848,18 +1848,10 @@ int st_aw_run(const st_aw_opts_t *opts) {
     st_engine_set_route_observer(aw->e, route_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);
-    uv_signal_init(&aw->loop, &aw->sig_int);
-    uv_signal_init(&aw->loop, &aw->sig_term);
-    aw->sig_int.data = aw->sig_term.data = aw;
-    uv_signal_start(&aw->sig_int, on_signal, SIGINT);
-    uv_signal_start(&aw->sig_term, on_signal, SIGTERM);
     st_log_info("worker %s: serving %s on %s (%d seqs, %d tokens/step, %d ctx, %s routing, %d micro-batches)", aw->o.name,
                 aw->o.ckpt, endpoint, aw->o.max_seqs, aw->o.max_batch_tokens, aw->o.max_ctx,
                 aw->o.routing == ST_ROUTE_QUANTILE ? "quantile" : "top-k", aw->o.micro_batches);
-    printf("worker %s listening on %s\n", aw->o.name, endpoint);
-    fflush(stdout);
-    uv_run(&aw->loop, UV_RUN_DEFAULT);
-    pthread_join(aw->th, NULL);
+    st_member_serve(&aw->loop, &aw->sig_int, &aw->sig_term, on_signal, aw, aw->th, "worker", aw->o.name, endpoint);
     rc = 0;
     goto out_closed;
 out_tp:

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 
 #include "compute_gpu.h"
-#include "compute_gpu_glue.h"
 #include "strata/gpu.h"
 #include "strata/kernels_cuda.h"
 
@@ -208,7 +207,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     CK(st_gpu_memcpy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), ST_GPU_COPY_H2D));
     if (src) {
         CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
-        CK(es_gpu_expand_bf16(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
+        CK(st_cuda_moe_expand(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
     } else {
         CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
     }

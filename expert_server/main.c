@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "strata/member.h"
 #include "server.h"
 
 static void usage(void) {
@@ -24,18 +25,14 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) 
 int main(int argc, char **argv) {
     st_es_opts_t o = {.inline_rows = -1};
     static char host[256];
-    static st_sec_opts_t sec;
+    static st_member_flags_t mf;
     for (int i = 1; i < argc; i++) {
-        int k = st_sec_opts_parse(&sec, argc, argv, &i);
+        int k = st_member_flags_parse(&mf, argc, argv, &i);
         if (k < 0) return 2;
         if (k) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { usage(); return 2; }
-        if (!strcmp(a, "--coordinator")) o.coordinator = v;
-        else if (!strcmp(a, "--coordinator-file")) o.coordinator_file = v;
-        else if (!strcmp(a, "--ckpt")) o.ckpt = v;
-        else if (!strcmp(a, "--name")) o.name = v;
-        else if (!strcmp(a, "--max-rows")) {
+        if (!strcmp(a, "--max-rows")) {
             if (int_arg(a, v, 1, 1 << 22, &o.max_rows) != 0) return 2;
         } else if (!strcmp(a, "--slots")) {
             if (int_arg(a, v, 1, 1024, &o.slots) != 0) return 2;
@@ -56,7 +53,8 @@ int main(int argc, char **argv) {
         } else { usage(); return 2; }
         i++;
     }
-    if (!o.coordinator || !o.ckpt) { usage(); return 2; }
+    if (!mf.coordinator || !mf.ckpt) { usage(); return 2; }
+    o.coordinator = mf.coordinator, o.coordinator_file = mf.coordinator_file, o.ckpt = mf.ckpt, o.name = mf.name;
 #ifndef STRATA_WITH_CUDA
     if (o.use_cuda) {
         fprintf(stderr, "strata-expert: --device cuda:%d: this build has no CUDA (configure with -DSTRATA_WITH_CUDA=ON "
@@ -66,8 +64,8 @@ int main(int argc, char **argv) {
 #endif
     st_log_set_tag(o.name ? o.name : "expert");
     st_fd_limit_raise();
-    if (st_sec_opts_finish(&sec, "strata-expert") != ST_OK) return 2;
-    o.sec = &sec;
+    if (st_sec_opts_finish(&mf.sec, "strata-expert") != ST_OK) return 2;
+    o.sec = &mf.sec;
     o.inline_rows = (int)st_tun_int(ST_TUN_ES_INLINE_ROWS); /* < 0: the server's default for its device */
     return st_es_run(&o);
 }

@@ -458,18 +458,10 @@ int st_es_run(const st_es_opts_t *opts) {
                            .sec = sec ? &es->rpc_sec : NULL, .on_placement = on_placement, .arg = es};
     if (st_member_start(&es->loop, &mo, &es->mem) != ST_OK) goto out_tp;
     pthread_create(&es->th, NULL, compute_main, es);
-    uv_signal_init(&es->loop, &es->sig_int);
-    uv_signal_init(&es->loop, &es->sig_term);
-    es->sig_int.data = es->sig_term.data = es;
-    uv_signal_start(&es->sig_int, on_signal, SIGINT);
-    uv_signal_start(&es->sig_term, on_signal, SIGTERM);
     st_log_info("expert %s: serving %s on UCX %s, %d slots × %d rows, %s", es->o.name, es->o.ckpt, endpoint,
                 es->o.slots, es->o.max_rows,
                 sec && sec->have_secret ? "workers prove the cluster secret" : "no data-plane authentication");
-    printf("expert %s listening on %s\n", es->o.name, endpoint);
-    fflush(stdout);
-    uv_run(&es->loop, UV_RUN_DEFAULT);
-    pthread_join(es->th, NULL);
+    st_member_serve(&es->loop, &es->sig_int, &es->sig_term, on_signal, es, es->th, "expert", es->o.name, endpoint);
     rc = 0;
     goto out_loop_closed;
 out_tp:

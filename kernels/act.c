@@ -24,10 +24,3 @@ void st_glu(float *h, const float *gate, const float *up, int T, int n, int ld_i
 void st_mul_sigmoid(float *y, const float *x, const float *gate, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = x[i] * st_sigmoid(gate[i]);
 }
-
-void st_split_bf16(uint16_t *hi, uint16_t *lo, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        hi[i] = st_f32_to_bf16(x[i]);
-        lo[i] = st_f32_to_bf16(x[i] - st_bf16_to_f32(hi[i]));
-    }
-}

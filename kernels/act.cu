@@ -1,6 +1,6 @@
 /* Element-wise activations on the GPU over fp32 inputs with bf16 outputs (the input of the next GEMM;
- * optional split `lo`, see st_split_bf): GLU (SiTU / SiLU, SPEC §6), x ⊙ σ(gate), the bf16 split.
- * CPU: st_glu, st_mul_sigmoid, st_split_bf16 (kernels/act.c). */
+ * optional split `lo`, see st_split_bf): GLU (SiTU / SiLU, SPEC §6) and x ⊙ σ(gate).
+ * CPU: st_glu, st_mul_sigmoid (kernels/act.c). */
 #include "cuda_common.cuh"
 
 __global__ void glu32_kernel(st_bf16_t *h, st_bf16_t *lo, const float *gate, const float *up, int T, int n, int ld, int situ, float b1,
@@ -34,15 +34,3 @@ extern "C" st_status_t st_cuda_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *
     mul_sigmoid32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(y, lo, x, gate, n);
     return ST_LAUNCH_OK("mul_sigmoid32_kernel");
 }
-
-__global__ void split_bf16_kernel(st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
-    st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) hi[i] = st_split_bf(x[i], lo + i);
-}
-extern "C" st_status_t st_cuda_split_bf16(const st_gpu_stream_t *s, st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n) {
-    if (!n) return ST_OK;
-    split_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, ST_STREAM(s)>>>(hi, lo, x, n);
-    return ST_LAUNCH_OK("split_bf16_kernel");
-}
-

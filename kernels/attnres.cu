@@ -1,10 +1,11 @@
 /* Block AttnRes, two-phase form, on the GPU (SPEC §5), fp32: phase 1 scores the completed blocks
  * for all Q sublayer queries of a block set at once (online-softmax state per token and query),
- * phase 2 merges the current partial for one sublayer. Memory-bound; a cluster of 8 blocks per token
- * at decode sizes, one block per token (and cuBLAS score GEMMs for phase 1) with many tokens.
- * The engine's forms (one block per token, or per token and query at decode sizes; rows held in
- * registers): phase 1 over a strided block list with the block push folded in, and phase 2 fused
- * with the RMSNorm that follows it. CPU reference: st_attnres_phase1 / st_attnres_phase2
+ * phase 2 merges the current partial for one sublayer. The product's forms (one block per token, or
+ * per token and query at decode sizes; rows held in registers): phase 1 over a strided block list with
+ * the block push folded in, and phase 2 fused with the RMSNorm that follows it. The general phase 1
+ * (a cluster of 8 blocks per token at decode sizes, cuBLAS score GEMMs + one block per token with many
+ * tokens) is file-local: phase 1 with the push falls back to it where its own kernel does not apply
+ * (no blocks, unaligned rows, large m·Q). CPU reference: st_attnres_phase1 / st_attnres_phase2
  * (kernels/attnres.c), st_rmsnorm (kernels/norm.c). */
 #include <cooperative_groups.h>
 #include <cublas_v2.h>
@@ -40,13 +41,34 @@ __device__ __forceinline__ void ar_reduce(float v[AR_QC + 1], float *red, float 
     __syncthreads();
 }
 
+/* acc rows of token t (acc [T, Q, d]), columns c0 + tid, c0 + tid + AR_THREADS, … < c1: acc_q = Σ_i e[i·ew + q]·V_i
+ * (e: the softmax numerators, in shared memory). blk is a __grid_constant__ kernel parameter (no copy). */
+__device__ __forceinline__ void ar_mix(float *acc, const ArBlocks &blk, const float *e, int ew, int m, int Q,
+                                       size_t t, int d, int c0, int c1) {
+    for (int q0 = 0; q0 < Q; q0 += AR_QC)
+        for (int c = c0 + (int)threadIdx.x; c < c1; c += AR_THREADS) {
+            float a[AR_QC];
+#pragma unroll
+            for (int j = 0; j < AR_QC; j++) a[j] = 0.f;
+            for (int i = 0; i < m; i++) {
+                float v = blk.p[i][t * d + c];
+#pragma unroll
+                for (int j = 0; j < AR_QC; j++)
+                    if (q0 + j < Q) a[j] += e[i * ew + q0 + j] * v;
+            }
+#pragma unroll
+            for (int j = 0; j < AR_QC; j++)
+                if (q0 + j < Q) acc[(t * Q + q0 + j) * d + c] = a[j];
+        }
+}
+
 /* Phase 1. NOTE: a cluster of AR_CL blocks per token splits d into slices; each block reduces
  * its slice's Σ V_i² and Σ V_i·w_q for every (i, q) into shared memory, the cluster then sums the
  * AR_CL partials through distributed shared memory in rank order (deterministic), and each block
  * writes acc for its own slice. One block per token left too few blocks at decode (T = 32).
  * grid (AR_CL, T), AR_THREADS threads. */
 __global__ void __cluster_dims__(AR_CL, 1, 1) __launch_bounds__(AR_THREADS)
-    attnres_phase1_cl_kernel(float *stats, float *acc, ArBlocks blk, int m, const float *w_eff, int Q, int d,
+    attnres_phase1_cl_kernel(float *stats, float *acc, const __grid_constant__ ArBlocks blk, int m, const float *w_eff, int Q, int d,
                           float eps) {
     __shared__ float part[AR_MMAX * (AR_QMAX + 1)]; /* [i][q], q = Q: Σ V² ; then totals, then weights */
     __shared__ float tot_s[AR_MMAX * (AR_QMAX + 1)];
@@ -100,21 +122,7 @@ __global__ void __cluster_dims__(AR_CL, 1, 1) __launch_bounds__(AR_THREADS)
         }
     }
     __syncthreads();
-    for (int q0 = 0; q0 < Q; q0 += AR_QC)
-        for (int c = c0 + tid; c < c1; c += AR_THREADS) {
-            float a[AR_QC];
-#pragma unroll
-            for (int j = 0; j < AR_QC; j++) a[j] = 0.f;
-            for (int i = 0; i < m; i++) {
-                float v = blk.p[i][(size_t)t * d + c];
-#pragma unroll
-                for (int j = 0; j < AR_QC; j++)
-                    if (q0 + j < Q) a[j] += part[i * QW + q0 + j] * v;
-            }
-#pragma unroll
-            for (int j = 0; j < AR_QC; j++)
-                if (q0 + j < Q) acc[((size_t)t * Q + q0 + j) * d + c] = a[j];
-        }
+    ar_mix(acc, blk, part, QW, m, Q, t, d, c0, c1);
 }
 
 /* Phase 1 for many tokens. NOTE: the raw scores Σ_c V_i[t,c]·w_q[c] come from m fp32 cuBLAS
@@ -122,7 +130,8 @@ __global__ void __cluster_dims__(AR_CL, 1, 1) __launch_bounds__(AR_THREADS)
  * row); this kernel, one block per token, reads them into shared memory before its barrier and only
  * then overwrites that row, and no other block touches token t, so the scratch is race-free.
  * Σ V_i² by one warp per block i. grid T, AR_THREADS threads. */
-__global__ void __launch_bounds__(AR_THREADS) attnres_phase1_tok_kernel(float *stats, float *acc, ArBlocks blk, int m,
+__global__ void __launch_bounds__(AR_THREADS) attnres_phase1_tok_kernel(float *stats, float *acc,
+                                                                         const __grid_constant__ ArBlocks blk, int m,
                                                                          int Q, int d, float eps) {
     __shared__ float sc[AR_MMAX * AR_QMAX];
     __shared__ float ss[AR_MMAX];
@@ -153,31 +162,18 @@ __global__ void __launch_bounds__(AR_THREADS) attnres_phase1_tok_kernel(float *s
         stats[((size_t)t * Q + tid) * 2 + 1] = sum;
     }
     __syncthreads();
-    for (int q0 = 0; q0 < Q; q0 += AR_QC)
-        for (int c = tid; c < d; c += AR_THREADS) {
-            float a[AR_QC];
-#pragma unroll
-            for (int j = 0; j < AR_QC; j++) a[j] = 0.f;
-            for (int i = 0; i < m; i++) {
-                float v = blk.p[i][(size_t)t * d + c];
-#pragma unroll
-                for (int j = 0; j < AR_QC; j++)
-                    if (q0 + j < Q) a[j] += sc[i * Q + q0 + j] * v;
-            }
-#pragma unroll
-            for (int j = 0; j < AR_QC; j++)
-                if (q0 + j < Q) accT[(size_t)(q0 + j) * d + c] = a[j];
-        }
+    ar_mix(acc, blk, sc, Q, m, Q, t, d, 0, d);
 }
 
-/* Which form: the cluster kernels fill the GPU at decode sizes; with many tokens one block per token
+/* Which form: the cluster kernel fills the GPU at decode sizes; with many tokens one block per token
  * has enough blocks and the score GEMMs reuse w_eff across tokens (measured, docs/perf.md). */
 static bool ar_cluster_p1(int T, int d) { return T <= 64 || (d >= 4096 && T <= 512); }
-static bool ar_cluster_p2(int T, int d) { return d >= 4096 && T <= 64; }
 
-extern "C" st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc,
-                                              const float *const *blocks, int m, const float *w_eff, int Q, int T,
-                                              int d, float eps) {
+/* The general phase 1: blocks = host array of m device pointers, each [T, d] fp32; w_eff [Q, d] fp32 → stats
+ * [T, Q, 2] fp32 (max score, Σ exp(s_i − max)) and acc [T, Q, d] fp32 (Σ exp(s_i − max) V_i); m may be 0
+ * (stats = (−inf, 0), acc = 0). m ≤ 64, Q ≤ 64, T ≤ 65535. Same as st_attnres_phase1. */
+static st_status_t ar_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *const *blocks, int m,
+                             const float *w_eff, int Q, int T, int d, float eps) {
     if (m < 0 || m > AR_MMAX || Q <= 0 || Q > AR_QMAX || T < 0 || T > 65535 || d <= 0 || (m > 0 && !blocks))
         return ST_FAIL(ST_ERR_INVALID_ARG, "attnres_phase1: m=%d (≤ %d) Q=%d (≤ %d) T=%d d=%d", m, AR_MMAX, Q,
                        AR_QMAX, T, d);
@@ -199,98 +195,7 @@ extern "C" st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *s
     return ST_LAUNCH_OK("attnres_phase1_tok_kernel");
 }
 
-/* Phase 2: a cluster of AR_CL blocks per token (d in slices, as phase 1) scores the partial
- * (Σ P·w_q and Σ P² summed over the cluster in rank order), rescales the block state and writes
- * out / out_bf for its slice. grid (AR_CL, T), AR_THREADS threads. */
-__global__ void __cluster_dims__(AR_CL, 1, 1) __launch_bounds__(AR_THREADS)
-    attnres_phase2_cl_kernel(float *out, st_bf16_t *out_bf, const float *partial, const float *stats, const float *acc,
-                          const float *wq, int q, int Q, int d, float eps) {
-    __shared__ float red[(AR_QC + 1) * 8];
-    __shared__ float tot[AR_QC + 1];
-    __shared__ float part[2];
-    cg::cluster_group cl = cg::this_cluster();
-    const int rank = (int)cl.block_rank(), t = blockIdx.y, tid = threadIdx.x;
-    const int slice = ((d + AR_CL - 1) / AR_CL + 3) & ~3, c0 = rank * slice, c1 = min(d, c0 + slice);
-    const float *P = partial + (size_t)t * d;
-    float a[AR_QC + 1];
-#pragma unroll
-    for (int j = 0; j <= AR_QC; j++) a[j] = 0.f;
-    for (int c = c0 + tid; c < c1; c += AR_THREADS) {
-        float v = P[c];
-        a[0] += v * wq[c];
-        a[1] += v * v;
-    }
-    ar_reduce(a, red, tot);
-    if (tid < 2) part[tid] = tot[tid];
-    cl.sync();
-    float dot = 0.f, ss = 0.f;
-    for (int r = 0; r < AR_CL; r++) {
-        const float *pr = cl.map_shared_rank(part, r);
-        dot += pr[0];
-        ss += pr[1];
-    }
-    cl.sync();
-    float sp = dot * rsqrtf(ss / (float)d + eps);
-    const float *st = stats + ((size_t)t * Q + q) * 2;
-    float mx = fmaxf(st[0], sp);
-    float cb = expf(st[0] - mx), cp = expf(sp - mx);
-    float inv = 1.f / (st[1] * cb + cp);
-    const float *A = acc + ((size_t)t * Q + q) * d;
-    for (int c = c0 + tid; c < c1; c += AR_THREADS) {
-        float o = (A[c] * cb + cp * P[c]) * inv;
-        if (out) out[(size_t)t * d + c] = o;
-        if (out_bf) out_bf[(size_t)t * d + c] = st_tobf(o);
-    }
-}
-
-/* Phase 2, one block per token (many tokens). grid T, AR_THREADS threads. */
-__global__ void __launch_bounds__(AR_THREADS) attnres_phase2_tok_kernel(float *out, st_bf16_t *out_bf,
-                                                                         const float *partial, const float *stats,
-                                                                         const float *acc, const float *wq, int q,
-                                                                         int Q, int d, float eps) {
-    __shared__ float red[(AR_QC + 1) * 8];
-    __shared__ float tot[AR_QC + 1];
-    const int t = blockIdx.x, tid = threadIdx.x;
-    const float *P = partial + (size_t)t * d;
-    float a[AR_QC + 1];
-#pragma unroll
-    for (int j = 0; j <= AR_QC; j++) a[j] = 0.f;
-    for (int c = tid; c < d; c += AR_THREADS) {
-        float v = P[c];
-        a[0] += v * wq[c];
-        a[1] += v * v;
-    }
-    ar_reduce(a, red, tot);
-    float sp = tot[0] * rsqrtf(tot[1] / (float)d + eps);
-    const float *st = stats + ((size_t)t * Q + q) * 2;
-    float mx = fmaxf(st[0], sp);
-    float cb = expf(st[0] - mx), cp = expf(sp - mx);
-    float inv = 1.f / (st[1] * cb + cp);
-    const float *A = acc + ((size_t)t * Q + q) * d;
-    for (int c = tid; c < d; c += AR_THREADS) {
-        float o = (A[c] * cb + cp * P[c]) * inv;
-        if (out) out[(size_t)t * d + c] = o;
-        if (out_bf) out_bf[(size_t)t * d + c] = st_tobf(o);
-    }
-}
-
-extern "C" st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *out, st_bf16_t *out_bf,
-                                              const float *partial, const float *stats, const float *acc,
-                                              const float *w_eff_q, int q, int Q, int T, int d, float eps) {
-    if (q < 0 || q >= Q || T < 0 || T > 65535 || d <= 0 || (!out && !out_bf))
-        return ST_FAIL(ST_ERR_INVALID_ARG, "attnres_phase2: q=%d Q=%d T=%d d=%d", q, Q, T, d);
-    if (!T) return ST_OK;
-    if (ar_cluster_p2(T, d)) {
-        attnres_phase2_cl_kernel<<<dim3(AR_CL, T), AR_THREADS, 0, ST_STREAM(s)>>>(out, out_bf, partial, stats, acc,
-                                                                                  w_eff_q, q, Q, d, eps);
-        return ST_LAUNCH_OK("attnres_phase2_cl_kernel");
-    }
-    attnres_phase2_tok_kernel<<<T, AR_THREADS, 0, ST_STREAM(s)>>>(out, out_bf, partial, stats, acc, w_eff_q, q, Q, d,
-                                                                  eps);
-    return ST_LAUNCH_OK("attnres_phase2_tok_kernel");
-}
-
-/* ------------------------------------------------------------------ the engine's fused forms */
+/* ------------------------------------------------------------------ the product's fused forms */
 #define ARF_THREADS 256
 #define ARF_IB 4 /* source blocks per pass over a row (scores) */
 
@@ -519,13 +424,13 @@ extern "C" st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, flo
             if (rc) return rc;
         }
         if (x) { /* the norm first, stats/acc as its scratch: blocks 0 … m − 2 mixed with block m − 1 as the partial */
-            st_status_t rc = m > 1 ? st_cuda_attnres_phase1(s, stats, acc, bp, m - 1, x->w_q, 1, T, d, eps) : ST_OK;
+            st_status_t rc = m > 1 ? ar_phase1(s, stats, acc, bp, m - 1, x->w_q, 1, T, d, eps) : ST_OK;
             if (!rc)
                 rc = st_cuda_attnres_phase2_rmsnorm(s, x->xn, x->xlo, bp[m - 1], m > 1 ? stats : NULL, acc, x->w_q, 0,
                                                     1, x->norm_w, NULL, T, d, eps, x->eps);
             if (rc) return rc;
         }
-        return st_cuda_attnres_phase1(s, stats, acc, bp, m, w_eff, Q, T, d, eps);
+        return ar_phase1(s, stats, acc, bp, m, w_eff, Q, T, d, eps);
     }
     int th = (int)ST_MIN((size_t)ARF_THREADS, ((size_t)d / 4 + 31) / 32 * 32);
     const st_attnres_xnorm_t none = {0};
@@ -679,93 +584,4 @@ extern "C" st_status_t st_cuda_attnres_phase2_rmsnorm(const st_gpu_stream_t *s, 
     else P2N(8);
 #undef P2N
     return ST_LAUNCH_OK("attnres_p2norm_kernel");
-}
-
-/* ------------------------------------------------------------------ first versions (the engine's
- * STRATA_EGPU_AR_V1=1 comparison path): one block per token, one block reduction per (block, query);
- * phase 2 + RMSNorm with h staged in shared memory (the partial read twice). */
-/* one block per token; smem: sc [m·Q] scores, rinv [m] */
-__global__ void attnres_p1_kernel(float *stats, float *acc, const float *blocks, size_t bstride, int m, const float *w,
-                                  int Q, int d, float eps) {
-    extern __shared__ float sh[];
-    __shared__ float red[32];
-    float *sc = sh, *rinv = sh + m * Q;
-    const int t = blockIdx.x;
-    for (int i = 0; i < m; i++) {
-        const float *V = blocks + i * bstride + (size_t)t * d;
-        float ss = 0.f;
-        for (int c = threadIdx.x; c < d; c += blockDim.x) ss += V[c] * V[c];
-        ss = st_block_sum(ss, red);
-        if (threadIdx.x == 0) rinv[i] = 1.f / sqrtf(ss / (float)d + eps);
-        for (int q = 0; q < Q; q++) {
-            const float *wq = w + (size_t)q * d;
-            float dot = 0.f;
-            for (int c = threadIdx.x; c < d; c += blockDim.x) dot += V[c] * wq[c];
-            dot = st_block_sum(dot, red);
-            if (threadIdx.x == 0) sc[i * Q + q] = dot;
-        }
-    }
-    __syncthreads();
-    for (int q = 0; q < Q; q++) {
-        float mx = -INFINITY, sum = 0.f;
-        for (int i = 0; i < m; i++) mx = fmaxf(mx, sc[i * Q + q] * rinv[i]);
-        for (int i = 0; i < m; i++) sum += expf(sc[i * Q + q] * rinv[i] - mx);
-        float *a = acc + ((size_t)t * Q + q) * d;
-        for (int c = threadIdx.x; c < d; c += blockDim.x) {
-            float v = 0.f;
-            for (int i = 0; i < m; i++) v += expf(sc[i * Q + q] * rinv[i] - mx) * blocks[i * bstride + (size_t)t * d + c];
-            a[c] = v;
-        }
-        if (threadIdx.x == 0) {
-            stats[((size_t)t * Q + q) * 2] = mx;
-            stats[((size_t)t * Q + q) * 2 + 1] = sum;
-        }
-    }
-}
-extern "C" st_status_t st_cuda_attnres_phase1_strided(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks,
-                                         size_t bstride, int m, const float *w, int Q, int T, int d, float eps) {
-    if (T <= 0) return ST_OK;
-    attnres_p1_kernel<<<T, 256, (size_t)(m * Q + m + 1) * sizeof(float), ST_STREAM(s)>>>(stats, acc, blocks, bstride, m,
-                                                                                         w, Q, d, eps);
-    return ST_LAUNCH_OK("attnres_p1_kernel");
-}
-
-/* one block per output row; smem h [d] fp32 */
-__global__ void resnorm_kernel(st_bf16_t *xn, st_bf16_t *xlo, const float *partial, const float *stats, const float *acc,
-                               const float *wq, int q, int Q, const float *nw, const int *rows, int d, float ar_eps,
-                               float eps) {
-    extern __shared__ float h[];
-    __shared__ float red[32];
-    const int i = blockIdx.x, r = rows ? rows[i] : i;
-    const float *P = partial + (size_t)r * d;
-    if (stats) {
-        float ss = 0.f, dot = 0.f;
-        for (int c = threadIdx.x; c < d; c += blockDim.x) ss += P[c] * P[c], dot += P[c] * wq[c];
-        ss = st_block_sum(ss, red);
-        dot = st_block_sum(dot, red);
-        float sp = dot / sqrtf(ss / (float)d + ar_eps);
-        const float *st = stats + ((size_t)r * Q + q) * 2;
-        const float *a = acc + ((size_t)r * Q + q) * d;
-        float mx = fmaxf(st[0], sp), cb = expf(st[0] - mx), cp = expf(sp - mx);
-        float inv = 1.f / (st[1] * cb + cp);
-        for (int c = threadIdx.x; c < d; c += blockDim.x) h[c] = (a[c] * cb + cp * P[c]) * inv;
-    } else {
-        for (int c = threadIdx.x; c < d; c += blockDim.x) h[c] = P[c];
-    }
-    __syncthreads();
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) ss += h[c] * h[c];
-    ss = st_block_sum(ss, red);
-    float rs = 1.f / sqrtf(ss / (float)d + eps);
-    st_bf16_t *o = xn + (size_t)i * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = st_split_bf(h[c] * rs * nw[c], xlo ? xlo + (size_t)i * d + c : NULL);
-}
-extern "C" st_status_t st_cuda_attnres_phase2_rmsnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo, const float *partial,
-                                     const float *stats, const float *acc, const float *w_q, int q, int Q,
-                                     const float *norm_w, const int *rows, int n_rows, int d, float ar_eps,
-                                     float norm_eps) {
-    if (n_rows <= 0) return ST_OK;
-    resnorm_kernel<<<n_rows, 256, (size_t)d * sizeof(float), ST_STREAM(s)>>>(xn, xlo, partial, stats, acc, w_q, q, Q, norm_w,
-                                                                            rows, d, ar_eps, norm_eps);
-    return ST_LAUNCH_OK("resnorm_kernel");
 }

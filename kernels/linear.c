@@ -224,14 +224,13 @@ void st_sgemm(float *y, int ldy, const float *x, int ldx, const float *W, int T,
 }
 
 void st_linear_heads(float *y, int ldy, long long sy, const float *x, int ldx, long long sx, const float *W, int ldw,
-                     long long sw, bool trans_w, int T, int N, int K, int H, float beta) {
+                     long long sw, bool trans_w, int T, int N, int K, int H) {
     for (int h = 0; h < H; h++)
         for (int t = 0; t < T; t++)
             for (int n = 0; n < N; n++) {
                 const float *xr = x + h * sx + (size_t)t * ldx, *Wh = W + h * sw;
                 float a = 0.0f;
                 for (int k = 0; k < K; k++) a += xr[k] * (trans_w ? Wh[(size_t)n * ldw + k] : Wh[(size_t)k * ldw + n]);
-                float *o = y + h * sy + (size_t)t * ldy + n;
-                *o = beta != 0.0f ? beta * *o + a : a;
+                y[h * sy + (size_t)t * ldy + n] = a;
             }
 }

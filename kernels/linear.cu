@@ -215,7 +215,6 @@ extern "C" st_status_t st_cuda_sgemm(const st_gpu_stream_t *s, float *y, int ldy
                                        &zero, y, ldy));
 }
 
-
 extern "C" st_status_t st_cuda_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,
                                        const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw,
                                        long long sw, bool trans_w, int T, int N, int K, int H) {
@@ -227,24 +226,3 @@ extern "C" st_status_t st_cuda_linear_heads(const st_gpu_stream_t *s, void *y, b
         (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
         ldw, sw, x, CUDA_R_16BF, ldx, sx, &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
-
-extern "C" st_status_t st_cuda_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const st_bf16_t *x,
-                                           int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw,
-                                           bool trans_w, int T, int N, int K, int H) {
-    if (T <= 0) return ST_OK;
-    const float one = 1.f;
-    return ST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        (cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF,
-        ldw, sw, x, CUDA_R_16BF, ldx, sx, &one, y, CUDA_R_32F, ldy, sy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-extern "C" st_status_t st_cuda_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x,
-                                      int ldx, long long sx, const float *W, int ldw, long long sw, bool trans_w, int T,
-                                      int N, int K, int H) {
-    if (T <= 0) return ST_OK;
-    const float one = 1.f, zero = 0.f;
-    return ST_CUBLAS_CHECK(cublasSgemmStridedBatched((cublasHandle_t)s->cublas, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                     CUBLAS_OP_N, N, T, K, &one, W, ldw, sw, x, ldx, sx, &zero, y, ldy,
-                                                     sy, H));
-}
-

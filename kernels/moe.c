@@ -24,6 +24,12 @@ void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt,
             memcpy(xg + (size_t)row_of[(size_t)t * kc + i] * l, z + (size_t)t * l, (size_t)l * sizeof(float));
 }
 
+void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n, int n_in, int w) {
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < w; c++)
+            dst[(size_t)r * w + c] = src[r] < (uint32_t)n_in ? st_f32_to_bf16(rows[(size_t)src[r] * w + c]) : 0;
+}
+
 void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
                     const int *cnt, const float *norm_w, int T, int kc, int l, float eps) {
     for (int t = 0; t < T; t++) {

@@ -1,5 +1,6 @@
 /* MoE-side ops on the GPU: sigmoid router with biased top-k selection (SPEC §7) and greedy argmax
- * sampling (SPEC §9). CPU references: st_router_sigmoid + st_route_topk, st_sample with temperature 0.
+ * sampling (SPEC §9), the dispatch (group, gather, an expert server's row expansion) and the combine (SPEC §6).
+ * CPU references: st_router_sigmoid + st_route_topk, st_sample with temperature 0, st_moe_* (kernels/moe.c).
  * (The GLU activation runs inside the expert FFN kernels: kernels/moe_ffn.cu.) */
 #include "cuda_common.cuh"
 
@@ -175,6 +176,32 @@ extern "C" st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *x
     if (l % 2) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_gather: odd width %d", l);
     moe_gather_kernel<<<dim3(T, kc), 128, 0, ST_STREAM(s)>>>(xg, z, row_of, cnt, kc, l);
     return ST_LAUNCH_OK("moe_gather_kernel");
+}
+
+/* grid (ceil(w / 1024), n rows), 256 threads × 4 columns */
+__global__ void moe_expand_kernel(uint2 *dst, const float4 *rows, const uint32_t *src, int n_in, int w4) {
+    const int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= w4) return;
+    const uint32_t k = src[r];
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (k < (uint32_t)n_in) v = rows[(size_t)k * w4 + c];
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    dst[(size_t)r * w4 + c] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+extern "C" st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows,
+                                          const uint32_t *src, int n, int n_in, int w) {
+    if (n <= 0) return ST_OK;
+    if (w % 4 || n > 65535 * 64)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_expand: width %d (multiple of 4), %d rows", w, n);
+    const int w4 = w / 4;
+    for (int r0 = 0; r0 < n; r0 += 65535) { /* gridDim.y ≤ 65535 */
+        const int nr = n - r0 < 65535 ? n - r0 : 65535;
+        moe_expand_kernel<<<dim3((w4 + 255) / 256, nr), 256, 0, ST_STREAM(s)>>>(
+            reinterpret_cast<uint2 *>(dst) + (size_t)r0 * w4, reinterpret_cast<const float4 *>(rows), src + r0, n_in, w4);
+        st_status_t rc = ST_LAUNCH_OK("moe_expand_kernel");
+        if (rc) return rc;
+    }
+    return ST_OK;
 }
 
 /* one block per token; smem u [l] fp32, then the token's weights and source rows [kc] each (read

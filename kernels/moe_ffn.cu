@@ -290,6 +290,63 @@ __device__ __forceinline__ void fw_st_quad(float *p, const float a[4], const flo
                            __uint_as_float(wb[3]));
     }
 }
+/* The epilogue of a warpgroup's accumulators a[NH · HS][4] (HS = GLU ? 2·NJ : NJ rows a half):
+ * half hf holds rows m0 + 64(h0 + hf) + 16·warp + g + 8·(r >> 1) and columns CW·ct + 8j + 2·tq + (r & 1) of
+ * a[hf·HS + j][r], j < NJ (CW = 8·NJ); GLU stores act(a[j], a[j + NJ]), else a[j]. Rows ≥ m_end and
+ * columns ≥ ld are not stored. vec: 16-byte stores (fw_st_quad; all lanes take part). */
+template <bool GLU, int NH, int NJ, typename TC>
+__device__ __forceinline__ void fw_epilogue(TC *__restrict__ C, const float (*a)[4], int m0, int h0, int m_end,
+                                            int ct, int ld, bool vec, int warp, int g, int tq, int situ, float b1,
+                                            float b2, float ib1, float ib2) {
+    constexpr int HS = GLU ? 2 * NJ : NJ, CW = 8 * NJ;
+    if (vec) {
+#pragma unroll
+        for (int hf = 0; hf < NH; hf++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int row = m0 + (h0 + hf) * 64 + warp * 16 + g + hh * 8;
+#pragma unroll
+                for (int jg = 0; jg < NJ / 4; jg++) {
+                    float o0[4], o1[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const float *x = a[hf * HS + 4 * jg + k];
+                        if (GLU) {
+                            const float *u = a[hf * HS + 4 * jg + k + NJ];
+                            o0[k] = fw_act(x[2 * hh], u[2 * hh], situ, b1, b2, ib1, ib2);
+                            o1[k] = fw_act(x[2 * hh + 1], u[2 * hh + 1], situ, b1, b2, ib1, ib2);
+                        } else {
+                            o0[k] = x[2 * hh], o1[k] = x[2 * hh + 1];
+                        }
+                    }
+                    const int col = ct * CW + 32 * jg + 8 * tq;
+                    fw_st_quad(C + (size_t)row * ld + col, o0, o1, row < m_end && col < ld, tq);
+                }
+            }
+        return;
+    }
+#pragma unroll
+    for (int hf = 0; hf < NH; hf++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int row = m0 + (h0 + hf) * 64 + warp * 16 + g + hh * 8;
+            if (row >= m_end) continue;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const int col = ct * CW + j * 8 + 2 * tq;
+                if (col >= ld) continue;
+                const float *x = a[hf * HS + j];
+                if (GLU) {
+                    const float *u = a[hf * HS + j + NJ];
+                    const float o0 = fw_act(x[2 * hh], u[2 * hh], situ, b1, b2, ib1, ib2);
+                    const float o1 = fw_act(x[2 * hh + 1], u[2 * hh + 1], situ, b1, b2, ib1, ib2);
+                    fb_st2(C + (size_t)row * ld + col, o0, o1);
+                } else {
+                    fb_st2(C + (size_t)row * ld + col, x[2 * hh], x[2 * hh + 1]);
+                }
+            }
+        }
+}
 /* a tensor map in global memory written by another kernel (the table mode's per-expert maps): make it
  * visible to the TMA unit before the first copy through it */
 __device__ __forceinline__ void fw_tmap_acquire(const CUtensorMap *m) {
@@ -406,52 +463,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lane == 0) fw_bar_arrive(sbar + 8 * (FW_ST + (it - 1) % FW_ST));
         /* epilogue: row of acc[j][q] = 16·warp + g + 8·(q >> 1), column 8j + 2·tq + (q & 1) */
-        if (flags & FW_F_VEC) {
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int row = m0 + c * 64 + warp * 16 + g + hh * 8;
-                const bool rok = row < m_end;
-#pragma unroll
-                for (int jg = 0; jg < (GLU ? 4 : 8); jg++) {
-                    float o0[4], o1[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const int j = 4 * jg + k;
-                        if (GLU) {
-                            o0[k] = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
-                            o1[k] = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
-                        } else {
-                            o0[k] = acc[j][2 * hh], o1[k] = acc[j][2 * hh + 1];
-                        }
-                    }
-                    const int col = ct * (GLU ? 128 : 256) + 32 * jg + 8 * tq;
-                    fw_st_quad(C + (size_t)row * Nout + col, o0, o1, rok && col < Nout, tq);
-                }
-            }
-            continue;
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int row = m0 + c * 64 + warp * 16 + g + hh * 8;
-            if (row >= m_end) continue;
-            if (GLU) {
-#pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int col = ct * 128 + j * 8 + 2 * tq;
-                    if (col >= Nout) continue;
-                    const float o0 = fw_act(acc[j][2 * hh], acc[j + 16][2 * hh], situ, b1, b2, ib1, ib2);
-                    const float o1 = fw_act(acc[j][2 * hh + 1], acc[j + 16][2 * hh + 1], situ, b1, b2, ib1, ib2);
-                    fb_st2(C + (size_t)row * Nout + col, o0, o1);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const int col = ct * 256 + j * 8 + 2 * tq;
-                    if (col >= Nout) continue;
-                    fb_st2(C + (size_t)row * Nout + col, acc[j][2 * hh], acc[j][2 * hh + 1]);
-                }
-            }
-        }
+        fw_epilogue<GLU, 1, GLU ? 16 : 32>(C, acc, m0, c, m_end, ct, Nout, flags & FW_F_VEC, warp, g, tq, situ,
+                                           b1, b2, ib1, ib2);
     }
 #else
     (void)offsets, (void)map, (void)bound, (void)Nout, (void)K, (void)situ, (void)b1, (void)b2, (void)C, (void)tmt,
@@ -622,16 +635,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const float b1 = P.b1, b2 = P.b2, ib1 = 1.f / b1, ib2 = 1.f / b2;
     int q, ct, e;
     bool glu;
-    float acc[2][16][4];
+    float acc[32][4]; /* rows 16hf + jj: half hf of the 128-row tile */
     for (unsigned i = (unsigned)c, j = 0; tile(i, q, ct, e, glu); i += 2, j++) {
         const int m0 = map[2 * q + 1], m_end = P.offsets[e + 1];
         /* my turn: the other warpgroup has seen every stage of tile i − 1 full (its j-th or (j−1)-th
          * signal: warpgroup 0 waits for tile 2j − 1, warpgroup 1 for tile 2j) */
         if (i > 0) fw_bar_wait(turn_me, c ? (j & 1) : ((j - 1) & 1));
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) acc[hf][jj][0] = acc[hf][jj][1] = acc[hf][jj][2] = acc[hf][jj][3] = 0.f;
+        for (int jj = 0; jj < 32; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
         int it = step0(i);
         const int kts = glu ? kt1 : kt2;
         for (int kt = 0; kt < kts; kt++, it++) {
@@ -641,8 +652,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             const unsigned a = sA + s * FP_A_BYTES, b = sB + s * FP_B_BYTES;
 #pragma unroll
             for (int kk = 0; kk < FW_BK / 16; kk++) {
-                fw_wgmma_n128(acc[0], fw_desc(a + kk * 32), fw_desc(b + kk * 32));
-                fw_wgmma_n128(acc[1], fw_desc(a + 64 * 128 + kk * 32), fw_desc(b + kk * 32));
+                fw_wgmma_n128(acc, fw_desc(a + kk * 32), fw_desc(b + kk * 32));
+                fw_wgmma_n128(acc + 16, fw_desc(a + 64 * 128 + kk * 32), fw_desc(b + kk * 32));
             }
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             if (kt > 0) {
@@ -654,47 +665,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         if ((threadIdx.x & 127) == 0) fw_bar_arrive(turn_other);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lane == 0) fw_bar_arrive(sbar + 8 * (FP_ST + (it - 1) % FP_ST));
-        /* epilogue: row of acc[hf][jj][r] = 64hf + 16·warp + g + 8·(r >> 1), column 8jj + 2·tq + (r & 1) */
+        /* epilogue: row of acc[16hf + jj][r] = 64hf + 16·warp + g + 8·(r >> 1), column 8jj + 2·tq + (r & 1) */
+        const bool vec = (P.flags & FW_F_VEC) != 0;
         if (glu) {
-            st_bf16_t *__restrict__ C = P.h;
-            if (P.flags & FW_F_VEC) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
-#pragma unroll
-                        for (int jg = 0; jg < 2; jg++) {
-                            float o0[4], o1[4];
-#pragma unroll
-                            for (int k = 0; k < 4; k++) {
-                                const int jj = 4 * jg + k;
-                                o0[k] = fw_act(acc[hf][jj][2 * hh], acc[hf][jj + 8][2 * hh], situ, b1, b2, ib1, ib2);
-                                o1[k] = fw_act(acc[hf][jj][2 * hh + 1], acc[hf][jj + 8][2 * hh + 1], situ, b1, b2, ib1,
-                                               ib2);
-                            }
-                            const int col = ct * 64 + 32 * jg + 8 * tq;
-                            fw_st_quad(C + (size_t)row * w + col, o0, o1, row < m_end && col < w, tq);
-                        }
-                    }
-            } else {
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
-                    if (row >= m_end) continue;
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++) {
-                        const int col = ct * 64 + jj * 8 + 2 * tq;
-                        if (col >= w) continue;
-                        const float o0 = fw_act(acc[hf][jj][2 * hh], acc[hf][jj + 8][2 * hh], situ, b1, b2, ib1, ib2);
-                        const float o1 =
-                            fw_act(acc[hf][jj][2 * hh + 1], acc[hf][jj + 8][2 * hh + 1], situ, b1, b2, ib1, ib2);
-                        fb_st2(C + (size_t)row * w + col, o0, o1);
-                    }
-                }
-            }
+            fw_epilogue<true, 2, 8>(P.h, acc, m0, 0, m_end, ct, w, vec, warp, g, tq, situ, b1, b2, ib1, ib2);
             { /* this warpgroup's stores, then one release-add on the entry's counter */
                 asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
                 if ((threadIdx.x & 127) == 0) {
@@ -703,38 +677,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 }
             }
         } else {
-            TC *__restrict__ C = reinterpret_cast<TC *>(P.y);
-            if (P.flags & FW_F_VEC) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
-#pragma unroll
-                        for (int jg = 0; jg < 4; jg++) {
-                            float o0[4], o1[4];
-#pragma unroll
-                            for (int k = 0; k < 4; k++)
-                                o0[k] = acc[hf][4 * jg + k][2 * hh], o1[k] = acc[hf][4 * jg + k][2 * hh + 1];
-                            const int col = ct * 128 + 32 * jg + 8 * tq;
-                            fw_st_quad(C + (size_t)row * l + col, o0, o1, row < m_end && col < l, tq);
-                        }
-                    }
-                continue;
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int row = m0 + hf * 64 + warp * 16 + g + hh * 8;
-                    if (row >= m_end) continue;
-#pragma unroll
-                    for (int jj = 0; jj < 16; jj++) {
-                        const int col = ct * 128 + jj * 8 + 2 * tq;
-                        if (col >= l) continue;
-                        fb_st2(C + (size_t)row * l + col, acc[hf][jj][2 * hh], acc[hf][jj][2 * hh + 1]);
-                    }
-                }
+            fw_epilogue<false, 2, 16>(reinterpret_cast<TC *>(P.y), acc, m0, 0, m_end, ct, l, vec, warp, g, tq, situ,
+                                      b1, b2, ib1, ib2);
         }
     }
 #else

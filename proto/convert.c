@@ -148,6 +148,21 @@ static st_status_t members_pb(const st_proto_member_t *src, size_t n, Strata__V1
     return ST_OK;
 }
 
+/* Pack a message whose repeated MemberInfo field (*n_field, *field) is filled from src for the call. */
+static st_status_t pack_with_members(ProtobufCMessage *pb, size_t *n_field, Strata__V1__MemberInfo ***field,
+                                     const st_proto_member_t *src, size_t n, const char *what, uint8_t **out,
+                                     size_t *len) {
+    Strata__V1__MemberInfo *store, **ptrs;
+    st_status_t st = members_pb(src, n, &store, &ptrs);
+    if (st) return st;
+    *n_field = n;
+    *field = ptrs;
+    st = pack_msg(pb, what, out, len);
+    free(store);
+    free(ptrs);
+    return st;
+}
+
 static st_status_t members_from_pb(Strata__V1__MemberInfo **src, size_t n, st_proto_member_t **out) {
     *out = NULL;
     if (n == 0) return ST_OK;
@@ -371,15 +386,7 @@ st_status_t st_proto_placement_encode(const st_proto_placement_t *m, uint8_t **o
         pb.n_member_ids = m->n_member_ids;
         pb.member_ids = m->member_ids;
     }
-    Strata__V1__MemberInfo *store, **ptrs;
-    st_status_t st = members_pb(m->members, m->n_members, &store, &ptrs);
-    if (st) return st;
-    pb.n_members = m->n_members;
-    pb.members = ptrs;
-    st = pack_msg(&pb.base, "Placement", out, len);
-    free(store);
-    free(ptrs);
-    return st;
+    return pack_with_members(&pb.base, &pb.n_members, &pb.members, m->members, m->n_members, "Placement", out, len);
 }
 
 void st_proto_placement_cleanup(st_proto_placement_t *m) {
@@ -780,15 +787,7 @@ st_status_t st_proto_status_reply_encode(const st_proto_status_reply_t *m, uint8
     pb.threshold_version = m->threshold_version;
     pb.step = m->step;
     pb.detail_json = str_in(m->detail_json);
-    Strata__V1__MemberInfo *store, **ptrs;
-    st_status_t st = members_pb(m->members, m->n_members, &store, &ptrs);
-    if (st) return st;
-    pb.n_members = m->n_members;
-    pb.members = ptrs;
-    st = pack_msg(&pb.base, "StatusReply", out, len);
-    free(store);
-    free(ptrs);
-    return st;
+    return pack_with_members(&pb.base, &pb.n_members, &pb.members, m->members, m->n_members, "StatusReply", out, len);
 }
 
 void st_proto_status_reply_cleanup(st_proto_status_reply_t *m) {

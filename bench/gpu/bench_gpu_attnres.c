@@ -2,13 +2,10 @@
  * the cuBLAS GEMMs of the layer's trunk projections (KDA q/k/v/f/g/β, o; router; latent down/up;
  * shared expert), measured here, without routed experts, attention core or norms — so the shares
  * printed are UPPER bounds ("of trunk GEMMs"). The real share inside the GPU engine is measured by
- * bench_gpu_e2e. Two forms per shape:
- *  - library: two phase-2 merges (attention and MLP sublayers, bf16 output for the next RMSNorm)
- *    plus phase 1 amortised over the B layers of a block (m completed blocks, Q = 2B queries);
- *  - engine-fused: the engine's phase 2 is fused into the next RMSNorm, so its cost is that kernel's
- *    time over a plain RMSNorm of the same rows (st_cuda_attnres_phase2_rmsnorm with and without
- *    the AttnRes state), twice per layer, plus phase 1 with the block push folded in
- *    (st_cuda_attnres_phase1_push) over B. */
+ * bench_gpu_e2e. The engine's forms: phase 2 is fused into the next RMSNorm, so its cost is that
+ * kernel's time over a plain RMSNorm of the same rows (st_cuda_attnres_phase2_rmsnorm with and without
+ * the AttnRes state), twice per layer, plus phase 1 with the block push folded in
+ * (st_cuda_attnres_phase1_push; m completed blocks, Q = 2B queries) amortised over the B layers of a block. */
 #include <math.h>
 
 #include "bench_common.h"
@@ -42,11 +39,6 @@ static double layer_gemm_ms(const layer_t *L, int T) {
 
 static void bench(const layer_t *L, int T, int B, int m) {
     int d = L->d, Q = 2 * B;
-    float **blk = malloc(sizeof(float *) * m);
-    for (int i = 0; i < m; i++) {
-        blk[i] = bdev(4 * (size_t)T * d);
-        BK(st_cuda_fill_uniform(&bs, blk[i], false, (size_t)T * d, -1.f, 1.f, 10 + i));
-    }
     float *w = bdev(4 * (size_t)Q * d), *part = bdev(4 * (size_t)T * d), *st = bdev(8 * (size_t)T * Q),
           *acc = bdev(4 * (size_t)T * Q * d), *nw = bdev(4 * (size_t)d), *list = bdev(4 * (size_t)m * T * d);
     st_bf16_t *ob = bdev(2 * (size_t)T * d);
@@ -54,33 +46,25 @@ static void bench(const layer_t *L, int T, int B, int m) {
     BK(st_cuda_fill_uniform(&bs, part, false, (size_t)T * d, -1.f, 1.f, 2));
     BK(st_cuda_fill_uniform(&bs, nw, false, (size_t)d, 0.5f, 1.5f, 3));
     BK(st_cuda_fill_uniform(&bs, list, false, (size_t)m * T * d, -1.f, 1.f, 4));
-    double p1, p2, pp, ppx, nar, npl;
+    double pp, ppx, nar, npl;
     int it = T >= 4096 ? 5 : 50;
-    BTIME(p1, it, st_cuda_attnres_phase1(&bs, st, acc, (const float *const *)blk, m, w, Q, T, d, 1e-5f));
-    BTIME(p2, it, st_cuda_attnres_phase2(&bs, NULL, ob, part, st, acc, w, 0, Q, T, d, 1e-5f));
-    /* engine forms: the newest block (part) pushed into list slot m − 1 */
+    /* the newest block (part) pushed into list slot m − 1 */
     BTIME(pp, it, st_cuda_attnres_phase1_push(&bs, st, acc, list, (size_t)T * d, part, m, w, Q, T, d, 1e-5f, 0, NULL));
     st_attnres_xnorm_t x = {w, nw, 1e-5f, ob, NULL};
     BTIME(ppx, it, st_cuda_attnres_phase1_push(&bs, st, acc, list, (size_t)T * d, part, m, w, Q, T, d, 1e-5f, 0, &x));
     BTIME(nar, it, st_cuda_attnres_phase2_rmsnorm(&bs, ob, NULL, part, st, acc, w, 0, Q, nw, NULL, T, d, 1e-5f, 1e-5f));
     BTIME(npl, it, st_cuda_attnres_phase2_rmsnorm(&bs, ob, NULL, part, NULL, NULL, NULL, 0, Q, nw, NULL, T, d, 1e-5f,
                                                   1e-5f));
-    double per_layer = 2 * p2 + p1 / B, lay = layer_gemm_ms(L, T);
-    double eng_layer = 2 * (nar - npl) + pp / B;
-    double b1 = (double)T * d * 4 * (m + Q), b2 = (double)T * d * (4 + 4 + 2), bp = (double)T * d * 4 * (m + 1 + Q);
-    printf("RESULT attnres d=%d T=%d m=%d Q=%d: phase1 %.1f us (%.0f GB/s), phase2 %.1f us (%.0f GB/s); per layer "
-           "%.1f us; layer trunk GEMMs (lower bound of the layer) %.1f us; share of trunk GEMMs (upper bound) %.2f%%\n",
-           d, T, m, Q, p1 * 1e3, b1 / (p1 * 1e6), p2 * 1e3, b2 / (p2 * 1e6), per_layer * 1e3, lay * 1e3,
-           100.0 * per_layer / (lay + per_layer));
+    double lay = layer_gemm_ms(L, T), eng_layer = 2 * (nar - npl) + pp / B;
+    double bp = (double)T * d * 4 * (m + 1 + Q);
     printf("RESULT attnres_engine d=%d T=%d m=%d Q=%d: phase1+push %.1f us (%.0f GB/s), fused norm %.1f us vs plain "
-           "RMSNorm %.1f us (extra %.1f us); per layer %.1f us; share of trunk GEMMs (upper bound) %.2f%%\n",
-           d, T, m, Q, pp * 1e3, bp / (pp * 1e6), nar * 1e3, npl * 1e3, (nar - npl) * 1e3, eng_layer * 1e3,
+           "RMSNorm %.1f us (extra %.1f us); per layer %.1f us; layer trunk GEMMs (lower bound of the layer) %.1f us; "
+           "share of trunk GEMMs (upper bound) %.2f%%\n",
+           d, T, m, Q, pp * 1e3, bp / (pp * 1e6), nar * 1e3, npl * 1e3, (nar - npl) * 1e3, eng_layer * 1e3, lay * 1e3,
            100.0 * eng_layer / (lay + eng_layer));
     printf("RESULT attnres_engine_fold d=%d T=%d m=%d Q=%d: phase1+push with the block-start norm %.1f us vs "
            "phase1+push %.1f + fused norm %.1f us (AttnRes over a plain RMSNorm per block start: %.1f vs %.1f us)\n",
            d, T, m, Q, ppx * 1e3, pp * 1e3, nar * 1e3, (ppx - npl) * 1e3, (pp + nar - npl) * 1e3);
-    for (int i = 0; i < m; i++) st_gpu_free(blk[i]);
-    free(blk);
     st_gpu_free(w), st_gpu_free(part), st_gpu_free(st), st_gpu_free(acc), st_gpu_free(ob), st_gpu_free(nw),
         st_gpu_free(list);
 }

@@ -15,11 +15,11 @@ static void bench_chunked(int B, int T, int H) {
     int *cu = bdev(sizeof(int) * (B + 1)), hcu[1025];
     for (int b = 0; b <= B; b++) hcu[b] = b * T;
     BK(st_gpu_memcpy_h2d(cu, hcu, sizeof(int) * (B + 1)));
-    BK(st_cuda_fill_uniform(&bs, q, true, n, -1.f, 1.f, 1));
-    BK(st_cuda_fill_uniform(&bs, k, true, n, -1.f, 1.f, 2));
+    /* q, k as the engine passes them, L2-normed per head: uniform on ±√(3/D) gives E‖x‖² = 1 */
+    const float a = sqrtf(3.f / D);
+    BK(st_cuda_fill_uniform(&bs, q, true, n, -a, a, 1));
+    BK(st_cuda_fill_uniform(&bs, k, true, n, -a, a, 2));
     BK(st_cuda_fill_uniform(&bs, v, true, n, -1.f, 1.f, 3));
-    BK(st_cuda_l2norm_heads(&bs, q, (int)ntok, H, D, 1e-6f));
-    BK(st_cuda_l2norm_heads(&bs, k, (int)ntok, H, D, 1e-6f));
     BK(st_cuda_fill_uniform(&bs, g, false, n, -1.f, -0.01f, 4));
     BK(st_cuda_fill_uniform(&bs, beta, false, ntok * H, 0.1f, 0.9f, 5));
     st_gpu_timer_t t;

@@ -190,6 +190,19 @@ int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out) 
     return 0;
 }
 
+int st_parse_str_flag(const char *const *names, const char **const *dst, size_t n, int argc, char **argv, int *i) {
+    for (size_t j = 0; j < n; j++) {
+        if (strcmp(argv[*i], names[j]) != 0) continue;
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "%s needs a value\n", names[j]);
+            return -1;
+        }
+        *dst[j] = argv[++*i];
+        return 1;
+    }
+    return 0;
+}
+
 int st_log_rl_pass(st_log_rl_t *rl, double interval_s, uint64_t *suppressed) {
     uint64_t now = st_time_ns(), next = __atomic_load_n(&rl->next_ns, __ATOMIC_RELAXED);
     if (now < next || !__atomic_compare_exchange_n(&rl->next_ns, &next, now + (uint64_t)(interval_s * 1e9), 0,

@@ -189,18 +189,9 @@ int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "--set")) return st_tun_parse_flag(argc, argv, i); /* the configuration table's flag */
     if (!strcmp(a, "--insecure")) return o->insecure = 1;
     if (!strcmp(a, "--tls")) return o->tls = 1;
-    const char **dst = !strcmp(a, "--cluster-secret-file") ? &o->secret_file
-                       : !strcmp(a, "--tls-cert")          ? &o->tls_cert
-                       : !strcmp(a, "--tls-key")           ? &o->tls_key
-                       : !strcmp(a, "--tls-ca")            ? &o->tls_ca
-                                                           : NULL;
-    if (!dst) return 0;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "%s needs a value\n", a);
-        return -1;
-    }
-    *dst = argv[++*i];
-    return 1;
+    static const char *const names[] = {"--cluster-secret-file", "--tls-cert", "--tls-key", "--tls-ca"};
+    const char **const dst[] = {&o->secret_file, &o->tls_cert, &o->tls_key, &o->tls_ca};
+    return st_parse_str_flag(names, dst, sizeof names / sizeof *names, argc, argv, i);
 }
 
 st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role) {

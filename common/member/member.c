@@ -3,6 +3,7 @@
  * new registration re-reads the coordinator file and tries the seed list in turn, so a coordinator
  * restarted elsewhere is found again. Not here: the coordinator's side (coordinator/coord.c). */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <uv.h>
@@ -443,3 +444,24 @@ uint64_t st_member_id(const st_member_t *m) { return m->id; }
 const char *st_member_token(const st_member_t *m) { return m->token; }
 st_rpc_channel_t *st_member_channel(st_member_t *m) { return m->ch; }
 void st_member_set_step(st_member_t *m, uint64_t step) { m->step = step; }
+
+void st_member_serve(uv_loop_t *loop, uv_signal_t *sig_int, uv_signal_t *sig_term, uv_signal_cb on_signal, void *arg,
+                     pthread_t compute, const char *what, const char *name, const char *endpoint) {
+    uv_signal_init(loop, sig_int);
+    uv_signal_init(loop, sig_term);
+    sig_int->data = sig_term->data = arg;
+    uv_signal_start(sig_int, on_signal, SIGINT);
+    uv_signal_start(sig_term, on_signal, SIGTERM);
+    printf("%s %s listening on %s\n", what, name, endpoint);
+    fflush(stdout);
+    uv_run(loop, UV_RUN_DEFAULT);
+    pthread_join(compute, NULL);
+}
+
+int st_member_flags_parse(st_member_flags_t *f, int argc, char **argv, int *i) {
+    int k = st_sec_opts_parse(&f->sec, argc, argv, i);
+    if (k) return k;
+    static const char *const names[] = {"--coordinator", "--coordinator-file", "--ckpt", "--name"};
+    const char **const dst[] = {&f->coordinator, &f->coordinator_file, &f->ckpt, &f->name};
+    return st_parse_str_flag(names, dst, sizeof names / sizeof *names, argc, argv, i);
+}

@@ -9,19 +9,27 @@
 
 #include "model_impl.h"
 
-st_status_t st_model_read_file(const char *path, size_t max, st_status_t bad_kind, char **out, size_t *len) {
-    st_status_t s;
+st_status_t st_model_open_regular(const char *path, st_status_t bad_kind, int *fd_out, struct stat *st) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return ST_FAIL(ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    st_status_t s;
+    if (fstat(fd, st) != 0)
         s = ST_FAIL(ST_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-        goto err_fd;
-    }
-    if (!S_ISREG(st.st_mode)) {
+    else if (!S_ISREG(st->st_mode))
         s = ST_FAIL(bad_kind, "%s: not a regular file", path);
-        goto err_fd;
+    else {
+        *fd_out = fd;
+        return ST_OK;
     }
+    close(fd);
+    return s;
+}
+
+st_status_t st_model_read_file(const char *path, size_t max, st_status_t bad_kind, char **out, size_t *len) {
+    int fd;
+    struct stat st;
+    st_status_t s = st_model_open_regular(path, bad_kind, &fd, &st);
+    if (s) return s;
     if (st.st_size < 0 || (uint64_t)st.st_size > max) {
         s = ST_FAIL(bad_kind, "%s: %lld bytes exceeds the limit of %zu", path, (long long)st.st_size, max);
         goto err_fd;

@@ -4,9 +4,17 @@
 #ifndef STRATA_MODEL_IMPL_H
 #define STRATA_MODEL_IMPL_H
 
+#include <sys/stat.h>
+
 #include "safetensors.h"
 
 #define ST_MODEL_MAX_JSON (64u * 1024u * 1024u) /* config.json, index: larger is rejected */
+
+/* Open path read-only if it is a regular file: *fd (caller closes) and *st on success.
+ * NOTE: O_NONBLOCK so that opening a FIFO returns at once and fstat can refuse it (a blocking open
+ * waits forever for a writer); it changes nothing for a regular file. A directory, FIFO or device
+ * gets `bad_kind` ("not a regular file"); open/fstat failures are ST_ERR_IO. */
+st_status_t st_model_open_regular(const char *path, st_status_t bad_kind, int *fd, struct stat *st);
 
 /* Read a whole regular file of at most max bytes; *out is NUL-terminated (caller frees).
  * NOTE: opened with O_NONBLOCK and checked with fstat before any read, so a directory, FIFO or

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "model_impl.h"
 
 const char *st_dtype_name(st_dtype_t t) {
     switch (t) {
@@ -220,20 +220,10 @@ st_status_t st_st_parse(const char *path, const uint8_t *p, size_t size, size_t 
 
 st_status_t st_st_open(st_st_file_t *f, const char *path) {
     memset(f, 0, sizeof *f);
-    st_status_t s;
-    /* NOTE: O_NONBLOCK so that opening a FIFO returns at once and fstat can refuse it (a blocking
-     * open waits forever for a writer); it changes nothing for a regular file. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return ST_FAIL(ST_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    int fd;
     struct stat stt;
-    if (fstat(fd, &stt) != 0) {
-        s = ST_FAIL(ST_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-        goto err_fd;
-    }
-    if (!S_ISREG(stt.st_mode)) {
-        s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: not a regular file", path);
-        goto err_fd;
-    }
+    st_status_t s = st_model_open_regular(path, ST_ERR_CHECKPOINT, &fd, &stt);
+    if (s) return s;
     size_t size = (size_t)stt.st_size;
     if (size < 8) {
         s = ST_FAIL(ST_ERR_CHECKPOINT, "%s: truncated (%zu bytes, no header length)", path, size);

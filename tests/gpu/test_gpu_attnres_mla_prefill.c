@@ -1,70 +1,15 @@
 /* Block AttnRes two-phase (fp32) and MLA causal prefill (bf16, flash form) on the GPU vs the CPU:
- * st_attnres_phase1/phase2 (stats, acc, out to 1e-4 relative; m = 0 gives (−inf, 0) exactly), the
- * engine's forms (phase 1 with the push: stats/acc as phase 1, the pushed block bit-exact, the other
- * list slots untouched; with the block-start norm too: stats/acc bit-identical, the norm vs
- * st_attnres_phase1 + st_attnres_phase2 + st_rmsnorm as below; phase 2 + RMSNorm vs st_attnres_phase2 + st_rmsnorm: bf16 output to 8e-3,
- * hi + lo to 1e-4) and st_mla_attn_direct on bf16-rounded inputs (2e-2 relative L2). */
+ * phase 1 with the block push (stats/acc vs st_attnres_phase1 to 1e-4 relative, m = 0 gives (−inf, 0)
+ * exactly, the pushed block bit-exact, the other list slots untouched; with the block-start norm too:
+ * stats/acc bit-identical, the norm vs st_attnres_phase1 + st_attnres_phase2 + st_rmsnorm), its own
+ * kernel and the general form it falls back to (unaligned block stride, m = 0, large m·Q); phase 2 +
+ * RMSNorm vs st_attnres_phase2 + st_rmsnorm (bf16 output to 8e-3, hi + lo to 1e-4); st_mla_attn_direct
+ * on bf16-rounded inputs (2e-2 relative L2). */
 #include <math.h>
 #include <string.h>
 
 #include "gpu_test.h"
 #include "strata/kernels.h"
-
-static void attnres_case(int T, int d, int m, int Q, uint64_t seed) {
-    st_rng_t r = {seed};
-    float **blk = gt_xmalloc(sizeof(float *) * (m + 1)), **d_blk = gt_xmalloc(sizeof(float *) * (m + 1));
-    for (int i = 0; i < m; i++) {
-        blk[i] = gt_xmalloc(4 * (size_t)T * d);
-        for (size_t j = 0; j < (size_t)T * d; j++) blk[i][j] = (1.f + i) * st_rng_normal(&r);
-        d_blk[i] = gt_up(blk[i], 4 * (size_t)T * d);
-    }
-    float *w = gt_xmalloc(4 * (size_t)Q * d), *part = gt_xmalloc(4 * (size_t)T * d);
-    for (size_t j = 0; j < (size_t)Q * d; j++) w[j] = 0.05f * st_rng_normal(&r);
-    for (size_t j = 0; j < (size_t)T * d; j++) part[j] = 2.f * st_rng_normal(&r);
-    size_t ns = (size_t)T * Q * 2, na = (size_t)T * Q * d, no = (size_t)T * d;
-    float *st = gt_xmalloc(4 * ns), *acc = gt_xmalloc(4 * na), *out = gt_xmalloc(4 * no);
-    float *g_st = gt_xmalloc(4 * ns), *g_acc = gt_xmalloc(4 * na), *g_out = gt_xmalloc(4 * no),
-          *g_outb = gt_xmalloc(4 * no);
-    uint16_t *ob = gt_xmalloc(2 * no);
-    st_attnres_phase1(st, acc, (const float *const *)blk, m, w, Q, T, d, 1e-5f);
-    float *d_w = gt_up(w, 4 * (size_t)Q * d), *d_part = gt_up(part, 4 * no), *d_st = gt_dev(4 * ns),
-          *d_acc = gt_dev(4 * na), *d_out = gt_dev(4 * no);
-    uint16_t *d_ob = gt_dev(2 * no);
-    GT_OK(st_cuda_attnres_phase1(&gt_stream, d_st, d_acc, (const float *const *)d_blk, m, d_w, Q, T, d, 1e-5f));
-    gt_down(g_st, d_st, 4 * ns);
-    gt_down(g_acc, d_acc, 4 * na);
-    char what[128];
-    if (m == 0) {
-        int bad = 0;
-        for (size_t i = 0; i < ns; i += 2) bad += !(g_st[i] == -INFINITY && g_st[i + 1] == 0.f);
-        for (size_t i = 0; i < na; i++) bad += g_acc[i] != 0.f;
-        CHECK(bad == 0, "attnres_phase1 m=0 T=%d d=%d Q=%d: %d values not (−inf, 0) / 0", T, d, Q, bad);
-    } else {
-        snprintf(what, sizeof what, "attnres_phase1 T=%d d=%d m=%d Q=%d: stats", T, d, m, Q);
-        st_t_close(what, g_st, st, ns, 1e-4, 1e-5);
-        snprintf(what, sizeof what, "attnres_phase1 T=%d d=%d m=%d Q=%d: acc", T, d, m, Q);
-        st_t_close(what, g_acc, acc, na, 1e-4, 1e-5);
-    }
-    for (int q = 0; q < Q; q += (Q > 1 ? Q - 1 : 1)) {
-        st_attnres_phase2(out, part, st, acc, w + (size_t)q * d, q, Q, T, d, 1e-5f);
-        gt_poison(d_out, 4 * no), gt_poison(d_ob, 2 * no);
-        GT_OK(st_cuda_attnres_phase2(&gt_stream, d_out, d_ob, d_part, d_st, d_acc, d_w + (size_t)q * d, q, Q, T, d,
-                                     1e-5f));
-        gt_down(g_out, d_out, 4 * no);
-        gt_down(ob, d_ob, 2 * no);
-        gt_from_bf(g_outb, ob, no);
-        snprintf(what, sizeof what, "attnres_phase2 T=%d d=%d m=%d Q=%d q=%d: out", T, d, m, Q, q);
-        st_t_close(what, g_out, out, no, 1e-4, 1e-5);
-        snprintf(what, sizeof what, "attnres_phase2 T=%d d=%d m=%d Q=%d q=%d: out bf16", T, d, m, Q, q);
-        st_t_close(what, g_outb, out, no, 8e-3, 1e-3);
-        if (Q == 1) break;
-    }
-    for (int i = 0; i < m; i++) free(blk[i]), st_gpu_free(d_blk[i]);
-    st_gpu_free(d_w), st_gpu_free(d_part), st_gpu_free(d_st), st_gpu_free(d_acc), st_gpu_free(d_out),
-        st_gpu_free(d_ob);
-    free(blk), free(d_blk), free(w), free(part), free(st), free(acc), free(out), free(g_st), free(g_acc), free(g_out),
-        free(g_outb), free(ob);
-}
 
 /* st_cuda_attnres_phase1_push: m − 1 blocks in a strided list (bstride floats apart), the newest
  * one (when push) read from its own buffer and written to list slot m − 1; qpb queries per thread
@@ -234,16 +179,19 @@ static void mla_prefill_case(int T, int n, int H, int dqk, int dv, uint64_t seed
 
 int main(void) {
     gt_init_or_skip("test_gpu_attnres_mla_prefill");
-    attnres_case(1, 64, 0, 1, 1);
-    attnres_case(7, 1000, 1, 5, 2);
-    attnres_case(33, 7168, 3, 9, 3);
-    attnres_case(5, 1024, 12, 17, 4);
-    attnres_case(3, 130, 0, 4, 5);
-    attnres_case(64, 1024, 24, 8, 6);
-    attnres_case(600, 1024, 5, 8, 7);  /* many tokens: cuBLAS score GEMMs + per-token kernels */
-    attnres_case(100, 7168, 3, 9, 8);  /* cluster phase 1, per-token phase 2 */
-    attnres_case(700, 4096, 2, 3, 9);
-    attnres_case(300, 512, 0, 6, 10);
+    /* the general phase 1 (the push's fallback): a block stride not a multiple of 4 floats (pad 1), no
+     * blocks (m = 0), or more shared memory than the push kernel takes (m·Q large) */
+    attnres_push_case(1, 64, 0, 1, 1, false, 0, 1);
+    attnres_push_case(7, 1000, 1, 5, 1, true, 0, 2);
+    attnres_push_case(33, 7168, 3, 9, 1, true, 0, 3); /* cluster phase 1 */
+    attnres_push_case(5, 1024, 12, 17, 1, true, 0, 4);
+    attnres_push_case(3, 130, 0, 4, 1, false, 0, 5);
+    attnres_push_case(64, 1024, 24, 8, 1, true, 0, 6);
+    attnres_push_case(600, 1024, 5, 8, 1, true, 0, 7); /* many tokens: cuBLAS score GEMMs + per-token kernel */
+    attnres_push_case(100, 7168, 3, 9, 1, true, 0, 8); /* cluster phase 1 at d ≥ 4096 */
+    attnres_push_case(700, 4096, 2, 3, 1, false, 0, 9);
+    attnres_push_case(300, 512, 0, 6, 0, false, 0, 10);
+    attnres_push_case(40, 1024, 24, 64, 0, true, 0, 28); /* aligned, m·Q too large for the push kernel */
     /* the engine's forms: decode sizes (T 1, 32, 256) and prefill-like T at the small preset's d
      * 1024 / m ≤ 3 / Q 8 and K3's d 7168 / m 12; Q > 8 and m > 4 (query and block chunks), 1, 2, 4,
      * 8 and all queries per block, d not a multiple of 4 and a stride not a multiple of 4 (general

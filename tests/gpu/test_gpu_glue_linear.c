@@ -1,6 +1,6 @@
 /* The engine's GEMM wrappers and embedding vs their C twins: st_cuda_sgemm (st_sgemm), the per-head
- * strided GEMMs st_cuda_linear_heads / _add / st_cuda_sgemm_heads (st_linear_heads, both weight layouts,
- * row strides wider than the rows), st_cuda_embed (st_embed, exact). Odd sizes, one token, T = 0. */
+ * strided GEMM st_cuda_linear_heads (st_linear_heads: bf16 and fp32 outputs, both weight layouts, row
+ * strides wider than the rows), st_cuda_embed (st_embed, exact). Odd sizes, one token, T = 0. */
 #include <math.h>
 #include <string.h>
 
@@ -29,48 +29,38 @@ static void sgemm_case(int T, int N, int K, uint64_t seed) {
     free(x), free(W), free(ref), free(got), free(g2), free(r2);
 }
 
-/* mode 0: bf16 in, bf16 out; 1: bf16 in, fp32 out, then _add of a second input; 2: fp32 (sgemm_heads) */
-static void heads_case(int mode, bool trans_w, int T, int N, int K, int H, uint64_t seed) {
+/* bf16 in, bf16 out (y_f32 false) or fp32 out (y_f32 true) */
+static void heads_case(bool y_f32, bool trans_w, int T, int N, int K, int H, uint64_t seed) {
     st_rng_t r = {seed};
     int ldx = H * K + 2, ldy = H * N + 1, ldw = trans_w ? K : N; /* heads side by side in a row */
     long long sx = K, sy = N, sw = (long long)N * K;
     size_t nx = (size_t)T * ldx, ny = (size_t)T * ldy, nw = (size_t)H * N * K;
-    float *x = gl_randn(nx + 1, 1.f, &r), *x2 = gl_randn(nx + 1, 0.01f, &r), *W = gl_randn(nw, 1.f / sqrtf((float)K), &r);
-    uint16_t *xb = gt_xmalloc(2 * nx + 2), *x2b = gt_xmalloc(2 * nx + 2), *Wb = gt_xmalloc(2 * nw);
-    if (mode < 2) gt_to_bf(xb, x, nx), gt_to_bf(x2b, x2, nx), gt_to_bf(Wb, W, nw);
+    float *x = gl_randn(nx + 1, 1.f, &r), *W = gl_randn(nw, 1.f / sqrtf((float)K), &r);
+    uint16_t *xb = gt_xmalloc(2 * nx + 2), *Wb = gt_xmalloc(2 * nw);
+    gt_to_bf(xb, x, nx), gt_to_bf(Wb, W, nw);
     float *ref = gt_xmalloc(4 * (ny + 1));
     memset(ref, 0, 4 * (ny + 1));
-    st_linear_heads(ref, ldy, sy, x, ldx, sx, W, ldw, sw, trans_w, T, N, K, H, 0.f);
-    if (mode == 1) st_linear_heads(ref, ldy, sy, x2, ldx, sx, W, ldw, sw, trans_w, T, N, K, H, 1.f);
+    st_linear_heads(ref, ldy, sy, x, ldx, sx, W, ldw, sw, trans_w, T, N, K, H);
     void *dy = gt_dev(4 * (ny + 1));
     GT_OK(st_gpu_memset(dy, 0, 4 * (ny + 1))); /* the columns between heads' rows are not written */
+    uint16_t *dx = gt_up(xb, 2 * nx), *dW = gt_up(Wb, 2 * nw);
+    GT_OK(st_cuda_linear_heads(&gt_stream, dy, y_f32, ldy, sy, dx, ldx, sx, dW, ldw, sw, trans_w, T, N, K, H));
     float *got;
-    if (mode == 2) {
-        float *dx = gt_up(x, 4 * nx), *dW = gt_up(W, 4 * nw);
-        GT_OK(st_cuda_sgemm_heads(&gt_stream, dy, ldy, sy, dx, ldx, sx, dW, ldw, sw, trans_w, T, N, K, H));
-        got = gl_down_f32(dy, ny);
-        st_gpu_free(dx), st_gpu_free(dW);
+    if (!y_f32) {
+        got = gt_xmalloc(4 * (ny + 1));
+        float *h = gl_down_bf(dy, ny); /* bf16 output: ldy is in elements, dy holds 2-byte rows */
+        memcpy(got, h, 4 * ny), free(h);
+        for (int t = 0; t < T; t++) /* bf16 rows: columns past H·N stay 0 in both */
+            for (int c = H * N; c < ldy; c++) got[(size_t)t * ldy + c] = ref[(size_t)t * ldy + c];
     } else {
-        uint16_t *dx = gt_up(xb, 2 * nx), *dx2 = gt_up(x2b, 2 * nx), *dW = gt_up(Wb, 2 * nw);
-        GT_OK(st_cuda_linear_heads(&gt_stream, dy, mode == 1, ldy, sy, dx, ldx, sx, dW, ldw, sw, trans_w, T, N, K, H));
-        if (mode == 1)
-            GT_OK(st_cuda_linear_heads_add(&gt_stream, dy, ldy, sy, dx2, ldx, sx, dW, ldw, sw, trans_w, T, N, K, H));
-        if (mode == 0) {
-            got = gt_xmalloc(4 * (ny + 1));
-            float *h = gl_down_bf(dy, ny); /* bf16 output: ldy is in elements, dy holds 2-byte rows */
-            memcpy(got, h, 4 * ny), free(h);
-            for (int t = 0; t < T; t++) /* bf16 rows: columns past H·N stay 0 in both */
-                for (int c = H * N; c < ldy; c++) got[(size_t)t * ldy + c] = ref[(size_t)t * ldy + c];
-        } else {
-            got = gl_down_f32(dy, ny);
-        }
-        st_gpu_free(dx), st_gpu_free(dx2), st_gpu_free(dW);
+        got = gl_down_f32(dy, ny);
     }
     char w[128];
-    snprintf(w, sizeof w, "%s trans_w=%d T=%d N=%d K=%d H=%d", mode == 0 ? "linear_heads bf16" : mode == 1 ? "linear_heads f32 + add" : "sgemm_heads", trans_w, T, N, K, H);
-    st_t_close(w, got, ref, ny, mode == 0 ? 1e-2 : 1e-5, mode == 0 ? 1e-2 : 1e-4);
-    st_gpu_free(dy);
-    free(x), free(x2), free(W), free(xb), free(x2b), free(Wb), free(ref), free(got);
+    snprintf(w, sizeof w, "linear_heads %s trans_w=%d T=%d N=%d K=%d H=%d", y_f32 ? "f32" : "bf16", trans_w, T, N, K,
+             H);
+    st_t_close(w, got, ref, ny, y_f32 ? 1e-5 : 1e-2, y_f32 ? 1e-4 : 1e-2);
+    st_gpu_free(dy), st_gpu_free(dx), st_gpu_free(dW);
+    free(x), free(W), free(xb), free(Wb), free(ref), free(got);
 }
 
 static void embed_case(int T, int V, int d, uint64_t seed) {
@@ -99,10 +89,10 @@ int main(void) {
     sgemm_case(300, 33, 17, 3);
     sgemm_case(0, 8, 8, 4);
     for (int tw = 0; tw < 2; tw++)
-        for (int mode = 0; mode < 3; mode++) {
-            heads_case(mode, tw, 1, 64, 128, 3, 10 + mode);
-            heads_case(mode, tw, 37, 33, 65, 5, 20 + mode);
-            heads_case(mode, tw, 130, 128, 192, 2, 30 + mode);
+        for (int f32 = 0; f32 < 2; f32++) {
+            heads_case(f32, tw, 1, 64, 128, 3, 10 + f32);
+            heads_case(f32, tw, 37, 33, 65, 5, 20 + f32);
+            heads_case(f32, tw, 130, 128, 192, 2, 30 + f32);
         }
     embed_case(1, 7, 5, 1);
     embed_case(333, 1000, 257, 2);

@@ -5,7 +5,8 @@
  * GPU's own row_of, exact) and st_cuda_moe_combine in its three modes (st_moe_combine: partial += u
  * bit-exact, as the fixed slot order and rounded mul/add promise; u as bf16; RMSNorm'd u with the split
  * output), reading grouped rows (yg) or slot-order rows (yf). Empty experts, tokens with no expert, one
- * token, the largest batch (8192 tokens × 8 slots). */
+ * token, the largest batch (8192 tokens × 8 slots). st_cuda_moe_expand (st_moe_expand, bit-exact: an expert
+ * server's distinct-rows dispatch expanded to its grouped order), across the 65535-row launch split. */
 #include <math.h>
 #include <string.h>
 
@@ -130,6 +131,32 @@ static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
         free(yg), free(yf), free(p), free(nw), free(part0), free(u), free(part);
 }
 
+/* st_cuda_moe_expand vs st_moe_expand, bit-exact: n rows picked from n_in distinct rows (every 7th
+ * source out of range: zeros), values that round up, to ±inf, subnormals and −0 among them */
+static void expand_case(int n, int n_in, int w, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t nr = (size_t)n_in * w, nd = (size_t)n * w;
+    float *rows = gl_randn(nr, 3.f, &r);
+    static const float special[] = {0x1.01p0f, -0x1.fff8p127f, 3.0e38f, 1e-41f, -0.f, -0x1.0101p-3f};
+    for (size_t i = 0; i < nr && i < 6; i++) rows[i] = special[i];
+    uint32_t *src = gt_xmalloc(4 * ((size_t)n + 1));
+    for (int i = 0; i < n; i++)
+        src[i] = i == 0 ? (uint32_t)n_in - 1 : i % 7 == 3 ? (uint32_t)n_in + (uint32_t)i : (uint32_t)(st_rng_next(&r) % (uint64_t)n_in);
+    uint16_t *ref = gt_xmalloc(2 * nd + 2);
+    st_moe_expand(ref, rows, src, n, n_in, w);
+    float *drows = gt_up(rows, 4 * nr);
+    uint32_t *dsrc = gt_up(src, 4 * ((size_t)n + 1));
+    uint16_t *ddst = gt_dev(2 * nd + 2), *got = gt_xmalloc(2 * nd + 2);
+    gt_poison(ddst, 2 * nd + 2);
+    GT_OK(st_cuda_moe_expand(&gt_stream, ddst, drows, dsrc, n, n_in, w));
+    gt_down(got, ddst, 2 * nd);
+    CHECK(memcmp(got, ref, 2 * nd) == 0, "moe_expand n=%d n_in=%d w=%d: not bit-exact", n, n_in, w);
+    CHECK(st_cuda_moe_expand(&gt_stream, ddst, drows, dsrc, n ? n : 1, n_in, w + 2) == ST_ERR_INVALID_ARG,
+          "moe_expand: width %d (not a multiple of 4) accepted", w + 2);
+    st_gpu_free(drows), st_gpu_free(dsrc), st_gpu_free(ddst);
+    free(rows), free(src), free(ref), free(got);
+}
+
 int main(void) {
     gt_init_or_skip("test_gpu_glue_moe");
     uint64_t seed = 1;
@@ -145,5 +172,10 @@ int main(void) {
     dispatch_case(300, 8, 256, 1024, seed++);
     dispatch_case(8192, 8, 384, 512, seed++);
     dispatch_case(0, 8, 16, 64, seed++);
+    expand_case(1, 1, 4, seed++);
+    expand_case(37, 5, 1028, seed++);
+    expand_case(300, 64, 7168, seed++);
+    expand_case(70000, 300, 8, seed++); /* more rows than one launch's grid (65535) */
+    expand_case(0, 3, 8, seed++);
     return st_test_done();
 }

@@ -38,7 +38,8 @@ for R in 2 1; do
 done
 # losing an attention worker: its request ends with an error naming it, the other worker's completes,
 # and new requests go to the survivor once the coordinator has dropped the dead one
-"$S" up --ckpt "$TMP/ck" --experts 2 --workers 2 --max-seqs 4 --heartbeat-ms 200 >"$TMP/up.txt" 2>&1 ||
+# (heartbeats every 500 ms: at 200 ms a loaded 2-core machine can starve a live worker past two periods)
+"$S" up --ckpt "$TMP/ck" --experts 2 --workers 2 --max-seqs 4 --heartbeat-ms 500 >"$TMP/up.txt" 2>&1 ||
   { bad "cluster with two workers starts"; cat "$TMP/up.txt"; finish; }
 pids=()
 for i in 0 1; do
@@ -46,14 +47,18 @@ for i in 0 1; do
   pids+=($!)
   sleep 0.2
 done
-sleep 0.5
+# the kill must find one request on each worker: wait until the coordinator shows them so
+for _ in $(seq 50); do
+  curl -s "http://$(http)/status" | python3 -c 'import sys,json; m=json.load(sys.stdin)["members"]; assert sorted(x["active_requests"] for x in m if x["role"]=="attention" and x["alive"])==[1,1]' 2>/dev/null && break
+  sleep 0.2
+done
 kill -9 "$(pgrep -f -- "--ckpt $TMP/ck .*--name attn-1( |$)" | head -n 1)"
 failed=0; named=0
 for i in 0 1; do
   wait "${pids[$i]}" || { failed=$((failed+1)); grep -q "attn-1" "$TMP/w$i.err" && named=$((named+1)); }
 done
 check "[worker lost] exactly one request fails, naming the lost worker ($failed failed, $named named)" "[ $failed -eq 1 ] && [ $named -eq 1 ]"
-sleep 0.6
+sleep 1.2 # two heartbeat periods: the coordinator drops the dead worker
 "$S" generate --prompt-tokens 9,8,7 --max-tokens 8 --print-tokens >/dev/null 2>"$TMP/after-w.err"; rc=$?
 check "[worker lost] new requests are served by the survivor" "[ $rc -eq 0 ]"
 check "[worker lost] the coordinator keeps serving /status and shows one live worker" \

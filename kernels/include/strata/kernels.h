@@ -28,11 +28,11 @@ void st_linear_ref(float *y, const float *x, const st_weight_t *W, int T); /* pl
 void st_gemm_nt(float *C, const float *A, const float *B, int M, int N, int K);
 /* y [T, N] (row stride ldy) = x [T, K] (ldx) · Wᵀ, W [N, K]; plain loops (st_cuda_sgemm's twin). */
 void st_sgemm(float *y, int ldy, const float *x, int ldx, const float *W, int T, int N, int K);
-/* Per head h < H: y_h = beta·y_h + x_h · op(W_h) (beta 0: y not read), y_h [T, N] at y + h·sy (row stride
- * ldy), x_h [T, K] at x + h·sx (ldx), W_h at W + h·sw: trans_w false: [K, N] (ldw N), true: [N, K]
- * (ldw K). Plain loops (st_cuda_linear_heads, _add, st_cuda_sgemm_heads). */
+/* Per head h < H: y_h = x_h · op(W_h), y_h [T, N] at y + h·sy (row stride ldy), x_h [T, K] at x + h·sx
+ * (ldx), W_h at W + h·sw: trans_w false: [K, N] (ldw N), true: [N, K] (ldw K). Plain loops
+ * (st_cuda_linear_heads' twin). */
 void st_linear_heads(float *y, int ldy, long long sy, const float *x, int ldx, long long sx, const float *W, int ldw,
-                     long long sw, bool trans_w, int T, int N, int K, int H, float beta);
+                     long long sw, bool trans_w, int T, int N, int K, int H);
 /* partial [T, d] = E[tok[t]] (E [V, d]; SPEC §2). */
 void st_embed(float *partial, const float *E, const int *tok, int T, int d);
 
@@ -49,8 +49,6 @@ void st_glu(float *h, const float *gate, const float *up, int T, int n, int ld_i
             float b1, float b2);
 /* y [n] = x ⊙ σ(gate) */
 void st_mul_sigmoid(float *y, const float *x, const float *gate, size_t n);
-/* The split bf16 form of x [n]: hi = bf16(x), lo = bf16(x − hi) (round to nearest even). */
-void st_split_bf16(uint16_t *hi, uint16_t *lo, const float *x, size_t n);
 
 /* ---------------- KDA (SPEC §3) ---------------- */
 /* Depthwise causal conv, kernel K, then SiLU. x [T, C]; w [C, K] fp32 (tap K-1 = newest);
@@ -161,6 +159,9 @@ void st_ffn(float *y, const float *x, int T, const st_weight_t *gate, const st_w
 void st_moe_group(int *offsets, int *row_of, const int *ids, const int *cnt, int T, int kc, int E);
 /* xg[row_of[t, i]] = z[t] for i < cnt[t]; z [T, l]. */
 void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt, int T, int kc, int l);
+/* An expert server's distinct-rows dispatch expanded into its grouped order: dst [n, w] bf16, row r =
+ * bf16(rows[src[r]]) (round to nearest even) of rows [n_in, w] fp32; a source ≥ n_in gives zeros. */
+void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n, int n_in, int w);
 /* u_t = Σ_{i<cnt[t]} p[t, i] · y_i in slot order, y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i].
  * u != NULL: u [T, l] = u_t, RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
 void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,

@@ -19,10 +19,6 @@ extern "C" {
 
 typedef uint16_t st_bf16_t; /* bf16 bit pattern */
 
-/* ---------------- norms ---------------- */
-/* in place, per head: x [T, H, dh] bf16 ← x / sqrt(Σx² + eps) */
-st_status_t st_cuda_l2norm_heads(const st_gpu_stream_t *s, st_bf16_t *x, int T, int H, int dh, float eps);
-
 /* ---------------- linear ---------------- */
 /* y [T, N] (row stride ldy) = beta·y + x [T, K] (row stride ldx) · Wᵀ, W [N, K] bf16 row-major (beta 0:
  * y is not read); fp32 accumulation; y bf16 (y_f32 false) or fp32 (y_f32 true). Up to 32 tokens with W
@@ -170,23 +166,14 @@ st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w
                                     const float *tau, int T, int n, int kmax, bool renorm, float scale);
 
 /* ---------------- Block AttnRes, two-phase (SPEC §5; kernels/attnres.cu) ---------------- */
-/* Phase 1 (once per completed-block set): blocks = host array of m device pointers, each [T, d]
- * fp32; w_eff [Q, d] fp32 (γ ⊙ w of each of the Q sublayer queries) → stats [T, Q, 2] fp32
- * (max score, Σ exp(s_i − max)) and acc [T, Q, d] fp32 (Σ exp(s_i − max) V_i). m may be 0
- * (stats = (−inf, 0), acc = 0). m ≤ 64, Q ≤ 64, T ≤ 65535. Same as st_attnres_phase1. */
-st_status_t st_cuda_attnres_phase1(const st_gpu_stream_t *s, float *stats, float *acc, const float *const *blocks,
-                                   int m, const float *w_eff, int Q, int T, int d, float eps);
-/* Phase 2 (per sublayer q < Q): merge partial [T, d] fp32 (score with w_eff_q [d] fp32) into the
- * phase-1 state → out [T, d] fp32 (may be NULL) and/or out_bf [T, d] bf16 (may be NULL; the input
- * of the next RMSNorm). Same as st_attnres_phase2. */
-st_status_t st_cuda_attnres_phase2(const st_gpu_stream_t *s, float *out, st_bf16_t *out_bf, const float *partial,
-                                   const float *stats, const float *acc, const float *w_eff_q, int q, int Q, int T,
-                                   int d, float eps);
-/* The engine's forms (one block per token; docs/perf.md "Block AttnRes two-phase"):
- * Phase 1 with the block push folded in: block i < m−1 at blocks + i·bstride ([T, d] fp32 rows, bstride in
- * floats ≥ T·d), the newest block read from newest [T, d] fp32 and written to blocks + (m−1)·bstride by the
- * same loads (newest NULL: all m blocks are in the list, nothing written). Outputs as st_cuda_attnres_phase1.
- * Same as copying newest into its slot, then st_attnres_phase1 over the m list blocks. qpb: queries per
+/* Phase 1 (once per completed-block set) with the block push folded in: block i < m−1 at blocks + i·bstride
+ * ([T, d] fp32 rows, bstride in floats ≥ T·d), the newest block read from newest [T, d] fp32 and written to
+ * blocks + (m−1)·bstride by the same loads (newest NULL: all m blocks are in the list, nothing written);
+ * w_eff [Q, d] fp32 (γ ⊙ w of each of the Q sublayer queries) → stats [T, Q, 2] fp32 (max score,
+ * Σ exp(s_i − max)) and acc [T, Q, d] fp32 (Σ exp(s_i − max) V_i). m may be 0 (stats = (−inf, 0),
+ * acc = 0); m ≤ 64, Q ≤ 64. Same as copying newest into its slot, then st_attnres_phase1 over the m
+ * list blocks. One block per token (and query group); where that kernel does not apply (m = 0, rows
+ * not 16-byte aligned, large m·Q) the general two-kernel form runs, T ≤ 65535 there. qpb: queries per
  * thread block (0: chosen by size; tests and benchmarks force 1 … Q).
  * x (may be NULL; m ≥ 1): the block-start norm in the same launch: xn [T, d] bf16 (and xlo, the bf16
  * remainder, when not NULL) = RMSNorm (norm_w [d] fp32, eps) of the m blocks mixed for the one more
@@ -200,10 +187,11 @@ typedef struct {
 st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, float *stats, float *acc, float *blocks,
                                         size_t bstride, const float *newest, int m, const float *w_eff, int Q, int T,
                                         int d, float eps, int qpb, const st_attnres_xnorm_t *x);
-/* Phase 2 fused with the RMSNorm that follows it: for output row i < n_rows (source row r = rows[i], or i
- * when rows is NULL), h = st_attnres_phase2 of partial row r with query q's state (stats/acc/w_eff_q as
- * st_cuda_attnres_phase2; stats NULL: h = partial row r, a plain RMSNorm), then xn [n_rows, d] bf16 =
- * bf16(st_rmsnorm(h; norm_w [d] fp32, norm_eps)); xlo (may be NULL) = bf16 of the remainder v − xn. */
+/* Phase 2 (per sublayer q < Q) fused with the RMSNorm that follows it: for output row i < n_rows (source
+ * row r = rows[i], or i when rows is NULL), h = st_attnres_phase2 of partial row r [d] fp32 (scored with
+ * w_eff_q [d] fp32) with query q's phase-1 state stats/acc (stats NULL: h = partial row r, a plain RMSNorm),
+ * then xn [n_rows, d] bf16 = bf16(st_rmsnorm(h; norm_w [d] fp32, norm_eps)); xlo (may be NULL) = bf16 of
+ * the remainder v − xn. */
 st_status_t st_cuda_attnres_phase2_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo,
                                            const float *partial, const float *stats, const float *acc,
                                            const float *w_eff_q, int q, int Q, const float *norm_w, const int *rows,
@@ -235,18 +223,10 @@ st_status_t st_cuda_sgemm(const st_gpu_stream_t *s, float *y, int ldy, const flo
                           int N, int K);
 /* Per head h < H: y_h [T, N] (at y + h·sy, row stride ldy) = x_h [T, K] (x + h·sx, ldx) · op(W_h),
  * W_h at W + h·sw: trans_w false: W_h [K, N] row-major (ldw N); true: W_h [N, K] row-major (ldw K). bf16 in,
- * y bf16 or fp32 (y_f32), fp32 accumulation. C: st_linear_heads (beta 0). */
+ * y bf16 or fp32 (y_f32), fp32 accumulation. C: st_linear_heads. */
 st_status_t st_cuda_linear_heads(const st_gpu_stream_t *s, void *y, bool y_f32, int ldy, long long sy,
                                  const st_bf16_t *x, int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw,
                                  bool trans_w, int T, int N, int K, int H);
-/* y (fp32) += the same product: the second pass of a split bf16 input. C: st_linear_heads (beta 1). */
-st_status_t st_cuda_linear_heads_add(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const st_bf16_t *x,
-                                     int ldx, long long sx, const st_bf16_t *W, int ldw, long long sw, bool trans_w,
-                                     int T, int N, int K, int H);
-/* The same with everything fp32 (plain fp32 math): the MLA query absorption. C: st_linear_heads. */
-st_status_t st_cuda_sgemm_heads(const st_gpu_stream_t *s, float *y, int ldy, long long sy, const float *x, int ldx,
-                                long long sx, const float *W, int ldw, long long sw, bool trans_w, int T, int N,
-                                int K, int H);
 
 /* ---- embedding (kernels/embed.cu) ---- */
 /* partial [T, d] fp32 = E[tok[t]] (E [V, d] bf16; tok [T] int32). C: st_embed. */
@@ -264,20 +244,6 @@ st_status_t st_cuda_glu(const st_gpu_stream_t *s, st_bf16_t *h, st_bf16_t *lo, c
 /* y [n] bf16 (+ lo) = x ⊙ σ(gate), x and gate [n] fp32. C: st_mul_sigmoid. */
 st_status_t st_cuda_mul_sigmoid(const st_gpu_stream_t *s, st_bf16_t *y, st_bf16_t *lo, const float *x,
                                 const float *gate, size_t n);
-/* hi, lo [n] bf16: the split of x [n] fp32 (hi = bf16(x), lo = bf16(x − hi)). C: st_split_bf16. */
-st_status_t st_cuda_split_bf16(const st_gpu_stream_t *s, st_bf16_t *hi, st_bf16_t *lo, const float *x, size_t n);
-
-/* ---- Block AttnRes, first versions (kernels/attnres.cu; the engine's STRATA_EGPU_AR_V1=1 path) ---- */
-/* Phase 1 over m blocks at blocks + i·bstride ([T, d] fp32 each) for Q queries w [Q, d] fp32 → stats
- * [T, Q, 2], acc [T, Q, d] (one block per token). C: st_attnres_phase1. */
-st_status_t st_cuda_attnres_phase1_strided(const st_gpu_stream_t *s, float *stats, float *acc, const float *blocks,
-                                           size_t bstride, int m, const float *w, int Q, int T, int d, float eps);
-/* As st_cuda_attnres_phase2_rmsnorm (same arguments), h staged in shared memory (the partial read
- * twice). C: st_attnres_phase2 then st_rmsnorm. */
-st_status_t st_cuda_attnres_phase2_rmsnorm_v1(const st_gpu_stream_t *s, st_bf16_t *xn, st_bf16_t *xlo,
-                                              const float *partial, const float *stats, const float *acc,
-                                              const float *w_q, int q, int Q, const float *norm_w, const int *rows,
-                                              int n_rows, int d, float ar_eps, float norm_eps);
 
 /* ---- KDA (kernels/kda.cu; SPEC §3) ---- */
 /* Decay gate in place on fp32 f → g [T, H*dk]: bounded: g = lb·σ(exp(A_log[h])·(f+dt_bias));
@@ -315,7 +281,7 @@ st_status_t st_cuda_mla_kv_store(const st_gpu_stream_t *s, void *pool, bool f32,
                                  const int *tok_ent, const int *tok_pos, const int *btab, int pps, int page_size,
                                  int T, int kvr, int R, float eps);
 /* qabs[t, h, kvr:R] = q[t, h, nope:nope+rope] (q [T, H, nope+rope] fp32; qabs [T, H, R] fp32 if f32,
- * else bf16; the W_UK part is written by st_cuda_linear_heads / st_cuda_sgemm_heads). C: st_mla_qpe. */
+ * else bf16; the W_UK part is written by st_cuda_linear_heads). C: st_mla_qpe. */
 st_status_t st_cuda_mla_qpe(const st_gpu_stream_t *s, void *qabs, bool f32, const float *q, int T, int H, int nope,
                             int rope, int kvr);
 /* Absorbed attention, causal: query t (qabs [T, H, R]) sees cache rows 0..tok_pos[t] of entry
@@ -349,6 +315,11 @@ st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_o
 /* xg[row_of[t, i]] = z[t] for i < cnt[t] (bf16, width l, l even). C: st_moe_gather. */
 st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
                                const int *cnt, int T, int kc, int l);
+/* An expert server's distinct-rows dispatch expanded into its grouped order: dst [n, w] bf16, row r =
+ * bf16(rows[src[r]]) of rows [n_in, w] fp32 (round to nearest even; a source ≥ n_in gives zeros: the wire
+ * decoder rejects those first); src [n] uint32. w % 4 == 0, n ≤ 65535·64. C: st_moe_expand. */
+st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows, const uint32_t *src,
+                               int n, int n_in, int w);
 /* Combine in slot order (= ascending expert id), fp32, no FMA contraction: u = Σ_{i<cnt[t]} p[t, i] y_i
  * (p [T, kc]) with y_i = yg[row_of[t, i]] (fp32 [rows, l], grouped) when yg != NULL, else yf[t·kc + i]
  * (fp32 [T·kc, l], slot order). Then: norm_w != NULL → un [T, l] bf16 (+ ulo) = RMSNorm(u; norm_w, eps);

@@ -179,6 +179,10 @@ void st_fd_limit_raise(void);
 /* A command-line number: the whole of v is a decimal integer in lo..hi; else says so on stderr
  * (naming flag) and returns -1 with *out untouched. */
 int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out);
+/* Command-line string flags: if argv[*i] is names[j] (j < n), store its value in *dst[j], step *i past
+ * it and return 1; 0 when argv[*i] is none of them; -1 (after saying so on stderr) when the value is
+ * missing. */
+int st_parse_str_flag(const char *const *names, const char **const *dst, size_t n, int argc, char **argv, int *i);
 
 /* ---- small file helpers ---- */
 st_status_t st_file_read_all(const char *path, char **out, size_t *len); /* NUL-terminated, caller frees */

@@ -2,10 +2,12 @@
  * versioned placement map and thresholds. The registration's id and member token go with every
  * heartbeat and score report; a coordinator that no longer knows them (restarted, or this
  * member's connection changed) is registered with again. Used by expert servers and attention workers. Runs on
- * the process's libuv loop thread (over common/rpc); callbacks run there too. */
+ * the process's libuv loop thread (over common/rpc); callbacks run there too. Also what both member roles'
+ * processes share: their common command-line flags and their serving phase. */
 #ifndef STRATA_MEMBER_H
 #define STRATA_MEMBER_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "strata/base.h"
@@ -13,6 +15,7 @@
 #include "strata/rpc.h"
 
 struct uv_loop_s;
+struct uv_signal_s;
 
 typedef struct st_member st_member_t;
 
@@ -41,7 +44,27 @@ typedef struct {
     void *arg;
 } st_member_opts_t;
 
+/* The command-line flags every member role takes, parsed in one place: those of st_sec_opts_parse
+ * (security, --set), and
+ *   --coordinator HOST:PORT[,HOST:PORT...]  --coordinator-file F  --ckpt DIR  --name NAME
+ * The strings point into argv. */
+typedef struct {
+    const char *coordinator, *coordinator_file, *ckpt, *name;
+    st_sec_opts_t sec;
+} st_member_flags_t;
+/* If argv[*i] is one of the flags above, consume it (and its value) and return 1; 0 if not ours;
+ * -1 (after printing why) when its value is missing. */
+int st_member_flags_parse(st_member_flags_t *f, int argc, char **argv, int *i);
+
 st_status_t st_member_start(struct uv_loop_s *loop, const st_member_opts_t *o, st_member_t **out);
+/* The serving phase of a member role, once st_member_start has succeeded and its compute thread runs:
+ * SIGINT and SIGTERM call on_signal on the loop (sig_int and sig_term are the caller's handles, their
+ * data set to arg; the caller's drain closes them), "<what> <name> listening on <endpoint>" goes to
+ * stdout (the line launchers and tests wait for), the loop runs until every handle is closed, and then
+ * the compute thread is joined. */
+void st_member_serve(struct uv_loop_s *loop, struct uv_signal_s *sig_int, struct uv_signal_s *sig_term,
+                     void (*on_signal)(struct uv_signal_s *h, int signum), void *arg, pthread_t compute,
+                     const char *what, const char *name, const char *endpoint);
 /* Stop timers and wait for calls in flight; done(arg) once everything is released. */
 void st_member_stop(st_member_t *m, void (*done)(void *arg), void *arg);
 uint64_t st_member_id(const st_member_t *m); /* 0 until registered */
