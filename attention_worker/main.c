@@ -6,14 +6,16 @@
 #include "strata/member.h"
 #include "worker.h"
 
-static void usage(void) {
-    fprintf(stderr,
+static void usage_to(FILE *out) {
+    fprintf(out,
             "usage: strata-attn --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
             "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
             "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
             "                   [--device cpu|cuda:N] [--drain-timeout-s S]\n"
-            "       " ST_SEC_USAGE "\n");
+            "       " ST_SEC_USAGE "\n"
+            "  HOST may be a name (localhost) or an address. --help, --version.\n");
 }
+static void usage(void) { usage_to(stderr); }
 
 /* A whole decimal number in lo..hi, else -1 (after saying why). */
 static long num(const char *flag, const char *v, long lo, long hi) {
@@ -24,6 +26,16 @@ static long num(const char *flag, const char *v, long lo, long hi) {
 int main(int argc, char **argv) {
     st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1, .drain_timeout_s = 30};
     static st_member_flags_t mf;
+    for (int i = 1; i < argc; i++) { /* --help and --version win over everything, as the coordinator's */
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_to(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("strata-attn %s\n", STRATA_VERSION);
+            return 0;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         int k = st_member_flags_parse(&mf, argc, argv, &i);
         if (k < 0) return 2;

@@ -191,6 +191,9 @@ int st_cmd_up(int argc, char **argv) {
     float skew = 0;
     const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "64";
     const char *api_key = NULL, *max_queue = NULL;
+    enum { MAX_COORD_ARGS = 32 };
+    char *coord_args[MAX_COORD_ARGS]; /* --coordinator-arg: passed on to strata-coordinator as they are */
+    int n_coord_args = 0;
     for (int i = 0; i < argc; i++) {
         const char *v;
         if ((v = st_cli_opt(argc, argv, &i, "--preset"))) preset = v;
@@ -213,6 +216,13 @@ int st_cmd_up(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--expert-device"))) expert_dev = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--api-key"))) api_key = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--max-queue"))) max_queue = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--coordinator-arg"))) {
+            if (n_coord_args == MAX_COORD_ARGS) {
+                fprintf(stderr, "strata up: at most %d --coordinator-arg\n", MAX_COORD_ARGS);
+                return 2;
+            }
+            coord_args[n_coord_args++] = (char *)v;
+        }
         else { fprintf(stderr, "strata up: unknown option %s\n", argv[i]); return 2; }
     }
     if (!preset && !ckpt) preset = "tiny";
@@ -272,10 +282,15 @@ int st_cmd_up(int argc, char **argv) {
     snprintf(s_rep, sizeof s_rep, "%d", replicas);
     snprintf(s_w, sizeof s_w, "%d", workers);
     snprintf(s_x, sizeof s_x, "%d", experts);
-    char *cargv[] = {exe, "--ckpt", ck, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--replicas", s_rep,
-                     "--routing", (char *)routing, "--heartbeat-ms", (char *)heartbeat, "--expect-workers", s_w,
-                     "--expect-experts", s_x, "--ready-file", ready, NULL, NULL, NULL};
-    if (max_queue) cargv[19] = "--max-queue", cargv[20] = (char *)max_queue;
+    char *cargv[21 + MAX_COORD_ARGS + 1] = {exe, "--ckpt", ck, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                                            "--replicas", s_rep, "--routing", (char *)routing, "--heartbeat-ms",
+                                            (char *)heartbeat, "--expect-workers", s_w, "--expect-experts", s_x,
+                                            "--ready-file", ready};
+    int nc = 19;
+    if (max_queue) cargv[nc++] = "--max-queue", cargv[nc++] = (char *)max_queue;
+    /* NOTE: after strata up's own: a flag given twice takes its last value (--http HOST:PORT, say) */
+    for (int k = 0; k < n_coord_args; k++) cargv[nc++] = coord_args[k];
+    cargv[nc] = NULL;
     pids[np++] = spawn(cargv, log);
     char grpc[160] = "", http[160] = "";
     double t0 = st_time_sec();

@@ -702,7 +702,7 @@ static void h_health(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
         return;
     }
     if (svc[0] && strcmp(svc, "strata.v1.Coordinator") != 0) {
-        st_rpc_call_finish(call, ST_ERR_INVALID_ARG, "unknown service (this server has \"\" and strata.v1.Coordinator)");
+        st_rpc_call_finish(call, ST_ERR_NOT_FOUND, "unknown service (this server has \"\" and strata.v1.Coordinator)");
         return;
     }
     const uint8_t rep[2] = {0x08, st_coord_ready(co) ? 1 : 2}; /* field 1, varint */
@@ -800,6 +800,10 @@ int st_coord_run(const st_coord_opts_t *opts) {
         goto out;
     }
     if (st_tokenizer_load(&co->tok, co->o.ckpt, NULL) != ST_OK) goto out;
+    json_t *cj = json_load_file(path, 0, NULL); /* st_config_load has read it: only model_type matters */
+    co->chat_format = st_chat_format_of_config(cj, co->tok);
+    json_decref(cj);
+    if (co->chat_format == ST_CHAT_K3) st_log_info("coordinator: chat in K3's format (config.json)");
     co->piece_cap = 3 * st_tokenizer_max_token_bytes(co->tok) + 32; /* a step, the flush, a NUL */
     if (!(co->piece = malloc(co->piece_cap))) {
         ST_FAIL(ST_ERR_NO_MEMORY, "coordinator: token buffer");

@@ -7,6 +7,7 @@
 #include <uv.h>
 
 #include "coord.h"
+#include "openai.h"
 #include "placement.h"
 #include "strata/http.h"
 #include "strata/model.h"
@@ -92,6 +93,7 @@ struct coord {
     st_coord_opts_t o;
     st_config_t cfg;
     st_tokenizer_t *tok;  /* the checkpoint's tokenizer (byte tokenizer when it ships none) */
+    st_chat_format_t chat_format; /* K3's format when config.json says K3, else K2's */
     char *piece;          /* one decoded token and a flush (the loop thread's) */
     size_t piece_cap;
     char model[128];

@@ -272,13 +272,35 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
         if (!lim->tok) return refuse(e, ST_ERR_INVALID_ARG, NULL, "chat needs the checkpoint's tokenizer");
         if (!(v = field(body, "messages"))) return refuse(e, ST_ERR_INVALID_ARG, "messages", "missing 'messages'");
         json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice");
-        if (choice && !(json_is_string(choice) && (!strcmp(json_string_value(choice), "auto") ||
-                                                  !strcmp(json_string_value(choice), "none"))))
-            return refuse(e, ST_ERR_INVALID_ARG, "tool_choice", "'tool_choice' supports \"auto\" and \"none\"");
-        if (choice && !strcmp(json_string_value(choice), "none")) tools = NULL;
+        int k3 = lim->chat_format == ST_CHAT_K3;
+        const char *cs = json_string_value(choice);
+        if (choice && !(cs && (!strcmp(cs, "auto") || !strcmp(cs, "none") || (k3 && !strcmp(cs, "required")))))
+            return refuse(e, ST_ERR_INVALID_ARG, "tool_choice",
+                          k3 ? "'tool_choice' supports \"auto\", \"none\" and \"required\""
+                             : "'tool_choice' supports \"auto\" and \"none\"");
         st_chat_prompt_t p;
-        if ((s = st_chat_render(lim->tok, v, tools, &p, e)) != ST_OK) return s;
-        out->tools = json_array_size(tools) > 0;
+        out->chat_format = lim->chat_format;
+        if (k3) {
+            /* K3 is told tool_choice and response_format in notes; reasoning_effort "none" turns
+             * thinking off, other values are the thinking-effort note's */
+            st_chat_k3_opts_t o = {.thinking = 1, .tool_choice = cs};
+            json_t *re = field(body, "reasoning_effort"), *rf = field(body, "response_format");
+            if (re && !json_is_string(re))
+                return refuse(e, ST_ERR_INVALID_ARG, "reasoning_effort", "'reasoning_effort' must be a string");
+            if (re && !strcmp(json_string_value(re), "none")) o.thinking = 0;
+            else if (re) o.effort = json_string_value(re);
+            const char *rft = json_string_value(json_object_get(rf, "type"));
+            if (rf && !(rft && (!strcmp(rft, "text") || !strcmp(rft, "json_object") || !strcmp(rft, "json_schema"))))
+                return refuse(e, ST_ERR_INVALID_ARG, "response_format",
+                              "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+            o.response_format = rf;
+            if ((s = st_chat_render_k3(lim->tok, v, tools, &o, &p, e)) != ST_OK) return s;
+            out->thinking = o.thinking;
+        } else {
+            if (cs && !strcmp(cs, "none")) tools = NULL;
+            if ((s = st_chat_render(lim->tok, v, tools, &p, e)) != ST_OK) return s;
+        }
+        out->tools = json_array_size(tools) > 0 && !(cs && !strcmp(cs, "none"));
         r->n_prompt_tokens = p.ids.n;
         r->prompt_tokens = (uint32_t *)p.ids.ids; /* the tokenizer's ids are non-negative */
         p.ids.ids = NULL;

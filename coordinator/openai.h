@@ -24,8 +24,12 @@
 #define ST_OPENAI_MAX_LOGPROBS 20       /* top_logprobs (chat) / logprobs (completions) */
 #define ST_OPENAI_MAX_LOGIT_BIAS 300    /* logit_bias entries */
 
+/* Which chat format the checkpoint was trained on (st_chat_format_of_config). */
+typedef enum { ST_CHAT_K2 = 0, ST_CHAT_K3 = 1 } st_chat_format_t;
+
 typedef struct {
     const char *model; /* the served model's name: another "model" is a 400 */
+    st_chat_format_t chat_format; /* chat: K2 / Kimi Linear (default) or K3 */
     int vocab;         /* token ids (prompt and stop) must be below it; 0: not checked */
     const st_tokenizer_t *tok; /* chat: renders and encodes the conversation (required for chat) */
 } st_openai_limits_t;
@@ -42,6 +46,8 @@ typedef struct {
     st_proto_generate_req_t req;
     int stream, chat, include_usage, echo;
     int tools;                        /* chat: tools were declared (tool calls are parsed back) */
+    st_chat_format_t chat_format;     /* chat: the format the reply is read in */
+    int thinking;                     /* chat, K3: the reply opens in the think channel */
     int n;                            /* choices per prompt */
     int logprobs;                     /* -1: none; else the sampled token's logprob and this many top ones */
     size_t n_prompts;                 /* 1, or a completions batch: req holds the first prompt, */
@@ -95,6 +101,42 @@ void st_chat_prompt_cleanup(st_chat_prompt_t *p);
  * OpenAI "tool_calls" array (id ID, function name from "functions.NAME:IDX", arguments ARGS) and
  * *content_len, the length of the text before the section; NULL when text has no complete call. */
 json_t *st_chat_tool_calls(const char *text, size_t len, size_t *content_len);
+/* ---- K3's format ("XTML", chat.c) ----
+ * As the checkpoint's encoding_k3.py build_chat_segments renders it (vendored in vLLM:
+ * vllm/tokenizers/encoding_k3.py): <|open|>message role="user"<|sep|>TEXT<|close|>message<|sep|>
+ * <|end_of_msg|> per message, no [BOS]; the tool declaration (key-sorted compact JSON) and, with
+ * thinking, the thinking-effort note first; assistant turns with think / response channels and
+ * typed tool-call arguments; tool results named and numbered after the assistant's calls (put in
+ * call order by tool_call_id); tool_choice and response_format notes; then the assistant's turn
+ * opened in its think (or response) channel. Attribute values escape & and ". Every text piece is
+ * encoded on its own with special tokens read as text, as the reference does. */
+typedef struct {
+    int thinking;                  /* the think channel (the reference's default: on) */
+    const char *effort;            /* with thinking: "low", "high" or "max" (NULL: "max") */
+    const char *tool_choice;       /* NULL/"auto", "none" or "required" (a note to the model) */
+    const json_t *response_format; /* NULL or {"type":"json_object"|"json_schema", ...} */
+} st_chat_k3_opts_t;
+st_status_t st_chat_render_k3(const st_tokenizer_t *tk, const json_t *messages, const json_t *tools,
+                              const st_chat_k3_opts_t *o, st_chat_prompt_t *out, st_openai_err_t *err);
+/* K3 when config.json (its top level) says model_type "kimi_k3" or an architecture KimiK3* and the
+ * tokenizer tk (unless NULL) has K3's markers <|open|> <|close|> <|sep|> <|end_of_msg|>; else K2's
+ * format (Kimi Linear, K2; also `strata ckpt init` folders, written in K3's layout, with K2's
+ * tokenizer names or none). */
+st_chat_format_t st_chat_format_of_config(const json_t *config, const st_tokenizer_t *tk);
+/* A K3 reply read back: the generation prompt left the think (thinking) or response channel open,
+ * so the text is REASONING<|close|>think<|sep|><|open|>response<|sep|>CONTENT<|close|>response<|sep|>
+ * [<|open|>tools<|sep|>(<|open|>call tool="NAME" index="I"<|sep|>ARGUMENTS<|close|>call<|sep|>)*
+ * <|close|>tools<|sep|>]<|close|>message<|sep|>, any of it cut short. Arguments (typed
+ * <|open|>argument key= type=<|sep|>VALUE<|close|>argument<|sep|> elements, or one raw json block)
+ * become OpenAI's JSON text; ids are "functions.NAME:I-1". tool_calls is NULL when no call is
+ * complete; the caller releases it. */
+typedef struct {
+    size_t reasoning_off, reasoning_len;
+    size_t content_off, content_len;
+    json_t *tool_calls;
+} st_chat_k3_reply_t;
+void st_chat_k3_reply(const char *text, size_t len, int thinking, st_chat_k3_reply_t *out);
+
 /* json.dumps(v, ensure_ascii=False) as Python writes it (Hugging Face's tojson): ", " and ": "
  * separators, floats in repr form. malloc'd, NULL on no memory. */
 char *st_chat_tojson(const json_t *v);

@@ -115,6 +115,7 @@ static void status_error(st_http_res_t *res, st_status_t s, const char *msg, con
     case ST_ERR_INVALID_ARG:
     case ST_ERR_OUT_OF_RANGE:
     case ST_ERR_PARSE: json_reply(res, 400, error_obj(msg, "invalid_request_error", param, NULL)); return;
+    case ST_ERR_NOT_FOUND: json_reply(res, 404, error_obj(msg, "invalid_request_error", param, "not_found")); return;
     case ST_ERR_AUTH:
         json_reply_with(res, 401, error_obj(msg, "invalid_request_error", NULL, "invalid_api_key"), "WWW-Authenticate: Bearer");
         return;
@@ -484,6 +485,7 @@ typedef struct hreq {
     coord_t *co;
     st_http_res_t *res; /* NULL once the response is complete (or the client gone) */
     int stream, chat, tools, include_usage, begun, gone, answered;
+    int k3, thinking;   /* chat in K3's format: the reply has think / response channels */
     char **stop;        /* stop strings (owned), never in the text the client gets */
     size_t n_stop;
     char id[48];
@@ -494,6 +496,7 @@ typedef struct hreq {
     int *done_tokens, *done_prompt; /* per choice once answered */
     st_proto_finish_t *done_finish;
     char **done_text;                /* plain responses: each choice's final text (owned) */
+    char **done_reasoning;           /* plain responses, K3: each choice's think channel (owned) */
     json_t **done_calls;             /* plain responses: each choice's tool calls */
     json_t **done_lp;                /* plain responses: each choice's logprobs */
     st_status_t status;              /* the first failure, if any */
@@ -686,6 +689,7 @@ static const char *find_bytes(const char *hay, size_t hn, const char *n, size_t 
 /* How much of a choice's text may reach the client now: not a suffix that could still become a
  * stop string (or, with tools, the tool-call section's marker), nor anything from that marker on. */
 static size_t safe_len(const hreq_t *h, const gen_t *g) {
+    if (h->k3) return 0; /* K3's channels are told apart at the end */
     size_t end = g->text_len;
     if (h->tools) {
         const char *sec = find_bytes(g->text ? g->text : "", g->text_len, TOOL_SECTION, sizeof TOOL_SECTION - 1);
@@ -764,6 +768,7 @@ static void hreq_free(hreq_t *h) {
     for (size_t i = 0; i < h->n_stop; i++) free(h->stop[i]);
     for (int i = 0; i < h->n_choices; i++) {
         if (h->done_text) free(h->done_text[i]);
+        if (h->done_reasoning) free(h->done_reasoning[i]);
         if (h->done_calls) json_decref(h->done_calls[i]);
         if (h->done_lp) json_decref(h->done_lp[i]);
     }
@@ -773,6 +778,7 @@ static void hreq_free(hreq_t *h) {
     free(h->done_prompt);
     free(h->done_finish);
     free(h->done_text);
+    free(h->done_reasoning);
     free(h->done_calls);
     free(h->done_lp);
     free(h);
@@ -803,9 +809,13 @@ static void hreq_complete(hreq_t *h) {
         for (int i = 0; i < h->n_choices; i++) {
             int rs = 0;
             const char *t = h->done_text[i] ? h->done_text[i] : "";
-            json_array_append_new(choices, choice_json(h, i, &rs, t, strlen(t),
-                                                       h->done_calls[i] ? "tool_calls" : finish_of(h->done_finish[i]),
-                                                       h->done_calls[i], h->done_lp[i], 0));
+            json_t *c = choice_json(h, i, &rs, t, strlen(t),
+                                    h->done_calls[i] ? "tool_calls" : finish_of(h->done_finish[i]), h->done_calls[i],
+                                    h->done_lp[i], 0);
+            if (h->done_reasoning[i])
+                json_object_set_new(json_object_get(c, "message"), "reasoning_content",
+                                    jtext(h->done_reasoning[i], strlen(h->done_reasoning[i])));
+            json_array_append_new(choices, c);
             h->done_calls[i] = NULL;
             h->done_lp[i] = NULL;
         }
@@ -816,8 +826,32 @@ static void hreq_complete(hreq_t *h) {
     h->res = NULL;
 }
 
+static char *clean_copy(const char *s, size_t n) {
+    char *out = malloc(3 * n + 1);
+    size_t cl = 0;
+    if (out) st_openai_utf8_clean((const unsigned char *)s, n, out, &cl, 1);
+    return out;
+}
+
+/* K3: the response channel's text, the think channel's (*reasoning, NULL when empty) and the
+ * tools channel's calls; nothing of a K3 reply is streamed before it ends (see safe_len). */
+static char *final_k3(const hreq_t *h, gen_t *g, json_t **calls, char **reasoning) {
+    st_chat_k3_reply_t rp;
+    const char *t = g->text ? g->text : "";
+    st_chat_k3_reply(t, g->text_len, h->thinking, &rp);
+    *calls = rp.tool_calls;
+    if (!h->tools) {
+        json_decref(rp.tool_calls);
+        *calls = NULL;
+    }
+    *reasoning = rp.reasoning_len ? clean_copy(t + rp.reasoning_off, rp.reasoning_len) : NULL;
+    return clean_copy(t + rp.content_off, rp.content_len);
+}
+
 /* The final text of a choice: echo + text before any tool-call section, as valid UTF-8. */
-static char *final_text(const hreq_t *h, gen_t *g, json_t **calls, size_t from) {
+static char *final_text(const hreq_t *h, gen_t *g, json_t **calls, size_t from, char **reasoning) {
+    *reasoning = NULL;
+    if (h->k3) return final_k3(h, g, calls, reasoning);
     size_t content = g->text_len;
     *calls = h->tools ? st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content) : NULL;
     if (content < from) content = from;
@@ -847,14 +881,22 @@ void st_coord_http_done(gen_t *g) {
     }
     if (ok && h->res && h->status == ST_OK) {
         json_t *calls = NULL;
+        char *reasoning = NULL;
         if (h->stream) {
             stream_begin(h);
-            char *rest = final_text(h, g, &calls, g->emitted);
+            char *rest = final_text(h, g, &calls, g->emitted, &reasoning);
+            if (reasoning && reasoning[0]) {
+                json_t *c = choice_json(h, g->index, &g->role_sent, "", 0, NULL, NULL, NULL, 1);
+                json_object_set_new(json_object_get(c, "delta"), "reasoning_content", jtext(reasoning, strlen(reasoning)));
+                sse_json(h, response_json(h, json_pack("[o]", c), 1));
+            }
+            free(reasoning);
             if (rest && rest[0]) sse_choice(h, g, rest, strlen(rest), NULL, NULL, lp_take(h, g, lp_end(g)));
             free(rest);
             sse_choice(h, g, "", 0, calls ? "tool_calls" : finish_of(g->finish), calls, lp_take(h, g, lp_end(g)));
         } else {
-            h->done_text[g->index] = final_text(h, g, &calls, 0);
+            h->done_text[g->index] = final_text(h, g, &calls, 0, &reasoning);
+            h->done_reasoning[g->index] = reasoning;
             h->done_calls[g->index] = calls;
             h->done_lp[g->index] = lp_take(h, g, lp_end(g));
         }
@@ -884,7 +926,7 @@ static void http_gone(st_http_res_t *res, void *arg) {
 
 static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co, int chat) {
     if (!authorized(co, req, res)) return;
-    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab, .tok = co->tok};
+    st_openai_limits_t lim = {.model = co->model, .vocab = co->cfg.vocab, .tok = co->tok, .chat_format = co->chat_format};
     st_openai_req_t r;
     st_openai_err_t e;
     st_status_t s = chat ? st_openai_parse_chat(req->body, req->body_len, &lim, &r, &e)
@@ -904,10 +946,12 @@ static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co
         h->done_prompt = calloc((size_t)n, sizeof(int));
         h->done_finish = calloc((size_t)n, sizeof *h->done_finish);
         h->done_text = calloc((size_t)n, sizeof(char *));
+        h->done_reasoning = calloc((size_t)n, sizeof(char *));
         h->done_calls = calloc((size_t)n, sizeof(json_t *));
         h->done_lp = calloc((size_t)n, sizeof(json_t *));
         h->stop = r.n_stop_strs ? calloc(r.n_stop_strs, sizeof(char *)) : NULL;
-        nomem = !h->kids || !h->done_tokens || !h->done_prompt || !h->done_finish || !h->done_text || !h->done_calls || !h->done_lp ||
+        nomem = !h->kids || !h->done_tokens || !h->done_prompt || !h->done_finish || !h->done_text || !h->done_reasoning ||
+                !h->done_calls || !h->done_lp ||
                 (r.n_stop_strs && !h->stop);
         for (int i = 0; i < n && !nomem; i++) {
             gen_t *g = h->kids[i] = calloc(1, sizeof *g);
@@ -932,6 +976,8 @@ static void h_generate(const st_http_req_t *req, st_http_res_t *res, coord_t *co
     h->stream = r.stream;
     h->chat = r.chat;
     h->tools = r.tools;
+    h->k3 = r.chat && r.chat_format == ST_CHAT_K3;
+    h->thinking = r.thinking;
     h->include_usage = r.stream && r.include_usage;
     h->created = (int64_t)time(NULL);
     h->n_choices = n;

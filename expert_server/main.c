@@ -6,14 +6,16 @@
 #include "strata/member.h"
 #include "server.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: strata-expert --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
+static void usage_to(FILE *out) {
+    fprintf(out, "usage: strata-expert --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
                     "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n"
                     "       " ST_SEC_USAGE "\n"
+            "  HOST may be a name (localhost) or an address. --help, --version.\n"
                     "  (--set ES_INLINE_ROWS=N: dispatches of at most N rows run on the network thread when idle;\n"
                     "   0: always queued; default %d on cuda, 0 on cpu; see strata config)\n",
             ST_ES_INLINE_ROWS_GPU);
 }
+static void usage(void) { usage_to(stderr); }
 
 static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) {
     long x;
@@ -26,6 +28,16 @@ int main(int argc, char **argv) {
     st_es_opts_t o = {.inline_rows = -1};
     static char host[256];
     static st_member_flags_t mf;
+    for (int i = 1; i < argc; i++) { /* --help and --version win over everything, as the coordinator's */
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_to(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("strata-expert %s\n", STRATA_VERSION);
+            return 0;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         int k = st_member_flags_parse(&mf, argc, argv, &i);
         if (k < 0) return 2;

@@ -89,7 +89,7 @@ static int scores_eq(const st_proto_scores_t *a, const st_proto_scores_t *b, int
         a->threshold_version != b->threshold_version || a->n_layers != b->n_layers || a->n_experts != b->n_experts ||
         a->n_summaries != b->n_summaries || a->n_load != b->n_load || a->dispatch_bytes != b->dispatch_bytes ||
         a->reply_bytes != b->reply_bytes || a->messages != b->messages || memcmp(a->stage_s, b->stage_s, sizeof a->stage_s) != 0 ||
-        !mem_eq(a->load, b->load, a->n_load * sizeof(uint32_t)))
+        a->load_first_layer != b->load_first_layer || !mem_eq(a->load, b->load, a->n_load * sizeof(uint32_t)))
         return 0;
     for (size_t i = 0; i < a->n_summaries; i++)
         if (a->summary_lens[i] != b->summary_lens[i] || !mem_eq(a->summaries[i], b->summaries[i], a->summary_lens[i])) return 0;
@@ -102,7 +102,8 @@ static int eq_thresholds(const st_proto_thresholds_t *a, const st_proto_threshol
     size_t n_tau = a->unchanged ? 0 : (size_t)a->n_layers * a->n_experts;
     return a->version == b->version && a->unchanged == b->unchanged && a->step == b->step && a->n_layers == b->n_layers &&
            a->n_experts == b->n_experts && (a->tau == NULL) == (b->tau == NULL) && mem_eq(a->tau, b->tau, n_tau * sizeof(float)) &&
-           a->n_rho == b->n_rho && mem_eq(a->rho, b->rho, a->n_rho * sizeof(float));
+           a->n_rho == b->n_rho && mem_eq(a->rho, b->rho, a->n_rho * sizeof(float)) && a->n_rho_layers == b->n_rho_layers &&
+           mem_eq(a->rho_layers, b->rho_layers, a->n_rho_layers * sizeof(uint32_t));
 }
 
 static int eq_generate_req(const st_proto_generate_req_t *a, const st_proto_generate_req_t *b) {
@@ -111,7 +112,10 @@ static int eq_generate_req(const st_proto_generate_req_t *a, const st_proto_gene
            !memcmp(&a->temperature, &b->temperature, sizeof(float)) && !memcmp(&a->top_p, &b->top_p, sizeof(float)) &&
            a->top_k == b->top_k && a->seed == b->seed && a->has_seed == b->has_seed && a->n_stop_ids == b->n_stop_ids &&
            mem_eq(a->stop_ids, b->stop_ids, a->n_stop_ids * sizeof(uint32_t)) && a->dump_logits == b->dump_logits &&
-           a->ignore_eos == b->ignore_eos;
+           a->ignore_eos == b->ignore_eos && !memcmp(&a->presence_penalty, &b->presence_penalty, sizeof(float)) &&
+           !memcmp(&a->frequency_penalty, &b->frequency_penalty, sizeof(float)) && a->n_logit_bias == b->n_logit_bias &&
+           mem_eq(a->logit_bias_ids, b->logit_bias_ids, a->n_logit_bias * sizeof(uint32_t)) &&
+           mem_eq(a->logit_bias_values, b->logit_bias_values, a->n_logit_bias * sizeof(float));
 }
 
 static int eq_generate_chunk(const st_proto_generate_chunk_t *a, const st_proto_generate_chunk_t *b) {

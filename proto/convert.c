@@ -702,9 +702,9 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     r.presence_penalty = pb->presence_penalty;
     r.frequency_penalty = pb->frequency_penalty;
     if (pb->n_logit_bias_ids != pb->n_logit_bias_values) {
+        size_t ni = pb->n_logit_bias_ids, nv = pb->n_logit_bias_values; /* NOTE: read before pb is freed */
         protobuf_c_message_free_unpacked(&pb->base, NULL);
-        return ST_FAIL(ST_ERR_PROTOCOL, "GenerateRequest: %zu logit_bias ids, %zu values", pb->n_logit_bias_ids,
-                       pb->n_logit_bias_values);
+        return ST_FAIL(ST_ERR_PROTOCOL, "GenerateRequest: %zu logit_bias ids, %zu values", ni, nv);
     }
     if (!dup_str(&r.request_id, pb->request_id) || !dup_str(&r.prompt, pb->prompt) ||
         !dup_arr((void **)&r.logit_bias_ids, pb->logit_bias_ids, pb->n_logit_bias_ids, sizeof(uint32_t)) ||

@@ -21,6 +21,7 @@ const char *st_status_str(st_status_t s) {
     case ST_ERR_TIMEOUT: return "timed out";
     case ST_ERR_CANCELLED: return "cancelled";
     case ST_ERR_AUTH: return "unauthenticated";
+    case ST_ERR_NOT_FOUND: return "not found";
     case ST_ERR_CONFIG: return "bad config";
     case ST_ERR_CHECKPOINT: return "bad checkpoint";
     case ST_ERR_IO: return "I/O error";
@@ -36,24 +37,80 @@ const char *st_status_str(st_status_t s) {
 }
 
 static st_log_level_t g_level = ST_LOG_INFO;
+static st_log_format_t g_format = ST_LOG_TEXT;
 static const char *g_tag = "strata";
-static int g_level_read = 0; /* NOTE: a race only reads the table twice */
+static int g_level_read = 0, g_format_read = 0; /* NOTE: a race only reads the table twice */
 
 void st_log_set_level(st_log_level_t lvl) {
     g_level = lvl;
     g_level_read = 1; /* an explicit level wins over the table's */
 }
+void st_log_set_format(st_log_format_t f) {
+    g_format = f;
+    g_format_read = 1;
+}
 void st_log_set_tag(const char *tag) { g_tag = tag; }
 
-/* the level of the configuration table's LOG entry, at the first line */
+/* the level and format of the configuration table's LOG and LOG_FORMAT entries, at the first line */
 static void log_level_once(void) {
-    if (g_level_read) return;
-    g_level = (st_log_level_t)st_tun_int(ST_TUN_LOG);
-    g_level_read = 1;
+    if (!g_level_read) {
+        g_level = (st_log_level_t)st_tun_int(ST_TUN_LOG);
+        g_level_read = 1;
+    }
+    if (!g_format_read) {
+        g_format = (st_log_format_t)st_tun_int(ST_TUN_LOG_FORMAT);
+        g_format_read = 1;
+    }
+}
+
+/* the length of the well-formed UTF-8 sequence at s (Unicode table 3-7), 0 if there is none */
+static size_t utf8_seq(const unsigned char *s) {
+    unsigned char c = s[0];
+    size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!n) return 0;
+    unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+    return n;
+}
+
+/* s as the inside of a JSON string: " \ and control characters escaped, bytes that are not UTF-8
+ * as U+FFFD, so every line parses */
+static size_t json_esc(char *out, size_t cap, const char *s) {
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x80) {
+            size_t k = utf8_seq((const unsigned char *)s);
+            if (!k) {
+                n += (size_t)snprintf(out + n, cap - n, "\\ufffd");
+            } else {
+                memcpy(out + n, s, k);
+                n += k;
+                s += k - 1;
+            }
+        } else if (c == '"' || c == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)c;
+        } else if (c == '\n') {
+            out[n++] = '\\';
+            out[n++] = 'n';
+        } else if (c == '\t') {
+            out[n++] = '\\';
+            out[n++] = 't';
+        } else if (c < 0x20 || c == 0x7f) {
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", c);
+        } else {
+            out[n++] = (char)c;
+        }
+    }
+    out[n] = 0;
+    return n;
 }
 
 static void log_v(st_log_level_t lvl, const char *file, int line, const char *fmt, va_list ap) {
-    static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"}, *lower[] = {"error", "warn", "info", "debug"};
     char msg[2048];
     vsnprintf(msg, sizeof msg, fmt, ap);
     const char *base = strrchr(file, '/');
@@ -62,8 +119,19 @@ static void log_v(st_log_level_t lvl, const char *file, int line, const char *fm
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
-    fprintf(stderr, "%02d:%02d:%02d.%03ld %-5s [%s] %s:%d %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-            ts.tv_nsec / 1000000, names[lvl], g_tag, base, line, msg);
+    char when[80];
+    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (long)(ts.tv_nsec / 1000000) % 1000);
+    if (g_format == ST_LOG_JSON) {
+        char em[6 * sizeof msg + 8], et[256], ef[256];
+        json_esc(em, sizeof em, msg);
+        json_esc(et, sizeof et, g_tag);
+        json_esc(ef, sizeof ef, base);
+        fprintf(stderr, "{\"time\":\"%s\",\"level\":\"%s\",\"role\":\"%s\",\"src\":\"%s:%d\",\"msg\":\"%s\"}\n", when,
+                lower[lvl], et, ef, line, em);
+        return;
+    }
+    fprintf(stderr, "%s %-5s [%s] %s:%d %s\n", when, names[lvl], g_tag, base, line, msg);
 }
 
 void st_log_msg(st_log_level_t lvl, const char *file, int line, const char *fmt, ...) {

@@ -31,6 +31,8 @@ typedef struct {
 static const tun_field_t g_fields[] = {
     [ST_TUN_LOG] = {"LOG", TUN_ENUM, "info", 0, 0, "error|warn|info|debug", "", 0,
                     "lowest level of the log lines every process prints on stderr"},
+    [ST_TUN_LOG_FORMAT] = {"LOG_FORMAT", TUN_ENUM, "text", 0, 0, "text|json", "", 0,
+                           "log lines as dated text or as one JSON object each (time, level, role, src, msg)"},
     [ST_TUN_THREADS] = {"THREADS", TUN_INT, "0", 0, 256, NULL, "threads", 0,
                         "threads of the CPU kernels' linear layers (0: one per online CPU)"},
     [ST_TUN_STATE] = {"STATE", TUN_STR, "", 0, 0, NULL, "path", 0,
@@ -179,6 +181,7 @@ st_status_t st_tun_set(const char *name, const char *value) {
     g_val[id] = v;
     pthread_mutex_unlock(&g_mu);
     if (id == ST_TUN_LOG) st_log_set_level((st_log_level_t)v.num);
+    if (id == ST_TUN_LOG_FORMAT) st_log_set_format((st_log_format_t)v.num);
     return ST_OK;
 }
 

@@ -195,6 +195,7 @@ static grpc_status_code code_of(st_status_t st) {
     case ST_ERR_PEER: return GRPC_STATUS_UNAVAILABLE;
     case ST_ERR_UNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
     case ST_ERR_AUTH: return GRPC_STATUS_UNAUTHENTICATED;
+    case ST_ERR_NOT_FOUND: return GRPC_STATUS_NOT_FOUND;
     default: return GRPC_STATUS_INTERNAL;
     }
 }
@@ -203,8 +204,8 @@ static st_status_t status_of(grpc_status_code c) {
     switch (c) {
     case GRPC_STATUS_OK: return ST_OK;
     case GRPC_STATUS_CANCELLED: return ST_ERR_CANCELLED;
+    case GRPC_STATUS_NOT_FOUND: return ST_ERR_NOT_FOUND;
     case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_NOT_FOUND:
     case GRPC_STATUS_ALREADY_EXISTS:
     case GRPC_STATUS_FAILED_PRECONDITION: return ST_ERR_INVALID_ARG;
     case GRPC_STATUS_OUT_OF_RANGE: return ST_ERR_OUT_OF_RANGE;
@@ -982,6 +983,7 @@ static void cl_maybe_done(st_rpc_stream_t *s) {
     case ST_ERR_CANCELLED: break;
     case ST_ERR_INVALID_ARG:
     case ST_ERR_OUT_OF_RANGE:
+    case ST_ERR_NOT_FOUND:
     case ST_ERR_CAPACITY: /* the peer refused this request (its client's mistake or load): not ours */
         ST_REJECT(st, "rpc: %s refused: %s (grpc status %d)", s->path, detail, (int)s->status);
         break;

@@ -90,6 +90,13 @@ int main(int argc, char **argv) {
     sn.n_load = 0;
     sn.load = NULL;
     PUT(K_SCORES, "nan", scores, &sn);
+    /* a load window (load_first_layer: the layers of one step only) with the network stage */
+    st_proto_scores_t sw = sc;
+    sw.load_first_layer = 1;
+    sw.n_load = 3;
+    sw.load = load + 3;
+    sw.stage_s[ST_PROTO_STAGE_NETWORK] = 0.0025;
+    PUT(K_SCORES, "window", scores, &sw);
     st_proto_scores_reply_t sr = {.threshold_version = 8};
     PUT(K_SCORES_REPLY, "reply", scores_reply, &sr);
     float tau[6] = {NAN, NAN, NAN, 0.5f, 0.25f, 0.125f}, rho[6] = {NAN, NAN, NAN, 0.4f, 0.2f, 0.1f};
@@ -97,6 +104,11 @@ int main(int argc, char **argv) {
     PUT(K_THRESHOLDS, "table", thresholds, &th);
     st_proto_thresholds_t tu = {.version = 8, .unchanged = 1, .n_layers = 2, .n_experts = 3};
     PUT(K_THRESHOLDS, "unchanged", thresholds, &tu);
+    /* rho of the probed layers only (rho_layers) */
+    uint32_t probed[1] = {1};
+    st_proto_thresholds_t tp = {.version = 9, .step = 81, .n_layers = 2, .n_experts = 3, .tau = tau, .n_rho = 3, .rho = rho + 3,
+                                .n_rho_layers = 1, .rho_layers = probed};
+    PUT(K_THRESHOLDS, "probed", thresholds, &tp);
     uint32_t ptok[4] = {1, 2, 3, 4}, stop[2] = {257, 0};
     st_proto_generate_req_t gq = {.request_id = "req-1", .prompt = "", .n_prompt_tokens = 4, .prompt_tokens = ptok,
                                   .max_tokens = 16, .temperature = 0.7f, .top_p = 0.9f, .top_k = 40, .seed = 42, .has_seed = 1,
@@ -104,6 +116,13 @@ int main(int argc, char **argv) {
     PUT(K_GEN_REQ, "tokens", generate_req, &gq);
     st_proto_generate_req_t gt = {.request_id = "req-2", .prompt = "Hello, world", .max_tokens = 4294967295u};
     PUT(K_GEN_REQ, "text", generate_req, &gt);
+    /* OpenAI's penalties and logit_bias (fields 13-16) */
+    uint32_t bias_ids[3] = {5, 257, 0};
+    float bias_v[3] = {-100.0f, 2.5f, 0.0f};
+    st_proto_generate_req_t gp = {.request_id = "req-3", .prompt = "", .n_prompt_tokens = 4, .prompt_tokens = ptok,
+                                  .max_tokens = 8, .temperature = 1.0f, .presence_penalty = 0.5f, .frequency_penalty = -1.25f,
+                                  .n_logit_bias = 3, .logit_bias_ids = bias_ids, .logit_bias_values = bias_v};
+    PUT(K_GEN_REQ, "penalties", generate_req, &gp);
     float lg[3] = {0.5f, -1.0f, 2.0f};
     st_proto_generate_chunk_t gc = {.index = 3, .token_id = 65, .text = "A", .logits = (uint8_t *)lg, .logits_len = sizeof lg};
     PUT(K_GEN_CHUNK, "token", generate_chunk, &gc);

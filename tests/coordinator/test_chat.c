@@ -92,6 +92,12 @@ static void test_refused(void) {
     CHECK(st_chat_render(tk, m, t, &p, &e) == ST_ERR_INVALID_ARG && !strcmp(e.param, "tools"), "tools not an array");
     json_decref(m);
     json_decref(t);
+    /* an empty array of parts is empty content (no copy from NULL: UBSan, fuzz/corpus/openai/found_empty_parts.json) */
+    m = json_loads("[{\"role\":\"user\",\"content\":[]}]", 0, NULL);
+    CHECK(st_chat_render(tk, m, NULL, &p, &e) == ST_OK && strstr(p.text, "<|im_user|>user<|im_middle|><|im_end|>"),
+          "empty parts");
+    st_chat_prompt_cleanup(&p);
+    json_decref(m);
 }
 
 static void test_tool_calls(void) {

@@ -392,8 +392,8 @@ static void test_health(st_rpc_channel_t *ch) {
     CHECK(call(ch, "/grpc.health.v1.Health/Check", extra, sizeof extra - 1, &r) == ST_OK && r.len == 2,
           "an unknown varint field is skipped");
     free(r.buf);
-    CHECK(call(ch, "/grpc.health.v1.Health/Check", other, sizeof other - 1, &r) == ST_ERR_INVALID_ARG,
-          "an unknown service is refused");
+    CHECK(call(ch, "/grpc.health.v1.Health/Check", other, sizeof other - 1, &r) == ST_ERR_NOT_FOUND,
+          "an unknown service: gRPC NOT_FOUND, as the health protocol says");
     free(r.buf);
     CHECK(call(ch, "/grpc.health.v1.Health/Check", cut, sizeof cut - 1, &r) == ST_ERR_INVALID_ARG,
           "a cut request is refused");

@@ -96,6 +96,12 @@ int main(void) {
           "generate fields");
     st_proto_generate_req_cleanup(&gd);
     free(buf);
+    /* logit_bias ids and values of different counts (fields 15, 16): refused, the counts named
+     * (read before the message is freed: fuzz/corpus/proto/found_logit_bias_uaf.bin under ASan) */
+    const uint8_t lb[] = {0x7a, 0x02, 0x05, 0x06, 0x82, 0x01, 0x04, 0x00, 0x00, 0x80, 0x3f};
+    CHECK(st_proto_generate_req_decode(lb, sizeof lb, &gd) == ST_ERR_PROTOCOL &&
+              strstr(st_err_last(), "2 logit_bias ids, 1 values") != NULL,
+          "logit_bias counts differ: %s", st_err_last());
 
     float lg[4] = {1, 2, 3, 4};
     st_proto_generate_chunk_t ck = {.index = 2, .token_id = 77, .text = "hi", .logits = (uint8_t *)lg, .logits_len = 16,

@@ -22,6 +22,7 @@ typedef enum {
     ST_ERR_TIMEOUT = -4,        /* a bounded wait expired */
     ST_ERR_CANCELLED = -5,
     ST_ERR_AUTH = -6,           /* missing or wrong credentials: refuse, keep serving */
+    ST_ERR_NOT_FOUND = -7,      /* no such named thing (service, route, sequence) */
     /* input files: fail the load, keep the process */
     ST_ERR_CONFIG = -20,        /* config.json missing, malformed or inconsistent */
     ST_ERR_CHECKPOINT = -21,    /* safetensors / index malformed or disagreeing with config */
@@ -43,6 +44,12 @@ const char *st_status_str(st_status_t s);
 typedef enum { ST_LOG_ERROR = 0, ST_LOG_WARN = 1, ST_LOG_INFO = 2, ST_LOG_DEBUG = 3 } st_log_level_t;
 void st_log_set_level(st_log_level_t lvl);
 void st_log_set_tag(const char *tag); /* process role shown in every line, e.g. "attn" */
+/* Lines on stderr, dated in UTC to the millisecond. text (the default):
+ *   2026-12-02T06:35:01.123Z INFO  [coord] coord.c:812 message
+ * json (LOG_FORMAT=json in the configuration table), one object a line:
+ *   {"time":"2026-12-02T06:35:01.123Z","level":"info","role":"coord","src":"coord.c:812","msg":"message"} */
+typedef enum { ST_LOG_TEXT = 0, ST_LOG_JSON = 1 } st_log_format_t;
+void st_log_set_format(st_log_format_t f);
 void st_log_msg(st_log_level_t lvl, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define st_log_error(...) st_log_msg(ST_LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
@@ -89,6 +96,7 @@ int st_log_rl_pass(st_log_rl_t *rl, double interval_s, uint64_t *suppressed);
  * whether they are set, and refuses to set them. Not the model config (config.json, st_config_t). */
 typedef enum {
     ST_TUN_LOG,                 /* enum error|warn|info|debug: log level */
+    ST_TUN_LOG_FORMAT,          /* enum text|json: log line format */
     ST_TUN_THREADS,             /* int: CPU kernel threads, 0 = one per online CPU */
     ST_TUN_STATE,               /* string: strata up/down/status/generate state directory */
     ST_TUN_API_KEY,             /* string, secret: client API key */
