@@ -42,6 +42,7 @@ static void usage(void) {
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--min-mb-tokens N] [--state DIR]\n"
             "     [--attn-device cpu|cuda:N] [--expert-device cpu|cuda:N]   (passed to strata-attn / strata-expert as --device)\n"
             "     [--api-key KEY] [--max-queue N]   (a fresh cluster secret is written to the state directory)\n"
+            "     [--coordinator-arg ARG]...   (appended to strata-coordinator's flags, e.g. --http localhost:PORT)\n"
             "  generate (--prompt TEXT | --prompt-tokens 1,2,3) [--max-tokens N] [--temperature T] [--top-p P]\n"
             "     [--top-k K] [--seed S] [--stream] [--print-tokens] [--ignore-eos] [--dump-logits FILE.npy]\n"
             "     [--coordinator HOST:PORT] [--api-key KEY (or $STRATA_API_KEY)]\n"

@@ -752,7 +752,7 @@ static void kda_layer(cmb_t *mb, const gl_t *G, int l) {
  * W_kvb into per-head K = [W_UK c̃ ; k_pe] and V = W_UV c̃, and st_cuda_mla_prefill (flash form,
  * tensor cores) attends the chunk's queries causally. The value-space output replaces the rows'
  * W_UV·ō: o32 (fp32, when set) or o (bf16). The absorbed glue kernel re-reads the whole cache per
- * query token, which made an 8K prompt's MLA layers ~88% of prefill time (docs/perf.md). */
+ * query token, which made an 8K prompt's MLA layers ~88% of prefill time (docs/perf/history.md). */
 static void mla_direct(cmb_t *mb, const gl_t *G, int l, float *o32, st_bf16_t *o, float scale) {
     cu_t *g = mb->g;
     const st_config_t *c = &g->e->c;
@@ -796,7 +796,7 @@ static void mla_layer(cmb_t *mb, const gl_t *G, int l) {
                        g->e->page_size, T, kvr, R, MLA_NORM_EPS));
     /* absorbed form for every query (SPEC §4): q' = [W_UK,hᵀ q_nope ; q_pe], o_h = W_UV,h ō_h, over
      * the bf16 cache (an fp32 absorption and cache changed neither the sublayer nor the end-to-end
-     * error on `small`, docs/perf.md) */
+     * error on `small`, docs/perf/history.md) */
     float scale = 1.0f / sqrtf((float)dqk);
     CK(st_cuda_f32_to_bf16(s, mb->qm, mb->qm32, (size_t)T * H * dqk));
     CK(st_cuda_linear_heads(s, mb->qabs, false, H * R, R, mb->qm, H * dqk, dqk, G->w_kvb, kvr, (long long)kvw * kvr, false,

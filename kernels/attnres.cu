@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(AR_THREADS) attnres_phase1_tok_kernel(float *s
 }
 
 /* Which form: the cluster kernel fills the GPU at decode sizes; with many tokens one block per token
- * has enough blocks and the score GEMMs reuse w_eff across tokens (measured, docs/perf.md). */
+ * has enough blocks and the score GEMMs reuse w_eff across tokens (measured, docs/perf/history.md). */
 static bool ar_cluster_p1(int T, int d) { return T <= 64 || (d >= 4096 && T <= 512); }
 
 /* The general phase 1: blocks = host array of m device pointers, each [T, d] fp32; w_eff [Q, d] fp32 → stats
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_phase1_push_kernel(float 
                 for (int j = 0; j <= AR_QC; j++) {
                     /* NOTE: every sum unconditionally, so the compiler interleaves the independent
                      * shuffle chains; skipping the unused ones serialised them (measured: +25% at
-                     * T = 8192, docs/perf.md) */
+                     * T = 8192, docs/perf/history.md) */
                     float x = st_warp_sum(a[b][j]);
                     if (lane == 0 && (j < nq || (j == AR_QC && q0 == 0)))
                         sred[((size_t)wid * m + i0 + b) * QW + (j == AR_QC ? nql : q0 + j)] = x;
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(ARF_THREADS) attnres_phase1_push_kernel(float 
 static size_t ar_push_smem(int m, int qpb) {
     return ((size_t)(ARF_THREADS / 32) * m * (qpb + 1) + (size_t)m * (qpb + 1) + (size_t)m * qpb) * 4;
 }
-/* Queries per block when the caller leaves it to us. NOTE: measured on an H200 (docs/perf.md): a
+/* Queries per block when the caller leaves it to us. NOTE: measured on an H200 (docs/perf/history.md): a
  * block is latency-bound (~5 µs), so one query per block pays only while all T·Q blocks run in one
  * wave (2 blocks per SM) — at T = 1 (d 1024: 7.2 → 6.7 µs; d 7168, m 12: 49.6 → 45.5 µs) and at
  * T = 32 with short rows (d 1024: 7.4 → 7.0 µs) — and costs a second wave beyond (T 64–256: 6–8 →
@@ -446,7 +446,7 @@ extern "C" st_status_t st_cuda_attnres_phase1_push(const st_gpu_stream_t *s, flo
  * issued before the reduction, so the AttnRes part adds no reduction and no dependent memory latency
  * to a plain RMSNorm — for few
  * rows (latency-bound); the registers it takes cost occupancy with many rows (bandwidth-bound), so
- * there the stats and weights are read where they are used (measured, docs/perf.md). */
+ * there the stats and weights are read where they are used (measured, docs/perf/history.md). */
 template <int NV, bool PF>
 __global__ void __launch_bounds__(ARF_THREADS) attnres_p2norm_kernel(st_bf16_t *xn, st_bf16_t *xlo,
                                                                      const float *partial, const float *stats,

@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(4 * NC) kda_decode_kernel(TO *o, const TI *q, 
 }
 
 /* NOTE: value columns per block and streaming cache hints (ld/st .cs): the measured best (H200, H 32,
- * docs/perf.md "KDA decode"): NC 64 is the best plain variant at N 64 (91.5% of copy vs 89.0 / 90.3% for
+ * docs/perf/history.md "KDA decode"): NC 64 is the best plain variant at N 64 (91.5% of copy vs 89.0 / 90.3% for
  * NC 32 / 128) and N 256 (96.4% vs 92.8 / 95.9%); the streaming hints help at N 64 only (93.0%), not at
  * N 256: off. (The template parameters stay: they size the block; the other values lost.) */
 #define KD_DEC_NC 64
@@ -613,7 +613,7 @@ static st_status_t kda_chunked_any(const st_gpu_stream_t *s, TO *o, const st_bf1
     if (B < 0 || B > 65535 || H <= 0 || H > 65535)
         return ST_FAIL(ST_ERR_INVALID_ARG, "kda_chunked: B=%d H=%d", B, H);
     if (B == 0) return ST_OK;
-    /* NOTE: warps per block (16 value columns each): 2, 4 or 8, measured on the H200 (docs/perf.md, "KDA
+    /* NOTE: warps per block (16 value columns each): 2, 4 or 8, measured on the H200 (docs/perf/history.md, "KDA
      * chunked"): 8 warps win once B·H fills the 132 SMs once over */
     const int nw = (long)B * H >= 128 ? 8 : ((long)B * H >= 64 ? 4 : 2);
     switch (nw) {

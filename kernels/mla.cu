@@ -8,7 +8,7 @@
  * work and softmax (described below), a persistent grid walks all (split, sequence, head group) items.
  * v2 itself (one block per split, gathers by the compute warps) lost to v6 and was deleted with the
  * variant switch (docs/kernels.md).
- * Removed after measuring (2026-11-30, see docs/perf.md): v3 (v2 + L2 prefetch from the compute warps)
+ * Removed after measuring (2026-11-30, see docs/perf/history.md): v3 (v2 + L2 prefetch from the compute warps)
  * and v4 (TMA boxes of 8 rows), slower than v2 everywhere; v5 (v2 + 32-row TMA boxes from warp 0) and
  * v8 (FlashMLA's seesaw: one warpgroup scores a 64-token tile with m64n64, P shared through shared
  * memory), slower than v6 everywhere; v7 (v6 + an L2 bulk prefetch of a later tile from the producer
@@ -42,7 +42,7 @@
  * Measured on the H200 (bench_gpu_mla, 2026-11-30), B=64 ctx=32K H=64: all mma.sync 218 TFLOP/s;
  * wgmma QKᵀ 280; wgmma QKᵀ + P·C̃ 340; + overlaps above 360 (70% of copy). Same shape, later run:
  * 0.787 ms (72.3% of copy); the gathers alone 0.604 ms (94%), the tensor work alone 0.579 ms (98%):
- * each half is near the copy time, and what is lost is their overlap (see docs/perf.md). */
+ * each half is near the copy time, and what is lost is their overlap (see docs/perf/history.md). */
 #define TK2 64
 #define NH2 64                /* heads per block */
 #define NCH (DR / 8)          /* 16-byte chunks per row */
@@ -481,7 +481,7 @@ static int mla_pick_split(int B, int G, int max_ctx, int split_len, int nsm, int
 
 /* v6 is the kernel: H200, 2026-11-30, round 2's final code (% of copy, v2 / v6): 64×32K H64 71.8 / 75.6,
  * 128×32K H64 69.5 / 75.5, 64×32K H16 74.0 / 81.9, 64×4K H64 59.9 / 65.5, 64×32K H128 35.0 / 41.7
- * (428 TFLOP/s); round 3 (v7, v8: no faster than v6 at every H = 64 shape; removed): docs/perf.md. v2 and
+ * (428 TFLOP/s); round 3 (v7, v8: no faster than v6 at every H = 64 shape; removed): docs/perf/history.md. v2 and
  * the benchmark diagnostics (gathers or tensor work alone) were deleted with the variant switch
  * (issue 14; docs/kernels.md). */
 

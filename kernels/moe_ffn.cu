@@ -721,7 +721,7 @@ static int ffn_tile_bound(int E, int N, int max_rows) {
 #define FW_AUTO_FUSED_LW (4L << 20)
 /* table mode, default rule (min_rows_cublas 0), wgmma kernels on: 1 → every expert grouped */
 #define FW_HOSTED_GROUPED 1
-/* st_cuda_moe_ffn_slots_pick: up to this many routed slots (docs/perf.md, "per-slot decode FFN") */
+/* st_cuda_moe_ffn_slots_pick: up to this many routed slots (docs/perf/history.md, "per-slot decode FFN") */
 #define FS_MAX_SLOTS 64
 /* FW_PDL: programmatic dependent launch between mode 2's two launches. NOTE: passes the test but
  * measured no faster (H200, 2026-11-30: single blocks 264/461/551 TFLOP/s; + PDL 270/444/533): off.

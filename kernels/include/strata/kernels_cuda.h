@@ -208,7 +208,7 @@ st_status_t st_cuda_mla_prefill(const st_gpu_stream_t *s, st_bf16_t *o, const st
 /* ---------------- sampling ---------------- */
 /* Temperature / top-k / top-p sampling stays on the host for now (st_sample on logits copied with
  * cudaMemcpyAsync into pinned memory); only greedy (st_cuda_argmax above) runs on the device.
- * See docs/perf.md "Sampling" for the cost and the plan. */
+ * See docs/perf/history.md "Sampling" for the cost and the plan. */
 
 /* ================ the GPU engine's kernels (moved from attention_worker/engine_gpu_kernels.cu) ================
  * fp32 activations between kernels; bf16 only where a tensor-core GEMM (or the chunked KDA tiles) reads
