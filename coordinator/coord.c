@@ -771,6 +771,7 @@ static int split_host(const char *s, char *host, size_t hn, int *port) {
     host[c - s] = 0;
     *port = (int)p;
     struct in_addr a4;
+    if (st_host_is_localhost(host)) snprintf(host, hn, "127.0.0.1");
     if (inet_pton(AF_INET, host, &a4) == 1) return 0;
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai) return -1;

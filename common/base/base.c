@@ -9,6 +9,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -176,6 +178,12 @@ st_status_t st_reject(st_status_t s, const char *file, int line, const char *fmt
     err_record(ST_LOG_DEBUG, "rejected: ", s, file, line, fmt, ap);
     va_end(ap);
     return s;
+}
+
+int st_host_is_localhost(const char *host) {
+    size_t n = strlen(host), k = strlen("localhost");
+    if (n && host[n - 1] == '.') n--;
+    return n >= k && !strncasecmp(host + n - k, "localhost", k) && (n == k || host[n - k - 1] == '.');
 }
 
 int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out) {

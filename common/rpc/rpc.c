@@ -704,6 +704,18 @@ static st_status_t server_tls_creds(const st_rpc_sec_t *sec, grpc_server_credent
     return st;
 }
 
+/* "localhost:PORT" (any localhost name, st_host_is_localhost) → "127.0.0.1:PORT" into out, so that gRPC
+ * never asks a resolver for it (a minimal container without /etc/hosts has none that answers); the
+ * name goes to host. 0 when addr is anything else (then out and host are not written). */
+static int localhost_addr(const char *addr, char *out, size_t n, char *host, size_t hn) {
+    const char *c = strrchr(addr, ':');
+    if (!c || c == addr || (size_t)(c - addr) >= hn) return 0;
+    memcpy(host, addr, (size_t)(c - addr));
+    host[c - addr] = 0;
+    if (!st_host_is_localhost(host)) return 0;
+    return snprintf(out, n, "127.0.0.1%s", c) < (int)n;
+}
+
 st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, st_rpc_server_t **out) {
     if (!g.inited) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: st_rpc_init not called");
     if (!addr || !*addr || !out) return ST_FAIL(ST_ERR_INVALID_ARG, "rpc: server needs an address");
@@ -717,6 +729,8 @@ st_status_t st_rpc_server_create_ex(const char *addr, const st_rpc_sec_t *sec, s
     } else {
         cr = grpc_insecure_server_credentials_create();
     }
+    char lo[300], lo_host[256];
+    if (localhost_addr(addr, lo, sizeof lo, lo_host, sizeof lo_host)) addr = lo;
     st_rpc_server_t *s = calloc(1, sizeof *s);
     if (!s || !(s->addr = strdup(addr))) goto err_mem;
     if (sec && sec->token) {
@@ -928,7 +942,13 @@ st_status_t st_rpc_channel_create_ex(const char *target, const st_rpc_sec_t *sec
     if (sec && sec->bearer) channel_add_md(c, ST_RPC_MD_AUTH, "Bearer ", sec->bearer);
     grpc_arg a[RPC_MAX_ARGS];
     grpc_channel_args ca;
-    c->ch = grpc_channel_create(target, cr, args_make(a, &ca, 0, tls && sec ? sec->tls_target_name : NULL));
+    char lo[300], lo_host[256];
+    const char *tname = tls && sec ? sec->tls_target_name : NULL;
+    if (localhost_addr(target, lo, sizeof lo, lo_host, sizeof lo_host)) {
+        target = lo;
+        if (tls && !tname) tname = lo_host; /* the certificate is still checked against the name given */
+    }
+    c->ch = grpc_channel_create(target, cr, args_make(a, &ca, 0, tname));
     grpc_channel_credentials_release(cr);
     if (!c->ch) {
         channel_free(c);

@@ -684,6 +684,7 @@ static st_status_t resolve(const char *host, uint16_t port, struct sockaddr_stor
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
     char ps[8];
     snprintf(ps, sizeof ps, "%u", port);
+    if (st_host_is_localhost(host)) host = "127.0.0.1";
     int rc = getaddrinfo(host, ps, &hints, &res); /* NOTE: may block on DNS; start-up only */
     if (rc) return ST_FAIL(ST_ERR_INVALID_ARG, "transport: cannot resolve %s: %s", host, gai_strerror(rc));
     memcpy(sa, res->ai_addr, res->ai_addrlen);

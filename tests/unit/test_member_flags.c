@@ -44,5 +44,12 @@ int main(void) {
     CHECK(st_member_flags_parse(&h, 4, one, &i) == 1 && i == 2, "consumed flag and value (i=%d)", i);
     i = 3;
     CHECK(st_member_flags_parse(&h, 4, one, &i) == 0 && i == 3, "not ours: untouched (i=%d)", i);
+    /* HOST:PORT flags take localhost names as the loopback without a resolver (RFC 6761) */
+    CHECK(st_host_is_localhost("localhost") && st_host_is_localhost("LocalHost.") &&
+              st_host_is_localhost("a.b.localhost") && st_host_is_localhost("x.LOCALHOST."),
+          "localhost names");
+    CHECK(!st_host_is_localhost("localhost.com") && !st_host_is_localhost("mylocalhost") &&
+              !st_host_is_localhost("127.0.0.1") && !st_host_is_localhost("") && !st_host_is_localhost("."),
+          "other names are not localhost");
     return st_test_done();
 }

@@ -179,6 +179,10 @@ void st_fd_limit_raise(void);
 /* A command-line number: the whole of v is a decimal integer in lo..hi; else says so on stderr
  * (naming flag) and returns -1 with *out untouched. */
 int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out);
+/* Whether host is "localhost" or a name under it (RFC 6761 §6.3, any case, optional final dot):
+ * those are the IPv4 loopback 127.0.0.1 without asking the resolver, as gRPC and curl treat them, so
+ * that a machine without /etc/hosts (a minimal container) takes them too. */
+int st_host_is_localhost(const char *host);
 /* Command-line string flags: if argv[*i] is names[j] (j < n), store its value in *dst[j], step *i past
  * it and return 1; 0 when argv[*i] is none of them; -1 (after saying so on stderr) when the value is
  * missing. */
