@@ -26,16 +26,7 @@ static long num(const char *flag, const char *v, long lo, long hi) {
 int main(int argc, char **argv) {
     st_aw_opts_t o = {.routing = ST_ROUTE_TOPK, .device = -1, .drain_timeout_s = 30};
     static st_member_flags_t mf;
-    for (int i = 1; i < argc; i++) { /* --help and --version win over everything, as the coordinator's */
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage_to(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--version")) {
-            printf("strata-attn %s\n", STRATA_VERSION);
-            return 0;
-        }
-    }
+    if (st_help_version(argc, argv, "strata-attn", usage_to)) return 0; /* they win over everything */
     for (int i = 1; i < argc; i++) {
         int k = st_member_flags_parse(&mf, argc, argv, &i);
         if (k < 0) return 2;

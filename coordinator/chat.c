@@ -189,6 +189,21 @@ static void flush_run(render_t *r) {
     r->run = r->text.n;
 }
 
+/* The end of a rendering: the last run encoded, then p (its ids and text) handed to out, or freed on error. */
+static st_status_t render_done(render_t *r, st_status_t s, st_chat_prompt_t *p, st_chat_prompt_t *out) {
+    flush_run(r);
+    if (s == ST_OK) s = r->text.oom ? ST_ERR_NO_MEMORY : r->s;
+    if (s != ST_OK) {
+        free(r->text.p);
+        st_tok_ids_free(&p->ids);
+        return s;
+    }
+    p->text = r->text.p;
+    p->len = r->text.n;
+    *out = *p;
+    return ST_OK;
+}
+
 static void marker(render_t *r, const char *name) {
     int32_t id = st_tokenizer_special_id(r->tk, name);
     if (id < 0) { /* no such special token: the marker is text */
@@ -366,17 +381,7 @@ st_status_t st_chat_render(const st_tokenizer_t *tk, const json_t *messages, con
     marker(&r, "<|im_assistant|>");
     text(&r, "assistant");
     marker(&r, "<|im_middle|>");
-    flush_run(&r);
-    if (s == ST_OK) s = r.text.oom ? ST_ERR_NO_MEMORY : r.s;
-    if (s != ST_OK) {
-        free(r.text.p);
-        st_tok_ids_free(&p.ids);
-        return s;
-    }
-    p.text = r.text.p;
-    p.len = r.text.n;
-    *out = p;
-    return ST_OK;
+    return render_done(&r, s, &p, out);
 }
 
 void st_chat_prompt_cleanup(st_chat_prompt_t *p) {
@@ -863,17 +868,7 @@ st_status_t st_chat_render_k3(const st_tokenizer_t *tk, const json_t *messages, 
     ksep(&r);
     kopen(&r, o->thinking ? "think" : "response");
     ksep(&r);
-    flush_run(&r);
-    if (s == ST_OK) s = r.text.oom ? ST_ERR_NO_MEMORY : r.s;
-    if (s != ST_OK) {
-        free(r.text.p);
-        st_tok_ids_free(&p.ids);
-        return s;
-    }
-    p.text = r.text.p;
-    p.len = r.text.n;
-    *out = p;
-    return ST_OK;
+    return render_done(&r, s, &p, out);
 }
 
 st_chat_format_t st_chat_format_of_config(const json_t *config, const st_tokenizer_t *tk) {

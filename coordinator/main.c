@@ -68,16 +68,7 @@ int main(int argc, char **argv) {
     static st_sec_opts_t sec;
     static char api_key[1024];
     const char *key_flag = NULL, *key_file = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage_to(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--version")) {
-            printf("strata-coordinator %s\n", STRATA_VERSION);
-            return 0;
-        }
-    }
+    if (st_help_version(argc, argv, "strata-coordinator", usage_to)) return 0; /* they win over everything */
     for (int i = 1; i < argc; i++) {
         int k = st_sec_opts_parse(&sec, argc, argv, &i);
         if (k < 0) return 2;

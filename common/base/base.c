@@ -180,6 +180,20 @@ st_status_t st_reject(st_status_t s, const char *file, int line, const char *fmt
     return s;
 }
 
+int st_help_version(int argc, char **argv, const char *prog, void (*usage_to)(FILE *out)) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_to(stdout);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("%s %s\n", prog, STRATA_VERSION);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int st_host_is_localhost(const char *host) {
     size_t n = strlen(host), k = strlen("localhost");
     if (n && host[n - 1] == '.') n--;

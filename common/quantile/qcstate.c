@@ -225,14 +225,8 @@ static int qc_unpack(const uint8_t *b, size_t *off, size_t end, uint32_t n, uint
 st_status_t st_qstate_merge(st_qstate_t *q, const void *bytes, size_t len) {
     const uint8_t *b = bytes;
     if (!q || !b) return ST_FAIL(ST_ERR_INVALID_ARG, "qstate_merge: NULL argument");
-    if (len < ST_QSUM_HEADER_BYTES) BAD("truncated: %zu bytes < header %u", len, ST_QSUM_HEADER_BYTES);
-    if (st_q_get32(b + ST_QH_MAGIC) != ST_QSUM_MAGIC) BAD("bad magic 0x%08x", st_q_get32(b + ST_QH_MAGIC));
-    if (st_q_get16(b + ST_QH_FORMAT) != ST_QSUM_FORMAT) BAD("format version %u, expected %u", st_q_get16(b + ST_QH_FORMAT), ST_QSUM_FORMAT);
-    if (st_q_get16(b + ST_QH_HDR_BYTES) != ST_QSUM_HEADER_BYTES) BAD("header size %u", st_q_get16(b + ST_QH_HDR_BYTES));
-    if (st_q_get32(b + ST_QH_TOTAL) != len) BAD("length field %u, got %zu bytes (truncated?)", st_q_get32(b + ST_QH_TOTAL), len);
-    if (st_q_get32(b + ST_QH_LAYERS) != q->L || st_q_get32(b + ST_QH_EXPERTS) != q->n || st_q_get32(b + ST_QH_K) != q->k)
-        BAD("shape %ux%u k=%u, coordinator %ux%u k=%u", st_q_get32(b + ST_QH_LAYERS), st_q_get32(b + ST_QH_EXPERTS),
-            st_q_get32(b + ST_QH_K), q->L, q->n, q->k);
+    st_status_t hs = st_q_check_header(b, len, ST_QSUM_FORMAT, q->L, q->n, q->k, "qstate_merge");
+    if (hs != ST_OK) return hs;
     uint64_t ver = st_q_get64(b + ST_QH_TAU_VERSION);
     uint32_t slot = UINT32_MAX;
     if (ver) {

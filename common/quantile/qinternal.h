@@ -27,6 +27,10 @@ enum {
 /* Value of rank r (1-based) in descending order of x[0..n); reorders x (qxsum.c: quickselect with a
  * three-way partition, so long runs of ties cost one pass). Both summary builders use it. */
 float st_q_select_desc(float *x, uint32_t n, uint32_t r);
+/* The checks of a summary's 48-byte header both coordinators' merges make first: length, magic, format,
+ * header size, total length, shape [L, n] and k. A client's mistake: ST_ERR_PROTOCOL, logged at DEBUG. */
+st_status_t st_q_check_header(const uint8_t *b, size_t len, uint16_t format, uint32_t L, uint32_t n, uint32_t k,
+                              const char *who);
 
 static inline void st_q_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void st_q_put32(uint8_t *p, uint32_t v) {

@@ -138,20 +138,31 @@ static uint32_t qxstate_slot_of(const st_qxstate_t *q, uint64_t ver) {
 
 /* ---------------- merge: validate everything, then stage ---------------- */
 
+#define HBAD(...) return ST_REJECT(ST_ERR_PROTOCOL, __VA_ARGS__)
+st_status_t st_q_check_header(const uint8_t *b, size_t len, uint16_t format, uint32_t L, uint32_t n, uint32_t k,
+                              const char *who) {
+    if (len < ST_QSUM_HEADER_BYTES) HBAD("%s: truncated: %zu bytes < header %u", who, len, ST_QSUM_HEADER_BYTES);
+    if (st_q_get32(b + ST_QH_MAGIC) != ST_QSUM_MAGIC) HBAD("%s: bad magic 0x%08x", who, st_q_get32(b + ST_QH_MAGIC));
+    if (st_q_get16(b + ST_QH_FORMAT) != format)
+        HBAD("%s: format version %u, expected %u", who, st_q_get16(b + ST_QH_FORMAT), format);
+    if (st_q_get16(b + ST_QH_HDR_BYTES) != ST_QSUM_HEADER_BYTES)
+        HBAD("%s: header size %u", who, st_q_get16(b + ST_QH_HDR_BYTES));
+    if (st_q_get32(b + ST_QH_TOTAL) != len)
+        HBAD("%s: length field %u, got %zu bytes (truncated?)", who, st_q_get32(b + ST_QH_TOTAL), len);
+    if (st_q_get32(b + ST_QH_LAYERS) != L || st_q_get32(b + ST_QH_EXPERTS) != n || st_q_get32(b + ST_QH_K) != k)
+        HBAD("%s: shape %ux%u k=%u, coordinator %ux%u k=%u", who, st_q_get32(b + ST_QH_LAYERS),
+             st_q_get32(b + ST_QH_EXPERTS), st_q_get32(b + ST_QH_K), L, n, k);
+    return ST_OK;
+}
+#undef HBAD
+
 #define BAD(...) return ST_REJECT(ST_ERR_PROTOCOL, "qxstate_merge: " __VA_ARGS__)
 
 st_status_t st_qxstate_merge(st_qxstate_t *q, const void *bytes, size_t len) {
     const uint8_t *b = bytes;
     if (!q || !b) return ST_FAIL(ST_ERR_INVALID_ARG, "qxstate_merge: NULL argument");
-    if (len < ST_QSUM_HEADER_BYTES) BAD("truncated: %zu bytes < header %u", len, ST_QSUM_HEADER_BYTES);
-    if (st_q_get32(b + ST_QH_MAGIC) != ST_QSUM_MAGIC) BAD("bad magic 0x%08x", st_q_get32(b + ST_QH_MAGIC));
-    if (st_q_get16(b + ST_QH_FORMAT) != ST_QXSUM_FORMAT)
-        BAD("format version %u, expected %u", st_q_get16(b + ST_QH_FORMAT), ST_QXSUM_FORMAT);
-    if (st_q_get16(b + ST_QH_HDR_BYTES) != ST_QSUM_HEADER_BYTES) BAD("header size %u", st_q_get16(b + ST_QH_HDR_BYTES));
-    if (st_q_get32(b + ST_QH_TOTAL) != len) BAD("length field %u, got %zu bytes (truncated?)", st_q_get32(b + ST_QH_TOTAL), len);
-    if (st_q_get32(b + ST_QH_LAYERS) != q->L || st_q_get32(b + ST_QH_EXPERTS) != q->n || st_q_get32(b + ST_QH_K) != q->k)
-        BAD("shape %ux%u k=%u, coordinator %ux%u k=%u", st_q_get32(b + ST_QH_LAYERS), st_q_get32(b + ST_QH_EXPERTS),
-            st_q_get32(b + ST_QH_K), q->L, q->n, q->k);
+    st_status_t hs = st_q_check_header(b, len, ST_QXSUM_FORMAT, q->L, q->n, q->k, "qxstate_merge");
+    if (hs != ST_OK) return hs;
     uint64_t ver = st_q_get64(b + ST_QH_TAU_VERSION);
     uint32_t slot = UINT32_MAX;
     if (ver) {

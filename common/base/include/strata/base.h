@@ -183,6 +183,9 @@ int st_parse_long(const char *flag, const char *v, long lo, long hi, long *out);
  * those are the IPv4 loopback 127.0.0.1 without asking the resolver, as gRPC and curl treat them, so
  * that a machine without /etc/hosts (a minimal container) takes them too. */
 int st_host_is_localhost(const char *host);
+/* A role's --help / -h (usage on stdout) and --version ("prog VERSION"), which win over every other
+ * flag: 1 when one was given and answered (the caller exits 0), else 0. */
+int st_help_version(int argc, char **argv, const char *prog, void (*usage_to)(FILE *out));
 /* Command-line string flags: if argv[*i] is names[j] (j < n), store its value in *dst[j], step *i past
  * it and return 1; 0 when argv[*i] is none of them; -1 (after saying so on stderr) when the value is
  * missing. */
