@@ -41,7 +41,11 @@ static int dated(const char *s) {
         return 0;
     tm.tm_year -= 1900;
     tm.tm_mon -= 1;
-    time_t t = timegm(&tm), now = time(NULL);
+    /* NOTE: not time(NULL): glibc reads a coarse clock there that can lag the log's CLOCK_REALTIME
+     * stamp by a tick, so a line stamped just after a second boundary looked as if from the future */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    time_t t = timegm(&tm), now = ts.tv_sec;
     return t <= now && now - t <= 2;
 }
 
