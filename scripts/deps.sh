@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Strata needs to build and test on Debian 12 (Debian packages only). The npm packages
-# of the tokenizer's test oracle are installed by tests/tokenizer/setup_oracle.sh when that test runs;
+# of the tokenizer's test oracle are installed by tests/npm_pinned.sh (through tests/tokenizer/setup_oracle.sh and tests/integration/sdk/setup_sdk.sh) when those tests run;
 # python3-jinja2 renders the official chat template for tests/coordinator/test_chat.
 set -euo pipefail
 pkgs=(build-essential cmake pkgconf git ca-certificates python3 python3-numpy python3-jinja2
