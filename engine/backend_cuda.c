@@ -844,18 +844,19 @@ static void deliver(cmb_t *mb, int l) {
 
 /* The route observer (engine.h): the scores come back with the hand-off and the observer runs in
  * collect (micro-batches); st_engine_step's walk copies and calls it here. A counted layer's
- * threshold counts are made here, on the device right after routing (the router's epilogue), and
- * only they come back, not the scores. */
-static void observe(cmb_t *mb, int l) {
+ * threshold counts come back instead of the scores: made on the device by the router itself
+ * (st_cuda_router_quantile_count, in route), or, on a layer routed on the host (scores_host: its σ
+ * scores are in scores_h already), there by the C twin, the same integers. */
+static void observe(cmb_t *mb, int l, bool scores_host) {
     cu_t *g = mb->g;
     st_engine_t *e = g->e;
     int T = mb->fm->T, n = e->c.n_experts, kc = e->kcap;
     const float *rho = st_engine_probe_row(e, l);
     mb->counted = st_engine_counted(e, l);
     mb->banded = mb->counted && rho;
-    if (mb->counted) {
-        CK(st_cuda_route_count(mb->s, mb->qc, mb->qc + n, mb->scores, g->tau_d + (size_t)l * n,
-                               rho ? g->rho_d + (size_t)l * n : NULL, T, n));
+    if (mb->counted && scores_host) {
+        st_route_count(mb->qc_h, rho ? mb->qc_h + n : NULL, mb->scores_h, e->tau + (size_t)l * n, rho, T, n);
+    } else if (mb->counted) {
         CK(st_gpu_memcpy_async(mb->s, mb->qc_h, mb->qc, (size_t)(rho ? 2 : 1) * n * sizeof(uint32_t), ST_GPU_COPY_D2H));
     } else if (e->obs) {
         CK(st_gpu_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
@@ -897,10 +898,17 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     const st_gpu_stream_t *s = mb->s;
     int T = mb->fm->T, n = c->n_experts, k = c->top_k, kc = e->kcap;
     if (!moe_fused(g)) CK(lin(mb, mb->scores, n, 0.f, mb->xn, c->d, G->router, T, n, c->d));
-    if (device_quantile(g, l)) { /* σ in place, the sets and weights: no host round trip */
-        CK(st_cuda_router_quantile(s, mb->ids, mb->wts, mb->cnt, mb->scores, g->tau_d + (size_t)l * n, T, n, kc,
-                                   c->renormalize, c->routed_scale));
-        observe(mb, l);
+    if (device_quantile(g, l)) { /* σ in place, the sets and weights (and counts): no host round trip */
+        const float *tau = g->tau_d + (size_t)l * n;
+        if (st_engine_counted(e, l)) {
+            const float *rho = st_engine_probe_row(e, l) ? g->rho_d + (size_t)l * n : NULL;
+            CK(st_cuda_router_quantile_count(s, mb->ids, mb->wts, mb->cnt, mb->scores, tau, T, n, kc, c->renormalize,
+                                             c->routed_scale, mb->qc, rho));
+        } else {
+            CK(st_cuda_router_quantile(s, mb->ids, mb->wts, mb->cnt, mb->scores, tau, T, n, kc, c->renormalize,
+                                       c->routed_scale));
+        }
+        observe(mb, l, false);
         return;
     }
     /* σ in place and the top-k sets, weights and counts: one kernel (the sets the hook sees, or the
@@ -908,7 +916,7 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     CK(st_cuda_router_topk(s, mb->ids, mb->wts, kc, mb->cnt, mb->scores, G->router_bias, T, n, k, c->renormalize,
                            c->routed_scale));
     if (!st_engine_route_quantile(e, l) && !e->hook) {
-        observe(mb, l);
+        observe(mb, l, false);
         return;
     }
     CK(st_gpu_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
@@ -919,7 +927,7 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     CK(st_gpu_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), ST_GPU_COPY_H2D));
     CK(st_gpu_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), ST_GPU_COPY_H2D));
     CK(st_cuda_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
-    observe(mb, l);
+    observe(mb, l, true);
 }
 
 /* Whether the routed experts of a T-token step run per slot (st_cuda_moe_ffn_slots) here; a GPU expert

@@ -164,6 +164,14 @@ st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y, const st_b
  * n ≤ 8192. */
 st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
                                     const float *tau, int T, int n, int kmax, bool renorm, float scale);
+/* The same routing (bit for bit) with the threshold counts of the quantile summaries made in the same
+ * pass (SPEC §7; docs/quantile.md): qc [n] uint32 device, qc[j] = #{t : s_tj ≥ tau_j}, and with rho
+ * ([n] fp32 probe thresholds, or NULL) qc [2n]: qc[n + j] = #{t : exactly one of s_tj ≥ rho_j,
+ * s_tj ≥ tau_j}; s the σ scores written back. Exactly st_route_count's integers (a NaN score or
+ * threshold compares false). Zeroes qc itself (an async memset); T = 0: qc zeroed, nothing else. */
+st_status_t st_cuda_router_quantile_count(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
+                                          const float *tau, int T, int n, int kmax, bool renorm, float scale,
+                                          uint32_t *qc, const float *rho);
 
 /* ---------------- Block AttnRes, two-phase (SPEC §5; kernels/attnres.cu) ---------------- */
 /* Phase 1 (once per completed-block set) with the block push folded in: block i < m−1 at blocks + i·bstride
@@ -306,12 +314,6 @@ st_status_t st_cuda_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16
  * renorm: s / (Σ s + 1e-20) · scale, else s · scale; 0 past cnt. Σ in slot order. C: st_route_finish. */
 st_status_t st_cuda_route_finish(const st_gpu_stream_t *s, const int *ids, float *w, const int *cnt,
                                  const float *scores, int T, int n, int kc, bool renorm, float scale);
-/* Threshold counts (the router's epilogue for the quantile summaries): cnt [n], band [n] uint32
- * device (band written only when rho and band are non-NULL) from scores [T, n] fp32 (σ), tau, rho
- * [n] fp32; exactly st_route_count's integers (same ≥ and NaN semantics). Zeroes cnt/band itself
- * (an async memset, then one atomic add per expert per 32-token chunk). T ≥ 0, n > 0. */
-st_status_t st_cuda_route_count(const st_gpu_stream_t *s, uint32_t *cnt, uint32_t *band, const float *scores,
-                                const float *tau, const float *rho, int T, int n);
 /* Grouping by expert (one block; E + 1 ints of shared memory): offsets [E+1] int32 (expert e's rows are
  * offsets[e] .. offsets[e+1]-1), row_of [T, kc] int32 (grouped row of slot (t, i), −1 for i ≥ cnt[t]).
  * NOTE: the order of rows within an expert may vary run to run (atomics); every consumer reads rows
