@@ -85,7 +85,7 @@ void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *
  * engine counts over the layer's σ scores cnt[j] = #{t : s_tj ≥ τ_j} and, when the layer's probe row
  * ρ is set (st_engine_set_probes), band[j] = #{t : exactly one of s_tj ≥ ρ_j, s_tj ≥ τ_j} (band NULL
  * otherwise): st_route_count's integers, which st_qsum_add_layer_counts takes. The GPU engine counts
- * on the device right after routing and copies back only these 2n integers. Called where the route
+ * in the router's pass (on the host for layers routed there) and copies back only these 2n integers. Called where the route
  * observer is, just before it; cnt/band [n_experts] valid during the call. */
 typedef void (*st_count_observer_t)(void *ctx, int layer, int T, int n_experts, const uint32_t *cnt,
                                     const uint32_t *band);

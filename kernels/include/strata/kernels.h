@@ -150,7 +150,7 @@ void st_route_finish(const int *ids, float *w, const int *cnt, const float *s, i
  * s [T, n] fp32 row-major against tau [n] and rho [n] fp32: cnt [n] uint32, cnt[j] = #{t : s_tj ≥ tau_j};
  * band [n] uint32 (only when rho and band are both non-NULL) = #{t : exactly one of s_tj ≥ rho_j,
  * s_tj ≥ tau_j}. A NaN score or threshold compares false (NaN tau counts nothing). The same integers
- * as st_qsum_count_layer (common/quantile); CUDA: st_cuda_route_count. */
+ * as st_qsum_count_layer (common/quantile); CUDA: st_cuda_router_quantile_count (in the router's pass). */
 void st_route_count(uint32_t *cnt, uint32_t *band, const float *s, const float *tau, const float *rho, int T, int n);
 
 /* ---------------- FFN (SPEC §6) ---------------- */
