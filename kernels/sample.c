@@ -182,7 +182,7 @@ void st_sample_rows(int *ids, float *lp, int *top_ids, float *top_lp, float *log
         const st_sample_row_t *p = &rows[r];
         int *cnt = counts && p->count_row >= 0 ? counts + (size_t)p->count_row * V : NULL;
         sample_row(&ids[r], p->n_top >= 0 ? &lp[r] : NULL, p->n_top >= 0 ? top_ids + (size_t)r * ST_SAMPLE_MAX_TOP : NULL,
-                   p->n_top >= 0 ? top_lp + (size_t)r * ST_SAMPLE_MAX_TOP : NULL, logits + (size_t)r * V, V, p,
+                   p->n_top >= 0 ? top_lp + (size_t)r * ST_SAMPLE_MAX_TOP : NULL, logits + (size_t)p->row * V, V, p,
                    bias_ids, bias_values, cnt);
     }
 }

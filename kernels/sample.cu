@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(SNT) sample_kernel(int *ids, float *lp, int *t
     __shared__ uint32_t shk[32];
     const int r = blockIdx.x, tid = threadIdx.x;
     const st_sample_row_t p = rows[r];
-    float *x = logits + (size_t)r * V;
+    float *x = logits + (size_t)p.row * V;
     int *cnt = counts && p.count_row >= 0 ? counts + (size_t)p.count_row * V : NULL;
     /* 1. penalties, then the bias list in order (one thread: repeated ids add up as on the CPU) */
     if (cnt && (p.presence != 0.0f || p.frequency != 0.0f))

@@ -23,11 +23,10 @@ static void sample_case(int n, int V, uint64_t seed) {
     for (size_t i = 0; i < N; i++) counts[i] = st_rng_uniform(&r) < 0.05 ? 1 + (int)(4 * st_rng_uniform(&r)) : 0;
     int nb = 0;
     for (int i = 0; i < n; i++) {
-        float *row = x + (size_t)i * V;
         int kind = i % 8;
         st_sample_row_t *p = &rows[i];
         *p = (st_sample_row_t){.temperature = kind == 0 ? 0.f : (float)(0.3 + 1.5 * st_rng_uniform(&r)),
-                               .top_p = 1.f, .n_top = -1, .count_row = -1, .seed = st_rng_next(&r),
+                               .top_p = 1.f, .n_top = -1, .row = n - 1 - i, .count_row = -1, .seed = st_rng_next(&r),
                                .pos = (uint32_t)(st_rng_next(&r) % 4096)};
         if (kind == 2 || kind == 4 || kind == 7) p->top_k = 1 + (int)(st_rng_uniform(&r) * ST_MIN(V, 64));
         if (kind == 3 || kind == 4 || kind == 7) p->top_p = (float)(0.05 + 0.9 * st_rng_uniform(&r));
@@ -45,6 +44,7 @@ static void sample_case(int n, int V, uint64_t seed) {
                 bias_v[nb] = (float)(200 * st_rng_uniform(&r) - 100);
             }
         }
+        float *row = x + (size_t)p->row * V;
         if (i % 3 == 0) p->n_top = (int)(st_rng_next(&r) % (ST_SAMPLE_MAX_TOP + 1));
         if (i % 5 == 1 && V > 4) row[V / 2] = row[V - 1] = 50.f; /* a tie at the max */
         if (kind == 2 && V > 8) /* a tie at the top-k boundary: many equal values */

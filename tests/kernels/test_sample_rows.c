@@ -96,13 +96,15 @@ int main(void) {
                 rs[i] = cfg[i];
                 rs[i].seed = 1000 + (uint64_t)i;
                 rs[i].pos = pos;
+                rs[i].row = i;
                 memcpy(x + (size_t)i * V, lg, sizeof lg);
             }
             st_sample_rows(ids, NULL, NULL, NULL, x, R, V, rs, NULL, NULL, NULL);
             for (int i = 0; i < R; i++) { /* each alone, in reverse order */
                 int j = R - 1 - i;
-                same &= one(lg, V, rs[j]) == ids[j];
                 st_sample_row_t o = rs[j];
+                o.row = 0;
+                same &= one(lg, V, o) == ids[j];
                 o.seed++;
                 diff += one(lg, V, o) != ids[j];
             }

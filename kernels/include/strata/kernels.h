@@ -214,11 +214,12 @@ typedef struct st_sample_row {
     int top_k;                 /* ≤ 0 or ≥ V: off */
     int n_top;                 /* −1: no logprobs; else the chosen token's and the n_top (≤ 20) most likely */
     int bias_off, n_bias;      /* the row's logit_bias: bias_ids / bias_values [bias_off, bias_off + n_bias) */
+    int row;                   /* the row of logits it samples */
     int count_row;             /* the row's row of counts (its sequence slot); −1: none (penalties off) */
     uint32_t pos;              /* the token's index in its sequence's generated tokens */
     uint64_t seed;             /* the stream's seed (one per sequence) */
 } st_sample_row_t;
-/* rows [n] params (host); logits [n, V] fp32, processed in place; counts [*, V] int32 (NULL: no row
+/* rows [n] params (host); logits [*, V] fp32, the rows named by rows[i].row processed in place; counts [*, V] int32 (NULL: no row
  * has one; a counts row belongs to at most one row of a call); bias_ids / bias_values: the rows' entries. Out: ids [n]; lp [n] and top_ids / top_lp
  * [n, ST_SAMPLE_MAX_TOP] for rows with n_top ≥ 0 (may be NULL when none has). */
 void st_sample_rows(int *ids, float *lp, int *top_ids, float *top_lp, float *logits, int n, int V,
