@@ -14,24 +14,28 @@
 /* NOTE: every block reduction below combines the warps in a fixed order, so a row's result is the
  * same from run to run; sh is 32 slots of shared memory, reused after the trailing barrier. */
 __device__ int bsum_i(int v, int *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     __syncthreads();
     if (l == 0) sh[w] = v;
     __syncthreads();
     int t = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++)
+        t += sh[i];
     return t;
 }
 
 __device__ double bsum_d(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     __syncthreads();
     if (l == 0) sh[w] = v;
     __syncthreads();
     double t = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++)
+        t += sh[i];
     return t;
 }
 
@@ -71,11 +75,13 @@ __device__ __forceinline__ bool kept(uint32_t key, int v, uint32_t kk, uint32_t 
     return (key > kk || (key == kk && (uint32_t)v < kj)) && key >= kp;
 }
 
-__device__ __forceinline__ float scaled(float x, float m, float t) { return __fdiv_rn(__fsub_rn(x, m), t); }
+__device__ __forceinline__ float scaled(float x, float m, float t) {
+    return __fdiv_rn(__fsub_rn(x, m), t);
+}
 
-__global__ void __launch_bounds__(SNT) sample_kernel(int *ids, float *lp, int *top_ids, float *top_lp, float *logits,
-                                                     int V, const st_sample_row_t *rows, const uint32_t *bias_ids,
-                                                     const float *bias_values, int *counts) {
+__global__ void __launch_bounds__(SNT)
+    sample_kernel(int *ids, float *lp, int *top_ids, float *top_lp, float *logits, int V, const st_sample_row_t *rows,
+                  const uint32_t *bias_ids, const float *bias_values, int *counts) {
     __shared__ double shd[32];
     __shared__ int shi[32];
     __shared__ uint32_t shk[32];
@@ -109,7 +115,8 @@ __global__ void __launch_bounds__(SNT) sample_kernel(int *ids, float *lp, int *t
             for (int b = 31; b >= 0; b--) {
                 uint32_t t = kk | (1u << b);
                 int n = 0;
-                for (int v = tid; v < V; v += SNT) n += st_sr_key(x[v]) >= t;
+                for (int v = tid; v < V; v += SNT)
+                    n += st_sr_key(x[v]) >= t;
                 if (bsum_i(n, shi) >= p.top_k) kk = t;
             }
             int gt = 0, ties = 0;
@@ -124,7 +131,8 @@ __global__ void __launch_bounds__(SNT) sample_kernel(int *ids, float *lp, int *t
                 for (int b = 30; b >= 0; b--) {
                     uint32_t t = j | (1u << b);
                     int n = 0;
-                    for (int v = tid; v < V && (uint32_t)v < t; v += SNT) n += st_sr_key(x[v]) == kk;
+                    for (int v = tid; v < V && (uint32_t)v < t; v += SNT)
+                        n += st_sr_key(x[v]) == kk;
                     if (bsum_i(n, shi) <= rr) j = t;
                 }
                 kj = j;
@@ -160,7 +168,8 @@ __global__ void __launch_bounds__(SNT) sample_kernel(int *ids, float *lp, int *t
     if (p.n_top < 0) return;
     /* 5. logprobs under softmax(x) */
     double z1 = 0;
-    for (int v = tid; v < V; v += SNT) z1 += exp((double)x[v] - (double)m);
+    for (int v = tid; v < V; v += SNT)
+        z1 += exp((double)x[v] - (double)m);
     const double lz = log(bsum_d(z1, shd));
     if (tid == 0) lp[r] = (float)((double)x[c] - (double)m - lz);
     uint32_t pk = 0xFFFFFFFFu;
@@ -187,6 +196,7 @@ extern "C" st_status_t st_cuda_sample(const st_gpu_stream_t *s, int *ids, float 
                                       const uint32_t *bias_ids, const float *bias_values, int *counts) {
     if (n < 0 || V <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "sample: n=%d V=%d", n, V);
     if (!n) return ST_OK;
-    sample_kernel<<<n, SNT, 0, ST_STREAM(s)>>>(ids, lp, top_ids, top_lp, logits, V, rows, bias_ids, bias_values, counts);
+    sample_kernel<<<n, SNT, 0, ST_STREAM(s)>>>(ids, lp, top_ids, top_lp, logits, V, rows, bias_ids, bias_values,
+                                               counts);
     return ST_LAUNCH_OK("sample_kernel");
 }

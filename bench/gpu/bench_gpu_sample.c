@@ -30,21 +30,25 @@ static double step(bool sample) {
     memcpy(in, tok, sizeof in);
     for (int i = 0; i < B; i++) {
         ch[i] = (st_seq_chunk_t){.slot = slots[i], .n_tokens = 1, .tokens = &in[i]};
-        if (sample) ch[i].sample = &sp[i], ch[i].token = &tok[i];
-        else ch[i].argmax = &am[i];
+        if (sample)
+            ch[i].sample = &sp[i], ch[i].token = &tok[i];
+        else
+            ch[i].argmax = &am[i];
     }
     double t0 = st_time_sec();
     BK(st_engine_step(eng, ch, B, logits));
     double t = st_time_sec() - t0;
     if (!sample) memcpy(tok, am, sizeof tok);
-    for (int i = 0; i < B; i++) sp[i].pos++;
+    for (int i = 0; i < B; i++)
+        sp[i].pos++;
     return t;
 }
 
 static double mean_steps(bool sample) {
     step(sample); /* warm-up (graph capture) */
     double tot = 0;
-    for (int s = 0; s < STEPS; s++) tot += step(sample);
+    for (int s = 0; s < STEPS; s++)
+        tot += step(sample);
     return tot / STEPS;
 }
 
@@ -62,14 +66,23 @@ static void kernel_alone(int V) {
         const char *name;
         float t, p, pres, freq;
         int k, n_top;
-    } cfg[] = {{"greedy", 0, 1, 0, 0, 0, -1},        {"temperature", 0.8f, 1, 0, 0, 0, -1},
-               {"top_k50", 0.8f, 1, 0, 0, 50, -1},   {"top_p0.9", 0.8f, 0.9f, 0, 0, 0, -1},
-               {"top_p_penalties", 0.8f, 0.9f, 0.5f, 0.3f, 0, -1}, {"top_p_logprobs20", 0.8f, 0.9f, 0, 0, 0, 20}};
+    } cfg[] = {{"greedy", 0, 1, 0, 0, 0, -1},
+               {"temperature", 0.8f, 1, 0, 0, 0, -1},
+               {"top_k50", 0.8f, 1, 0, 0, 50, -1},
+               {"top_p0.9", 0.8f, 0.9f, 0, 0, 0, -1},
+               {"top_p_penalties", 0.8f, 0.9f, 0.5f, 0.3f, 0, -1},
+               {"top_p_logprobs20", 0.8f, 0.9f, 0, 0, 0, 20}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         for (int i = 0; i < B; i++)
-            rows[i] = (st_sample_row_t){.temperature = cfg[c].t, .top_p = cfg[c].p, .presence = cfg[c].pres,
-                                        .frequency = cfg[c].freq, .top_k = cfg[c].k, .n_top = cfg[c].n_top, .row = i,
-                                        .count_row = i, .seed = (uint64_t)i};
+            rows[i] = (st_sample_row_t){.temperature = cfg[c].t,
+                                        .top_p = cfg[c].p,
+                                        .presence = cfg[c].pres,
+                                        .frequency = cfg[c].freq,
+                                        .top_k = cfg[c].k,
+                                        .n_top = cfg[c].n_top,
+                                        .row = i,
+                                        .count_row = i,
+                                        .seed = (uint64_t)i};
         BK(st_gpu_memcpy_h2d(d_rows, rows, sizeof *rows * B));
         double ms = 0;
         BTIME(ms, 20, st_cuda_sample(&bs, d_ids, d_lp, d_tid, d_tlp, d_lg, B, V, d_rows, NULL, NULL, d_cnt));
@@ -87,8 +100,8 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/bench-sample-small-%d", tmp ? tmp : "/tmp", (int)getpid());
     st_config_t pc;
     BK(st_config_preset(&pc, "small"));
-    st_ckpt_init_opts_t io = {.preset = "small", .out_dir = dir, .seed = 5, .dtype = ST_DT_BF16,
-                              .mxfp4_experts = pc.experts_mxfp4};
+    st_ckpt_init_opts_t io = {
+        .preset = "small", .out_dir = dir, .seed = 5, .dtype = ST_DT_BF16, .mxfp4_experts = pc.experts_mxfp4};
     st_ckpt_t *ck;
     BK(st_ckpt_init(&io));
     BK(st_ckpt_open(&ck, dir));
@@ -104,8 +117,10 @@ int main(void) {
     logits = malloc((size_t)B * V * sizeof(float));
     st_rng_t rng = {.s = 99};
     int prompt[PROMPT];
-    for (int i = 0; i < PROMPT; i++) prompt[i] = (int)(st_rng_next(&rng) % (uint64_t)V);
-    for (int i = 0; i < B; i++) BK(st_engine_seq_open(eng, &slots[i]));
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int)(st_rng_next(&rng) % (uint64_t)V);
+    for (int i = 0; i < B; i++)
+        BK(st_engine_seq_open(eng, &slots[i]));
     for (int i0 = 0; i0 < B; i0 += 8) { /* prompts, 8 sequences per step */
         st_seq_chunk_t ch[8];
         for (int i = 0; i < 8; i++)
@@ -114,17 +129,23 @@ int main(void) {
     }
     for (int i = 0; i < B; i++) {
         tok[i] = prompt[i % PROMPT];
-        sp[i] = (st_sample_params_t){.temperature = 0.8f, .top_p = 0.9f, .presence = 0.5f, .frequency = 0.3f,
-                                     .seed = 1000 + (uint64_t)i, .n_top = -1};
+        sp[i] = (st_sample_params_t){.temperature = 0.8f,
+                                     .top_p = 0.9f,
+                                     .presence = 0.5f,
+                                     .frequency = 0.3f,
+                                     .seed = 1000 + (uint64_t)i,
+                                     .n_top = -1};
     }
     double g = mean_steps(false), s = mean_steps(true), g2 = mean_steps(false);
     double gm = 0.5 * (g + g2);
     printf("RESULT e2e_small_decode_b%d_greedy_argmax %.0f tok/s (step %.3f ms; %.3f before, %.3f after)\n", B, B / gm,
            gm * 1e3, g * 1e3, g2 * 1e3);
     printf("RESULT e2e_small_decode_b%d_sampled %.0f tok/s (step %.3f ms; temperature 0.8, top-p 0.9, presence 0.5, "
-           "frequency 0.3)\n", B, B / s, s * 1e3);
+           "frequency 0.3)\n",
+           B, B / s, s * 1e3);
     printf("RESULT e2e_small_decode_b%d_sampled_vs_greedy %.3f (tok/s ratio)\n", B, gm / s);
-    for (int i = 0; i < B; i++) st_engine_seq_close(eng, slots[i]);
+    for (int i = 0; i < B; i++)
+        st_engine_seq_close(eng, slots[i]);
     st_engine_destroy(eng);
     free(logits);
     kernel_alone(V);

@@ -17,16 +17,24 @@ static void sample_case(int n, int V, uint64_t seed) {
     uint32_t *bias_ids = gt_xmalloc(4 * (size_t)nb_max);
     float *bias_v = gt_xmalloc(4 * (size_t)nb_max);
     int *counts = gt_xmalloc(4 * N), *counts_got = gt_xmalloc(4 * N);
-    int *id_ref = gt_xmalloc(4 * n), *id_got = gt_xmalloc(4 * n), *tid_ref = gt_xmalloc(4 * S), *tid_got = gt_xmalloc(4 * S);
-    float *lp_ref = gt_xmalloc(4 * n), *lp_got = gt_xmalloc(4 * n), *tlp_ref = gt_xmalloc(4 * S), *tlp_got = gt_xmalloc(4 * S);
-    for (size_t i = 0; i < N; i++) x[i] = 3.f * st_rng_normal(&r);
-    for (size_t i = 0; i < N; i++) counts[i] = st_rng_uniform(&r) < 0.05 ? 1 + (int)(4 * st_rng_uniform(&r)) : 0;
+    int *id_ref = gt_xmalloc(4 * n), *id_got = gt_xmalloc(4 * n), *tid_ref = gt_xmalloc(4 * S),
+        *tid_got = gt_xmalloc(4 * S);
+    float *lp_ref = gt_xmalloc(4 * n), *lp_got = gt_xmalloc(4 * n), *tlp_ref = gt_xmalloc(4 * S),
+          *tlp_got = gt_xmalloc(4 * S);
+    for (size_t i = 0; i < N; i++)
+        x[i] = 3.f * st_rng_normal(&r);
+    for (size_t i = 0; i < N; i++)
+        counts[i] = st_rng_uniform(&r) < 0.05 ? 1 + (int)(4 * st_rng_uniform(&r)) : 0;
     int nb = 0;
     for (int i = 0; i < n; i++) {
         int kind = i % 8;
         st_sample_row_t *p = &rows[i];
         *p = (st_sample_row_t){.temperature = kind == 0 ? 0.f : (float)(0.3 + 1.5 * st_rng_uniform(&r)),
-                               .top_p = 1.f, .n_top = -1, .row = n - 1 - i, .count_row = -1, .seed = st_rng_next(&r),
+                               .top_p = 1.f,
+                               .n_top = -1,
+                               .row = n - 1 - i,
+                               .count_row = -1,
+                               .seed = st_rng_next(&r),
                                .pos = (uint32_t)(st_rng_next(&r) % 4096)};
         if (kind == 2 || kind == 4 || kind == 7) p->top_k = 1 + (int)(st_rng_uniform(&r) * ST_MIN(V, 64));
         if (kind == 3 || kind == 4 || kind == 7) p->top_p = (float)(0.05 + 0.9 * st_rng_uniform(&r));
@@ -40,15 +48,17 @@ static void sample_case(int n, int V, uint64_t seed) {
             p->bias_off = nb;
             p->n_bias = 1 + (int)(st_rng_uniform(&r) * 7);
             for (int j = 0; j < p->n_bias; j++, nb++) {
-                bias_ids[nb] = j == 3 ? bias_ids[nb - 1] : (uint32_t)(st_rng_next(&r) % (uint64_t)(V + 2)); /* ≥ V ignored */
+                bias_ids[nb] =
+                    j == 3 ? bias_ids[nb - 1] : (uint32_t)(st_rng_next(&r) % (uint64_t)(V + 2)); /* ≥ V ignored */
                 bias_v[nb] = (float)(200 * st_rng_uniform(&r) - 100);
             }
         }
         float *row = x + (size_t)p->row * V;
         if (i % 3 == 0) p->n_top = (int)(st_rng_next(&r) % (ST_SAMPLE_MAX_TOP + 1));
         if (i % 5 == 1 && V > 4) row[V / 2] = row[V - 1] = 50.f; /* a tie at the max */
-        if (kind == 2 && V > 8) /* a tie at the top-k boundary: many equal values */
-            for (int j = 0; j < V; j += 3) row[j] = 7.0f; /* ~1% of 3·N(0,1) lie above */
+        if (kind == 2 && V > 8)                                  /* a tie at the top-k boundary: many equal values */
+            for (int j = 0; j < V; j += 3)
+                row[j] = 7.0f; /* ~1% of 3·N(0,1) lie above */
     }
     memcpy(x_ref, x, 4 * N);
     float *d_x = gt_up(x, 4 * N), *d_bv = gt_up(bias_v, 4 * (size_t)(nb ? nb : 1));
@@ -78,7 +88,8 @@ static void sample_case(int n, int V, uint64_t seed) {
             lp_err = fmax(lp_err, fabs((double)tlp_got[o] - tlp_ref[o]));
         }
     }
-    for (size_t i = 0; i < N; i++) bad_x += memcmp(&x_got[i], &x_ref[i], 4) != 0;
+    for (size_t i = 0; i < N; i++)
+        bad_x += memcmp(&x_got[i], &x_ref[i], 4) != 0;
     CHECK(bad_id == 0, "sample n=%d V=%d: %d tokens differ (first row %d: got %d want %d)", n, V, bad_id, first,
           first >= 0 ? id_got[first] : 0, first >= 0 ? id_ref[first] : 0);
     CHECK(bad_x == 0, "sample n=%d V=%d: %d processed logits differ", n, V, bad_x);
@@ -96,7 +107,7 @@ int main(void) {
     sample_case(1, 1, 1);
     sample_case(8, 7, 2);
     sample_case(16, 1000, 3);
-    sample_case(64, 1027, 4);   /* odd vocab, every kind of row 8 times */
+    sample_case(64, 1027, 4); /* odd vocab, every kind of row 8 times */
     sample_case(40, 32000, 5);
     sample_case(24, 163840, 6); /* K3's vocab */
     sample_case(256, 258, 7);   /* the byte tokenizer's vocab at batch 256 */
