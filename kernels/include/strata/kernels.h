@@ -219,8 +219,9 @@ typedef struct st_sample_row {
     uint32_t pos;              /* the token's index in its sequence's generated tokens */
     uint64_t seed;             /* the stream's seed (one per sequence) */
 } st_sample_row_t;
-/* rows [n] params (host); logits [*, V] fp32, the rows named by rows[i].row processed in place; counts [*, V] int32 (NULL: no row
- * has one; a counts row belongs to at most one row of a call); bias_ids / bias_values: the rows' entries. Out: ids [n]; lp [n] and top_ids / top_lp
+/* rows [n] params (host); logits [*, V] fp32, the rows named by rows[i].row processed in place;
+ * counts [*, V] int32 (NULL: no row has one; a counts row belongs to at most one row of a call);
+ * bias_ids / bias_values: the rows' entries. Out: ids [n]; lp [n] and top_ids / top_lp
  * [n, ST_SAMPLE_MAX_TOP] for rows with n_top ≥ 0 (may be NULL when none has). */
 void st_sample_rows(int *ids, float *lp, int *top_ids, float *top_lp, float *logits, int n, int V,
                     const st_sample_row_t *rows, const uint32_t *bias_ids, const float *bias_values, int *counts);
