@@ -109,17 +109,14 @@ typedef struct {
     int used, req, slot;
     uint64_t gen;
     int *toks, n_prompt, n_gen, max_tokens;
-    st_sampling_t sp;
-    st_rng_t rng;
+    /* sampling on the engine (st_seq_chunk_t.sample): sp.pos is set per step, sp.bias_* point into
+     * bias (owned: ids then values, NULL without logit_bias); tok receives the step's token */
+    st_sample_params_t sp;
+    void *bias;
+    int tok;
     uint32_t stop[MAX_STOP];
     int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
     int n_fed; /* prompt tokens fed to the engine so far (chunked prefill) */
-    int amax; /* the engine's argmax of this step's row (greedy sequences: no logits row to the host) */
-    /* OpenAI's penalties and logit bias (st_sample_adjust); adj owns bias ids, values and the
-     * penalties' workspace, NULL when the request has none */
-    float presence, frequency;
-    int n_bias;
-    void *adj;
     char err[256];
 } seq_t;
 
@@ -354,9 +351,9 @@ static void end_call(aw_t *aw, int req, uint64_t gen, st_status_t st, const char
 
 static void seq_free_bufs(seq_t *q) {
     free(q->toks);
-    free(q->adj);
+    free(q->bias);
     q->toks = NULL;
-    q->adj = NULL;
+    q->bias = NULL;
 }
 
 static void seq_end(aw_t *aw, seq_t *q) {
@@ -391,13 +388,11 @@ static int admit(aw_t *aw, in_msg_t *m) {
     if (free_i < 0) return 0;
     int n = m->n_prompt, max_tokens = m->max_tokens;
     int *toks = malloc(sizeof(int) * ((size_t)n + (size_t)max_tokens + 1));
-    int adjust = r->presence_penalty != 0 || r->frequency_penalty != 0 || r->n_logit_bias > 0;
-    /* [n_logit_bias] ids, [n_logit_bias] values, [max_tokens] ints of workspace */
-    void *adj = adjust ? malloc(r->n_logit_bias * (sizeof(uint32_t) + sizeof(float)) + sizeof(int) * (size_t)max_tokens)
-                       : NULL;
-    if (!toks || (adjust && !adj)) {
+    /* [n_logit_bias] ids, then [n_logit_bias] values */
+    void *bias = r->n_logit_bias ? malloc(r->n_logit_bias * (sizeof(uint32_t) + sizeof(float))) : NULL;
+    if (!toks || (r->n_logit_bias && !bias)) {
         free(toks);
-        free(adj);
+        free(bias);
         end_call(aw, m->req, m->gen, ST_ERR_NO_MEMORY, "attention worker: out of memory for a sequence");
         return 1;
     }
@@ -410,28 +405,27 @@ static int admit(aw_t *aw, in_msg_t *m) {
     st_status_t st = st_engine_seq_open(aw->e, &slot);
     if (st != ST_OK) {
         free(toks);
-        free(adj);
+        free(bias);
         end_call(aw, m->req, m->gen, st, st_err_last());
         return 1;
     }
     seq_t *q = &aw->seqs[free_i];
     *q = (seq_t){.used = 1, .req = m->req, .gen = m->gen, .slot = slot, .toks = toks, .n_prompt = n,
                  .max_tokens = max_tokens, .dump = r->dump_logits, .ignore_eos = r->ignore_eos};
-    q->sp.temperature = r->temperature;
-    q->sp.top_k = (int)r->top_k;
-    q->sp.top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f;
-    q->rng.s = r->has_seed ? r->seed : (uint64_t)st_time_ns();
+    q->sp = (st_sample_params_t){.temperature = r->temperature, .top_k = (int)r->top_k,
+                                 .top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f,
+                                 .presence = r->presence_penalty, .frequency = r->frequency_penalty,
+                                 .seed = r->has_seed ? r->seed : (uint64_t)st_time_ns(), .n_top = -1};
     q->n_stop = (int)ST_MIN(r->n_stop_ids, (size_t)MAX_STOP);
     for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
-    if (adj) {
-        q->adj = adj;
-        q->presence = r->presence_penalty;
-        q->frequency = r->frequency_penalty;
-        q->n_bias = (int)r->n_logit_bias;
-        if (r->n_logit_bias) {
-            memcpy(adj, r->logit_bias_ids, r->n_logit_bias * sizeof(uint32_t));
-            memcpy((uint32_t *)adj + r->n_logit_bias, r->logit_bias_values, r->n_logit_bias * sizeof(float));
-        }
+    if (bias) {
+        size_t nb = r->n_logit_bias;
+        memcpy(bias, r->logit_bias_ids, nb * sizeof(uint32_t));
+        memcpy((uint32_t *)bias + nb, r->logit_bias_values, nb * sizeof(float));
+        q->bias = bias;
+        q->sp.n_bias = (int)nb;
+        q->sp.bias_ids = bias;
+        q->sp.bias_values = (const float *)((uint32_t *)bias + nb);
     }
     return 1;
 }
@@ -870,10 +864,14 @@ static void step(aw_t *aw) {
         if (n <= 0 || n > budget) continue; /* joins at a later step boundary */
         budget -= n;
         idx[ns] = i;
-        /* greedy and not dumping logits: the engine returns the argmax only (st_sample's greedy rule) */
+        /* the engine samples a row that ends the prompt or decodes; only the token comes back, and
+         * the processed logits row too when the client asked for logprobs (the coordinator reduces it) */
+        bool samp = q->prefilled || q->n_fed + n == q->n_prompt;
+        q->sp.pos = (uint32_t)q->n_gen;
         ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
                                     .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks + q->n_fed,
-                                    .argmax = q->sp.temperature <= 0.0f && !q->dump && !q->adj ? &q->amax : NULL};
+                                    .sample = samp ? &q->sp : NULL, .keep_logits = samp && q->dump,
+                                    .token = &q->tok};
     }
     if (ns == 0) return;
     /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
@@ -985,15 +983,7 @@ static void step(aw_t *aw) {
                 if (q->n_fed < q->n_prompt) continue;
             }
             q->prefilled = 1;
-            if (q->adj && !ch[first[m] + j].argmax) {
-                const uint32_t *ids = q->adj;
-                const float *vals = (const float *)(ids + q->n_bias);
-                st_sample_adjust(lg, aw->c->vocab, q->toks + q->n_prompt, q->n_gen, q->presence, q->frequency, ids,
-                                 vals, q->n_bias, (int *)(vals + q->n_bias));
-            }
-            int tok = ch[first[m] + j].argmax ? q->amax
-                                              : st_sample(lg, aw->c->vocab, &q->sp, &q->rng,
-                                                          aw->logits[m] + (size_t)aw->o.max_seqs * aw->c->vocab);
+            int tok = q->tok;
             q->toks[q->n_prompt + q->n_gen++] = tok;
             st_proto_finish_t fin = is_stop(aw, q, tok) ? ST_PROTO_FINISH_STOP
                                     : q->n_gen >= q->max_tokens ? ST_PROTO_FINISH_LENGTH
@@ -1742,8 +1732,8 @@ static st_status_t alloc_buffers(aw_t *aw) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
         if (st_dispatch_plan_init(&aw->plan[m], MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
         aw->tok_failed[m] = calloc((size_t)aw->o.max_batch_tokens, sizeof(bool));
-        /* logits rows of the entries + sampling workspace (2·V) */
-        aw->logits[m] = malloc(sizeof(float) * (size_t)(aw->o.max_seqs + 2) * c->vocab);
+        /* logits rows of the entries (written for logprobs requests only) */
+        aw->logits[m] = malloc(sizeof(float) * (size_t)aw->o.max_seqs * c->vocab);
         if (!aw->tok_failed[m] || !aw->logits[m]) return ST_FAIL(ST_ERR_NO_MEMORY, "worker buffers");
     }
     return ST_OK;

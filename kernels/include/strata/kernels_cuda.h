@@ -213,10 +213,17 @@ st_status_t st_cuda_attnres_phase2_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *
 st_status_t st_cuda_mla_prefill(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
                                 const st_bf16_t *v, int T, int n, int H, int dqk, int dv, float scale);
 
-/* ---------------- sampling ---------------- */
-/* Temperature / top-k / top-p sampling stays on the host for now (st_sample on logits copied with
- * cudaMemcpyAsync into pinned memory); only greedy (st_cuda_argmax above) runs on the device.
- * See docs/perf/history.md "Sampling" for the cost and the plan. */
+/* ---------------- sampling (SPEC §9; kernels/sample.cu) ---------------- */
+/* st_sample_rows (strata/kernels.h) on the device, one launch for n rows: the same rule, the same
+ * token except within double rounding (see there). rows [n] (device) params; logits [*, V] fp32, the
+ * rows named by rows[i].row processed in place; counts [*, V] int32 (NULL: none; one launch row per
+ * counts row); bias_ids / bias_values: the rows' entries (device). Out (device): ids [n]; lp [n],
+ * top_ids / top_lp [n, ST_SAMPLE_MAX_TOP] for rows with n_top ≥ 0 (NULL allowed when none has).
+ * One block of 1024 threads per row; each top-k / top-p boundary costs 32 passes over its row. */
+struct st_sample_row;
+st_status_t st_cuda_sample(const st_gpu_stream_t *s, int *ids, float *lp, int *top_ids, float *top_lp, float *logits,
+                           int n, int V, const struct st_sample_row *rows, const uint32_t *bias_ids,
+                           const float *bias_values, int *counts);
 
 /* ================ the GPU engine's kernels (moved from attention_worker/engine_gpu_kernels.cu) ================
  * fp32 activations between kernels; bf16 only where a tensor-core GEMM (or the chunked KDA tiles) reads
