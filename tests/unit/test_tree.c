@@ -140,6 +140,7 @@ int main(void) {
 
         /* the cluster: 1–5 servers, each expert on 1–3 of them (the worker takes one holder) */
         int S = 1 + rint_(MAXS), holders[MAXE][3], nh[MAXE], server_of[MAXE], so2[MAXE];
+        for (int e = E; e < MAXE; e++) server_of[e] = so2[e] = ST_DISPATCH_SKIP; /* the plan spans MAXE experts */
         for (int e = 0; e < E; e++) {
             nh[e] = 1 + rint_(S < 3 ? S : 3);
             int first = rint_(S);
