@@ -519,8 +519,6 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             pthread_mutex_unlock(&aw->mu);
             continue;
         }
-        float *rows;
-        uint32_t *src;
         /* each distinct token once (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): the server expands them */
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
@@ -528,9 +526,10 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq, .unique = (uint32_t)p->n_uniq[s],
                                .slots = (uint32_t)w->T * (uint32_t)w->kc}; /* the batch's shape (wire.h) */
         info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
-        st_wire_table_encode_unique(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
-                                    p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &src, &rows);
-        st_dispatch_pack(p, s, w, src, rows);
+        st_wire_dispatch_t v;
+        st_wire_dispatch_encode(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
+                                p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, info.unique, &v);
+        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
         st_wire_header_encode(&info, &pd->hdr);
         aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
         aw->messages++;
@@ -550,9 +549,10 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     aw->stage[ST_PROTO_STAGE_DISPATCH] += st_time_sec() - t0;
 }
 
-/* Wait (bounded) for every dispatch of plan p; unpack the good ones, return a mask of failed
- * servers (count in *n_failed) and their errors in pend[].err. */
-static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
+/* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, marked in head),
+ * return a mask of failed servers (count in *n_failed) and their errors in pend[].err. */
+static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, uint8_t *head, int *failed_mask,
+                      int *n_failed) {
     double t_wait = st_time_sec(), slowest_net = 0;
     uint32_t slowest_us = 0;
     struct timespec dl;
@@ -584,17 +584,13 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
         if (pd->state == P_DONE) {
-            /* the reply must describe exactly what we sent */
+            /* the reply must answer what we sent: its seq, one row per output row we planned */
             st_wire_info_t info;
-            const uint32_t *ids, *off;
-            const float *rows;
             int ok = st_wire_header_decode(&pd->recv.hdr, pd->recv.hdr_len, pd->rlen, &info) == ST_OK &&
-                     st_wire_table_decode(pd->rbuf, &info, &ids, &off, NULL, &rows) == ST_OK &&
-                     info.token_count == (uint32_t)p->n_rows[s] && info.expert_count == (uint32_t)p->n_exp[s] &&
-                     !memcmp(ids, p->exp_ids + (size_t)s * p->n_experts, sizeof(uint32_t) * info.expert_count) &&
-                     !memcmp(off, p->offsets + (size_t)s * (p->n_experts + 1), sizeof(uint32_t) * (info.expert_count + 1));
+                     info.kind == ST_WIRE_KIND_COMBINE && info.seq == pd->seq &&
+                     info.token_count == (uint32_t)p->n_out[s] && info.row_width == (uint32_t)w->ew;
             if (ok) {
-                st_dispatch_unpack(p, s, w, rows);
+                st_dispatch_unpack(p, s, w, (const float *)pd->rbuf, head);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -649,7 +645,8 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
  * failed servers. Tokens left without an answer are flagged. */
 static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
     int failed[MAX_SERVERS] = {0}, nf = 0;
-    wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
+    uint8_t *head = aw->plan[mb].head;
+    wait_plan(aw, mb, &aw->plan[mb], w, head, failed, &nf);
     if (nf == 0) return;
     for (int s = 0; s < aw->n_srv; s++)
         if (failed[s]) {
@@ -659,7 +656,9 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
             aw->pend[mb][s].state = P_IDLE;
             pthread_mutex_unlock(&aw->mu);
         }
-    /* retry: only experts that were on failed servers, on another live holder */
+    /* retry: only experts that were on failed servers, on another live holder. The failed nodes
+     * are cut again for their new servers and their values join the good ones: any cut into tree
+     * nodes finishes to the same sum (docs/architecture.md, "Bit-exact expert results") */
     choose_servers(aw, w->layer, aw->server_of2, failed);
     for (int e = 0; e < aw->c->n_experts; e++) {
         int s0 = aw->server_of[mb][e];
@@ -668,7 +667,7 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
     send_plan(aw, mb, &aw->plan2, w);
     int failed2[MAX_SERVERS] = {0}, nf2 = 0;
-    wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
+    wait_plan(aw, mb, &aw->plan2, w, head, failed2, &nf2);
     for (int s = 0; s < aw->n_srv; s++) {
         if (!failed2[s]) continue;
         snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -691,11 +690,11 @@ static bool replies_in(aw_t *aw, int mb) {
     return in;
 }
 
-/* Micro-batch mb's replies → its work item (failed tokens zeroed), then its next layers launched. */
+/* Micro-batch mb's replies → its work item's combined rows u (failed tokens +0), then its next
+ * layers launched. */
 static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
     remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
-    for (int t = 0; t < w[mb].T; t++)
-        if (aw->tok_failed[mb][t]) memset(w[mb].out + (size_t)t * w[mb].kc * w[mb].ew, 0, sizeof(float) * (size_t)w[mb].kc * w[mb].ew);
+    st_dispatch_finish(&aw->plan[mb], &w[mb], aw->plan[mb].head, aw->tok_failed[mb]);
     aw->hook_mb = mb;
     st_engine_mb_launch(aw->mbs[mb]);
 }

@@ -297,20 +297,26 @@ static void moe_begin(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bu
     }
     ST_ENGINE_TRACE(e, l, ST_TRACE_MOE_Z, (float *)z, T, st_config_expert_width(c));
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = e->kcap, .ew = st_config_expert_width(c), .z = z,
-                         .ids = b->ids, .cnt = b->cnt, .tok_ent = b->tok_ent, .out = b->eout};
+                         .ids = b->ids, .cnt = b->cnt, .wts = b->wts, .tok_ent = b->tok_ent, .out = b->eout,
+                         .u = b->u};
 }
 
 static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t *b) {
     const st_config_t *c = &e->c;
     int kc = e->kcap, ew = st_config_expert_width(c), d = c->d;
-    for (int t = 0; t < T; t++) {
-        float *u = b->u + (size_t)t * ew;
-        memset(u, 0, (size_t)ew * sizeof(float));
+    /* the tree combine (docs/architecture.md, "Bit-exact expert results"), each token's leaves
+     * fl(p·y) + 0 weighted in place; remote experts: the worker wrote u (engine.h) */
+    uint32_t *tid = (uint32_t *)b->ids_tmp;
+    for (int t = 0; t < T && !e->o.remote_experts; t++) {
+        float *u = b->u + (size_t)t * ew, *y = b->eout + (size_t)t * kc * ew;
         for (int i = 0; i < b->cnt[t]; i++) {
             float p = b->wts[(size_t)t * kc + i];
-            const float *y = b->eout + ((size_t)t * kc + i) * ew;
-            for (int q = 0; q < ew; q++) u[q] += p * y[q];
+            for (int q = 0; q < ew; q++) y[(size_t)i * ew + q] = p * y[(size_t)i * ew + q] + 0.0f;
+            tid[i] = (uint32_t)b->ids[(size_t)t * kc + i];
         }
+        st_moe_tree_rows(y, tid, b->cnt[t], ew);
+        if (b->cnt[t]) memcpy(u, y, (size_t)ew * sizeof(float));
+        else memset(u, 0, (size_t)ew * sizeof(float));
     }
     if (c->latent > 0) {
         if (L->lat_norm) st_rmsnorm(b->u, b->u, L->lat_norm, T, ew, c->rms_eps);

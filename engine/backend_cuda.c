@@ -138,6 +138,7 @@ typedef struct {
     /* pinned host */
     int *meta_h, *ids_h, *cnt_h;
     float *z_h, *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
+    float *wts_h, *u_h; /* hand-off: the routing weights [T, kc] out, the combined rows [T, ew] back (remote) */
     /* threshold counts (count observer): cnt | band, [2, n] uint32 on the device and pinned; counted:
      * the layer in flight was counted, banded: with the band */
     uint32_t *qc, *qc_h;
@@ -559,7 +560,7 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
     PC(srow_h, T * sizeof(st_sample_row_t)); PC(sbid_h, SB * 4); PC(sbv_h, SB * F);
     PC(sid_h, T * 4); PC(slp_h, T * F); PC(stid_h, ST * 4); PC(stlp_h, ST * F);
     if (!mb->fm->internal && c->n_experts > 0) {
-        PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F);
+        PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F); PC(wts_h, T * kc * F); PC(u_h, T * ew * F);
     }
 #undef PC
 }
@@ -989,9 +990,10 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     CK(st_gpu_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->wts_h, mb->wts, (size_t)T * kc * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
-                         .tok_ent = mb->meta_h + T, .out = mb->out_h};
+                         .wts = mb->wts_h, .tok_ent = mb->meta_h + T, .out = mb->out_h, .u = mb->u_h};
 }
 
 /* ------------------------------------------------------------------ the walk's ops */
@@ -1086,18 +1088,24 @@ static void moe_finish(st_engine_mb_t *fm, int l) {
     const st_gpu_stream_t *s = mb->s;
     const gl_t *G = &g->L[l];
     int T = fm->T, kc = g->e->kcap, ew = st_config_expert_width(c), d = c->d;
-    /* the combine reads expert rows through row_of (grouped), or in slot order (remote, or slots) */
+    /* the combine reads expert rows through row_of (grouped), or in slot order (handed-off rows, or
+     * slots); remote experts: u combined by the worker, the epilogue only (engine.h) */
+    bool remote = g->e->o.remote_experts;
     const float *yg = mb->local_done && !mb->slot_order ? mb->yg : NULL;
     const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
-    if (!mb->local_done) CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
+    const float *wts = remote ? NULL : mb->wts;
+    if (remote) CK(st_gpu_memcpy_async(s, mb->eout, mb->u_h, (size_t)T * ew * sizeof(float), ST_GPU_COPY_H2D));
+    else if (!mb->local_done)
+        CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
     chain_wait(mb);
     if (c->latent > 0) {
-        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
-                          c->rms_eps));
+        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, wts, mb->ids, mb->cnt, G->lat_norm, T, kc,
+                               ew, c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
         CK(lin(mb, mb->partial, d, 1.f, mb->un, ew, G->lat_up, T, d, ew));
     } else {
-        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
+        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, wts, mb->ids, mb->cnt, NULL, T, kc, ew,
+                               c->rms_eps));
     }
     if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter, moe_fused(g));
 }

@@ -387,11 +387,11 @@ static void test_frontend(void) {
     st_moe_work_t w;
     int layers = 0, moe = 0, last = -1;
     for (int l = 0; l < cfg->n_layers; l++) moe += st_config_is_moe_layer(cfg, l);
-    while (st_engine_mb_advance(mb, &w)) { /* zero expert outputs: the shared path only */
+    while (st_engine_mb_advance(mb, &w)) { /* zero combined rows: the shared path only */
         CHECK(w.layer > last && st_config_is_moe_layer(cfg, w.layer) && w.T == 3, "work item of MoE layer %d (T %d)",
               w.layer, w.T);
         last = w.layer;
-        memset(w.out, 0, sizeof(float) * (size_t)w.T * w.kc * w.ew);
+        memset(w.u, 0, sizeof(float) * (size_t)w.T * w.ew);
         layers++;
     }
     CHECK(moe > 0 && layers == moe, "one hand-off per MoE layer (%d of %d)", layers, moe);

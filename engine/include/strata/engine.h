@@ -161,10 +161,17 @@ typedef struct {
     const float *z;     /* [T, ew] latent inputs */
     const int *ids;     /* [T, kc] chosen experts, ascending within a token */
     const int *cnt;     /* [T] experts per token (0 = shared path only) */
+    const float *wts;   /* [T, kc] routing weights p (SPEC §7), 0 past cnt */
     const int *tok_ent; /* [T] index of the step entry each token belongs to */
-    float *out;         /* [T*kc, ew]: the executor writes row t*kc+i = E_{ids[t*kc+i]}(z_t); its
-                         * arithmetic follows docs/architecture.md ("Bit-exact expert results") for a
-                         * micro-batch of T*kc slots, as the engine's own experts do */
+    /* What the executor writes depends on the engine (docs/architecture.md, "Bit-exact expert
+     * results"; either way the arithmetic of each row E_j(z_t) follows that section for a
+     * micro-batch of T*kc slots, as the engine's own experts do):
+     * - local experts (st_engine_mb_run_local, or a test standing in for it): out, row t*kc+i =
+     *   E_{ids[t*kc+i]}(z_t); the engine combines them by the summation tree;
+     * - remote_experts: u, row t = the tree over token t's experts of fl(p·E_j(z_t)) + 0 (+0 for a
+     *   token without experts); the engine skips its combine. out is then the executor's scratch. */
+    float *out;         /* [T*kc, ew] */
+    float *u;           /* [T, ew] */
 } st_moe_work_t;
 
 st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out);

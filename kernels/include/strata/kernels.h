@@ -169,10 +169,24 @@ void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt,
 /* An expert server's distinct-rows dispatch expanded into its grouped order: dst [n, w] bf16, row r =
  * bf16(rows[src[r]]) (round to nearest even) of rows [n_in, w] fp32; a source ≥ n_in gives zeros. */
 void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n, int n_in, int w);
-/* u_t = Σ_{i<cnt[t]} p[t, i] · y_i in slot order, y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i].
- * u != NULL: u [T, l] = u_t, RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
+/* The combine's summation tree (docs/architecture.md, "Bit-exact expert results", rule 1), as the
+ * rule reads: n entries, ids [n] strictly ascending (a leaf's expert id, or a tree node's first
+ * leaf), rows v [n, l] fp32 (a leaf's row is fl(p·y) + 0). For h = 0, 1, ...: each adjacent pair
+ * whose ids agree above bit h merges into the lower one, v = fl(left + right), until one is left.
+ * Result in v[0] (n = 0: v untouched, the value is +0); v and ids are overwritten. */
+void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l);
+/* Weighted tree sums into output rows (an expert server's reply): out [n_out, l] fp32, row o = the
+ * tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0 with ids id[k] (strictly
+ * ascending within a row); y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]]. An empty row is
+ * +0. Per column, the stack form of strata/moe_tree.h (same bits as st_moe_tree_rows). */
+void st_moe_tree_reduce(float *out, const float *y, const uint32_t *off, const uint32_t *row, const uint32_t *id,
+                        const float *p, int n_out, int l);
+/* u_t = the tree over token t's slots i < cnt[t] (leaf id ids[t, i], ascending) of fl(p[t, i] · y_i) + 0,
+ * y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i]; p == NULL: yf [T, l] is u already (combined
+ * elsewhere: an attention worker's expert servers), only the epilogue runs. u != NULL: u [T, l] = u_t,
+ * RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
 void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
-                    const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
+                    const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
 
 /* ---------------- sampling (SPEC §9) ---------------- */
 typedef struct {
