@@ -1,0 +1,176 @@
+/* `strata eval`: teacher-forced held-out loss of a checkpoint on a text file — nats/token,
+ * bits/byte and next-token accuracy — on the CPU engine or, built with CUDA, the GPU engine.
+ * The protocol is tools/train/train.py's (heldout()): the text's ids (the checkpoint's tokenizer,
+ * specials off) are cut into windows of --ctx ids; a window is fed as BOS + its ids but the last,
+ * from a fresh sequence, and predicts its ids, so every id is predicted once. Windows run --batch
+ * at a time as separate sequences of one engine step. Not a benchmark: it reads every logit. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cli.h"
+#include "strata/engine.h"
+
+typedef struct {
+    double nll;          /* Σ −log p(target) */
+    long long n, correct;
+} eval_acc_t;
+
+/* One row: −log softmax(row)[target] in double, and whether target is the row's argmax (ties: the
+ * lower id, as the training code's argmax). */
+static void score_row(const float *row, int V, int target, eval_acc_t *a) {
+    int am = 0;
+    float mx = row[0];
+    for (int v = 1; v < V; v++)
+        if (row[v] > mx) mx = row[v], am = v;
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += exp((double)row[v] - (double)mx);
+    a->nll += log(sum) - ((double)row[target] - (double)mx);
+    a->correct += am == target;
+    a->n++;
+}
+
+static int pos_int(const char *flag, const char *v, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < 1 || x > hi) {
+        fprintf(stderr, "strata eval: %s takes an integer 1..%d (got '%s')\n", flag, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int st_cmd_eval(int argc, char **argv) {
+    const char *ckdir = NULL, *path = NULL;
+    int ctx = 512, batch = 8, json = 0;
+    st_engine_opts_t eo;
+    st_engine_opts_default(&eo);
+    for (int i = 0; i < argc; i++) {
+        const char *v;
+        if ((v = st_cli_opt(argc, argv, &i, "--ckpt"))) ckdir = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--text"))) path = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--ctx"))) { if (pos_int("--ctx", v, 1 << 20, &ctx)) return 2; }
+        else if ((v = st_cli_opt(argc, argv, &i, "--batch"))) { if (pos_int("--batch", v, 4096, &batch)) return 2; }
+        else if ((v = st_cli_opt(argc, argv, &i, "--device"))) {
+            char *end = NULL;
+            if (!strcmp(v, "cpu")) eo.device = -1;
+            else if (!strncmp(v, "cuda:", 5) && (eo.device = (int)strtol(v + 5, &end, 10)) >= 0 && end != v + 5 && !*end) {}
+            else { fprintf(stderr, "strata eval: --device must be cpu or cuda:N\n"); return 2; }
+        } else if ((v = st_cli_opt(argc, argv, &i, "--routing"))) {
+            if (!strcmp(v, "topk")) eo.routing = ST_ROUTE_TOPK;
+            else { fprintf(stderr, "strata eval: --routing: only topk (the checkpoint's own routing)\n"); return 2; }
+        } else if (!strcmp(argv[i], "--json")) json = 1;
+        else { fprintf(stderr, "strata eval: unknown option %s\n", argv[i]); return 2; }
+    }
+    if (!ckdir || !path) {
+        fprintf(stderr, "strata eval: need --ckpt DIR and --text FILE\n");
+        return 2;
+    }
+    int rc = 1;
+    char *text = NULL;
+    size_t len = 0;
+    st_tok_ids_t ids = {0};
+    st_tokenizer_t *tk = NULL;
+    st_ckpt_t *ck = NULL;
+    st_engine_t *e = NULL;
+    float *logits = NULL;
+    int *toks = NULL;
+    st_seq_chunk_t *chunks = NULL;
+    if (st_file_read_all(path, &text, &len) != ST_OK) {
+        fprintf(stderr, "strata eval: %s\n", st_err_last());
+        return 1;
+    }
+    st_tokenizer_opts_t to = {.quiet = true};
+    if (st_tokenizer_load(&tk, ckdir, &to) != ST_OK || st_tokenizer_encode(tk, text, len, 0, &ids) != ST_OK) {
+        fprintf(stderr, "strata eval: %s\n", st_err_last());
+        goto out;
+    }
+    if (ids.n == 0) {
+        fprintf(stderr, "strata eval: %s has no tokens\n", path);
+        goto out;
+    }
+    if (st_ckpt_open(&ck, ckdir) != ST_OK) {
+        fprintf(stderr, "strata eval: %s\n", st_err_last());
+        goto out;
+    }
+    const st_config_t *c = st_ckpt_config(ck);
+    int bos = st_tokenizer_bos(tk) >= 0 ? st_tokenizer_bos(tk) : c->bos_id, V = c->vocab;
+    if (bos < 0) {
+        fprintf(stderr, "strata eval: %s names no BOS token (config.json bos_token_id)\n", ckdir);
+        goto out;
+    }
+    size_t n_win = (ids.n + (size_t)ctx - 1) / (size_t)ctx;
+    if ((size_t)batch > n_win) batch = (int)n_win;
+    eo.max_seqs = batch;
+    eo.max_ctx = ctx;
+    eo.max_batch_tokens = batch * ctx;
+    if (st_engine_create(&e, ck, &eo) != ST_OK) {
+        fprintf(stderr, "strata eval: %s\n", st_err_last());
+        goto out;
+    }
+    logits = malloc((size_t)batch * (size_t)ctx * (size_t)V * sizeof(float));
+    toks = malloc((size_t)batch * (size_t)ctx * sizeof(int));
+    chunks = calloc((size_t)batch, sizeof *chunks);
+    if (!logits || !toks || !chunks) {
+        fprintf(stderr, "strata eval: no memory for %d windows of %d tokens\n", batch, ctx);
+        goto out;
+    }
+    eval_acc_t acc = {0};
+    double t0 = st_time_sec();
+    for (size_t w0 = 0; w0 < n_win; w0 += (size_t)batch) {
+        int nb = (int)ST_MIN((size_t)batch, n_win - w0);
+        for (int i = 0; i < nb; i++) {
+            size_t s = (w0 + (size_t)i) * (size_t)ctx;
+            int n = (int)ST_MIN((size_t)ctx, ids.n - s);
+            int *t = toks + (size_t)i * ctx;
+            t[0] = bos;
+            for (int j = 1; j < n; j++) t[j] = ids.ids[s + (size_t)j - 1];
+            if (st_engine_seq_open(e, &chunks[i].slot) != ST_OK) {
+                fprintf(stderr, "strata eval: %s\n", st_err_last());
+                goto out;
+            }
+            chunks[i].n_tokens = n, chunks[i].tokens = t, chunks[i].all_logits = true, chunks[i].argmax = NULL;
+        }
+        st_status_t s = st_engine_step(e, chunks, nb, logits);
+        for (int i = 0; i < nb; i++) st_engine_seq_close(e, chunks[i].slot);
+        if (s != ST_OK) {
+            fprintf(stderr, "strata eval: %s\n", st_err_last());
+            goto out;
+        }
+        const float *row = logits;
+        for (int i = 0; i < nb; i++) {
+            size_t base = (w0 + (size_t)i) * (size_t)ctx;
+            for (int j = 0; j < chunks[i].n_tokens; j++, row += V) {
+                if (!isfinite(row[0])) {
+                    fprintf(stderr, "strata eval: non-finite logits at token %zu\n", base + (size_t)j);
+                    goto out;
+                }
+                score_row(row, V, ids.ids[base + (size_t)j], &acc);
+            }
+        }
+    }
+    double dt = st_time_sec() - t0, npt = acc.nll / (double)acc.n, bpb = acc.nll / log(2.0) / (double)len;
+    double accuracy = (double)acc.correct / (double)acc.n;
+    if (json)
+        printf("{\"tokens\": %lld, \"bytes\": %zu, \"ctx\": %d, \"nats_per_token\": %.6f, \"bits_per_byte\": %.6f, "
+               "\"accuracy\": %.6f}\n",
+               acc.n, len, ctx, npt, bpb, accuracy);
+    else
+        printf("tokens %lld (%zu bytes, %zu windows of %d)\nnats/token %.4f\nbits/byte %.4f\naccuracy %.4f\n", acc.n,
+               len, n_win, ctx, npt, bpb, accuracy);
+    fprintf(stderr, "strata eval: %lld tokens in %.2f s (%.0f tokens/s, %s)\n", acc.n, dt, acc.n / (dt > 0 ? dt : 1),
+            eo.device >= 0 ? "GPU" : "CPU");
+    rc = 0;
+out:
+    free(chunks);
+    free(toks);
+    free(logits);
+    st_engine_destroy(e);
+    st_ckpt_close(ck);
+    st_tok_ids_free(&ids);
+    st_tokenizer_destroy(tk);
+    free(text);
+    return rc;
+}
