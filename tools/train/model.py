@@ -142,13 +142,13 @@ PRESETS = {
         routed_expert_hidden_size=64, bos_token_id=256, eos_token_id=257),
     # The main model: 8k-rank BPE + 256 Kimi control ids; ~10-30M parameters (train.py prints it).
     "main": dict(
-        hidden_size=384, num_hidden_layers=8, vocab_size=8192 + 256, intermediate_size=1024,
-        linear_attn_config=dict(num_heads=6, head_dim=64, short_conv_kernel_size=4, gate_lower_bound=-5.0,
+        hidden_size=320, num_hidden_layers=8, vocab_size=8192 + 256, intermediate_size=768,
+        linear_attn_config=dict(num_heads=5, head_dim=64, short_conv_kernel_size=4, gate_lower_bound=-5.0,
                                 use_full_rank_gate=True, full_attn_layers=_mla_every_4th(8)),
-        f_rank=64, num_attention_heads=6, q_lora_rank=192, kv_lora_rank=128, qk_nope_head_dim=64,
+        f_rank=64, num_attention_heads=5, q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=64,
         qk_rope_head_dim=32, v_head_dim=64, attn_res_block_size=4, first_k_dense_replace=1,
-        num_experts=32, num_experts_per_token=4, num_shared_experts=1, moe_intermediate_size=192,
-        routed_expert_hidden_size=192, bos_token_id=8192, eos_token_id=8194),
+        num_experts=32, num_experts_per_token=4, num_shared_experts=1, moe_intermediate_size=96,
+        routed_expert_hidden_size=160, bos_token_id=8192, eos_token_id=8194),
 }
 
 

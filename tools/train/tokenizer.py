@@ -126,10 +126,23 @@ class BpeTokenizer:
             json.dump(cfg, f, indent=2)
 
 
+# sha256 of the rank files OpenAI publishes (tiktoken_ext/openai_public.py expected_hash)
+OPENAI_RANK_SHA256 = {
+    "cl100k_base.tiktoken": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base.tiktoken": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+
+
 def load(spec):
-    """'bytes', or 'bpe:RANKFILE:N' (the first N ranks of a tiktoken rank file)."""
+    """'bytes', or 'bpe:RANKFILE:N' (the first N ranks of a tiktoken rank file; an OpenAI file is
+    checked against OpenAI's published sha256)."""
     if spec == "bytes":
         return ByteTokenizer()
     kind, path, n = spec.split(":")
     assert kind == "bpe"
+    want = OPENAI_RANK_SHA256.get(os.path.basename(path))
+    if want:
+        import hashlib
+        got = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        assert got == want, f"{path}: sha256 {got} is not OpenAI's {want}"
     return BpeTokenizer.from_tiktoken_file(path, int(n))
