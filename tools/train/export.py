@@ -42,14 +42,14 @@ def mxfp4_quantize(w):
     """w [..., cols] (cols % 32 == 0) → codes uint8 [..., cols/2] (column 2j in the low nibble),
     E8M0 scales uint8 [..., cols/32]. Scale: the smallest power of two with amax <= 6·2^e; codes:
     nearest E2M1 value, ties to the smaller magnitude."""
-    w = w.float().cpu()
+    w = w.float()
     cols = w.shape[-1]
     assert cols % 32 == 0
     g = w.reshape(*w.shape[:-1], cols // 32, 32)
     amax = g.abs().amax(-1)
     e = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.zeros_like(amax)).clamp(-127, 127)
     x = g / torch.pow(2.0, e).unsqueeze(-1)
-    mag = (x.abs().unsqueeze(-1) > _MID).sum(-1)                  # 0..7
+    mag = (x.abs().unsqueeze(-1) > _MID.to(x.device)).sum(-1)     # 0..7
     code = mag | ((x < 0) & (mag > 0)).to(mag.dtype) * 8
     code = code.reshape(*w.shape[:-1], cols).to(torch.uint8)
     packed = code[..., 0::2] | (code[..., 1::2] << 4)
@@ -59,7 +59,7 @@ def mxfp4_quantize(w):
 def mxfp4_dequantize(packed, scales, cols):
     lo, hi = packed & 15, packed >> 4
     code = torch.stack([lo, hi], -1).reshape(*packed.shape[:-1], cols).long()
-    v = E2M1[code & 7] * torch.where(code >= 8, -1.0, 1.0)
+    v = E2M1.to(packed.device)[code & 7] * (1.0 - 2.0 * (code >= 8).float())
     mul = torch.pow(2.0, scales.float() - 127).repeat_interleave(32, -1)
     return v * mul
 

@@ -46,6 +46,7 @@ def windows(ids, ctx, bos):
 @torch.no_grad()
 def heldout(m, ids, nbytes, ctx, batch=8):
     m.eval()
+    dev = next(m.parameters()).device
     nll, correct, n = 0.0, 0, 0
     ws = windows(ids, ctx, m.c.bos_token_id)
     for b in range(0, len(ws), batch):
@@ -54,8 +55,8 @@ def heldout(m, ids, nbytes, ctx, batch=8):
         for inp, tgt in group:  # windows of one length go in one batch (only the last is shorter)
             by_len.setdefault(len(inp), []).append((inp, tgt))
         for L, g in by_len.items():
-            x = torch.tensor([a for a, _ in g])
-            y = torch.tensor([t for _, t in g])
+            x = torch.tensor([a for a, _ in g], device=dev)
+            y = torch.tensor([t for _, t in g], device=dev)
             logits = m(x).double()
             lp = torch.log_softmax(logits, -1)
             nll -= lp.gather(-1, y.unsqueeze(-1)).sum().item()
@@ -151,6 +152,8 @@ def train(a):
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
+    if dev.type == "cuda":  # training matmuls in TF32; the stored numbers are computed without it
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     tok = tokmod.load(a.tokenizer)
     pre = dict(M.PRESETS[a.preset])
     c = M.Config(**pre)
@@ -222,6 +225,7 @@ def train(a):
                 f"elapsed {time.time() - t_train:.0f}s tok/s {(step + 1) * a.batch * a.seq / (time.time() - t_train):.0f}")
         if a.eval_every and step % a.eval_every == 0 and step > 0:
             r = heldout(m, held_ids[:a.eval_every_tokens], 1, a.seq)
+            m.train()
             evals.append((step, r["nats_per_token"]))
             say(f"step {step} held-out (first {len(held_ids[:a.eval_every_tokens])} tokens) {r['nats_per_token']:.4f}")
         step += 1
@@ -232,7 +236,12 @@ def train(a):
     stored = export.load(a.out)
     with open(os.path.join(a.out, "heldout.txt"), "w", encoding="utf-8") as f:
         f.write(held_text)
-    r = heldout(stored, held_ids, len(held_text.encode()), a.eval_ctx)
+    # NOTE: the stored numbers are fp32 (no TF32 on the GPU): they are what strata eval must match
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    r = heldout(stored.to(dev), held_ids, len(held_text.encode()), a.eval_ctx)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    stored = stored.cpu()
     r["text"] = "heldout.txt"
     with open(os.path.join(a.out, "heldout.json"), "w") as f:
         json.dump(r, f, indent=2)
