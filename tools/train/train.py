@@ -81,6 +81,18 @@ def batch_of(data, B, T, bos, gen):
     return inp, x
 
 
+def chat_rows(samples, n, T, bos, gen):
+    """n rows of T targets packed from random chat samples (chat.py), each row fed after BOS."""
+    rows = []
+    for _ in range(n):
+        r = []
+        while len(r) < T:
+            r.extend(samples[int(torch.randint(0, len(samples), (1,), generator=gen))])
+        rows.append(r[:T])
+    x = torch.tensor(rows, dtype=torch.long)
+    return torch.cat([torch.full((n, 1), bos, dtype=torch.long), x[:, :-1]], 1), x
+
+
 def plot(path, steps, losses, evals):
     import matplotlib
     matplotlib.use("Agg")
@@ -172,6 +184,13 @@ def train(a):
         j = held_text.find("\n\n", a.heldout_chars)
         held_text = held_text[:j if j > 0 else a.heldout_chars]
     data = torch.tensor(tok.encode(train_text), dtype=torch.long)
+    chat_samples = []
+    if a.chat_frac > 0 and tok.kind == "bpe":
+        import chat
+        chat_samples = chat.samples(tok, train_text, a.seed)
+        assert chat_samples, "--chat-frac: the corpus has no dictionary entries for chat.py"
+        say(f"chat: {len(chat_samples)} one-turn exchanges in K3's chat format (chat.py), "
+            f"{a.chat_frac:.0%} of every batch's rows")
     held_ids = tok.encode(held_text)
     say(f"corpus: {len(train_text.encode())} bytes -> {len(data)} training tokens; held-out {len(held_ids)} tokens "
         f"({time.time() - t0:.0f} s to tokenize)")
@@ -207,6 +226,9 @@ def train(a):
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = batch_of(data, a.batch, a.seq, c.bos_token_id, gen)
+        n_chat = int(round(a.batch * a.chat_frac)) if chat_samples else 0
+        if n_chat:
+            x[:n_chat], y[:n_chat] = chat_rows(chat_samples, n_chat, a.seq, c.bos_token_id, gen)
         x, y = x.to(dev), y.to(dev)
         m.train()
         logits = m(x)
@@ -282,6 +304,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
     ap.add_argument("--qat-frac", type=float, default=0.15)
+    ap.add_argument("--chat-frac", type=float, default=0.1,
+                    help="BPE models: share of each batch's rows that are chat-format exchanges (chat.py)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=1)
