@@ -38,7 +38,7 @@ static void usage(void) {
             "      [--routing topk|quantile] [--ignore-eos] [--print-tokens] [--device cpu|cuda:N]\n"
             "      [--routing-out FILE] [--routing-in FILE]   (write / replay the expert ids chosen per MoE layer\n"
             "       and position: text, version 1, format in README.md)\n"
-            "  eval --ckpt DIR --text FILE [--ctx N (512)] [--batch WINDOWS (8)] [--device cpu|cuda:N] [--json]\n"
+            "  eval --ckpt DIR --text FILE [--ctx N (512)] [--batch WINDOWS (8)] [--device cpu|cuda:N] [--routing topk|quantile] [--json]\n"
             "      (held-out loss: nats/token, bits/byte, next-token accuracy; teacher-forced, tools/train's protocol)\n"
             "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--min-mb-tokens N] [--state DIR]\n"

@@ -2,7 +2,8 @@
 # `strata eval` on the tiny trained checkpoint (models/tiny-bytes): its held-out nats/token,
 # bits/byte and next-token accuracy on the stored held-out text agree with the training code's
 # (heldout.json, PyTorch fp32 on the stored weights) to 1e-3; the numbers do not depend on how many
-# windows share an engine step; bad arguments are clear errors, not crashes.
+# windows share an engine step; --routing quantile balances the trained router's expert loads;
+# bad arguments are clear errors, not crashes.
 # usage: test_eval_tiny.sh CKPT_DIR
 set -u
 bin=${STRATA_BIN:?}/strata
@@ -34,6 +35,21 @@ head -c 3000 "$ck/heldout.txt" >"$tmp/part.txt"
 "$bin" eval --ckpt "$ck" --text "$tmp/part.txt" --ctx 64 --batch 16 --json >"$tmp/p16.json" 2>/dev/null
 check "one window per step and sixteen per step give the same numbers" \
   "[ -s $tmp/p1.json ] && python3 -c '$cmp' $tmp/p1.json $tmp/p16.json 1e-9"
+
+# quantile routing (SPEC §7) with thresholds settled on the text: the balance goal on a trained
+# router, at a loss cost under 0.02 nats/token (issue 18 item 5's figures, on the tiny model)
+head -c 4000 "$ck/heldout.txt" >"$tmp/q.txt"
+"$bin" eval --ckpt "$ck" --text "$tmp/q.txt" --ctx 256 --routing quantile --json >"$tmp/q.json" 2>/dev/null
+"$bin" eval --ckpt "$ck" --text "$tmp/q.txt" --ctx 256 --json >"$tmp/t.json" 2>/dev/null
+cat "$tmp/q.json"
+qchk='import json,sys
+q=json.load(open(sys.argv[1])); t=json.load(open(sys.argv[2]))
+ok = abs(q["topk_nats_per_token"]-t["nats_per_token"]) <= 1e-9 and t["load_max_over_target"] == q["topk_load_max_over_target"]
+ok = ok and q["topk_load_max_over_target"] > 1.3 and 0.9 <= q["load_min_over_target"] <= q["load_max_over_target"] <= 1.1
+ok = ok and abs(q["delta_nats_per_token"] - (q["nats_per_token"]-q["topk_nats_per_token"])) < 1e-5 and q["delta_nats_per_token"] < 0.02
+sys.exit(0 if ok else 1)'
+check "quantile routing: top-k pass = a top-k eval; loads within (k/n)N ±10% where top-k is >1.3x; cost < 0.02 nats/token" \
+  "[ -s $tmp/q.json ] && python3 -c '$qchk' $tmp/q.json $tmp/t.json"
 
 "$bin" eval --ckpt "$ck" >/dev/null 2>"$tmp/e1"; rc=$?
 check "no --text: usage error (exit 2)" "[ $rc = 2 ] && grep -q 'need --ckpt DIR and --text FILE' $tmp/e1"
