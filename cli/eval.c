@@ -22,17 +22,20 @@ typedef struct {
 } eval_acc_t;
 
 /* One row: −log softmax(row)[target] in double, and whether target is the row's argmax (ties: the
- * lower id, as the training code's argmax). */
-static void score_row(const float *row, int V, int target, eval_acc_t *a) {
+ * lower id, as the training code's argmax). -1 (nothing added) when a logit is NaN or Inf. */
+static int score_row(const float *row, int V, int target, eval_acc_t *a) {
     int am = 0;
     float mx = row[0];
-    for (int v = 1; v < V; v++)
+    for (int v = 0; v < V; v++) {
+        if (!isfinite(row[v])) return -1;
         if (row[v] > mx) mx = row[v], am = v;
+    }
     double sum = 0;
     for (int v = 0; v < V; v++) sum += exp((double)row[v] - (double)mx);
     a->nll += log(sum) - ((double)row[target] - (double)mx);
     a->correct += am == target;
     a->n++;
+    return 0;
 }
 
 /* Route observer: per-(layer, expert) token counts; while recording, every token's scores. */
@@ -93,6 +96,44 @@ static void load_stats(const eval_obs_t *o, long long n_tok, double *mx, double 
             *mx = fmax(*mx, r), *mn = fmin(*mn, r);
         }
     }
+}
+
+/* One teacher-forced pass over the text's windows, `batch` windows per engine step; 0, or -1 with the
+ * error printed. toks [batch·ctx], chunks [batch], logits [batch·ctx·V]: the caller's buffers. */
+static int run_pass(st_engine_t *e, const st_tok_ids_t *ids, int bos, int ctx, int batch, int V, int *toks,
+                    st_seq_chunk_t *chunks, float *logits, eval_acc_t *acc) {
+    size_t n_win = (ids->n + (size_t)ctx - 1) / (size_t)ctx;
+    *acc = (eval_acc_t){0};
+    for (size_t w0 = 0; w0 < n_win; w0 += (size_t)batch) {
+        int nb = (int)ST_MIN((size_t)batch, n_win - w0), opened = 0;
+        st_status_t s = ST_OK;
+        for (int i = 0; i < nb && s == ST_OK; i++) {
+            size_t s0 = (w0 + (size_t)i) * (size_t)ctx;
+            int n = (int)ST_MIN((size_t)ctx, ids->n - s0);
+            int *t = toks + (size_t)i * ctx;
+            t[0] = bos;
+            for (int j = 1; j < n; j++) t[j] = ids->ids[s0 + (size_t)j - 1];
+            chunks[i] = (st_seq_chunk_t){.n_tokens = n, .tokens = t, .all_logits = true};
+            if ((s = st_engine_seq_open(e, &chunks[i].slot)) == ST_OK) opened++;
+        }
+        if (s == ST_OK) s = st_engine_step(e, chunks, nb, logits);
+        for (int i = 0; i < opened; i++) st_engine_seq_close(e, chunks[i].slot);
+        if (s != ST_OK) {
+            fprintf(stderr, "strata eval: %s\n", st_err_last());
+            return -1;
+        }
+        const float *row = logits;
+        for (int i = 0; i < nb; i++) {
+            size_t base = (w0 + (size_t)i) * (size_t)ctx;
+            for (int j = 0; j < chunks[i].n_tokens; j++, row += V) {
+                if (score_row(row, V, ids->ids[base + (size_t)j], acc) != 0) {
+                    fprintf(stderr, "strata eval: non-finite logits at token %zu\n", base + (size_t)j);
+                    return -1;
+                }
+            }
+        }
+    }
+    return 0;
 }
 
 static int pos_int(const char *flag, const char *v, int hi, int *out) {
@@ -211,48 +252,15 @@ int st_cmd_eval(int argc, char **argv) {
     double mx[2] = {0}, mn[2] = {0};
     double t0 = st_time_sec();
     for (int pass = 0; pass <= quantile; pass++) {
-    eval_acc_t acc = {0};
-    if (pass == 1) { /* settled thresholds from pass 0's scores; loads counted afresh */
-        calibrate(&obs, tau, col);
-        st_engine_set_thresholds(e, tau, 1);
-        free(obs.scores);
-        obs.scores = NULL;
-        memset(obs.load, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *obs.load);
-    }
-    for (size_t w0 = 0; w0 < n_win; w0 += (size_t)batch) {
-        int nb = (int)ST_MIN((size_t)batch, n_win - w0);
-        for (int i = 0; i < nb; i++) {
-            size_t s = (w0 + (size_t)i) * (size_t)ctx;
-            int n = (int)ST_MIN((size_t)ctx, ids.n - s);
-            int *t = toks + (size_t)i * ctx;
-            t[0] = bos;
-            for (int j = 1; j < n; j++) t[j] = ids.ids[s + (size_t)j - 1];
-            if (st_engine_seq_open(e, &chunks[i].slot) != ST_OK) {
-                fprintf(stderr, "strata eval: %s\n", st_err_last());
-                goto out;
-            }
-            chunks[i].n_tokens = n, chunks[i].tokens = t, chunks[i].all_logits = true, chunks[i].argmax = NULL;
+        if (pass == 1) { /* settled thresholds from pass 0's scores; loads counted afresh */
+            calibrate(&obs, tau, col);
+            st_engine_set_thresholds(e, tau, 1);
+            free(obs.scores);
+            obs.scores = NULL;
+            memset(obs.load, 0, (size_t)c->n_layers * (size_t)c->n_experts * sizeof *obs.load);
         }
-        st_status_t s = st_engine_step(e, chunks, nb, logits);
-        for (int i = 0; i < nb; i++) st_engine_seq_close(e, chunks[i].slot);
-        if (s != ST_OK) {
-            fprintf(stderr, "strata eval: %s\n", st_err_last());
-            goto out;
-        }
-        const float *row = logits;
-        for (int i = 0; i < nb; i++) {
-            size_t base = (w0 + (size_t)i) * (size_t)ctx;
-            for (int j = 0; j < chunks[i].n_tokens; j++, row += V) {
-                if (!isfinite(row[0])) {
-                    fprintf(stderr, "strata eval: non-finite logits at token %zu\n", base + (size_t)j);
-                    goto out;
-                }
-                score_row(row, V, ids.ids[base + (size_t)j], &acc);
-            }
-        }
-    }
-    res[pass] = acc;
-    if (c->n_experts > 0) load_stats(&obs, acc.n, &mx[pass], &mn[pass]);
+        if (run_pass(e, &ids, bos, ctx, batch, V, toks, chunks, logits, &res[pass]) != 0) goto out;
+        if (c->n_experts > 0) load_stats(&obs, res[pass].n, &mx[pass], &mn[pass]);
     }
     eval_acc_t acc = res[quantile];
     double dt = st_time_sec() - t0, npt = acc.nll / (double)acc.n, bpb = acc.nll / log(2.0) / (double)len;
