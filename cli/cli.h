@@ -22,6 +22,7 @@ int st_cli_parse_ids(const char *s, int *ids, int max);
 int st_cmd_ckpt(int argc, char **argv);
 int st_cmd_run(int argc, char **argv);
 int st_cmd_tokenize(int argc, char **argv); /* tokenize.c */
+int st_cmd_eval(int argc, char **argv);     /* eval.c */
 /* local cluster (cluster.c) and its client (generate.c) */
 int st_cmd_up(int argc, char **argv);
 int st_cmd_down(int argc, char **argv);

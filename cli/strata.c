@@ -38,6 +38,8 @@ static void usage(void) {
             "      [--routing topk|quantile] [--ignore-eos] [--print-tokens] [--device cpu|cuda:N]\n"
             "      [--routing-out FILE] [--routing-in FILE]   (write / replay the expert ids chosen per MoE layer\n"
             "       and position: text, version 1, format in README.md)\n"
+            "  eval --ckpt DIR --text FILE [--ctx N (512)] [--batch WINDOWS (8)] [--device cpu|cuda:N] [--routing topk|quantile] [--json]\n"
+            "      (held-out loss: nats/token, bits/byte, next-token accuracy; teacher-forced, tools/train's protocol)\n"
             "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--min-mb-tokens N] [--state DIR]\n"
             "     [--attn-device cpu|cuda:N] [--expert-device cpu|cuda:N]   (passed to strata-attn / strata-expert as --device)\n"
@@ -123,6 +125,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "config")) return cmd_config(argc - 2, argv + 2);
     if (!strcmp(argv[1], "ckpt")) return st_cmd_ckpt(argc - 2, argv + 2);
     if (!strcmp(argv[1], "run")) return st_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "eval")) return st_cmd_eval(argc - 2, argv + 2);
     if (!strcmp(argv[1], "tokenize")) return st_cmd_tokenize(argc - 2, argv + 2);
 #ifdef STRATA_WITH_CLUSTER
     if (!strcmp(argv[1], "up")) return st_cmd_up(argc - 2, argv + 2);
