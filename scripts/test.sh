@@ -3,7 +3,7 @@
 # then every libFuzzer harness for a bounded time (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh --test
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 echo "== release build"
 BUILD_DIR=build bash scripts/build.sh

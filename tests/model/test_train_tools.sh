@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# tools/train end to end on a machine with PyTorch (exit 77 where no Python has torch: CI's
-# default image has none; the trained checkpoints' own checks are test_trained_logits and
-# test_eval_tiny): model.py's self-test (chunked KDA = the recurrence), two training steps of the
+# tools/train end to end with PyTorch (scripts/deps.sh --test installs Debian's; exit 77 only where no
+# Python has torch; the trained checkpoints' own checks are test_trained_logits and test_eval_tiny): model.py's self-test (chunked KDA = the recurrence), two training steps of the
 # tiny preset on text from this repository, export, and the exported folder read by strata: the CPU
 # engine's logits against the PyTorch forward of the stored weights (test_trained_logits) and
 # `strata eval` against the training code's held-out numbers. With the o200k_base rank file of
