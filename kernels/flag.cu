@@ -3,8 +3,6 @@
  * watchdog that lets a stream or graph drain. C twins: kernels/flag.c (st_flag_signal, st_flag_wait). */
 #include "cuda_common.cuh"
 
-#include "strata/kernels.h"
-
 /* NOTE: system scope throughout: the peer is another process (another GPU, or the CPU through mapped
  * host memory), so device-scope ordering would not do. */
 __device__ __forceinline__ uint32_t flag_ld_acquire(const uint32_t *p) {

@@ -343,6 +343,7 @@ st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16
  * stores ST_FLAG_ERR_TIMEOUT into *err (the watchdog: the stream, or a graph, drains instead of
  * hanging; the caller reads *err after the work and fails it). A wait returns at once while *err != 0.
  * timeout_ns 0 is refused (every wait is bounded). */
+#define ST_FLAG_ERR_TIMEOUT 1u /* as in strata/kernels.h */
 st_status_t st_cuda_flag_signal(const st_gpu_stream_t *s, uint32_t *flag, uint32_t seq, const uint32_t *epoch);
 st_status_t st_cuda_flag_wait(const st_gpu_stream_t *s, const uint32_t *flag, uint32_t seq, const uint32_t *epoch,
                               uint64_t timeout_ns, uint32_t *err);
