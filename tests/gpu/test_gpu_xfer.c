@@ -118,7 +118,7 @@ static int child(int rd, int wr) {
     fails += *err != 0;
     char done = 'd';
     write_all(wr, &done, 1);
-    read_all(rd, &done, 1); /* the parent is done with our regions */
+    read_all(rd, &done, 1); /* the parent unmapped our regions */
     st_xfer_region_destroy(ring);
     st_xfer_region_destroy(a);
     st_xfer_region_destroy(b);
@@ -235,12 +235,13 @@ int main(void) {
     OK(st_xfer_signal_host(ring, F_DOWN, 1));
     char done = 0;
     read_all(c2p[0], &done, 1);
+    /* our mappings of the child's memory go before the child frees it */
+    st_xfer_region_destroy(ring);
+    st_xfer_region_destroy(b);
     write_all(p2c[1], &done, 1);
     int status = 0;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exit %d", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    st_xfer_region_destroy(ring);
-    st_xfer_region_destroy(b);
     st_xfer_region_destroy(a);
     st_gpu_free(src), st_gpu_free(chk), st_gpu_free(epoch), st_gpu_host_free(err);
     free(h);
