@@ -378,6 +378,10 @@ static st_status_t aborted_status(st_xfer_region_t *r) {
 }
 
 st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms) {
+    return st_xfer__wait_host(r, flag_off, seq, timeout_ms, false);
+}
+
+st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms, bool quiet) {
     st_status_t rc = flag_check(r, flag_off, "wait");
     if (rc) return rc;
     if (timeout_ms <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "xfer wait: timeout %d ms (every wait is bounded)", timeout_ms);
@@ -390,6 +394,8 @@ st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq
         if (__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE)) return aborted_status(r);
         if ((rc = peer_check(r)) != ST_OK) return rc;
         uint64_t now = st_time_ns();
+        if (now >= deadline && quiet) /* an idle poll's timeout: recorded, logged at DEBUG only */
+            return ST_REJECT(ST_ERR_TIMEOUT, "xfer wait: nothing from %s within %d ms", label_of(r), timeout_ms);
         if (now >= deadline)
             return ST_FAIL(ST_ERR_TIMEOUT, "xfer wait: %s did not signal within %d ms (flag at %zu is %u, want %u)",
                            label_of(r), timeout_ms, flag_off, __atomic_load_n(f, __ATOMIC_ACQUIRE), seq);

@@ -78,6 +78,53 @@ st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq
 /* Non-blocking: true when the flag at flag_off reached seq now. */
 bool st_xfer_test_host(const st_xfer_region_t *r, size_t flag_off, uint32_t seq);
 
+/* ---- channels: request/reply slots in one HOST region (the same-host data path) ----
+ * The serving side (an expert server) creates a channel of n_slots slots, each holding one request
+ * (a header of up to ST_XFER_MSG_HDR bytes + up to req_cap payload bytes) and its reply (header +
+ * up to rep_cap bytes), plus a doorbell; the client (an attention worker) opens it from the handle.
+ * The client writes a request's payload straight into st_xfer_chan_req_buf and posts it; the
+ * server's thread waits on the doorbell (st_xfer_chan_next), reads the request in place, writes the
+ * reply straight into st_xfer_chan_rep_buf and answers; the client waits on that slot's reply. No
+ * copy besides the two headers, no thread hand-off. One posting thread and one serving thread per
+ * channel; a slot is posted again only after its reply was taken (or the channel is dropped).
+ * Lengths written by the peer are checked against the caps before a view is returned; views stay
+ * valid until the slot is posted (request) or answered (reply) again. */
+#define ST_XFER_MSG_HDR 128u
+#define ST_XFER_CHAN_MAX_SLOTS 1024u
+typedef struct st_xfer_chan st_xfer_chan_t;
+typedef struct {
+    const void *hdr;
+    size_t hdr_len;
+    const void *payload;
+    size_t len;
+} st_xfer_msg_t;
+st_status_t st_xfer_chan_create(uint32_t n_slots, size_t req_cap, size_t rep_cap, st_xfer_chan_t **out);
+st_status_t st_xfer_chan_export(const st_xfer_chan_t *c, uint8_t handle[ST_XFER_HANDLE_BYTES]);
+/* Refuses what st_xfer_region_open refuses, and a region whose channel layout does not fit it. */
+st_status_t st_xfer_chan_open(const uint8_t *handle, size_t len, st_xfer_chan_t **out);
+void st_xfer_chan_destroy(st_xfer_chan_t *c); /* NULL is fine; no wait may be running */
+void st_xfer_chan_label(st_xfer_chan_t *c, const char *label);
+/* Any thread (a transport's loss callback, a stop): present and future waits end with ST_ERR_PEER. */
+void st_xfer_chan_abort(st_xfer_chan_t *c, const char *why);
+uint32_t st_xfer_chan_slots(const st_xfer_chan_t *c);
+size_t st_xfer_chan_req_cap(const st_xfer_chan_t *c);
+size_t st_xfer_chan_rep_cap(const st_xfer_chan_t *c);
+/* client */
+void *st_xfer_chan_req_buf(st_xfer_chan_t *c, uint32_t slot);
+st_status_t st_xfer_chan_post(st_xfer_chan_t *c, uint32_t slot, const void *hdr, size_t hdr_len, size_t len);
+/* ST_OK with the reply in *m; ST_ERR_TIMEOUT / ST_ERR_PEER as st_xfer_wait_host; ST_ERR_PROTOCOL when
+ * the reply's lengths exceed the caps. The slot is free again whatever the outcome. */
+st_status_t st_xfer_chan_wait_reply(st_xfer_chan_t *c, uint32_t slot, int timeout_ms, st_xfer_msg_t *m);
+/* server: the next posted request (*slot, *m), waiting up to timeout_ms; a timeout here is an idle
+ * poll (ST_ERR_TIMEOUT, logged at DEBUG only). */
+st_status_t st_xfer_chan_next(st_xfer_chan_t *c, int timeout_ms, uint32_t *slot, st_xfer_msg_t *m);
+void *st_xfer_chan_rep_buf(st_xfer_chan_t *c, uint32_t slot);
+st_status_t st_xfer_chan_reply(st_xfer_chan_t *c, uint32_t slot, const void *hdr, size_t hdr_len, size_t len);
+/* Same host? This machine's boot id (/proc/sys/kernel/random/boot_id): two processes whose ids differ
+ * cannot share memory; equal ids still need st_xfer_chan_open to succeed (containers may not share
+ * /dev/shm), else the peer stays on the network path. out: 37 bytes (36 + NUL). */
+st_status_t st_xfer_host_id(char out[37]);
+
 /* ---- stream-ordered operations (CUDA build; capturable in a CUDA graph) ----
  * HOST regions must be st_xfer_region_gpu_map'ped first.
  * epoch (optional, device or mapped memory): added to seq at run time, so a replayed graph uses new
