@@ -173,6 +173,14 @@ st_status_t st_xfer_chan_wait_reply(st_xfer_chan_t *c, uint32_t slot, int timeou
     return rc ? rc : view(c, slot, true, m);
 }
 
+bool st_xfer_chan_reply_in(const st_xfer_chan_t *c, uint32_t slot) {
+    return slot >= c->n || !c->pending[slot] || st_xfer_test_host(c->r, rep_flag(slot), c->count[slot]);
+}
+
+#ifdef STRATA_XFER_GPU
+st_status_t st_xfer_chan_gpu_map(st_xfer_chan_t *c) { return st_xfer_region_gpu_map(c->r); }
+#endif
+
 st_status_t st_xfer_chan_next(st_xfer_chan_t *c, int timeout_ms, uint32_t *slot, st_xfer_msg_t *m) {
     st_status_t rc = st_xfer__wait_host(c->r, CHAN_DOORBELL, c->doorbell + 1, timeout_ms, true);
     if (rc) return rc;

@@ -173,12 +173,14 @@ static void test_local(void) {
     memcpy(st_xfer_chan_req_buf(cli, 3), "abc", 3);
     CHECK(st_xfer_chan_post(cli, 3, "H", 1, 3) == ST_OK, "post");
     CHECK(st_xfer_chan_post(cli, 3, "H", 1, 3) == ST_ERR_INVALID_ARG, "a busy slot is refused");
+    CHECK(!st_xfer_chan_reply_in(cli, 3) && st_xfer_chan_reply_in(cli, 2), "reply_in: pending and idle slots");
     CHECK(st_xfer_chan_next(srv, 1000, &s, &m) == ST_OK && s == 3 && m.len == 3 && m.hdr_len == 1 &&
               !memcmp(m.payload, "abc", 3) && !memcmp(m.hdr, "H", 1),
           "request seen in place");
     CHECK(st_xfer_chan_reply(srv, 3, NULL, 0, 2001) == ST_ERR_INVALID_ARG, "reply over the cap");
     memcpy(st_xfer_chan_rep_buf(srv, 3), "xyz!", 4);
     CHECK(st_xfer_chan_reply(srv, 3, "R", 1, 4) == ST_OK, "reply");
+    CHECK(st_xfer_chan_reply_in(cli, 3), "reply_in after the reply");
     CHECK(st_xfer_chan_wait_reply(cli, 3, 1000, &m) == ST_OK && m.len == 4 && !memcmp(m.payload, "xyz!", 4), "reply seen");
     /* lengths beyond the caps written into the shared control block (byte map in chan.c: the data
      * starts at 512 for 4 slots, slot 0's control block at 128, its request payload length at +24) */

@@ -115,6 +115,9 @@ st_status_t st_xfer_chan_post(st_xfer_chan_t *c, uint32_t slot, const void *hdr,
 /* ST_OK with the reply in *m; ST_ERR_TIMEOUT / ST_ERR_PEER as st_xfer_wait_host; ST_ERR_PROTOCOL when
  * the reply's lengths exceed the caps. The slot is free again whatever the outcome. */
 st_status_t st_xfer_chan_wait_reply(st_xfer_chan_t *c, uint32_t slot, int timeout_ms, st_xfer_msg_t *m);
+/* Non-blocking: true once the reply to the request pending in slot has arrived (then wait_reply
+ * returns at once), or when nothing is pending there. */
+bool st_xfer_chan_reply_in(const st_xfer_chan_t *c, uint32_t slot);
 /* server: the next posted request (*slot, *m), waiting up to timeout_ms; a timeout here is an idle
  * poll (ST_ERR_TIMEOUT, logged at DEBUG only). */
 st_status_t st_xfer_chan_next(st_xfer_chan_t *c, int timeout_ms, uint32_t *slot, st_xfer_msg_t *m);
@@ -132,6 +135,8 @@ st_status_t st_xfer_host_id(char out[37]);
 #ifdef STRATA_XFER_GPU
 /* Page-locks and maps a HOST region into the devices' address space (once; undone at destroy). */
 st_status_t st_xfer_region_gpu_map(st_xfer_region_t *r);
+/* The same for a channel's region: its slots become DMA-able for copies to and from a device. */
+st_status_t st_xfer_chan_gpu_map(st_xfer_chan_t *c);
 /* The user bytes as a device address (DEVICE: the region; HOST: its mapping), NULL if not mapped. */
 void *st_xfer_region_dev_ptr(const st_xfer_region_t *r);
 /* dst[off .. off+bytes) = src (device memory) on s: D2D into a DEVICE region, D2H into a HOST one. */
