@@ -225,3 +225,30 @@ st_status_t st_xfer_host_id(char out[37]) {
     out[36] = 0;
     return ST_OK;
 }
+
+_Static_assert(sizeof(st_xfer_hello_t) == 56, "hello byte map");
+
+st_status_t st_xfer_hello_init(st_xfer_hello_t *h, uint32_t n_slots, uint64_t req_bytes) {
+    st_xfer_hello_t x = {.magic = ST_XFER_HELLO_MAGIC, .n_slots = n_slots, .req_bytes = req_bytes};
+    st_status_t rc = st_xfer_host_id(x.host);
+    if (rc == ST_OK) *h = x;
+    return rc;
+}
+
+st_status_t st_xfer_hello_check(const void *msg, size_t len, st_xfer_hello_t *out) {
+    st_xfer_hello_t h;
+    char me[37];
+    if (len != sizeof h) return ST_FAIL(ST_ERR_PROTOCOL, "xfer hello of %zu bytes, want %zu", len, sizeof h);
+    memcpy(&h, msg, sizeof h);
+    if (h.magic != ST_XFER_HELLO_MAGIC || h.n_slots == 0 || h.n_slots > ST_XFER_CHAN_MAX_SLOTS || h.host[36] ||
+        strlen(h.host) != 36 || h.pad[0] || h.pad[1] || h.pad[2])
+        return ST_FAIL(ST_ERR_PROTOCOL, "xfer hello malformed (magic %08x, %u slots)", h.magic, h.n_slots);
+    st_status_t rc = st_xfer_host_id(me);
+    if (rc) return rc;
+    if (strcmp(me, h.host) != 0) {
+        st_err_set("xfer hello from another host (%s)", h.host);
+        return ST_ERR_UNSUPPORTED;
+    }
+    *out = h;
+    return ST_OK;
+}

@@ -127,6 +127,22 @@ st_status_t st_xfer_chan_reply(st_xfer_chan_t *c, uint32_t slot, const void *hdr
  * cannot share memory; equal ids still need st_xfer_chan_open to succeed (containers may not share
  * /dev/shm), else the peer stays on the network path. out: 37 bytes (36 + NUL). */
 st_status_t st_xfer_host_id(char out[37]);
+/* The client's request for a channel, sent over the existing (authenticated) control connection;
+ * the server answers with the channel's handle. Byte map (56 bytes, little-endian): 0 u32 magic
+ * ST_XFER_HELLO_MAGIC, 4 u32 slots wanted, 8 u64 largest request payload, 16 boot id (36 chars + NUL),
+ * 53 3 zero bytes. */
+#define ST_XFER_HELLO_MAGIC 0x48585453u /* "STXH" */
+typedef struct {
+    uint32_t magic;
+    uint32_t n_slots;
+    uint64_t req_bytes;
+    char host[37];
+    uint8_t pad[3];
+} st_xfer_hello_t;
+st_status_t st_xfer_hello_init(st_xfer_hello_t *h, uint32_t n_slots, uint64_t req_bytes);
+/* ST_OK with *out when msg (len bytes) is a well-formed hello from a process of this host;
+ * ST_ERR_UNSUPPORTED (not logged) from another host; ST_ERR_PROTOCOL when malformed. */
+st_status_t st_xfer_hello_check(const void *msg, size_t len, st_xfer_hello_t *out);
 
 /* ---- stream-ordered operations (CUDA build; capturable in a CUDA graph) ----
  * HOST regions must be st_xfer_region_gpu_map'ped first.
