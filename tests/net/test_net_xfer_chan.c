@@ -206,18 +206,18 @@ static void test_local(void) {
     char id[37], id2[37];
     CHECK(st_xfer_host_id(id) == ST_OK && strlen(id) == 36 && id[8] == '-' && id[13] == '-', "boot id %s", id);
     CHECK(st_xfer_host_id(id2) == ST_OK && !strcmp(id, id2), "boot id stable");
-    st_xfer_hello_t hl, got;
-    CHECK(st_xfer_hello_init(&hl, 2, 12345) == ST_OK && st_xfer_hello_check(&hl, sizeof hl, &got) == ST_OK &&
+    st_xfer_hello_t he, got;
+    CHECK(st_xfer_hello_init(&he, 2, 12345) == ST_OK && st_xfer_hello_check(&he, sizeof he, &got) == ST_OK &&
               got.n_slots == 2 && got.req_bytes == 12345,
           "hello from this host");
-    CHECK(st_xfer_hello_check(&hl, sizeof hl - 1, &got) == ST_ERR_PROTOCOL, "short hello");
-    st_xfer_hello_t bad = hl;
+    CHECK(st_xfer_hello_check(&he, sizeof he - 1, &got) == ST_ERR_PROTOCOL, "short hello");
+    st_xfer_hello_t bad = he;
     bad.host[0] = bad.host[0] == '0' ? '1' : '0';
     CHECK(st_xfer_hello_check(&bad, sizeof bad, &got) == ST_ERR_UNSUPPORTED, "hello from another host");
-    bad = hl;
+    bad = he;
     bad.n_slots = 0;
     CHECK(st_xfer_hello_check(&bad, sizeof bad, &got) == ST_ERR_PROTOCOL, "hello for 0 slots");
-    bad = hl;
+    bad = he;
     bad.host[36] = 'x';
     CHECK(st_xfer_hello_check(&bad, sizeof bad, &got) == ST_ERR_PROTOCOL, "unterminated boot id");
 }
