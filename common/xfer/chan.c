@@ -5,7 +5,8 @@
  *   64    doorbell flag: requests posted so far (client → server)
  *   128   n_slots control blocks of 64 bytes: +0 request flag, +8 reply flag (both: the slot's request
  *         count), +16 u32 request header bytes, +20 u32 reply header bytes, +24 u64 request payload
- *         bytes, +32 u64 reply payload bytes (each written before its flag)
+ *         bytes, +32 u64 reply payload bytes, +40 u64 request posted at, +48 u64 reply sent at (ns of
+ *         CLOCK_MONOTONIC, one clock on one host) (each written before its flag)
  *   data  (256-aligned) n_slots × stride: request header [ST_XFER_MSG_HDR], request payload
  *         [A(req_cap)], reply header [ST_XFER_MSG_HDR], reply payload [A(rep_cap)]; A rounds up to 256 */
 #include <errno.h>
@@ -141,7 +142,8 @@ st_status_t st_xfer_chan_post(st_xfer_chan_t *c, uint32_t slot, const void *hdr,
     uint32_t hl = (uint32_t)hdr_len;
     uint64_t pl = len;
     if (hdr_len) memcpy(req_hdr(c, slot), hdr, hdr_len);
-    memcpy(k + 16, &hl, 4), memcpy(k + 24, &pl, 8);
+    uint64_t now = st_time_ns();
+    memcpy(k + 16, &hl, 4), memcpy(k + 24, &pl, 8), memcpy(k + 40, &now, 8);
     c->pending[slot] = 1;
     /* NOTE: the slot's flag before the doorbell: a server that sees the doorbell finds the slot */
     st_status_t rc = st_xfer_signal_host(c->r, req_flag(slot), ++c->count[slot]);
@@ -153,15 +155,16 @@ st_status_t st_xfer_chan_post(st_xfer_chan_t *c, uint32_t slot, const void *hdr,
 static st_status_t view(const st_xfer_chan_t *c, uint32_t slot, bool reply, st_xfer_msg_t *m) {
     const uint8_t *k = ctl(c, slot);
     uint32_t hl;
-    uint64_t pl;
+    uint64_t pl, at;
     memcpy(&hl, k + (reply ? 20 : 16), 4); /* NOTE: read once: the peer could change them under us */
     memcpy(&pl, k + (reply ? 32 : 24), 8);
+    memcpy(&at, k + (reply ? 48 : 40), 8);
     size_t cap = reply ? c->rep_cap : c->req_cap;
     if (hl > ST_XFER_MSG_HDR || pl > cap)
         return ST_FAIL(ST_ERR_PROTOCOL, "xfer channel: %s wrote a %s of %u + %llu bytes into slot %u (caps %u + %zu)",
                        chan_label(c), reply ? "reply" : "request", hl, (unsigned long long)pl, slot, ST_XFER_MSG_HDR, cap);
     const uint8_t *h = reply ? rep_hdr(c, slot) : req_hdr(c, slot);
-    *m = (st_xfer_msg_t){.hdr = h, .hdr_len = hl, .payload = h + ST_XFER_MSG_HDR, .len = (size_t)pl};
+    *m = (st_xfer_msg_t){.hdr = h, .hdr_len = hl, .payload = h + ST_XFER_MSG_HDR, .len = (size_t)pl, .sent_ns = at};
     return ST_OK;
 }
 
@@ -208,7 +211,8 @@ st_status_t st_xfer_chan_reply(st_xfer_chan_t *c, uint32_t slot, const void *hdr
     uint32_t hl = (uint32_t)hdr_len;
     uint64_t pl = len;
     if (hdr_len) memcpy(rep_hdr(c, slot), hdr, hdr_len);
-    memcpy(k + 20, &hl, 4), memcpy(k + 32, &pl, 8);
+    uint64_t now = st_time_ns();
+    memcpy(k + 20, &hl, 4), memcpy(k + 32, &pl, 8), memcpy(k + 48, &now, 8);
     return st_xfer_signal_host(c->r, rep_flag(slot), c->count[slot]);
 }
 

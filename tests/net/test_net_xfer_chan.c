@@ -181,7 +181,10 @@ static void test_local(void) {
     memcpy(st_xfer_chan_rep_buf(srv, 3), "xyz!", 4);
     CHECK(st_xfer_chan_reply(srv, 3, "R", 1, 4) == ST_OK, "reply");
     CHECK(st_xfer_chan_reply_in(cli, 3), "reply_in after the reply");
+    uint64_t t_before = st_time_ns();
     CHECK(st_xfer_chan_wait_reply(cli, 3, 1000, &m) == ST_OK && m.len == 4 && !memcmp(m.payload, "xyz!", 4), "reply seen");
+    CHECK(m.sent_ns > t0 && m.sent_ns <= t_before, "reply stamped when sent: %llu in (%llu, %llu]",
+          (unsigned long long)m.sent_ns, (unsigned long long)t0, (unsigned long long)t_before);
     /* lengths beyond the caps written into the shared control block (byte map in chan.c: the data
      * starts at 512 for 4 slots, slot 0's control block at 128, its request payload length at +24) */
     uint8_t *base = (uint8_t *)st_xfer_chan_req_buf(cli, 0) - ST_XFER_MSG_HDR - 512;

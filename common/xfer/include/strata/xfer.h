@@ -97,6 +97,7 @@ typedef struct {
     size_t hdr_len;
     const void *payload;
     size_t len;
+    uint64_t sent_ns; /* when the peer posted or answered it (st_time_ns: one clock on one host) */
 } st_xfer_msg_t;
 st_status_t st_xfer_chan_create(uint32_t n_slots, size_t req_cap, size_t rep_cap, st_xfer_chan_t **out);
 st_status_t st_xfer_chan_export(const st_xfer_chan_t *c, uint8_t handle[ST_XFER_HANDLE_BYTES]);
