@@ -90,7 +90,8 @@ static st_status_t shm_create(st_xfer_region_t *r) {
         rc = ST_FAIL(ST_ERR_IO, "xfer: ftruncate %s to %zu bytes: %s", r->name, r->map_bytes, strerror(errno));
         goto err_unlink;
     }
-    void *m = mmap(NULL, r->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* NOTE: MAP_POPULATE: the pages are allocated and mapped now, not faulted in by the first puts */
+    void *m = mmap(NULL, r->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) {
         rc = ST_FAIL(ST_ERR_NO_MEMORY, "xfer: mmap %zu bytes of %s: %s", r->map_bytes, r->name, strerror(errno));
         goto err_unlink;
@@ -179,7 +180,7 @@ static st_status_t shm_open_peer(st_xfer_region_t *r) {
                      (unsigned)geteuid(), r->map_bytes);
         goto err_close;
     }
-    void *m = mmap(NULL, r->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, r->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) {
         rc = ST_FAIL(ST_ERR_NO_MEMORY, "xfer: mmap %zu bytes of %s: %s", r->map_bytes, r->name, strerror(errno));
         goto err_close;
