@@ -8,18 +8,25 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
     p->n_servers = n_servers;
     p->n_experts = n_experts;
     p->max_rows = max_rows;
-    size_t S = (size_t)n_servers;
+    size_t S = (size_t)n_servers, M = (size_t)max_rows;
     p->n_rows = calloc(S, sizeof(int));
     p->n_exp = calloc(S, sizeof(int));
     p->exp_ids = calloc(S * (size_t)n_experts, sizeof(uint32_t));
     p->offsets = calloc(S * (size_t)(n_experts + 1), sizeof(uint32_t));
-    p->pair = calloc(S * (size_t)max_rows, sizeof(int));
+    p->pair = calloc(S * M, sizeof(int));
+    p->orow = calloc(S * M, sizeof(uint32_t));
+    p->n_out = calloc(S, sizeof(int));
+    p->node = calloc(S * M, sizeof(int));
     p->n_uniq = calloc(S, sizeof(int));
-    p->src = calloc(S * (size_t)max_rows, sizeof(uint32_t));
-    p->utok = calloc(S * (size_t)max_rows, sizeof(int));
-    p->mark = malloc((size_t)max_rows * sizeof(int));
-    if (!p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->n_uniq || !p->src || !p->utok ||
-        !p->mark) {
+    p->src = calloc(S * M, sizeof(uint32_t));
+    p->utok = calloc(S * M, sizeof(int));
+    p->mark = malloc(M * sizeof(int));
+    p->slot_row = malloc(M * sizeof(int));
+    p->tag = malloc(M * sizeof(int));
+    p->head = calloc(M, 1);
+    p->tid = malloc(M * sizeof(uint32_t));
+    if (!p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out || !p->node ||
+        !p->n_uniq || !p->src || !p->utok || !p->mark || !p->slot_row || !p->tag || !p->head || !p->tid) {
         st_dispatch_plan_cleanup(p);
         return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch plan for %d servers × %d rows", n_servers, max_rows);
     }
@@ -33,33 +40,80 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
     free(p->exp_ids);
     free(p->offsets);
     free(p->pair);
+    free(p->orow);
+    free(p->n_out);
+    free(p->node);
     free(p->n_uniq);
     free(p->src);
     free(p->utok);
     free(p->mark);
+    free(p->slot_row);
+    free(p->tag);
+    free(p->head);
+    free(p->tid);
     memset(p, 0, sizeof *p);
+}
+
+/* Leaves [a, b) of one token (expert ids id ascending, servers tg), all inside one node of the tree
+ * at level h (2^h ids): the node is one output row when they share a server, else its two halves
+ * are cut the same way. A half without leaves adds nothing; a node of skipped leaves is not sent. */
+static void split(st_dispatch_plan_t *p, const uint32_t *id, const int *tg, int a, int b, int h, int slot0) {
+    int i = a + 1;
+    while (i < b && tg[i] == tg[a]) i++;
+    if (i == b) {
+        int s = tg[a];
+        if (s < 0) return;
+        int o = p->n_out[s]++;
+        p->node[(size_t)s * p->max_rows + o] = slot0 + a;
+        for (int k = a; k < b; k++) p->slot_row[slot0 + k] = o;
+        return;
+    }
+    /* NOTE: distinct ids differ below h, so h > 0 here */
+    int m = a;
+    while (m < b && !((id[m] >> (h - 1)) & 1u)) m++;
+    if (m > a) split(p, id, tg, a, m, h - 1, slot0);
+    if (m < b) split(p, id, tg, m, b, h - 1, slot0);
 }
 
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed) {
     int S = p->n_servers, n = p->n_experts, kc = w->kc;
     memset(p->n_rows, 0, sizeof(int) * (size_t)S);
     memset(p->n_exp, 0, sizeof(int) * (size_t)S);
+    memset(p->n_out, 0, sizeof(int) * (size_t)S);
+    memset(p->head, 0, (size_t)w->T * kc);
+    for (int k = 0; k < w->T * kc; k++) p->slot_row[k] = -1;
+    /* each token's leaves cut into the largest tree nodes one server holds: its output rows */
+    uint32_t *id = p->tid;
+    for (int t = 0; t < w->T; t++) {
+        int c = w->cnt[t];
+        if (tok_failed[t] || c == 0) continue;
+        bool none = false;
+        for (int i = 0; i < c; i++) {
+            id[i] = (uint32_t)w->ids[(size_t)t * kc + i];
+            p->tag[i] = server_of[id[i]];
+            none |= p->tag[i] == ST_DISPATCH_NONE;
+        }
+        if (none) {
+            tok_failed[t] = true;
+            continue;
+        }
+        split(p, id, p->tag, 0, c, 32, t * kc);
+    }
     /* experts ascending; for each expert its tokens ascending: one pass per expert keeps it simple
      * and the order canonical (n × T·kc is small next to the expert FFNs) */
     for (int e = 0; e < n; e++) {
         int s = server_of[e];
-        if (s == ST_DISPATCH_SKIP) continue;
-        int start = s >= 0 ? p->n_rows[s] : 0;
+        if (s < 0) continue;
+        int start = p->n_rows[s];
         for (int t = 0; t < w->T; t++)
             for (int i = 0; i < w->cnt[t]; i++) {
-                if (w->ids[(size_t)t * kc + i] != e) continue;
-                if (s < 0) {
-                    tok_failed[t] = true;
-                    continue;
-                }
-                p->pair[(size_t)s * p->max_rows + p->n_rows[s]++] = t * kc + i;
+                int k = t * kc + i;
+                if (w->ids[k] != e || p->slot_row[k] < 0) continue;
+                size_t r = (size_t)s * p->max_rows + p->n_rows[s]++;
+                p->pair[r] = k;
+                p->orow[r] = (uint32_t)p->slot_row[k];
             }
-        if (s >= 0 && p->n_rows[s] > start) {
+        if (p->n_rows[s] > start) {
             int k = p->n_exp[s]++;
             p->exp_ids[(size_t)s * n + k] = (uint32_t)e;
             p->offsets[(size_t)s * (n + 1) + k] = (uint32_t)start;
@@ -81,15 +135,37 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
     }
 }
 
-void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, float *dst) {
-    const int *ut = p->utok + (size_t)s * p->max_rows;
-    memcpy(src, p->src + (size_t)s * p->max_rows, sizeof(uint32_t) * (size_t)p->n_rows[s]);
+void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
+                      float *wts, float *rows) {
+    size_t base = (size_t)s * p->max_rows;
+    const int *ut = p->utok + base;
+    memcpy(src, p->src + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
+    memcpy(orow, p->orow + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
+    for (int r = 0; r < p->n_rows[s]; r++) wts[r] = w->wts[p->pair[base + r]];
     for (int u = 0; u < p->n_uniq[s]; u++)
-        memcpy(dst + (size_t)u * w->ew, w->z + (size_t)ut[u] * w->ew, sizeof(float) * (size_t)w->ew);
+        memcpy(rows + (size_t)u * w->ew, w->z + (size_t)ut[u] * w->ew, sizeof(float) * (size_t)w->ew);
 }
 
-void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows) {
-    const int *pr = p->pair + (size_t)s * p->max_rows;
-    for (int r = 0; r < p->n_rows[s]; r++)
-        memcpy(w->out + (size_t)pr[r] * w->ew, rows + (size_t)r * w->ew, sizeof(float) * (size_t)w->ew);
+void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, uint8_t *head) {
+    const int *nd = p->node + (size_t)s * p->max_rows;
+    for (int o = 0; o < p->n_out[s]; o++) {
+        memcpy(w->out + (size_t)nd[o] * w->ew, rows + (size_t)o * w->ew, sizeof(float) * (size_t)w->ew);
+        head[nd[o]] = 1;
+    }
+}
+
+void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, const uint8_t *head, const bool *tok_failed) {
+    int kc = w->kc, ew = w->ew;
+    for (int t = 0; t < w->T; t++) {
+        float *v = w->out + (size_t)t * kc * ew, *u = w->u + (size_t)t * ew;
+        int m = 0;
+        for (int i = 0; i < w->cnt[t] && !tok_failed[t]; i++) { /* the node values, packed in leaf order */
+            if (!head[t * kc + i]) continue;
+            if (m != i) memcpy(v + (size_t)m * ew, v + (size_t)i * ew, sizeof(float) * (size_t)ew);
+            p->tid[m++] = (uint32_t)w->ids[(size_t)t * kc + i];
+        }
+        st_moe_tree_rows(v, p->tid, m, ew);
+        if (m) memcpy(u, v, sizeof(float) * (size_t)ew);
+        else memset(u, 0, sizeof(float) * (size_t)ew);
+    }
 }

@@ -109,17 +109,14 @@ typedef struct {
     int used, req, slot;
     uint64_t gen;
     int *toks, n_prompt, n_gen, max_tokens;
-    st_sampling_t sp;
-    st_rng_t rng;
+    /* sampling on the engine (st_seq_chunk_t.sample): sp.pos is set per step, sp.bias_* point into
+     * bias (owned: ids then values, NULL without logit_bias); tok receives the step's token */
+    st_sample_params_t sp;
+    void *bias;
+    int tok;
     uint32_t stop[MAX_STOP];
     int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
     int n_fed; /* prompt tokens fed to the engine so far (chunked prefill) */
-    int amax; /* the engine's argmax of this step's row (greedy sequences: no logits row to the host) */
-    /* OpenAI's penalties and logit bias (st_sample_adjust); adj owns bias ids, values and the
-     * penalties' workspace, NULL when the request has none */
-    float presence, frequency;
-    int n_bias;
-    void *adj;
     char err[256];
 } seq_t;
 
@@ -354,9 +351,9 @@ static void end_call(aw_t *aw, int req, uint64_t gen, st_status_t st, const char
 
 static void seq_free_bufs(seq_t *q) {
     free(q->toks);
-    free(q->adj);
+    free(q->bias);
     q->toks = NULL;
-    q->adj = NULL;
+    q->bias = NULL;
 }
 
 static void seq_end(aw_t *aw, seq_t *q) {
@@ -391,13 +388,11 @@ static int admit(aw_t *aw, in_msg_t *m) {
     if (free_i < 0) return 0;
     int n = m->n_prompt, max_tokens = m->max_tokens;
     int *toks = malloc(sizeof(int) * ((size_t)n + (size_t)max_tokens + 1));
-    int adjust = r->presence_penalty != 0 || r->frequency_penalty != 0 || r->n_logit_bias > 0;
-    /* [n_logit_bias] ids, [n_logit_bias] values, [max_tokens] ints of workspace */
-    void *adj = adjust ? malloc(r->n_logit_bias * (sizeof(uint32_t) + sizeof(float)) + sizeof(int) * (size_t)max_tokens)
-                       : NULL;
-    if (!toks || (adjust && !adj)) {
+    /* [n_logit_bias] ids, then [n_logit_bias] values */
+    void *bias = r->n_logit_bias ? malloc(r->n_logit_bias * (sizeof(uint32_t) + sizeof(float))) : NULL;
+    if (!toks || (r->n_logit_bias && !bias)) {
         free(toks);
-        free(adj);
+        free(bias);
         end_call(aw, m->req, m->gen, ST_ERR_NO_MEMORY, "attention worker: out of memory for a sequence");
         return 1;
     }
@@ -410,28 +405,27 @@ static int admit(aw_t *aw, in_msg_t *m) {
     st_status_t st = st_engine_seq_open(aw->e, &slot);
     if (st != ST_OK) {
         free(toks);
-        free(adj);
+        free(bias);
         end_call(aw, m->req, m->gen, st, st_err_last());
         return 1;
     }
     seq_t *q = &aw->seqs[free_i];
     *q = (seq_t){.used = 1, .req = m->req, .gen = m->gen, .slot = slot, .toks = toks, .n_prompt = n,
                  .max_tokens = max_tokens, .dump = r->dump_logits, .ignore_eos = r->ignore_eos};
-    q->sp.temperature = r->temperature;
-    q->sp.top_k = (int)r->top_k;
-    q->sp.top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f;
-    q->rng.s = r->has_seed ? r->seed : (uint64_t)st_time_ns();
+    q->sp = (st_sample_params_t){.temperature = r->temperature, .top_k = (int)r->top_k,
+                                 .top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f,
+                                 .presence = r->presence_penalty, .frequency = r->frequency_penalty,
+                                 .seed = r->has_seed ? r->seed : (uint64_t)st_time_ns(), .n_top = -1};
     q->n_stop = (int)ST_MIN(r->n_stop_ids, (size_t)MAX_STOP);
     for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
-    if (adj) {
-        q->adj = adj;
-        q->presence = r->presence_penalty;
-        q->frequency = r->frequency_penalty;
-        q->n_bias = (int)r->n_logit_bias;
-        if (r->n_logit_bias) {
-            memcpy(adj, r->logit_bias_ids, r->n_logit_bias * sizeof(uint32_t));
-            memcpy((uint32_t *)adj + r->n_logit_bias, r->logit_bias_values, r->n_logit_bias * sizeof(float));
-        }
+    if (bias) {
+        size_t nb = r->n_logit_bias;
+        memcpy(bias, r->logit_bias_ids, nb * sizeof(uint32_t));
+        memcpy((uint32_t *)bias + nb, r->logit_bias_values, nb * sizeof(float));
+        q->bias = bias;
+        q->sp.n_bias = (int)nb;
+        q->sp.bias_ids = bias;
+        q->sp.bias_values = (const float *)((uint32_t *)bias + nb);
     }
     return 1;
 }
@@ -525,8 +519,6 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             pthread_mutex_unlock(&aw->mu);
             continue;
         }
-        float *rows;
-        uint32_t *src;
         /* each distinct token once (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): the server expands them */
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
@@ -534,9 +526,10 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq, .unique = (uint32_t)p->n_uniq[s],
                                .slots = (uint32_t)w->T * (uint32_t)w->kc}; /* the batch's shape (wire.h) */
         info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
-        st_wire_table_encode_unique(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
-                                    p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, &src, &rows);
-        st_dispatch_pack(p, s, w, src, rows);
+        st_wire_dispatch_t v;
+        st_wire_dispatch_encode(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
+                                p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, info.unique, &v);
+        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
         st_wire_header_encode(&info, &pd->hdr);
         aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
         aw->messages++;
@@ -556,9 +549,10 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     aw->stage[ST_PROTO_STAGE_DISPATCH] += st_time_sec() - t0;
 }
 
-/* Wait (bounded) for every dispatch of plan p; unpack the good ones, return a mask of failed
- * servers (count in *n_failed) and their errors in pend[].err. */
-static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
+/* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, marked in head),
+ * return a mask of failed servers (count in *n_failed) and their errors in pend[].err. */
+static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, uint8_t *head, int *failed_mask,
+                      int *n_failed) {
     double t_wait = st_time_sec(), slowest_net = 0;
     uint32_t slowest_us = 0;
     struct timespec dl;
@@ -590,17 +584,13 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
         if (pd->state == P_DONE) {
-            /* the reply must describe exactly what we sent */
+            /* the reply must answer what we sent: its seq, one row per output row we planned */
             st_wire_info_t info;
-            const uint32_t *ids, *off;
-            const float *rows;
             int ok = st_wire_header_decode(&pd->recv.hdr, pd->recv.hdr_len, pd->rlen, &info) == ST_OK &&
-                     st_wire_table_decode(pd->rbuf, &info, &ids, &off, NULL, &rows) == ST_OK &&
-                     info.token_count == (uint32_t)p->n_rows[s] && info.expert_count == (uint32_t)p->n_exp[s] &&
-                     !memcmp(ids, p->exp_ids + (size_t)s * p->n_experts, sizeof(uint32_t) * info.expert_count) &&
-                     !memcmp(off, p->offsets + (size_t)s * (p->n_experts + 1), sizeof(uint32_t) * (info.expert_count + 1));
+                     info.kind == ST_WIRE_KIND_COMBINE && info.seq == pd->seq &&
+                     info.token_count == (uint32_t)p->n_out[s] && info.row_width == (uint32_t)w->ew;
             if (ok) {
-                st_dispatch_unpack(p, s, w, rows);
+                st_dispatch_unpack(p, s, w, (const float *)pd->rbuf, head);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -655,7 +645,8 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
  * failed servers. Tokens left without an answer are flagged. */
 static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
     int failed[MAX_SERVERS] = {0}, nf = 0;
-    wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
+    uint8_t *head = aw->plan[mb].head;
+    wait_plan(aw, mb, &aw->plan[mb], w, head, failed, &nf);
     if (nf == 0) return;
     for (int s = 0; s < aw->n_srv; s++)
         if (failed[s]) {
@@ -665,7 +656,9 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
             aw->pend[mb][s].state = P_IDLE;
             pthread_mutex_unlock(&aw->mu);
         }
-    /* retry: only experts that were on failed servers, on another live holder */
+    /* retry: only experts that were on failed servers, on another live holder. The failed nodes
+     * are cut again for their new servers and their values join the good ones: any cut into tree
+     * nodes finishes to the same sum (docs/architecture.md, "Bit-exact expert results") */
     choose_servers(aw, w->layer, aw->server_of2, failed);
     for (int e = 0; e < aw->c->n_experts; e++) {
         int s0 = aw->server_of[mb][e];
@@ -674,7 +667,7 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
     send_plan(aw, mb, &aw->plan2, w);
     int failed2[MAX_SERVERS] = {0}, nf2 = 0;
-    wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
+    wait_plan(aw, mb, &aw->plan2, w, head, failed2, &nf2);
     for (int s = 0; s < aw->n_srv; s++) {
         if (!failed2[s]) continue;
         snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -697,11 +690,11 @@ static bool replies_in(aw_t *aw, int mb) {
     return in;
 }
 
-/* Micro-batch mb's replies → its work item (failed tokens zeroed), then its next layers launched. */
+/* Micro-batch mb's replies → its work item's combined rows u (failed tokens +0), then its next
+ * layers launched. */
 static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
     remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
-    for (int t = 0; t < w[mb].T; t++)
-        if (aw->tok_failed[mb][t]) memset(w[mb].out + (size_t)t * w[mb].kc * w[mb].ew, 0, sizeof(float) * (size_t)w[mb].kc * w[mb].ew);
+    st_dispatch_finish(&aw->plan[mb], &w[mb], aw->plan[mb].head, aw->tok_failed[mb]);
     aw->hook_mb = mb;
     st_engine_mb_launch(aw->mbs[mb]);
 }
@@ -870,10 +863,14 @@ static void step(aw_t *aw) {
         if (n <= 0 || n > budget) continue; /* joins at a later step boundary */
         budget -= n;
         idx[ns] = i;
-        /* greedy and not dumping logits: the engine returns the argmax only (st_sample's greedy rule) */
+        /* the engine samples a row that ends the prompt or decodes; only the token comes back, and
+         * the processed logits row too when the client asked for logprobs (the coordinator reduces it) */
+        bool samp = q->prefilled || q->n_fed + n == q->n_prompt;
+        q->sp.pos = (uint32_t)q->n_gen;
         ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
                                     .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks + q->n_fed,
-                                    .argmax = q->sp.temperature <= 0.0f && !q->dump && !q->adj ? &q->amax : NULL};
+                                    .sample = samp ? &q->sp : NULL, .keep_logits = samp && q->dump,
+                                    .token = &q->tok};
     }
     if (ns == 0) return;
     /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
@@ -985,15 +982,7 @@ static void step(aw_t *aw) {
                 if (q->n_fed < q->n_prompt) continue;
             }
             q->prefilled = 1;
-            if (q->adj && !ch[first[m] + j].argmax) {
-                const uint32_t *ids = q->adj;
-                const float *vals = (const float *)(ids + q->n_bias);
-                st_sample_adjust(lg, aw->c->vocab, q->toks + q->n_prompt, q->n_gen, q->presence, q->frequency, ids,
-                                 vals, q->n_bias, (int *)(vals + q->n_bias));
-            }
-            int tok = ch[first[m] + j].argmax ? q->amax
-                                              : st_sample(lg, aw->c->vocab, &q->sp, &q->rng,
-                                                          aw->logits[m] + (size_t)aw->o.max_seqs * aw->c->vocab);
+            int tok = q->tok;
             q->toks[q->n_prompt + q->n_gen++] = tok;
             st_proto_finish_t fin = is_stop(aw, q, tok) ? ST_PROTO_FINISH_STOP
                                     : q->n_gen >= q->max_tokens ? ST_PROTO_FINISH_LENGTH
@@ -1742,8 +1731,8 @@ static st_status_t alloc_buffers(aw_t *aw) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
         if (st_dispatch_plan_init(&aw->plan[m], MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
         aw->tok_failed[m] = calloc((size_t)aw->o.max_batch_tokens, sizeof(bool));
-        /* logits rows of the entries + sampling workspace (2·V) */
-        aw->logits[m] = malloc(sizeof(float) * (size_t)(aw->o.max_seqs + 2) * c->vocab);
+        /* logits rows of the entries (written for logprobs requests only) */
+        aw->logits[m] = malloc(sizeof(float) * (size_t)aw->o.max_seqs * c->vocab);
         if (!aw->tok_failed[m] || !aw->logits[m]) return ST_FAIL(ST_ERR_NO_MEMORY, "worker buffers");
     }
     return ST_OK;

@@ -1006,7 +1006,8 @@ static json_t *k3_calls(const char *p, const char *end) {
     return calls;
 }
 
-void st_chat_k3_reply(const char *text, size_t len, int thinking, st_chat_k3_reply_t *out) {
+/* The channels of a reply (st_chat_k3_reply without the calls); returns where the content ended */
+static const char *k3_split(const char *text, size_t len, int thinking, st_chat_k3_reply_t *out) {
     const char *p = text, *end = text + len;
     memset(out, 0, sizeof *out);
     if (thinking) {
@@ -1014,7 +1015,7 @@ void st_chat_k3_reply(const char *text, size_t len, int thinking, st_chat_k3_rep
         out->reasoning_len = (size_t)((t ? t : end) - p);
         if (!t) {
             out->content_off = len;
-            return;
+            return end;
         }
         p = t + strlen(K3_THINK_END);
         if (starts(p, end, K3_RESPONSE_OPEN)) p += strlen(K3_RESPONSE_OPEN);
@@ -1023,6 +1024,33 @@ void st_chat_k3_reply(const char *text, size_t len, int thinking, st_chat_k3_rep
     const char *ce = first_of(p, end, stops, 3);
     out->content_off = (size_t)(p - text);
     out->content_len = (size_t)(ce - p);
+    return ce;
+}
+
+void st_chat_k3_reply(const char *text, size_t len, int thinking, st_chat_k3_reply_t *out) {
+    const char *end = text + len, *ce = k3_split(text, len, thinking, out);
     const char *tools = find(ce, end, K3_TOOLS_OPEN);
     if (tools) out->tool_calls = k3_calls(tools + strlen(K3_TOOLS_OPEN), end);
+}
+
+void st_chat_k3_stream(const char *text, size_t len, int thinking, int final, size_t sent, size_t *r_off,
+                       size_t *r_len, size_t *c_off, size_t *c_len) {
+    static const char *const marks[] = {K3_THINK_END, K3_RESPONSE_OPEN, K3_TOOLS_OPEN, "<|close|>response<|sep|>",
+                                        "<|close|>message<|sep|>"};
+    size_t end = len;
+    for (size_t w = 0; !final && w < sizeof marks / sizeof marks[0]; w++) { /* the longest tail that begins a marker */
+        size_t wn = strlen(marks[w]);
+        for (size_t k = wn - 1 < len ? wn - 1 : len; k > 0; k--)
+            if (!memcmp(text + len - k, marks[w], k)) {
+                if (len - k < end) end = len - k;
+                break;
+            }
+    }
+    st_chat_k3_reply_t rp;
+    k3_split(text, end, thinking, &rp);
+    size_t re = rp.reasoning_off + rp.reasoning_len, ce = rp.content_off + rp.content_len;
+    *r_off = sent > rp.reasoning_off ? sent : rp.reasoning_off;
+    *r_len = re > *r_off ? re - *r_off : 0;
+    *c_off = sent > rp.content_off ? sent : rp.content_off;
+    *c_len = ce > *c_off ? ce - *c_off : 0;
 }

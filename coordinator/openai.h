@@ -136,6 +136,13 @@ typedef struct {
     json_t *tool_calls;
 } st_chat_k3_reply_t;
 void st_chat_k3_reply(const char *text, size_t len, int thinking, st_chat_k3_reply_t *out);
+/* K3 streamed token by token: of a reply's text so far [0, len) (final: the whole reply), the parts
+ * of the think channel [*r_off, +*r_len) and of the response channel [*c_off, +*c_len) from byte
+ * `sent` on that can go out now — nothing a marker still being written could turn into markup (a
+ * tail that begins one of the channel markers is held back). The caller gives them out in that
+ * order and moves `sent` to the end of what it gave (it may give less: whole UTF-8 characters). */
+void st_chat_k3_stream(const char *text, size_t len, int thinking, int final, size_t sent, size_t *r_off,
+                       size_t *r_len, size_t *c_off, size_t *c_len);
 
 /* json.dumps(v, ensure_ascii=False) as Python writes it (Hugging Face's tojson): ", " and ": "
  * separators, floats in repr form. malloc'd, NULL on no memory. */

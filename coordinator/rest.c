@@ -687,16 +687,17 @@ static const char *find_bytes(const char *hay, size_t hn, const char *n, size_t 
 }
 
 /* How much of a choice's text may reach the client now: not a suffix that could still become a
- * stop string (or, with tools, the tool-call section's marker), nor anything from that marker on. */
+ * stop string (or, with K2's tools, the tool-call section's marker), nor anything from that marker
+ * on. (K3's channel markers: st_chat_k3_stream, within this.) */
 static size_t safe_len(const hreq_t *h, const gen_t *g) {
-    if (h->k3) return 0; /* K3's channels are told apart at the end */
     size_t end = g->text_len;
-    if (h->tools) {
+    int k2_tools = h->tools && !h->k3;
+    if (k2_tools) {
         const char *sec = find_bytes(g->text ? g->text : "", g->text_len, TOOL_SECTION, sizeof TOOL_SECTION - 1);
         if (sec) end = (size_t)(sec - g->text);
     }
     size_t lim = end;
-    for (size_t w = 0; w < h->n_stop + (size_t)(h->tools != 0); w++) {
+    for (size_t w = 0; w < h->n_stop + (size_t)k2_tools; w++) {
         const char *ws = w < h->n_stop ? h->stop[w] : TOOL_SECTION;
         size_t wn = strlen(ws);
         for (size_t k = wn - 1 < end ? wn - 1 : end; k > 0; k--)
@@ -735,6 +736,33 @@ static void stream_text(hreq_t *h, gen_t *g, size_t upto, int final) {
     free(clean);
 }
 
+/* K3: the think channel's text as reasoning_content deltas, then the response channel's as content,
+ * of [g->emitted, upto) where no marker can still form (complete characters only). The reply's
+ * end goes out through final_text. */
+static void stream_k3(hreq_t *h, gen_t *g, size_t upto) {
+    size_t ro, rl, co, cl;
+    st_chat_k3_stream(g->text ? g->text : "", upto, h->thinking, 0, g->emitted, &ro, &rl, &co, &cl);
+    for (int ch = 0; ch < 2; ch++) {
+        size_t off = ch ? co : ro, n = ch ? cl : rl, out = 0;
+        if (!n) continue;
+        char *clean = malloc(3 * n + 1);
+        if (!clean) return;
+        size_t used = st_openai_utf8_clean((const unsigned char *)g->text + off, n, clean, &out, 0);
+        g->emitted = off + used;
+        if (out > 0) {
+            json_t *lp = lp_take(h, g, g->emitted);
+            if (ch) sse_choice(h, g, clean, out, NULL, NULL, lp);
+            else {
+                json_t *c = choice_json(h, g->index, &g->role_sent, "", 0, NULL, NULL, lp, 1);
+                json_object_set_new(json_object_get(c, "delta"), "reasoning_content", jtext(clean, out));
+                sse_json(h, response_json(h, json_pack("[o]", c), 1));
+            }
+        }
+        free(clean);
+        if (used < n) return; /* a character still incomplete: the rest waits for it */
+    }
+}
+
 static void stream_begin(hreq_t *h) {
     if (h->begun) return;
     h->begun = 1;
@@ -761,7 +789,9 @@ void st_coord_http_chunk(gen_t *g, const st_proto_generate_chunk_t *ch) {
     }
     if (!h->stream || !h->res || h->status != ST_OK) return;
     stream_begin(h);
-    if (ch->finish == ST_PROTO_FINISH_NONE) stream_text(h, g, safe_len(h, g), 0);
+    if (ch->finish != ST_PROTO_FINISH_NONE) return;
+    if (h->k3) stream_k3(h, g, safe_len(h, g));
+    else stream_text(h, g, safe_len(h, g), 0);
 }
 
 static void hreq_free(hreq_t *h) {
@@ -833,9 +863,9 @@ static char *clean_copy(const char *s, size_t n) {
     return out;
 }
 
-/* K3: the response channel's text, the think channel's (*reasoning, NULL when empty) and the
- * tools channel's calls; nothing of a K3 reply is streamed before it ends (see safe_len). */
-static char *final_k3(const hreq_t *h, gen_t *g, json_t **calls, char **reasoning) {
+/* K3: the response channel's text, the think channel's (*reasoning, NULL when empty), both from
+ * byte `from` on (what a stream has not given yet), and the tools channel's calls. */
+static char *final_k3(const hreq_t *h, gen_t *g, json_t **calls, size_t from, char **reasoning) {
     st_chat_k3_reply_t rp;
     const char *t = g->text ? g->text : "";
     st_chat_k3_reply(t, g->text_len, h->thinking, &rp);
@@ -844,14 +874,16 @@ static char *final_k3(const hreq_t *h, gen_t *g, json_t **calls, char **reasonin
         json_decref(rp.tool_calls);
         *calls = NULL;
     }
-    *reasoning = rp.reasoning_len ? clean_copy(t + rp.reasoning_off, rp.reasoning_len) : NULL;
-    return clean_copy(t + rp.content_off, rp.content_len);
+    size_t ro, rl, co, cl;
+    st_chat_k3_stream(t, g->text_len, h->thinking, 1, from, &ro, &rl, &co, &cl);
+    *reasoning = rl ? clean_copy(t + ro, rl) : NULL;
+    return clean_copy(t + co, cl);
 }
 
 /* The final text of a choice: echo + text before any tool-call section, as valid UTF-8. */
 static char *final_text(const hreq_t *h, gen_t *g, json_t **calls, size_t from, char **reasoning) {
     *reasoning = NULL;
-    if (h->k3) return final_k3(h, g, calls, reasoning);
+    if (h->k3) return final_k3(h, g, calls, from, reasoning);
     size_t content = g->text_len;
     *calls = h->tools ? st_chat_tool_calls(g->text ? g->text : "", g->text_len, &content) : NULL;
     if (content < from) content = from;

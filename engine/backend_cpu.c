@@ -20,6 +20,7 @@ typedef struct {
     float *kv_pool;       /* [n_pages][page_size][R] */
     float **seq_pageptr;  /* [max_seqs][n_mla][pps]: the rows of e->seq_pageid's pages */
     size_t lin_ws;
+    int *counts;          /* [max_seqs][vocab]: tokens sampled per sequence (the penalties) */
 } cpu_t;
 
 static size_t lin_ws_max(const st_engine_w_t *W, const st_config_t *c) {
@@ -296,20 +297,26 @@ static void moe_begin(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bu
     }
     ST_ENGINE_TRACE(e, l, ST_TRACE_MOE_Z, (float *)z, T, st_config_expert_width(c));
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = e->kcap, .ew = st_config_expert_width(c), .z = z,
-                         .ids = b->ids, .cnt = b->cnt, .tok_ent = b->tok_ent, .out = b->eout};
+                         .ids = b->ids, .cnt = b->cnt, .wts = b->wts, .tok_ent = b->tok_ent, .out = b->eout,
+                         .u = b->u};
 }
 
 static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t *b) {
     const st_config_t *c = &e->c;
     int kc = e->kcap, ew = st_config_expert_width(c), d = c->d;
-    for (int t = 0; t < T; t++) {
-        float *u = b->u + (size_t)t * ew;
-        memset(u, 0, (size_t)ew * sizeof(float));
+    /* the tree combine (docs/architecture.md, "Bit-exact expert results"), each token's leaves
+     * fl(p·y) + 0 weighted in place; remote experts: the worker wrote u (engine.h) */
+    uint32_t *tid = (uint32_t *)b->ids_tmp;
+    for (int t = 0; t < T && !e->o.remote_experts; t++) {
+        float *u = b->u + (size_t)t * ew, *y = b->eout + (size_t)t * kc * ew;
         for (int i = 0; i < b->cnt[t]; i++) {
             float p = b->wts[(size_t)t * kc + i];
-            const float *y = b->eout + ((size_t)t * kc + i) * ew;
-            for (int q = 0; q < ew; q++) u[q] += p * y[q];
+            for (int q = 0; q < ew; q++) y[(size_t)i * ew + q] = p * y[(size_t)i * ew + q] + 0.0f;
+            tid[i] = (uint32_t)b->ids[(size_t)t * kc + i];
         }
+        st_moe_tree_rows(y, tid, b->cnt[t], ew);
+        if (b->cnt[t]) memcpy(u, y, (size_t)ew * sizeof(float));
+        else memset(u, 0, (size_t)ew * sizeof(float));
     }
     if (c->latent > 0) {
         if (L->lat_norm) st_rmsnorm(b->u, b->u, L->lat_norm, T, ew, c->rms_eps);
@@ -468,12 +475,36 @@ static void head(st_engine_mb_t *mb) {
     }
 }
 
+/* The sampling entries (st_seq_chunk_t.sample), each its row of the caller's logits in place. */
+static void sample(st_engine_mb_t *mb) {
+    st_engine_t *e = mb->e;
+    int V = e->c.vocab;
+    for (int i = 0, r = 0; i < mb->n_seqs; i++) {
+        const st_seq_chunk_t *q = &mb->seqs[i];
+        r += q->all_logits ? q->n_tokens : 1;
+        const st_sample_params_t *p = q->sample;
+        if (!p) continue;
+        st_sample_row_t row = {.temperature = p->temperature, .top_p = p->top_p, .presence = p->presence,
+                               .frequency = p->frequency, .top_k = p->top_k, .n_top = p->n_top, .n_bias = p->n_bias,
+                               .row = r - 1, .count_row = q->slot, .pos = p->pos, .seed = p->seed};
+        int id, tid[ST_SAMPLE_MAX_TOP];
+        float lp, tlp[ST_SAMPLE_MAX_TOP];
+        st_sample_rows(&id, &lp, tid, tlp, mb->logits, 1, V, &row, p->bias_ids, p->bias_values, CPU(e)->counts);
+        *q->token = id;
+        if (p->n_top < 0) continue;
+        *q->logprob = lp;
+        int nt = ST_MIN(p->n_top, V);
+        memcpy(q->top_ids, tid, (size_t)nt * sizeof(int));
+        memcpy(q->top_logprobs, tlp, (size_t)nt * sizeof(float));
+    }
+}
+
 /* ------------------------------------------------------------------ memory */
 
 static void cpu_free(st_engine_t *e) {
     cpu_t *k = CPU(e);
     if (!k) return;
-    free(k->kda_S), free(k->kda_conv), free(k->kv_pool), free(k->seq_pageptr);
+    free(k->kda_S), free(k->kda_conv), free(k->kv_pool), free(k->seq_pageptr), free(k->counts);
     free(k);
     e->bk = NULL;
 }
@@ -492,7 +523,8 @@ static st_status_t cpu_init(st_engine_t *e) {
     k->kda_conv = calloc((size_t)M * (size_t)e->n_kda * k->conv_per + 1, sizeof(float));
     k->kv_pool = malloc((size_t)e->n_pages * (size_t)e->page_size * (size_t)k->R * sizeof(float) + 64);
     k->seq_pageptr = calloc((size_t)M * (size_t)e->n_mla * (size_t)e->pps + 1, sizeof(float *));
-    if (!k->kda_S || !k->kda_conv || !k->kv_pool || !k->seq_pageptr) {
+    k->counts = calloc((size_t)M * (size_t)c->vocab, sizeof(int));
+    if (!k->kda_S || !k->kda_conv || !k->kv_pool || !k->seq_pageptr || !k->counts) {
         cpu_free(e);
         return ST_FAIL(ST_ERR_NO_MEMORY, "engine state pools for %d sequences × %d tokens", M, e->o.max_ctx);
     }
@@ -510,6 +542,7 @@ static st_status_t seq_reset(st_engine_t *e, int i) {
     cpu_t *k = CPU(e);
     memset(k->kda_S + (size_t)i * e->n_kda * k->S_per, 0, (size_t)e->n_kda * k->S_per * sizeof(float));
     memset(k->kda_conv + (size_t)i * e->n_kda * k->conv_per, 0, (size_t)e->n_kda * k->conv_per * sizeof(float));
+    memset(k->counts + (size_t)i * e->c.vocab, 0, (size_t)e->c.vocab * sizeof(int));
     return ST_OK;
 }
 
@@ -555,4 +588,5 @@ const st_engine_backend_t st_engine_backend_cpu = {
     .moe_finish = moe_finish_op,
     .launch_end = launch_end,
     .head = head,
+    .sample = sample,
 };

@@ -87,6 +87,7 @@ typedef struct {
     st_bf16_t *dc, *dY, *dK, *dV, *dod;
     float *tau_d; /* device copy of e->tau (quantile routing on the device) */
     float *rho_d; /* device copy of e->rho (the band counts) */
+    int *counts_d; /* [max_seqs][vocab]: tokens sampled per sequence (the penalties) */
     /* ordering across micro-batch streams: seq_open's state resets on s (open_ev); the compute of
      * the micro-batches in launch order (chain_ev, see chain_wait), so that an early micro-batch's
      * hand-off is ready early and the copies run beside the next one's compute */
@@ -125,11 +126,19 @@ typedef struct {
     int *ids, *cnt, *offsets, *row_of, *meta_d, *amax_d;
     int *amax_h;          /* pinned [max_batch_tokens]: device argmax of each logits row */
     unsigned char *need;  /* host [max_batch_tokens]: logits row r goes to the caller (else argmax only) */
+    /* sampling (st_seq_chunk_t.sample): the rows' parameters and bias lists, pinned and on the
+     * device; outputs sid [T] | slp [T] | stid [T, 20] | stlp [T, 20], on the device and pinned */
+    st_sample_row_t *srow_h, *srow_d;
+    uint32_t *sbid_h, *sbid_d;
+    float *sbv_h, *sbv_d;
+    int *sid_d, *sid_h, *stid_d, *stid_h;
+    float *slp_d, *slp_h, *stlp_d, *stlp_h;
     void *ffn_ws;
     size_t ffn_ws_bytes;
     /* pinned host */
     int *meta_h, *ids_h, *cnt_h;
     float *z_h, *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
+    float *wts_h, *u_h; /* hand-off: the routing weights [T, kc] out, the combined rows [T, ew] back (remote) */
     /* threshold counts (count observer): cnt | band, [2, n] uint32 on the device and pinned; counted:
      * the layer in flight was counted, banded: with the band */
     uint32_t *qc, *qc_h;
@@ -380,6 +389,8 @@ static st_status_t alloc_pools(cu_t *g, size_t *sb, size_t *cb, size_t *kvb) {
     TRY(galloc(g, &g->mla_ws, g->mla_ws_bytes));
     TRY(galloc(g, (void **)&g->tau_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float)));
     TRY(galloc(g, (void **)&g->rho_d, (size_t)c->n_layers * ST_MAX(c->n_experts, 1) * sizeof(float)));
+    TRY(galloc(g, (void **)&g->counts_d, (size_t)M * c->vocab * sizeof(int)));
+    TRY(st_gpu_memset(g->counts_d, 0, (size_t)M * c->vocab * sizeof(int)));
     TRY(st_gpu_event_create(&g->open_ev));
     TRY(st_gpu_event_create(&g->chain_ev));
     /* MLA direct form for prompt chunks (mla_direct): the prefill kernel's head shapes */
@@ -442,7 +453,7 @@ static st_status_t seq_reset(st_engine_t *e, int i) {
         TRY(st_gpu_memset_async(&g->s, g->kda_S + ((size_t)ks * M + i) * g->S_per, 0, g->S_per * sizeof(float)));
         TRY(st_gpu_memset_async(&g->s, g->kda_conv + ((size_t)ks * M + i) * g->conv_per, 0, g->conv_per * sizeof(float)));
     }
-    return ST_OK;
+    return st_gpu_memset_async(&g->s, g->counts_d + (size_t)i * e->c.vocab, 0, (size_t)e->c.vocab * sizeof(int));
 }
 
 static st_status_t set_thresholds(st_engine_t *e, const float *tau) {
@@ -535,6 +546,9 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
         DC(zf, T * ew * F); DC(eout, T * kc * ew * F);
     }
     DC(xf, T * d * B2); DC(lg, LR * V * F); DC(amax_d, T * 4);
+    size_t SB = M * ST_ENGINE_MAX_BIAS, ST = T * ST_SAMPLE_MAX_TOP;
+    DC(srow_d, T * sizeof(st_sample_row_t)); DC(sbid_d, SB * 4); DC(sbv_d, SB * F);
+    DC(sid_d, T * 4); DC(slp_d, T * F); DC(stid_d, ST * 4); DC(stlp_d, ST * F);
     size_t meta = 4 * T + 3 * M + 1 + (size_t)g->e->n_mla * M * (size_t)g->e->pps;
     DC(meta_d, meta * 4);
 #undef DC
@@ -543,8 +557,10 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
 #define PC(f, bytes) mb->f = dcarve(a, pneed, (bytes))
     PC(meta_h, meta * 4); PC(amax_h, T * 4); PC(ids_h, T * kc * 4); PC(cnt_h, T * 4); PC(scores_h, T * n * F); PC(wq_h, T * kc * F);
     PC(qc_h, 2 * n * 4);
+    PC(srow_h, T * sizeof(st_sample_row_t)); PC(sbid_h, SB * 4); PC(sbv_h, SB * F);
+    PC(sid_h, T * 4); PC(slp_h, T * F); PC(stid_h, ST * 4); PC(stlp_h, ST * F);
     if (!mb->fm->internal && c->n_experts > 0) {
-        PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F);
+        PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F); PC(wts_h, T * kc * F); PC(u_h, T * ew * F);
     }
 #undef PC
 }
@@ -844,18 +860,19 @@ static void deliver(cmb_t *mb, int l) {
 
 /* The route observer (engine.h): the scores come back with the hand-off and the observer runs in
  * collect (micro-batches); st_engine_step's walk copies and calls it here. A counted layer's
- * threshold counts are made here, on the device right after routing (the router's epilogue), and
- * only they come back, not the scores. */
-static void observe(cmb_t *mb, int l) {
+ * threshold counts come back instead of the scores: made on the device by the router itself
+ * (st_cuda_router_quantile_count, in route), or, on a layer routed on the host (scores_host: its σ
+ * scores are in scores_h already), there by the C twin, the same integers. */
+static void observe(cmb_t *mb, int l, bool scores_host) {
     cu_t *g = mb->g;
     st_engine_t *e = g->e;
     int T = mb->fm->T, n = e->c.n_experts, kc = e->kcap;
     const float *rho = st_engine_probe_row(e, l);
     mb->counted = st_engine_counted(e, l);
     mb->banded = mb->counted && rho;
-    if (mb->counted) {
-        CK(st_cuda_route_count(mb->s, mb->qc, mb->qc + n, mb->scores, g->tau_d + (size_t)l * n,
-                               rho ? g->rho_d + (size_t)l * n : NULL, T, n));
+    if (mb->counted && scores_host) {
+        st_route_count(mb->qc_h, rho ? mb->qc_h + n : NULL, mb->scores_h, e->tau + (size_t)l * n, rho, T, n);
+    } else if (mb->counted) {
         CK(st_gpu_memcpy_async(mb->s, mb->qc_h, mb->qc, (size_t)(rho ? 2 : 1) * n * sizeof(uint32_t), ST_GPU_COPY_D2H));
     } else if (e->obs) {
         CK(st_gpu_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
@@ -897,10 +914,17 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     const st_gpu_stream_t *s = mb->s;
     int T = mb->fm->T, n = c->n_experts, k = c->top_k, kc = e->kcap;
     if (!moe_fused(g)) CK(lin(mb, mb->scores, n, 0.f, mb->xn, c->d, G->router, T, n, c->d));
-    if (device_quantile(g, l)) { /* σ in place, the sets and weights: no host round trip */
-        CK(st_cuda_router_quantile(s, mb->ids, mb->wts, mb->cnt, mb->scores, g->tau_d + (size_t)l * n, T, n, kc,
-                                   c->renormalize, c->routed_scale));
-        observe(mb, l);
+    if (device_quantile(g, l)) { /* σ in place, the sets and weights (and counts): no host round trip */
+        const float *tau = g->tau_d + (size_t)l * n;
+        if (st_engine_counted(e, l)) {
+            const float *rho = st_engine_probe_row(e, l) ? g->rho_d + (size_t)l * n : NULL;
+            CK(st_cuda_router_quantile_count(s, mb->ids, mb->wts, mb->cnt, mb->scores, tau, T, n, kc, c->renormalize,
+                                             c->routed_scale, mb->qc, rho));
+        } else {
+            CK(st_cuda_router_quantile(s, mb->ids, mb->wts, mb->cnt, mb->scores, tau, T, n, kc, c->renormalize,
+                                       c->routed_scale));
+        }
+        observe(mb, l, false);
         return;
     }
     /* σ in place and the top-k sets, weights and counts: one kernel (the sets the hook sees, or the
@@ -908,7 +932,7 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     CK(st_cuda_router_topk(s, mb->ids, mb->wts, kc, mb->cnt, mb->scores, G->router_bias, T, n, k, c->renormalize,
                            c->routed_scale));
     if (!st_engine_route_quantile(e, l) && !e->hook) {
-        observe(mb, l);
+        observe(mb, l, false);
         return;
     }
     CK(st_gpu_memcpy_async(s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
@@ -919,7 +943,7 @@ static void route(cmb_t *mb, const gl_t *G, int l) {
     CK(st_gpu_memcpy_async(s, mb->ids, mb->ids_h, (size_t)T * kc * sizeof(int), ST_GPU_COPY_H2D));
     CK(st_gpu_memcpy_async(s, mb->cnt, mb->cnt_h, (size_t)T * sizeof(int), ST_GPU_COPY_H2D));
     CK(st_cuda_route_finish(s, mb->ids, mb->wts, mb->cnt, mb->scores, T, n, kc, c->renormalize, c->routed_scale));
-    observe(mb, l);
+    observe(mb, l, true);
 }
 
 /* Whether the routed experts of a T-token step run per slot (st_cuda_moe_ffn_slots) here; a GPU expert
@@ -966,9 +990,10 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     CK(st_gpu_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->wts_h, mb->wts, (size_t)T * kc * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
-                         .tok_ent = mb->meta_h + T, .out = mb->out_h};
+                         .wts = mb->wts_h, .tok_ent = mb->meta_h + T, .out = mb->out_h, .u = mb->u_h};
 }
 
 /* ------------------------------------------------------------------ the walk's ops */
@@ -1063,18 +1088,24 @@ static void moe_finish(st_engine_mb_t *fm, int l) {
     const st_gpu_stream_t *s = mb->s;
     const gl_t *G = &g->L[l];
     int T = fm->T, kc = g->e->kcap, ew = st_config_expert_width(c), d = c->d;
-    /* the combine reads expert rows through row_of (grouped), or in slot order (remote, or slots) */
+    /* the combine reads expert rows through row_of (grouped), or in slot order (handed-off rows, or
+     * slots); remote experts: u combined by the worker, the epilogue only (engine.h) */
+    bool remote = g->e->o.remote_experts;
     const float *yg = mb->local_done && !mb->slot_order ? mb->yg : NULL;
     const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
-    if (!mb->local_done) CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
+    const float *wts = remote ? NULL : mb->wts;
+    if (remote) CK(st_gpu_memcpy_async(s, mb->eout, mb->u_h, (size_t)T * ew * sizeof(float), ST_GPU_COPY_H2D));
+    else if (!mb->local_done)
+        CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
     chain_wait(mb);
     if (c->latent > 0) {
-        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, mb->wts, mb->cnt, G->lat_norm, T, kc, ew,
-                          c->rms_eps));
+        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, wts, mb->ids, mb->cnt, G->lat_norm, T, kc,
+                               ew, c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
         CK(lin(mb, mb->partial, d, 1.f, mb->un, ew, G->lat_up, T, d, ew));
     } else {
-        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, mb->wts, mb->cnt, NULL, T, kc, ew, c->rms_eps));
+        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, wts, mb->ids, mb->cnt, NULL, T, kc, ew,
+                               c->rms_eps));
     }
     if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter, moe_fused(g));
 }
@@ -1098,7 +1129,37 @@ static void handoff_wait(st_engine_mb_t *fm) {
     deliver(mb, fm->l);
 }
 
-/* The head: final norm, lm_head, logits or argmax to the caller; synchronises. */
+/* The sampling entries' parameters for the head's row chunks of LR rows: list k in head-row order,
+ * row relative to its chunk; returns how many, *lp whether any wants logprobs. */
+static int sample_rows(cmb_t *mb, int LR, bool *lp) {
+    const st_engine_mb_t *fm = mb->fm;
+    int ns = 0, nb = 0;
+    *lp = false;
+    for (int i = 0, r = 0; i < fm->n_seqs; i++) {
+        const st_seq_chunk_t *q = &fm->seqs[i];
+        r += q->all_logits ? q->n_tokens : 1;
+        const st_sample_params_t *p = q->sample;
+        if (!p) continue;
+        mb->srow_h[ns++] = (st_sample_row_t){.temperature = p->temperature, .top_p = p->top_p, .presence = p->presence,
+                                             .frequency = p->frequency, .top_k = p->top_k, .n_top = p->n_top,
+                                             .bias_off = nb, .n_bias = p->n_bias, .row = (r - 1) % LR,
+                                             .count_row = q->slot, .pos = p->pos, .seed = p->seed};
+        memcpy(mb->sbid_h + nb, p->bias_ids, (size_t)p->n_bias * sizeof(uint32_t));
+        memcpy(mb->sbv_h + nb, p->bias_values, (size_t)p->n_bias * sizeof(float));
+        nb += p->n_bias;
+        *lp |= p->n_top >= 0;
+    }
+    const st_gpu_stream_t *s = mb->s;
+    if (ns) CK(st_gpu_memcpy_async(s, mb->srow_d, mb->srow_h, (size_t)ns * sizeof(st_sample_row_t), ST_GPU_COPY_H2D));
+    if (nb) {
+        CK(st_gpu_memcpy_async(s, mb->sbid_d, mb->sbid_h, (size_t)nb * sizeof(uint32_t), ST_GPU_COPY_H2D));
+        CK(st_gpu_memcpy_async(s, mb->sbv_d, mb->sbv_h, (size_t)nb * sizeof(float), ST_GPU_COPY_H2D));
+    }
+    return ns;
+}
+
+/* The head: final norm, lm_head, then per chunk of rows the argmax or sampling of the entries that
+ * ask, and the logits the caller wants; synchronises. */
 static void head(st_engine_mb_t *fm) {
     cmb_t *mb = CMB(fm);
     cu_t *g = mb->g;
@@ -1106,19 +1167,33 @@ static void head(st_engine_mb_t *fm) {
     const st_gpu_stream_t *s = mb->s;
     int d = c->d, V = c->vocab, nr = mb->n_rows;
     resnorm(mb, mb->xf, g->e->q_out, g->final_norm, mb->d_rows, nr);
-    /* rows of entries that want only the argmax (st_seq_chunk_t.argmax) are not copied to the host */
+    /* rows of entries that want only the argmax (st_seq_chunk_t.argmax) or a sampled token without
+     * keep_logits are not copied to the host */
     bool amax = false;
     for (int i = 0, r = 0; i < fm->n_seqs; i++) {
         const st_seq_chunk_t *q = &fm->seqs[i];
-        bool only = q->argmax && !q->all_logits;
-        amax |= only;
+        bool only = (q->argmax && !q->all_logits) || (q->sample && !q->keep_logits);
+        amax |= q->argmax && !q->all_logits;
         for (int t = q->all_logits ? 0 : q->n_tokens - 1; t < q->n_tokens; t++) mb->need[r++] = !only;
     }
     int LR = ST_MIN(fm->T, LOGIT_ROWS);
+    bool want_lp;
+    int ns = sample_rows(mb, LR, &want_lp), k0 = 0;
     for (int r0 = 0; r0 < nr; r0 += LR) {
         int rows = ST_MIN(LR, nr - r0);
         CK(lin(mb, mb->lg, V, 0.f, mb->xf + (size_t)r0 * d, d, g->lm_head, rows, V, d));
         if (amax) CK(st_cuda_argmax(s, mb->amax_d + r0, mb->lg, rows, V));
+        int k1 = k0; /* this chunk's sampled rows: the next ones of the list */
+        for (int i = 0, r = 0; i < fm->n_seqs; i++) {
+            const st_seq_chunk_t *q = &fm->seqs[i];
+            r += q->all_logits ? q->n_tokens : 1;
+            k1 += q->sample && r - 1 >= r0 && r - 1 < r0 + rows;
+        }
+        if (k1 > k0)
+            CK(st_cuda_sample(s, mb->sid_d + k0, mb->slp_d + k0, mb->stid_d + (size_t)k0 * ST_SAMPLE_MAX_TOP,
+                              mb->stlp_d + (size_t)k0 * ST_SAMPLE_MAX_TOP, mb->lg, k1 - k0, V, mb->srow_d + k0,
+                              mb->sbid_d, mb->sbv_d, g->counts_d));
+        k0 = k1;
         bool copied = false;
         for (int a = 0, b; a < rows; a = b) { /* runs of rows the caller wants */
             for (b = a; b < rows && mb->need[r0 + b] == mb->need[r0 + a]; b++) {}
@@ -1130,11 +1205,27 @@ static void head(st_engine_mb_t *fm) {
         if (copied) CK(st_gpu_stream_sync(s)); /* the caller's buffer is pageable */
     }
     if (amax) CK(st_gpu_memcpy_async(s, mb->amax_h, mb->amax_d, (size_t)nr * sizeof(int), ST_GPU_COPY_D2H));
+    if (ns) CK(st_gpu_memcpy_async(s, mb->sid_h, mb->sid_d, (size_t)ns * sizeof(int), ST_GPU_COPY_D2H));
+    if (want_lp) {
+        size_t nt = (size_t)ns * ST_SAMPLE_MAX_TOP;
+        CK(st_gpu_memcpy_async(s, mb->slp_h, mb->slp_d, (size_t)ns * sizeof(float), ST_GPU_COPY_D2H));
+        CK(st_gpu_memcpy_async(s, mb->stid_h, mb->stid_d, nt * sizeof(int), ST_GPU_COPY_D2H));
+        CK(st_gpu_memcpy_async(s, mb->stlp_h, mb->stlp_d, nt * sizeof(float), ST_GPU_COPY_D2H));
+    }
     CK(st_gpu_stream_sync(s));
-    for (int i = 0, r = 0; i < fm->n_seqs; i++) {
+    for (int i = 0, r = 0, k = 0; i < fm->n_seqs; i++) {
         const st_seq_chunk_t *q = &fm->seqs[i];
         r += q->all_logits ? q->n_tokens : 1;
         if (q->argmax && !q->all_logits) *q->argmax = mb->amax_h[r - 1];
+        if (!q->sample) continue;
+        *q->token = mb->sid_h[k];
+        if (q->sample->n_top >= 0) {
+            int nt = ST_MIN(q->sample->n_top, V);
+            *q->logprob = mb->slp_h[k];
+            memcpy(q->top_ids, mb->stid_h + (size_t)k * ST_SAMPLE_MAX_TOP, (size_t)nt * sizeof(int));
+            memcpy(q->top_logprobs, mb->stlp_h + (size_t)k * ST_SAMPLE_MAX_TOP, (size_t)nt * sizeof(float));
+        }
+        k++;
     }
 }
 

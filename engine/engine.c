@@ -332,6 +332,11 @@ static st_status_t validate(st_engine_t *e, const st_seq_chunk_t *seqs, int n_se
         for (int t = 0; t < s->n_tokens; t++)
             if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab)
                 return ST_FAIL(ST_ERR_OUT_OF_RANGE, "step: token id %d outside vocabulary 0..%d", s->tokens[t], c->vocab - 1);
+        const st_sample_params_t *sp = s->sample;
+        if (sp && (s->all_logits || s->argmax || !s->token || sp->n_bias < 0 || sp->n_bias > ST_ENGINE_MAX_BIAS ||
+                   (sp->n_bias && (!sp->bias_ids || !sp->bias_values)) || sp->n_top > ST_SAMPLE_MAX_TOP ||
+                   (sp->n_top >= 0 && (!s->logprob || !s->top_ids || !s->top_logprobs)) || !(sp->temperature == sp->temperature)))
+            return ST_FAIL(ST_ERR_INVALID_ARG, "step: slot %d: sampling parameters or outputs invalid", s->slot);
         int len = e->seq_len[s->slot];
         if (len + s->n_tokens > e->o.max_ctx)
             return ST_FAIL(ST_ERR_CAPACITY, "step: sequence would reach %d tokens, limit %d", len + s->n_tokens, e->o.max_ctx);
@@ -445,6 +450,7 @@ static void walk(st_engine_mb_t *mb) {
 static void finish(st_engine_mb_t *mb) {
     st_engine_t *e = mb->e;
     e->be->head(mb);
+    if (e->be->sample) e->be->sample(mb);
     for (int i = 0; i < mb->n_seqs; i++) {
         e->seq_len[mb->ents[i].slot] += mb->ents[i].n;
         e->seq_busy[mb->ents[i].slot] = false;

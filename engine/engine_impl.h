@@ -167,6 +167,9 @@ struct st_engine_backend {
     void (*wait)(st_engine_mb_t *mb);         /* the hand-off landed (then the observer) */
     bool (*ready)(st_engine_mb_t *mb);        /* the hand-off or layers are done (a poll) */
     void (*head)(st_engine_mb_t *mb);         /* final norm, lm_head, logits / argmax to the caller */
+    /* the entries' sampling (st_seq_chunk_t.sample) over the head's rows; a backend whose head works
+     * in row chunks samples each chunk there and leaves this NULL (the CUDA one) */
+    void (*sample)(st_engine_mb_t *mb);
     void (*step)(st_engine_mb_t *mb);         /* st_engine_step after begin: e.g. replay a captured step */
 };
 

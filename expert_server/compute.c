@@ -17,8 +17,14 @@ st_status_t st_es_compute_init(st_es_compute_t *x, const st_ckpt_t *ck, int max_
     st_weight_t g = {.rows = x->c->moe_inter, .cols = st_config_expert_width(x->c), .dtype = ST_DT_MXFP4};
     st_weight_t d = {.rows = st_config_expert_width(x->c), .cols = x->c->moe_inter, .dtype = ST_DT_MXFP4};
     x->ws = malloc(sizeof(float) * st_ffn_ws_floats(max_rows, &g, &g, &d));
-    x->xin = malloc(sizeof(float) * (size_t)max_rows * (size_t)st_config_expert_width(x->c));
-    if (!x->w || !x->bound || !x->ws || !x->xin) {
+    size_t M = (size_t)max_rows;
+    x->xin = malloc(sizeof(float) * M * (size_t)st_config_expert_width(x->c));
+    x->y = malloc(sizeof(float) * M * (size_t)st_config_expert_width(x->c));
+    x->loff = malloc(sizeof(uint32_t) * (M + 1));
+    x->lrow = malloc(sizeof(uint32_t) * M);
+    x->lid = malloc(sizeof(uint32_t) * M);
+    x->lp = malloc(sizeof(float) * M);
+    if (!x->w || !x->bound || !x->ws || !x->xin || !x->y || !x->loff || !x->lrow || !x->lid || !x->lp) {
         st_es_compute_cleanup(x);
         return ST_FAIL(ST_ERR_NO_MEMORY, "expert server compute for %d rows", max_rows);
     }
@@ -30,6 +36,11 @@ void st_es_compute_cleanup(st_es_compute_t *x) {
     free(x->bound);
     free(x->ws);
     free(x->xin);
+    free(x->y);
+    free(x->loff);
+    free(x->lrow);
+    free(x->lid);
+    free(x->lp);
     memset(x, 0, sizeof *x);
 }
 
@@ -43,30 +54,67 @@ st_status_t st_es_compute_bind(st_es_compute_t *x, int layer, int e) {
     return s;
 }
 
-st_status_t st_es_compute_run(st_es_compute_t *x, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                              const uint32_t *offsets, const float *rows, const uint32_t *src, float *out) {
+st_status_t st_es_leaf_table(const st_wire_dispatch_t *d, uint32_t n_exp, uint32_t *loff, uint32_t *lrow, uint32_t *lid,
+                             float *lp) {
+    uint32_t n = d->offsets[n_exp];
+    memset(loff, 0, sizeof(uint32_t) * ((size_t)d->n_out + 1));
+    for (uint32_t r = 0; r < n; r++) loff[d->orow[r] + 1]++;
+    for (uint32_t o = 0; o < d->n_out; o++) loff[o + 1] += loff[o];
+    /* pairs in grouped order (experts ascending), so each row's leaves come out ascending; the
+     * cursor of row o is loff[o], shifted back afterwards */
+    for (uint32_t k = 0; k < n_exp; k++)
+        for (uint32_t r = d->offsets[k]; r < d->offsets[k + 1]; r++) {
+            uint32_t at = loff[d->orow[r]]++;
+            lrow[at] = r, lid[at] = d->expert_ids[k], lp[at] = d->wts[r];
+        }
+    for (uint32_t o = d->n_out; o > 0; o--) loff[o] = loff[o - 1];
+    loff[0] = 0;
+    for (uint32_t o = 0; o < d->n_out; o++)
+        for (uint32_t k = loff[o] + 1; k < loff[o + 1]; k++)
+            if (lid[k] == lid[k - 1])
+                return ST_FAIL(ST_ERR_INVALID_ARG, "output row %u names expert %u twice", o, lid[k]);
+    return ST_OK;
+}
+
+st_status_t st_es_compute_run(st_es_compute_t *x, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, float *out) {
     const st_config_t *c = x->c;
     int ew = st_config_expert_width(c);
+    const uint32_t *expert_ids = d->expert_ids, *offsets = d->offsets;
     if (layer < 0 || layer >= x->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
-    if (offsets[n_exp] > (uint32_t)x->max_rows)
+    if (offsets[n_exp] > (uint32_t)x->max_rows || d->n_out > (uint32_t)x->max_rows)
         return ST_FAIL(ST_ERR_CAPACITY, "dispatch of %u rows exceeds this server's %d", offsets[n_exp], x->max_rows);
     for (uint32_t k = 0; k < n_exp; k++) {
         size_t i = (size_t)layer * x->n_experts + expert_ids[k];
         if (expert_ids[k] >= (uint32_t)x->n_experts || !x->bound[i])
             return ST_FAIL(ST_ERR_INVALID_ARG, "expert %u of layer %d is not held here", expert_ids[k], layer);
     }
+    st_status_t s = st_es_leaf_table(d, n_exp, x->loff, x->lrow, x->lid, x->lp);
+    if (s != ST_OK) return s;
     for (uint32_t k = 0; k < n_exp; k++) {
         int n = (int)(offsets[k + 1] - offsets[k]);
         if (n == 0) continue;
         const st_expert_weights_t *w = &x->w[(size_t)layer * x->n_experts + expert_ids[k]];
-        const float *in = rows + (size_t)offsets[k] * ew;
-        if (src) { /* this expert's rows from the distinct ones */
+        const float *in = d->rows + (size_t)offsets[k] * ew;
+        if (d->src) { /* this expert's rows from the distinct ones */
             for (int r = 0; r < n; r++)
-                memcpy(x->xin + (size_t)r * ew, rows + (size_t)src[offsets[k] + r] * ew, sizeof(float) * (size_t)ew);
+                memcpy(x->xin + (size_t)r * ew, d->rows + (size_t)d->src[offsets[k] + r] * ew, sizeof(float) * (size_t)ew);
             in = x->xin;
         }
-        st_ffn(out + (size_t)offsets[k] * ew, in, n, &w->gate, &w->up, &w->down, c->act, c->situ_beta1, c->situ_beta2,
+        st_ffn(x->y + (size_t)offsets[k] * ew, in, n, &w->gate, &w->up, &w->down, c->act, c->situ_beta1, c->situ_beta2,
                x->ws);
+    }
+    /* each output row: its leaves fl(p·y) + 0, then the tree */
+    for (uint32_t o = 0; o < d->n_out; o++) {
+        int m = (int)(x->loff[o + 1] - x->loff[o]);
+        uint32_t *ids = x->lid + x->loff[o];
+        for (int k = 0; k < m; k++) {
+            const float *y = x->y + (size_t)x->lrow[x->loff[o] + k] * ew;
+            float p = x->lp[x->loff[o] + k], *v = x->xin + (size_t)k * ew;
+            for (int q = 0; q < ew; q++) v[q] = p * y[q] + 0.0f;
+        }
+        st_moe_tree_rows(x->xin, ids, m, ew); /* NOTE: overwrites the row's ids in the table (used once) */
+        if (m) memcpy(out + (size_t)o * ew, x->xin, sizeof(float) * (size_t)ew);
+        else memset(out + (size_t)o * ew, 0, sizeof(float) * (size_t)ew);
     }
     return ST_OK;
 }

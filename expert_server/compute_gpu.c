@@ -1,8 +1,10 @@
 /* Expert server GPU compute (see compute_gpu.h): expert weights resident on the device as bf16,
  * one dispatch = rows H2D (the distinct rows only, expanded on the device) → bf16 → one
  * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
- * big experts through cuBLAS) → fp32 rows D2H straight into the caller's reply buffer (the server
- * pins its slot buffers, so neither side is staged through another host copy). No I/O. */
+ * big experts through cuBLAS) → the tree sums into output rows (st_cuda_moe_tree_reduce) → fp32
+ * rows D2H straight into the caller's reply buffer (the server pins its slot buffers, so neither
+ * side is staged through another host copy). No I/O. */
+#include "compute.h"
 #include <limits.h>
 #include <stdlib.h>
 
@@ -22,15 +24,17 @@ struct st_es_gpu {
     /* dispatch buffers, sized for max_rows at create */
     float *d_in;       // [max_rows, ew] fp32, device: the rows as carried (distinct rows or all)
     st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input, grouped order)
-    float *d_out;      // [max_rows, ew] fp32, device
+    float *d_out;      // [max_rows, ew] fp32, device: the FFN rows (one per pair)
+    uint32_t *d_leaf;  // [4 (max_rows + 1)] device: the leaf table loff | lrow | lid | lp (fp32 bits), packed
     uint32_t *d_src;   // [max_rows] device: the sources of a distinct-rows dispatch
     int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
     const st_bf16_t **d_tab; // [n_experts, 3] device: {gate, up, down} of each dispatched expert
     void *d_ws;        // FFN workspace, st_cuda_moe_ffn_table_ws_bytes(max_rows, mi)
     size_t ws_bytes;
-    st_gpu_arena_t pinned; /* host staging: offsets and the weight table */
+    st_gpu_arena_t pinned; /* host staging: offsets, the weight table and the leaf table */
     int *h_off;
     const st_bf16_t **h_tab;
+    uint32_t *h_leaf;  // as d_leaf, pinned host
     /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
     uint8_t *d_mx;
     size_t mx_bytes;
@@ -69,6 +73,7 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         goto err;
     }
     size_t rows_f32 = (size_t)max_rows * g->ew * sizeof(float);
+    size_t leaf_bytes = 4 * ((size_t)max_rows + 1) * sizeof(uint32_t);
     g->ws_bytes = st_cuda_moe_ffn_table_ws_bytes(max_rows, g->mi);
     size_t me = (size_t)g->mi * g->ew;
     g->mx_bytes = me / 2 + me / 32;
@@ -76,15 +81,18 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         (s = st_gpu_malloc((void **)&g->d_in_bf, rows_f32 / 2)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_out, rows_f32)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_src, (size_t)max_rows * sizeof(uint32_t))) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_leaf, leaf_bytes)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_off, ((size_t)g->n_experts + 1) * sizeof(int))) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_tab, (size_t)g->n_experts * 3 * sizeof(void *))) != ST_OK ||
         (s = st_gpu_malloc(&g->d_ws, g->ws_bytes ? g->ws_bytes : 256)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_mx, g->mx_bytes)) != ST_OK)
         goto err;
     size_t off_bytes = ((size_t)g->n_experts + 1) * sizeof(int), tab_bytes = (size_t)g->n_experts * 3 * sizeof(void *);
-    if ((s = st_gpu_arena_init(&g->pinned, align256(off_bytes) + align256(tab_bytes), 1)) != ST_OK) goto err;
+    if ((s = st_gpu_arena_init(&g->pinned, align256(off_bytes) + align256(tab_bytes) + align256(leaf_bytes), 1)) != ST_OK)
+        goto err;
     g->h_off = st_gpu_arena_alloc(&g->pinned, off_bytes);
     g->h_tab = st_gpu_arena_alloc(&g->pinned, tab_bytes);
+    g->h_leaf = st_gpu_arena_alloc(&g->pinned, leaf_bytes);
     *out = g;
     return ST_OK;
 err:
@@ -102,6 +110,7 @@ void st_es_gpu_destroy(st_es_gpu_t *g) {
     st_gpu_free(g->d_in_bf);
     st_gpu_free(g->d_out);
     st_gpu_free(g->d_src);
+    st_gpu_free(g->d_leaf);
     st_gpu_free(g->d_off);
     st_gpu_free(g->d_tab);
     st_gpu_free(g->d_ws);
@@ -165,14 +174,14 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
 
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 
-st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, uint32_t slots,
-                          float *out) {
+st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
+                          uint32_t slots, float *out) {
     const st_config_t *c = g->c;
+    const uint32_t *expert_ids = d->expert_ids, *offsets = d->offsets, *src = d->src;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
     if (n_exp > (uint32_t)g->n_experts)
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch names %u experts, the model has %d", n_exp, g->n_experts);
-    if (offsets[n_exp] > (uint32_t)g->max_rows || n_in > (uint32_t)g->max_rows)
+    if (offsets[n_exp] > (uint32_t)g->max_rows || n_in > (uint32_t)g->max_rows || d->n_out > (uint32_t)g->max_rows)
         return ST_FAIL(ST_ERR_CAPACITY, "dispatch of %u rows exceeds this server's %d", offsets[n_exp], g->max_rows);
     if (slots < offsets[n_exp])
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch of %u rows from a micro-batch of %u slots", offsets[n_exp], slots);
@@ -184,10 +193,14 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
             return ST_FAIL(ST_ERR_INVALID_ARG, "expert %u of layer %d is not held here", expert_ids[k], layer);
         if (offsets[k + 1] < offsets[k]) return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch offsets decrease at %u", k);
     }
-    size_t n = offsets[n_exp], ew = (size_t)g->ew, me = (size_t)g->mi * g->ew;
-    if (n == 0) return ST_OK;
-    st_status_t s = st_gpu_init(g->dev);
+    /* the leaf table on the host (pinned), packed for one copy up: loff [n_out + 1] | lrow | lid | lp [n] */
+    size_t n = offsets[n_exp], ew = (size_t)g->ew, me = (size_t)g->mi * g->ew, no = d->n_out;
+    uint32_t *loff = g->h_leaf, *lrow = loff + no + 1, *lid = lrow + n;
+    float *lp = (float *)(lid + n);
+    st_status_t s = st_es_leaf_table(d, n_exp, loff, lrow, lid, lp);
     if (s != ST_OK) return s;
+    if (n == 0) return ST_OK;
+    if ((s = st_gpu_init(g->dev)) != ST_OK) return s;
     /* NOTE: experts are separate device blocks (bound one by one): the launcher reads them through
      * the table, so the whole dispatch is one call whatever its experts. */
     for (uint32_t k = 0; k <= n_exp; k++) g->h_off[k] = (int)offsets[k];
@@ -204,7 +217,8 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
                            ST_GPU_COPY_H2D));
     /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA);
      * distinct rows expanded into the grouped order on the device */
-    CK(st_gpu_memcpy_async(&g->s, g->d_in, rows, (size_t)n_in * ew * sizeof(float), ST_GPU_COPY_H2D));
+    CK(st_gpu_memcpy_async(&g->s, g->d_in, d->rows, (size_t)n_in * ew * sizeof(float), ST_GPU_COPY_H2D));
+    CK(st_gpu_memcpy_async(&g->s, g->d_leaf, g->h_leaf, (no + 1 + 3 * n) * sizeof(uint32_t), ST_GPU_COPY_H2D));
     if (src) {
         CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
         CK(st_cuda_moe_expand(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
@@ -221,7 +235,11 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint3
     else
         CK(st_cuda_moe_ffn_table(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
                                         g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    CK(st_gpu_memcpy_async(&g->s, out, g->d_out, n * ew * sizeof(float), ST_GPU_COPY_D2H));
+    /* the output rows into d_in (its fp32 rows are spent: the FFN read the bf16 copy) */
+    const uint32_t *dl = g->d_leaf;
+    CK(st_cuda_moe_tree_reduce(&g->s, g->d_in, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
+                               (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew));
+    CK(st_gpu_memcpy_async(&g->s, out, g->d_in, no * ew * sizeof(float), ST_GPU_COPY_D2H));
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
     return ST_OK;

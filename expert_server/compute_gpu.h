@@ -8,6 +8,7 @@
 
 #include "strata/base.h"
 #include "strata/model.h"
+#include "strata/wire.h"
 
 typedef struct st_es_gpu st_es_gpu_t;
 
@@ -23,20 +24,20 @@ void st_es_gpu_destroy(st_es_gpu_t *g);
  * synchronises); the server calls it when a layer's experts are first needed, never per dispatch
  * once bound. Any thread; the device is selected on each call. */
 st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
-/* rows [n, ew] fp32 (host) grouped by expert_ids/offsets → out [n, ew] fp32 (host), n =
- * offsets[n_exp] ≤ max_rows; with src, rows holds n_in distinct rows and row r is rows[src[r]]
- * (wire.h ST_WIRE_FLAG_UNIQUE_ROWS; checked by the wire decoder), without it n_in = n. rows, src and
- * out are copied to / from the device directly: pinned host memory makes those copies DMA (the server
- * pins its slot buffers), pageable memory works, staged by the driver. Every expert must be bound.
- * slots: the routed slots of the sender's micro-batch at this layer (wire.h; ≥ n). The arithmetic of
- * each row is the one the rule in docs/architecture.md ("Bit-exact expert results") gives for a
- * micro-batch of that many slots, which is what the worker's own GPU engine computes: per row
- * (st_cuda_moe_ffn_rows_table) when st_cuda_moe_ffn_slots_pick(slots, n_experts, ℓ, w), else
- * the grouped GEMMs. Synchronous: returns after the results are in out. Device errors come back as
- * ST_ERR_DEVICE with the CUDA text in st_err_last(). */
-st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const uint32_t *expert_ids,
-                          const uint32_t *offsets, const float *rows, uint32_t n_in, const uint32_t *src, uint32_t slots,
-                          float *out);
+/* A decoded dispatch d (wire.h) of n_exp experts → out [d->n_out, ew] fp32 (host): the same output
+ * rows as st_es_compute_run (compute.h), the FFN rows weighted and summed by the summation tree on
+ * the device (st_cuda_moe_tree_reduce). n = offsets[n_exp] ≤ max_rows pairs; with d->src, d->rows
+ * holds n_in distinct rows and pair r's input is rows[src[r]], without it n_in = n. The rows, sources
+ * and out are copied to / from the device directly: pinned host memory makes those copies DMA (the
+ * server pins its slot buffers), pageable memory works, staged by the driver. Every expert must be
+ * bound. slots: the routed slots of the sender's micro-batch at this layer (wire.h; ≥ n). The
+ * arithmetic of each FFN row is the one the rule in docs/architecture.md ("Bit-exact expert
+ * results") gives for a micro-batch of that many slots, which is what the worker's own GPU engine
+ * computes: per row (st_cuda_moe_ffn_rows_table) when st_cuda_moe_ffn_slots_pick(slots, n_experts,
+ * ℓ, w), else the grouped GEMMs. Synchronous: returns after the results are in out. Device errors
+ * come back as ST_ERR_DEVICE with the CUDA text in st_err_last(). */
+st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
+                          uint32_t slots, float *out);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);
 

@@ -39,6 +39,7 @@ typedef struct {
     st_tp_ep_t *ep;    /* reply endpoint; NULL once the peer is lost (loop thread only) */
     st_wire_info_t info;
     st_status_t result;
+    uint32_t n_out;    /* output rows of the reply (compute_one) */
     uint64_t t_arrive; /* ns, when the dispatch landed: the reply reports the time it spent here */
     char err[256];
 } slot_t;
@@ -79,40 +80,31 @@ struct es {
 
 /* ---------------------------------------------------------------- compute thread */
 
+/* One dispatch → its output rows in s->out (the reply's payload, s->n_out rows). */
 static void compute_one(es_t *es, slot_t *s) {
-    const uint32_t *ids, *off, *src;
-    const float *rows;
-    s->result = st_wire_table_decode(s->in, &s->info, &ids, &off, &src, &rows);
+    st_wire_dispatch_t d;
+    s->result = st_wire_dispatch_decode(s->in, &s->info, &d);
     if (s->result != ST_OK) {
-        snprintf(s->err, sizeof s->err, "malformed dispatch table: %s", st_err_last());
+        snprintf(s->err, sizeof s->err, "malformed dispatch: %s", st_err_last());
         return;
     }
+    s->n_out = d.n_out;
 #ifdef STRATA_WITH_CUDA
     if (es->gpu) {
         /* NOTE: binding uploads an expert the first time a dispatch needs it (the placement path:
          * it allocates and synchronises); afterwards it is a table lookup */
         for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
-            s->result = st_es_gpu_bind(es->gpu, (int)s->info.layer, (int)ids[k]);
-        if (s->result == ST_OK) {
-            float *out_rows;
-            s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
-            if (s->result == ST_OK)
-                s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, ids, off, rows,
-                                          src ? s->info.unique : s->info.token_count, src, s->info.slots, out_rows);
-        }
+            s->result = st_es_gpu_bind(es->gpu, (int)s->info.layer, d.expert_ids[k]);
+        if (s->result == ST_OK)
+            s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, &d,
+                                      d.src ? s->info.unique : s->info.token_count, s->info.slots, (float *)s->out);
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
     }
 #endif
     for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
-        s->result = st_es_compute_bind(&es->cx, (int)s->info.layer, (int)ids[k]);
-    if (s->result == ST_OK) {
-        float *out_rows;
-        s->result = st_wire_table_encode(s->out, s->info.expert_count, ids, off, s->info.token_count, &out_rows);
-        if (s->result == ST_OK)
-            s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, ids, off, rows, src,
-                                          out_rows);
-    }
+        s->result = st_es_compute_bind(&es->cx, (int)s->info.layer, (int)d.expert_ids[k]);
+    if (s->result == ST_OK) s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, &d, (float *)s->out);
     if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
 }
 
@@ -188,15 +180,18 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
 
 static void send_reply(es_t *es, slot_t *s) {
     st_wire_info_t r = s->info;
-    r.unique = r.slots = 0; /* replies carry one row per (token, expert), and no batch shape */
+    uint32_t pairs = r.token_count;
+    r.unique = r.slots = 0; /* replies carry output rows only: no table, no batch shape */
     const void *payload = s->out;
     size_t len;
     if (s->result == ST_OK) {
         r.kind = ST_WIRE_KIND_COMBINE;
         r.status = ST_OK;
+        r.token_count = s->n_out;
+        r.expert_count = 0;
         uint64_t us = (st_time_ns() - s->t_arrive) / 1000; /* queued + computed */
         r.compute_us = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
-        len = st_wire_payload_bytes(r.token_count, r.expert_count, r.row_width);
+        len = st_wire_combine_bytes(r.token_count, r.row_width);
     } else {
         r.kind = ST_WIRE_KIND_ERROR;
         r.status = s->result;
@@ -216,7 +211,7 @@ static void send_reply(es_t *es, slot_t *s) {
     s->state = SLOT_SENDING;
     if (st_tp_send(s->ep, ST_WIRE_AM_REPLY, &h, sizeof h, payload, len, &s->send) != ST_OK) slot_free(s);
     es->served++;
-    es->rows += r.token_count;
+    es->rows += s->result == ST_OK ? pairs : 0;
 }
 
 static void on_async(uv_async_t *a) {

@@ -1,9 +1,11 @@
 /* libFuzzer harness: the data-plane wire format (strata/wire.h) as an expert server or attention
  * worker receives it: bytes [0, 64) are the UCX AM header, the rest the payload. Beyond "no crash":
  * a decoded header is within every ST_WIRE_MAX_* bound with payload_bytes equal to what arrived,
- * and encodes back to the same 64 bytes; a decoded table has ascending expert ids, offsets that
- * partition [0, token_count), sources below `unique`, and its row views end exactly at the end of
- * the payload (every row byte is read, so ASan sees any view past it). */
+ * and encodes back to the same 64 bytes; a decoded dispatch has ascending expert ids, offsets that
+ * partition [0, token_count), sources below `unique`, output rows below token_count with n_out one
+ * past the largest, and its row views end exactly at the end of the payload (every weight and row
+ * byte is read, so ASan sees any view past it); a failed decode writes nothing; a reply is exactly
+ * its output rows. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,36 +14,43 @@
 #include "fuzz/fuzz.h"
 #include "strata/wire.h"
 
-static void check_table(const st_wire_info_t *in, const uint8_t *pl) {
-    const uint32_t *ids = NULL, *off = NULL, *src = (const uint32_t *)(uintptr_t)0x1;
-    const float *rows = NULL;
-    st_status_t s = st_wire_table_decode(pl, in, &ids, &off, &src, &rows);
+static void check_dispatch(const st_wire_info_t *in, const uint8_t *pl) {
+    st_wire_dispatch_t d;
+    memset(&d, 0x5a, sizeof d);
+    st_wire_dispatch_t before = d;
+    st_status_t s = st_wire_dispatch_decode(pl, in, &d);
     if (s != ST_OK) {
         FUZZ_REQUIRE(s == ST_ERR_PROTOCOL);
-        FUZZ_REQUIRE(ids == NULL && off == NULL && rows == NULL);
+        FUZZ_REQUIRE(memcmp(&d, &before, sizeof d) == 0);
         return;
     }
+    const uint32_t *ids = d.expert_ids, *off = d.offsets;
     FUZZ_REQUIRE((const uint8_t *)ids == pl && off == ids + in->expert_count);
     for (uint32_t i = 1; i < in->expert_count; i++) FUZZ_REQUIRE(ids[i] > ids[i - 1]);
     FUZZ_REQUIRE(off[0] == 0 && off[in->expert_count] == in->token_count);
     for (uint32_t i = 0; i < in->expert_count; i++) FUZZ_REQUIRE(off[i] <= off[i + 1]);
     uint64_t n_rows = in->token_count;
     if (in->unique) {
-        FUZZ_REQUIRE(src != NULL && (const uint8_t *)src == pl + st_wire_table_bytes(in->expert_count));
-        for (uint32_t r = 0; r < in->token_count; r++) FUZZ_REQUIRE(src[r] < in->unique);
+        FUZZ_REQUIRE(d.src != NULL && (const uint8_t *)d.src == pl + st_wire_table_bytes(in->expert_count));
+        for (uint32_t r = 0; r < in->token_count; r++) FUZZ_REQUIRE(d.src[r] < in->unique);
         n_rows = in->unique;
-        /* a plain-rows receiver must refuse it */
-        const uint32_t *i2, *o2;
-        const float *r2;
-        FUZZ_REQUIRE(st_wire_table_decode(pl, in, &i2, &o2, NULL, &r2) == ST_ERR_PROTOCOL);
     } else {
-        FUZZ_REQUIRE(src == NULL);
+        FUZZ_REQUIRE(d.src == NULL);
     }
-    const uint8_t *end = (const uint8_t *)rows + n_rows * in->row_width * sizeof(float);
+    uint32_t top = 0;
+    for (uint32_t r = 0; r < in->token_count; r++) {
+        FUZZ_REQUIRE(d.orow[r] < in->token_count);
+        top = d.orow[r] + 1 > top ? d.orow[r] + 1 : top;
+    }
+    FUZZ_REQUIRE(d.n_out == top && d.wts == (const float *)(d.orow + in->token_count));
+    volatile float fs = 0;
+    for (uint32_t r = 0; r < in->token_count; r++) fs += d.wts[r];
+    const uint8_t *end = (const uint8_t *)d.rows + n_rows * in->row_width * sizeof(float);
     FUZZ_REQUIRE(end == pl + in->payload_bytes);
     volatile uint8_t sink = 0;
-    for (const uint8_t *q = (const uint8_t *)rows; q < end; q++) sink ^= *q;
+    for (const uint8_t *q = (const uint8_t *)d.rows; q < end; q++) sink ^= *q;
     (void)sink;
+    (void)fs;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -62,20 +71,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_REQUIRE(st_wire_header_encode(&in, &h) == ST_OK);
     FUZZ_REQUIRE(memcmp(&h, data, ST_WIRE_HEADER_BYTES) == 0);
     switch (in.kind) {
-    case ST_WIRE_KIND_DISPATCH:
-    case ST_WIRE_KIND_COMBINE: {
+    case ST_WIRE_KIND_DISPATCH: {
         FUZZ_REQUIRE(in.token_count <= ST_WIRE_MAX_TOKENS && in.expert_count <= ST_WIRE_MAX_EXPERTS &&
-                in.row_width <= ST_WIRE_MAX_ROW_WIDTH && in.unique <= in.token_count && in.status == ST_OK);
+                in.row_width <= ST_WIRE_MAX_ROW_WIDTH && in.unique <= in.token_count && in.status == ST_OK &&
+                in.slots >= in.token_count);
         FUZZ_REQUIRE(in.payload_bytes ==
                 st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, in.unique));
         /* an exact-size, 16-byte aligned copy of the payload (UCX hands the receiver such a buffer) */
         uint8_t *pl = aligned_alloc(16, (plen + 15) / 16 * 16 + 16);
         FUZZ_REQUIRE(pl);
         memcpy(pl, data + ST_WIRE_HEADER_BYTES, plen);
-        check_table(&in, pl);
+        check_dispatch(&in, pl);
         free(pl);
         break;
     }
+    case ST_WIRE_KIND_COMBINE:
+        FUZZ_REQUIRE(in.token_count <= ST_WIRE_MAX_TOKENS && in.expert_count == 0 && in.unique == 0 && in.slots == 0 &&
+                in.row_width <= ST_WIRE_MAX_ROW_WIDTH && in.status == ST_OK &&
+                in.payload_bytes == st_wire_combine_bytes(in.token_count, in.row_width));
+        break;
     case ST_WIRE_KIND_ERROR:
         FUZZ_REQUIRE(in.status < 0 && in.payload_bytes <= ST_WIRE_MAX_ERROR_TEXT && in.token_count == 0 &&
                 in.expert_count == 0 && in.row_width == 0 && in.unique == 0);

@@ -1,9 +1,10 @@
 /* MoE dispatch and combine (SPEC §6): routed slots grouped by expert, the latent rows gathered into
- * that order, and the weighted combine of the expert outputs in slot order (= ascending expert id). */
+ * that order, and the weighted combine of the expert outputs by the summation tree over expert ids. */
 #include <math.h>
 #include <string.h>
 
 #include "strata/kernels.h"
+#include "strata/moe_tree.h"
 
 void st_moe_group(int *offsets, int *row_of, const int *ids, const int *cnt, int T, int kc, int E) {
     memset(offsets, 0, (size_t)(E + 1) * sizeof(int));
@@ -30,15 +31,54 @@ void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n,
             dst[(size_t)r * w + c] = src[r] < (uint32_t)n_in ? st_f32_to_bf16(rows[(size_t)src[r] * w + c]) : 0;
 }
 
+void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l) {
+    for (int h = 0; n > 1; h++) { /* n > 1 ends by h = 31: ids < 2^32 all agree above bit 31 */
+        int m = 0;
+        for (int i = 0; i < n; m++) {
+            float *dst = v + (size_t)m * l;
+            if (i + 1 < n && ids[i] >> h >> 1 == ids[i + 1] >> h >> 1) { /* siblings at level h + 1 */
+                const float *a = v + (size_t)i * l, *b = v + (size_t)(i + 1) * l;
+                for (int c = 0; c < l; c++) dst[c] = a[c] + b[c];
+                ids[m] = ids[i];
+                i += 2;
+            } else { /* alone in its node: passes up unchanged */
+                if (m != i) memcpy(dst, v + (size_t)i * l, (size_t)l * sizeof(float));
+                ids[m] = ids[i];
+                i++;
+            }
+        }
+        n = m;
+    }
+}
+
+void st_moe_tree_reduce(float *out, const float *y, const uint32_t *off, const uint32_t *row, const uint32_t *id,
+                        const float *p, int n_out, int l) {
+    st_moe_tree_t s;
+    for (int o = 0; o < n_out; o++)
+        for (int c = 0; c < l; c++) {
+            st_moe_tree_init(&s);
+            for (uint32_t k = off[o]; k < off[o + 1]; k++) st_moe_tree_push(&s, id[k], p[k] * y[(size_t)row[k] * l + c] + 0.0f);
+            out[(size_t)o * l + c] = st_moe_tree_end(&s);
+        }
+}
+
 void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
-                    const int *cnt, const float *norm_w, int T, int kc, int l, float eps) {
+                    const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps) {
+    st_moe_tree_t s;
     for (int t = 0; t < T; t++) {
         float *ut = u ? u + (size_t)t * l : NULL;
         for (int c = 0; c < l; c++) {
-            float a = 0.0f;
-            for (int i = 0; i < cnt[t]; i++) {
-                const float *y = yg ? yg + (size_t)row_of[(size_t)t * kc + i] * l : yf + ((size_t)t * kc + i) * l;
-                a = a + p[(size_t)t * kc + i] * y[c];
+            float a;
+            if (!p) {
+                a = yf[(size_t)t * l + c];
+            } else {
+                st_moe_tree_init(&s);
+                for (int i = 0; i < cnt[t]; i++) {
+                    size_t k = (size_t)t * kc + i;
+                    const float *y = yg ? yg + (size_t)row_of[k] * l : yf + k * l;
+                    st_moe_tree_push(&s, (uint32_t)ids[k], p[k] * y[c] + 0.0f);
+                }
+                a = st_moe_tree_end(&s);
             }
             if (ut) ut[c] = a;
             else partial[(size_t)t * l + c] += a;

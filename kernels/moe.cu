@@ -3,6 +3,7 @@
  * CPU references: st_router_sigmoid + st_route_topk, st_sample with temperature 0, st_moe_* (kernels/moe.c).
  * (The GLU activation runs inside the expert FFN kernels: kernels/moe_ffn.cu.) */
 #include "cuda_common.cuh"
+#include "strata/moe_tree.h"
 
 /* One warp per token. Each lane keeps its experts' biased scores (j = lane + 32 i, i < NPL) in
  * registers; k rounds of warp argmax over the untaken ones (ties → lower id); lane r keeps the r-th
@@ -131,8 +132,8 @@ extern "C" st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const 
 }
 
 /* ------------------------------------------------------------------ dispatch and combine (SPEC §6)
- * routing → expert-grouped rows, gather of z into that order, combine in slot order.
- * CPU: st_moe_group, st_moe_gather, st_moe_combine (kernels/moe.c). */
+ * routing → expert-grouped rows, gather of z into that order, combine by the summation tree.
+ * CPU: st_moe_group, st_moe_gather, st_moe_combine, st_moe_tree_reduce (kernels/moe.c). */
 /* one block: counts per expert, exclusive scan, then rows. NOTE: rows within an expert are placed
  * by atomics (order may vary run to run); every row is computed on its own and the combine reads
  * them back in slot order, so the results do not depend on it. */
@@ -204,27 +205,34 @@ extern "C" st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *d
     return ST_OK;
 }
 
-/* one block per token; smem u [l] fp32, then the token's weights and source rows [kc] each (read
- * once, so the rows' loads do not wait on them slot by slot) */
+/* one block per token; smem u [l] fp32, then the token's weights, source rows and leaf ids [kc]
+ * each (read once, so the rows' loads do not wait on them slot by slot). Each thread sums its
+ * columns by the tree (strata/moe_tree.h; its stack lives in local memory, ≤ 33 entries). */
 __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf, const int *row_of,
-                                   const float *p, const int *cnt, const float *nw, int kc, int l, float eps) {
+                                   const float *p, const int *ids, const int *cnt, const float *nw, int kc, int l, float eps) {
     st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
     extern __shared__ float u[];
     __shared__ float red[32];
     float *ps = u + l;
     int *rs = reinterpret_cast<int *>(ps + kc);
-    const int t = blockIdx.x, c_ = cnt[t];
+    uint32_t *is = reinterpret_cast<uint32_t *>(rs + kc);
+    const int t = blockIdx.x, c_ = p ? cnt[t] : 0;
     const float *Y = yg ? yg : yf;
     for (int i = threadIdx.x; i < c_; i += blockDim.x) {
         ps[i] = p[(size_t)t * kc + i];
         rs[i] = yg ? row_of[(size_t)t * kc + i] : t * kc + i;
+        is[i] = (uint32_t)ids[(size_t)t * kc + i];
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < l; c += blockDim.x) {
-        float a = 0.f;
-#pragma unroll 8
-        for (int i = 0; i < c_; i++) a = __fadd_rn(a, __fmul_rn(ps[i], Y[(size_t)rs[i] * l + c]));
-        u[c] = a;
+    if (p) {
+        st_moe_tree_t st;
+        for (int c = threadIdx.x; c < l; c += blockDim.x) {
+            st_moe_tree_init(&st);
+            for (int i = 0; i < c_; i++) st_moe_tree_push(&st, is[i], __fadd_rn(__fmul_rn(ps[i], Y[(size_t)rs[i] * l + c]), 0.f));
+            u[c] = st_moe_tree_end(&st);
+        }
+    } else { /* u combined elsewhere */
+        for (int c = threadIdx.x; c < l; c += blockDim.x) u[c] = yf[(size_t)t * l + c];
     }
     __syncthreads();
     if (!un) {
@@ -242,11 +250,36 @@ __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial
         un[(size_t)t * l + c] = st_split_bf(nw ? u[c] * r * nw[c] : u[c], ulo ? ulo + (size_t)t * l + c : NULL);
 }
 extern "C" st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg,
-                                      const float *yf, const int *row_of, const float *p, const int *cnt,
+                                      const float *yf, const int *row_of, const float *p, const int *ids, const int *cnt,
                                       const float *norm_w, int T, int kc, int l, float eps) {
     if (T <= 0) return ST_OK;
-    moe_combine_kernel<<<T, 256, ((size_t)l + 2 * (size_t)kc) * sizeof(float), ST_STREAM(s)>>>(
-        un, ulo, partial, yg, yf, row_of, p, cnt, norm_w, kc, l, eps);
+    moe_combine_kernel<<<T, 256, ((size_t)l + 3 * (size_t)kc) * sizeof(float), ST_STREAM(s)>>>(
+        un, ulo, partial, yg, yf, row_of, p, ids, cnt, norm_w, kc, l, eps);
     return ST_LAUNCH_OK("moe_combine_kernel");
 }
 
+/* grid (ceil(l / 256), output rows), one thread per column; the row's leaves are read by every
+ * thread of the block (a handful, from L1) */
+__global__ void moe_tree_reduce_kernel(float *out, const float *y, const uint32_t *off, const uint32_t *row,
+                                       const uint32_t *id, const float *p, int l) {
+    const int o = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= l) return;
+    st_moe_tree_t st;
+    st_moe_tree_init(&st);
+    for (uint32_t k = off[o]; k < off[o + 1]; k++)
+        st_moe_tree_push(&st, id[k], __fadd_rn(__fmul_rn(p[k], y[(size_t)row[k] * l + c]), 0.f));
+    out[(size_t)o * l + c] = st_moe_tree_end(&st);
+}
+extern "C" st_status_t st_cuda_moe_tree_reduce(const st_gpu_stream_t *s, float *out, const float *y, const uint32_t *off,
+                                               const uint32_t *row, const uint32_t *id, const float *p, int n_out, int l) {
+    if (n_out <= 0 || l <= 0) return ST_OK;
+    if (n_out > 65535 * 64) return ST_FAIL(ST_ERR_INVALID_ARG, "moe_tree_reduce: %d rows", n_out);
+    for (int o0 = 0; o0 < n_out; o0 += 65535) { /* gridDim.y ≤ 65535 */
+        const int no = n_out - o0 < 65535 ? n_out - o0 : 65535;
+        moe_tree_reduce_kernel<<<dim3((l + 255) / 256, no), 256, 0, ST_STREAM(s)>>>(out + (size_t)o0 * l, y, off + o0,
+                                                                                     row, id, p, l);
+        st_status_t rc = ST_LAUNCH_OK("moe_tree_reduce_kernel");
+        if (rc) return rc;
+    }
+    return ST_OK;
+}

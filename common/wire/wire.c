@@ -32,15 +32,18 @@ static int shape_ok(uint32_t tokens, uint32_t experts, uint32_t width) {
     return tokens <= ST_WIRE_MAX_TOKENS && experts <= ST_WIRE_MAX_EXPERTS && width <= ST_WIRE_MAX_ROW_WIDTH;
 }
 
-static size_t src_bytes(uint32_t tokens) {
-    return ((size_t)tokens * sizeof(uint32_t) + ST_WIRE_ALIGN - 1) / ST_WIRE_ALIGN * ST_WIRE_ALIGN;
-}
+static size_t pad16(size_t b) { return (b + ST_WIRE_ALIGN - 1) / ST_WIRE_ALIGN * ST_WIRE_ALIGN; }
+static size_t src_bytes(uint32_t tokens) { return pad16((size_t)tokens * sizeof(uint32_t)); }
+/* output rows and weights of the pairs, padded together */
+static size_t pair_bytes(uint32_t tokens) { return pad16((size_t)tokens * 2 * sizeof(uint32_t)); }
 
 /* NOTE: the bounds keep tokens * width * 4 below 2^40, so no overflow on 64-bit size_t. */
-static size_t payload_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique) {
-    if (unique) return st_wire_table_bytes(experts) + src_bytes(tokens) + (size_t)unique * width * sizeof(float);
-    return st_wire_table_bytes(experts) + (size_t)tokens * width * sizeof(float);
+static size_t dispatch_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique) {
+    size_t b = st_wire_table_bytes(experts) + pair_bytes(tokens);
+    if (unique) return b + src_bytes(tokens) + (size_t)unique * width * sizeof(float);
+    return b + (size_t)tokens * width * sizeof(float);
 }
+static size_t combine_of(uint32_t rows, uint32_t width) { return (size_t)rows * width * sizeof(float); }
 
 size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique) {
     if (!shape_ok(token_count, expert_count, row_width) || unique > token_count) {
@@ -48,33 +51,36 @@ size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint3
                 token_count, unique, expert_count, row_width);
         return 0;
     }
-    return payload_of(token_count, expert_count, row_width, unique);
+    return dispatch_of(token_count, expert_count, row_width, unique);
 }
 
-size_t st_wire_payload_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width) {
-    if (!shape_ok(token_count, expert_count, row_width)) {
-        ST_FAIL(ST_ERR_INVALID_ARG, "wire: shape %u tokens x %u experts x %u width exceeds limits", token_count,
-                expert_count, row_width);
+size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width) {
+    if (!shape_ok(rows, 0, row_width)) {
+        ST_FAIL(ST_ERR_INVALID_ARG, "wire: reply of %u rows x %u width exceeds limits", rows, row_width);
         return 0;
     }
-    return payload_of(token_count, expert_count, row_width, 0);
+    return combine_of(rows, row_width);
 }
 
 /* Shared checks of encode and decode; returns a static reason or NULL. */
 static const char *info_problem(const st_wire_info_t *in) {
     switch (in->kind) {
     case ST_WIRE_KIND_DISPATCH:
-    case ST_WIRE_KIND_COMBINE:
         if (!shape_ok(in->token_count, in->expert_count, in->row_width)) return "counts exceed limits";
         if (in->token_count > 0 && in->expert_count == 0) return "tokens without experts";
         if (in->row_width == 0 && in->token_count > 0) return "zero row width";
-        if (in->unique && (in->kind != ST_WIRE_KIND_DISPATCH || in->unique > in->token_count))
-            return "distinct rows only on a dispatch, at most one per row";
-        if (in->payload_bytes != payload_of(in->token_count, in->expert_count, in->row_width, in->unique))
+        if (in->unique > in->token_count) return "more distinct rows than pairs";
+        if (in->payload_bytes != dispatch_of(in->token_count, in->expert_count, in->row_width, in->unique))
             return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
-        if (in->kind == ST_WIRE_KIND_DISPATCH ? in->slots < in->token_count : in->slots != 0)
-            return "slots below the rows of a dispatch, or set on a reply";
+        if (in->slots < in->token_count) return "slots below the pairs of a dispatch";
+        return NULL;
+    case ST_WIRE_KIND_COMBINE:
+        if (!shape_ok(in->token_count, 0, in->row_width)) return "counts exceed limits";
+        if (in->expert_count || in->unique || in->slots) return "expert table, distinct rows or slots on a reply";
+        if (in->row_width == 0 && in->token_count > 0) return "zero row width";
+        if (in->payload_bytes != combine_of(in->token_count, in->row_width)) return "payload_bytes disagrees with counts";
+        if (in->status != ST_OK) return "status set on a data message";
         return NULL;
     case ST_WIRE_KIND_ERROR:
         if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots)
@@ -166,9 +172,11 @@ static const char *table_problem(uint32_t n, const uint32_t *ids, const uint32_t
     return NULL;
 }
 
-st_status_t st_wire_table_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
-                                 const uint32_t *offsets, uint32_t token_count, float **rows) {
+st_status_t st_wire_dispatch_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
+                                    const uint32_t *offsets, uint32_t token_count, uint32_t unique,
+                                    st_wire_dispatch_t *out) {
     const char *why = table_problem(expert_count, expert_ids, offsets, token_count);
+    if (!why && unique > token_count) why = "more distinct rows than pairs";
     if (why) return ST_FAIL(ST_ERR_INVALID_ARG, "wire: table of %u experts: %s", expert_count, why);
     uint8_t *p = payload;
     size_t tb = st_wire_table_bytes(expert_count);
@@ -176,61 +184,68 @@ st_status_t st_wire_table_encode(void *payload, uint32_t expert_count, const uin
     memcpy(p + (size_t)expert_count * 4, offsets, ((size_t)expert_count + 1) * 4);
     size_t used = ((size_t)expert_count * 2 + 1) * 4;
     memset(p + used, 0, tb - used);
-    if (rows) *rows = (float *)(p + tb);
+    p += tb;
+    st_wire_dispatch_t v = {.expert_ids = payload, .offsets = (const uint32_t *)payload + expert_count};
+    if (unique) {
+        memset(p + (size_t)token_count * 4, 0, src_bytes(token_count) - (size_t)token_count * 4);
+        v.src = (const uint32_t *)p;
+        p += src_bytes(token_count);
+    }
+    memset(p + (size_t)token_count * 8, 0, pair_bytes(token_count) - (size_t)token_count * 8);
+    v.orow = (const uint32_t *)p;
+    v.wts = (const float *)(p + (size_t)token_count * 4);
+    v.rows = (const float *)(p + pair_bytes(token_count));
+    *out = v;
     return ST_OK;
 }
 
-st_status_t st_wire_table_encode_unique(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
-                                        const uint32_t *offsets, uint32_t token_count, uint32_t **src, float **rows) {
-    float *after;
-    st_status_t s = st_wire_table_encode(payload, expert_count, expert_ids, offsets, token_count, &after);
-    if (s != ST_OK) return s;
-    uint8_t *p = (uint8_t *)after;
-    memset(p + (size_t)token_count * 4, 0, src_bytes(token_count) - (size_t)token_count * 4);
-    *src = (uint32_t *)p;
-    *rows = (float *)(p + src_bytes(token_count));
-    return ST_OK;
+static int zeros(const uint8_t *p, size_t from, size_t to) {
+    for (size_t i = from; i < to; i++)
+        if (p[i]) return 0;
+    return 1;
 }
 
-st_status_t st_wire_table_decode(const void *payload, const st_wire_info_t *info, const uint32_t **expert_ids,
-                                 const uint32_t **offsets, const uint32_t **src, const float **rows) {
-    if (info->kind != ST_WIRE_KIND_DISPATCH && info->kind != ST_WIRE_KIND_COMBINE)
-        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: kind %d has no table", (unsigned long long)info->seq,
-                       (int)info->kind);
-    if ((uintptr_t)payload % 4 != 0)
-        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload not 4-byte aligned", (unsigned long long)info->seq);
-    if (info->payload_bytes < st_wire_table_bytes(info->expert_count))
-        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload shorter than its table",
-                       (unsigned long long)info->seq);
+st_status_t st_wire_dispatch_decode(const void *payload, const st_wire_info_t *info, st_wire_dispatch_t *out) {
+    unsigned long long seq = (unsigned long long)info->seq;
+    if (info->kind != ST_WIRE_KIND_DISPATCH)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: kind %d is not a dispatch", seq, (int)info->kind);
+    if ((uintptr_t)payload % 4 != 0) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload not 4-byte aligned", seq);
+    uint32_t n = info->token_count;
+    if (info->payload_bytes != dispatch_of(n, info->expert_count, info->row_width, info->unique))
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload of %llu bytes does not fit its counts", seq,
+                       (unsigned long long)info->payload_bytes);
     const uint32_t *ids = payload;
     const uint32_t *off = ids + info->expert_count;
-    const char *why = table_problem(info->expert_count, ids, off, info->token_count);
+    const char *why = table_problem(info->expert_count, ids, off, n);
     if (why)
-        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: table of %u experts: %s",
-                       (unsigned long long)info->seq, info->source_id, info->expert_count, why);
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: table of %u experts: %s", seq, info->source_id,
+                       info->expert_count, why);
     const uint8_t *p = payload;
-    size_t used = ((size_t)info->expert_count * 2 + 1) * 4;
-    for (size_t i = used; i < st_wire_table_bytes(info->expert_count); i++)
-        if (p[i]) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero table padding", (unsigned long long)info->seq);
-    const uint8_t *after = p + st_wire_table_bytes(info->expert_count);
+    if (!zeros(p, ((size_t)info->expert_count * 2 + 1) * 4, st_wire_table_bytes(info->expert_count)))
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero table padding", seq);
+    p += st_wire_table_bytes(info->expert_count);
+    st_wire_dispatch_t v = {.expert_ids = ids, .offsets = off};
     if (info->unique) {
-        if (!src)
-            return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: distinct-row dispatch where plain rows are expected",
-                           (unsigned long long)info->seq);
-        const uint32_t *sr = (const uint32_t *)after;
-        for (uint32_t r = 0; r < info->token_count; r++)
+        const uint32_t *sr = (const uint32_t *)p;
+        for (uint32_t r = 0; r < n; r++)
             if (sr[r] >= info->unique)
-                return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: row %u names distinct row %u of %u",
-                               (unsigned long long)info->seq, info->source_id, r, sr[r], info->unique);
-        for (size_t i = (size_t)info->token_count * 4; i < src_bytes(info->token_count); i++)
-            if (after[i]) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", (unsigned long long)info->seq);
-        *src = sr;
-        after += src_bytes(info->token_count);
-    } else if (src) {
-        *src = NULL;
+                return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: pair %u names distinct row %u of %u", seq,
+                               info->source_id, r, sr[r], info->unique);
+        if (!zeros(p, (size_t)n * 4, src_bytes(n))) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", seq);
+        v.src = sr;
+        p += src_bytes(n);
     }
-    *expert_ids = ids;
-    *offsets = off;
-    *rows = (const float *)after;
+    const uint32_t *orow = (const uint32_t *)p;
+    for (uint32_t r = 0; r < n; r++) {
+        if (orow[r] >= n)
+            return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu from %u: pair %u names output row %u of at most %u", seq,
+                           info->source_id, r, orow[r], n);
+        if (orow[r] + 1 > v.n_out) v.n_out = orow[r] + 1;
+    }
+    if (!zeros(p, (size_t)n * 8, pair_bytes(n))) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", seq);
+    v.orow = orow;
+    v.wts = (const float *)(p + (size_t)n * 4);
+    v.rows = (const float *)(p + pair_bytes(n));
+    *out = v;
     return ST_OK;
 }

@@ -108,8 +108,8 @@ out("safetensors", {
     "index_empty.json": b"\x01" + b'{"weight_map":{}}',
 })
 
-# ---- wire: 64-byte header + payload ----
-MAGIC, VER = 0x57525453, 3
+# ---- wire: 64-byte header + payload (strata/wire.h, version 5) ----
+MAGIC, VER = 0x57525453, 5
 
 
 def wire(kind, tokens, experts, width, payload, step=7, layer=1, mb=0, flags=0, src=42, seq=9, status=0, aux=0):
@@ -117,24 +117,38 @@ def wire(kind, tokens, experts, width, payload, step=7, layer=1, mb=0, flags=0, 
                        len(payload), status, aux) + payload
 
 
-def table(ids, offs):
-    b = struct.pack("<%dI" % len(ids), *ids) + struct.pack("<%dI" % len(offs), *offs)
+def pad16(b):
     return b + bytes((-len(b)) % 16)
+
+
+def table(ids, offs):
+    return pad16(struct.pack("<%dI" % len(ids), *ids) + struct.pack("<%dI" % len(offs), *offs))
+
+
+def pairs(orows, wts):
+    """each pair's output row, then its weight"""
+    return pad16(struct.pack("<%dI" % len(orows), *orows) + struct.pack("<%df" % len(wts), *wts))
 
 
 def rows(n, w):
     return struct.pack("<%df" % (n * w), *[float(i) * 0.5 for i in range(n * w)])
 
 
-srcs = struct.pack("<3I", 0, 1, 0) + bytes(4)
+srcs = pad16(struct.pack("<3I", 0, 1, 0))
+# dispatch: 3 pairs (tokens 0, 1 on expert 5; token 0 on expert 9): token 0's two experts in one output row
 out("wire", {
-    "dispatch.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + rows(3, 4)),
-    "dispatch_unique.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + srcs + rows(2, 4), flags=1, aux=2),
-    "dispatch_per_row.bin": wire(1, 1, 1, 2, table([0], [0, 1]) + rows(1, 2), flags=2),
-    "combine.bin": wire(2, 3, 2, 4, table([5, 9], [0, 2, 3]) + rows(3, 4), aux=1234),
+    "dispatch.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + pairs([0, 1, 0], [0.25, 0.5, 0.75]) + rows(3, 4),
+                         status=3),
+    "dispatch_unique.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + srcs + pairs([0, 1, 0], [0.25, 0.5, 0.75]) +
+                                rows(2, 4), flags=1, aux=2, status=6),
+    "dispatch_one.bin": wire(1, 1, 1, 2, table([0], [0, 1]) + pairs([0], [1.0]) + rows(1, 2), status=1),
+    "combine.bin": wire(2, 2, 0, 4, rows(2, 4), aux=1234),
     "empty_dispatch.bin": wire(1, 0, 0, 0, table([], [0])),
+    "empty_combine.bin": wire(2, 0, 0, 4, b""),
     "error.bin": wire(3, 0, 0, 0, b"expert 9 of layer 1 is not held here", status=-3),
-    "bad_magic.bin": b"XXXX" + wire(1, 1, 1, 1, table([0], [0, 1]) + rows(1, 1))[4:],
+    "bad_magic.bin": b"XXXX" + wire(1, 1, 1, 1, table([0], [0, 1]) + pairs([0], [1.0]) + rows(1, 1), status=1)[4:],
+    "v4_dispatch.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + rows(3, 4), status=3)[:4] + struct.pack("<H", 4) +
+                       wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + rows(3, 4), status=3)[6:],
     "short_header.bin": wire(1, 1, 1, 1, b"")[:40],
 })
 

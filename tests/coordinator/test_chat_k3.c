@@ -242,6 +242,45 @@ static void test_reply(void) {
     CHECK(r.reasoning_len == 3 && r.content_len == 0 && !r.tool_calls, "cut while thinking");
 }
 
+/* A reply fed piece by piece (every byte, so markers arrive split anywhere; or whole markers as a
+ * tokenizer sends them): st_chat_k3_stream gives the think channel as it is written, then the
+ * response channel, never a byte of markup, and at the end exactly what st_chat_k3_reply reads. */
+static void k3_feed(const char *text, int thinking, int bytewise, const char *want_r, const char *want_c) {
+    size_t len = strlen(text), sent = 0, got_c_before_end = 0, pieces = 0;
+    char r[512] = "", c[512] = "";
+    for (size_t n = 1; n <= len; n++) {
+        if (!bytewise && n < len && text[n] != '<' && text[n - 1] != '>') continue; /* markers whole */
+        int final = n == len;
+        size_t ro, rl, co, cl;
+        st_chat_k3_stream(text, n, thinking, final, sent, &ro, &rl, &co, &cl);
+        CHECK(ro >= sent && (!cl || co >= ro + rl), "%s: ranges in order at %zu", want_c, n);
+        strncat(r, text + ro, rl);
+        strncat(c, text + co, cl);
+        if (rl) sent = ro + rl;
+        if (cl) sent = co + cl, got_c_before_end += !final, pieces++;
+    }
+    CHECK(!strcmp(r, want_r) && !strcmp(c, want_c), "fed %s: reasoning \"%s\" content \"%s\"",
+          bytewise ? "by bytes" : "by pieces", r, c);
+    CHECK(!strstr(r, "<|") && !strstr(c, "<|"), "no markup given out");
+    CHECK(got_c_before_end > 0, "%s: the content went out before the reply ended (%zu pieces)", want_c, pieces);
+}
+
+static void test_stream(void) {
+    const char *tools = "Let me think." C "think" S O "response" S "Checking." C "response" S REPLY_TOOLS C "message" S;
+    const char *plain = "x < y, \xc3\xa9t\xc3\xa9." C "response" S C "message" S;
+    for (int b = 0; b < 2; b++) {
+        k3_feed(tools, 1, b, "Let me think.", "Checking.");
+        k3_feed(plain, 0, b, "", "x < y, \xc3\xa9t\xc3\xa9.");
+    }
+    /* while thinking, the reasoning goes out before the channel closes; a tail that begins a
+     * marker waits, and is given when it turns out not to be one */
+    size_t ro, rl, co, cl;
+    st_chat_k3_stream("hmm <|clo", 9, 1, 0, 0, &ro, &rl, &co, &cl);
+    CHECK(ro == 0 && rl == 4 && cl == 0, "reasoning so far, the marker's start held back (%zu)", rl);
+    st_chat_k3_stream("hmm <|clo", 9, 1, 1, 4, &ro, &rl, &co, &cl);
+    CHECK(ro == 4 && rl == 5, "at the end the held bytes go out as text");
+}
+
 static void test_parse_chat(void) {
     st_openai_limits_t lim = {.model = "m", .vocab = (int)st_tokenizer_n_ids(tk), .tok = tk, .chat_format = ST_CHAT_K3};
     st_openai_req_t r;
@@ -313,6 +352,7 @@ int main(int argc, char **argv) {
     test_segments();
     test_refused();
     test_reply();
+    test_stream();
     test_parse_chat();
     test_format_of_config();
     st_tokenizer_destroy(tk);

@@ -1,7 +1,8 @@
 /* The GPU engine's threshold counts (the count observer, engine.h): at every MoE layer routed by its
  * thresholds the counts made on the device after routing equal, per expert, the number of tokens
  * whose quantile set holds it (k_max = n, so every expert at or above τ is in the set: cnt is the
- * set count exactly), for st_engine_step and for micro-batches (hand-off path); band counts arrive
+ * set count exactly), for st_engine_step, for micro-batches (hand-off path) and for a step routed on the
+ * host (an identity route hook: the counts there come from the C twin over the σ scores); band counts arrive
  * exactly on the probed layers, within [0, T]; the route observer's scores are NULL on counted
  * layers and present on the unset one (top-k, its first threshold). tiny preset; exit 77 without
  * a GPU. The kernel itself: test_gpu_route_count; the summary bytes: tests/quantile/test_qengine. */
@@ -35,6 +36,9 @@ static void on_route(void *ctx, int layer, int T_, int n, const float *s, const 
         for (int i = 0; i < cnt[t]; i++) want[ids[(size_t)t * kmax + i]]++;
     for (int j = 0; j < n; j++) o->bad_sets += want[j] != o->cnt[(size_t)layer * n + j];
     free(want);
+}
+static void same_sets(void *ctx, int layer, int T_, int n, const float *s, int *ids, int *cnt, int kmax) {
+    (void)ctx, (void)layer, (void)T_, (void)n, (void)s, (void)ids, (void)cnt, (void)kmax;
 }
 static void on_count(void *ctx, int layer, int T_, int n, const uint32_t *cnt, const uint32_t *band) {
     obs_t *o = ctx;
@@ -92,14 +96,16 @@ int main(void) {
     for (int m = 0; m < n_moe; m++) probed += m >= 2 && (m % 2 == 0 || m == 3);
     st_engine_set_thresholds(e, tau, 1);
     st_engine_set_probes(e, rho);
-    for (int pass = 0; pass < 2; pass++) { /* 0: st_engine_step; 1: a micro-batch (hand-off path) */
+    for (int pass = 0; pass < 3; pass++) { /* 0: st_engine_step; 1: a micro-batch (hand-off path); 2: host routing */
         obs_t o = {.first = first, .n = n, .cnt = calloc(cells, sizeof(uint32_t))};
         st_engine_set_route_observer(e, on_route, &o);
         st_engine_set_count_observer(e, on_count, &o);
         CHECK(st_engine_seq_open(e, &slot) == ST_OK, "slot");
         ch.slot = slot;
-        if (!pass) {
+        if (pass != 1) {
+            st_engine_set_route_hook(e, pass == 2 ? same_sets : NULL, NULL);
             CHECK(st_engine_step(e, &ch, 1, lg) == ST_OK, "step: %s", st_err_last());
+            st_engine_set_route_hook(e, NULL, NULL);
         } else {
             st_engine_mb_t *mb = NULL;
             CHECK(st_engine_mb_create(e, &mb) == ST_OK, "micro-batch: %s", st_err_last());

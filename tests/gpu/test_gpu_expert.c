@@ -1,63 +1,95 @@
 /* The expert server's GPU compute (expert_server/compute_gpu.c) against its CPU compute
  * (st_es_compute_run) on the same grouped dispatches of a tiny checkpoint, bf16 and MXFP4 experts:
  * empty experts, one-row experts, ids out of order, every expert, the largest dispatch; outputs
- * NaN-poisoned before each run; the same rows sent as distinct rows with sources; plus the error
- * paths (unbound expert, too many rows, fewer slots than rows). And the rule of docs/architecture.md
- * ("Bit-exact expert results"): for a micro-batch of T tokens routed kc ways, the server's rows equal
- * bit for bit what the worker's own GPU engine computes for those slots (the per-slot kernel or the
- * grouped FFN, as st_cuda_moe_ffn_slots_pick says for T·kc), with every expert on one server or the
- * experts split over two. */
+ * NaN-poisoned before each run; one output row per pair (weight 1: the FFN rows themselves) and
+ * weighted tree sums of several experts per output row; the same rows sent as distinct rows with
+ * sources; plus the error paths (unbound expert, too many rows, fewer slots than rows). And the rule
+ * of docs/architecture.md ("Bit-exact expert results"): for a micro-batch of T tokens routed kc ways,
+ * the combined rows u that the worker finishes from the servers' tree-node rows (the dispatch plan,
+ * the wire, st_es_gpu_run, st_dispatch_finish) equal bit for bit the summation tree over what the
+ * worker's own GPU engine computes for those slots (the per-slot kernel or the grouped FFN, as
+ * st_cuda_moe_ffn_slots_pick says for T·kc), with every expert on one server or the experts split
+ * over two. */
 #include <math.h>
 #include <unistd.h>
 
 #include "compute.h"
 #include "compute_gpu.h"
+#include "dispatch.h"
 #include "gpu_test.h"
 
 #define MAX_ROWS 300
 #define SLOTS_GROUPED (1u << 20) /* a micro-batch of this many slots runs the grouped FFN */
+
+/* a dispatch's view over caller arrays (what st_wire_dispatch_decode gives a server) */
+static st_wire_dispatch_t view(const uint32_t *ids, const uint32_t *off, const float *x, const uint32_t *src,
+                               const uint32_t *orow, const float *wts, uint32_t n_out) {
+    return (st_wire_dispatch_t){.expert_ids = ids, .offsets = off, .src = src, .orow = orow, .wts = wts, .rows = x,
+                                .n_out = n_out};
+}
 
 static void run_case(const char *tag, st_es_compute_t *cx, st_es_gpu_t *g, int layer, uint32_t n_exp,
                      const uint32_t *ids, const uint32_t *cnt, int ew, st_rng_t *r, double tol) {
     uint32_t off[65];
     off[0] = 0;
     for (uint32_t k = 0; k < n_exp; k++) off[k + 1] = off[k] + cnt[k];
-    size_t n = (size_t)off[n_exp] * ew;
-    float *x = gt_xmalloc(n * sizeof(float)), *ref = gt_xmalloc(n * sizeof(float)), *y = gt_xmalloc(n * sizeof(float));
+    uint32_t rows = off[n_exp];
+    size_t n = (size_t)rows * ew;
+    float *x = gt_xmalloc(n * sizeof(float) + 1), *ref = gt_xmalloc(n * sizeof(float) + 1),
+          *y = gt_xmalloc(n * sizeof(float) + 1), *one = gt_xmalloc(sizeof(float) * (rows + 1)),
+          *wts = gt_xmalloc(sizeof(float) * (rows + 1));
+    uint32_t *ident = gt_xmalloc(sizeof(uint32_t) * (rows + 1)), *orow = gt_xmalloc(sizeof(uint32_t) * (rows + 1));
     for (size_t i = 0; i < n; i++) x[i] = st_rng_normal(r); /* fp32: the GPU path rounds to bf16 itself */
     for (size_t i = 0; i < n; i++) ref[i] = y[i] = NAN;
+    for (uint32_t q = 0; q < rows; q++) ident[q] = q, one[q] = 1.0f, wts[q] = 0.25f + st_rng_uniform(r);
     for (uint32_t k = 0; k < n_exp; k++) {
         GT_OK(st_es_compute_bind(cx, layer, (int)ids[k]));
         GT_OK(st_es_gpu_bind(g, layer, (int)ids[k]));
     }
-    GT_OK(st_es_compute_run(cx, layer, n_exp, ids, off, x, NULL, ref));
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, SLOTS_GROUPED, y));
+    /* one output row per pair, weight 1: the FFN rows */
+    st_wire_dispatch_t d = view(ids, off, x, NULL, ident, one, rows);
+    GT_OK(st_es_compute_run(cx, layer, n_exp, &d, ref));
+    GT_OK(st_es_gpu_run(g, layer, n_exp, &d, rows, SLOTS_GROUPED, y));
     char what[160];
-    snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows", tag, layer, n_exp, off[n_exp]);
+    snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows", tag, layer, n_exp, rows);
     st_t_close(what, y, ref, n, tol, 0);
     /* the same rows from a micro-batch of as many slots: per row where that size picks it */
     const st_config_t *c = st_ckpt_config(cx->ck);
-    if (st_cuda_moe_ffn_slots_pick((int)off[n_exp], c->n_experts, ew, c->moe_inter)) {
+    if (st_cuda_moe_ffn_slots_pick((int)rows, c->n_experts, ew, c->moe_inter)) {
         for (size_t i = 0; i < n; i++) y[i] = NAN;
-        GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, off[n_exp], NULL, off[n_exp], y));
-        snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows, per row", tag, layer, n_exp, off[n_exp]);
+        GT_OK(st_es_gpu_run(g, layer, n_exp, &d, rows, rows, y));
+        snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows, per row", tag, layer, n_exp, rows);
         st_t_close(what, y, ref, n, tol, 0);
     }
+    /* weighted tree sums: the q-th pair of every expert into output row q (ids ascending: a tree node
+     * per row, as a worker's plan makes them) */
+    bool asc = true;
+    uint32_t n_out = 0;
+    for (uint32_t k = 1; k < n_exp; k++) asc &= ids[k] > ids[k - 1];
+    for (uint32_t k = 0; k < n_exp; k++)
+        for (uint32_t q = off[k]; q < off[k + 1]; q++) orow[q] = q - off[k], n_out = ST_MAX(n_out, q - off[k] + 1);
+    if (asc && rows) {
+        d = view(ids, off, x, NULL, orow, wts, n_out);
+        for (size_t i = 0; i < n; i++) ref[i] = y[i] = NAN;
+        GT_OK(st_es_compute_run(cx, layer, n_exp, &d, ref));
+        GT_OK(st_es_gpu_run(g, layer, n_exp, &d, rows, SLOTS_GROUPED, y));
+        snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows into %u weighted output rows", tag, layer, n_exp,
+                 rows, n_out);
+        st_t_close(what, y, ref, (size_t)n_out * ew, tol, 0);
+    }
     /* distinct rows with sources (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): row r = x[src[r]] of nu rows */
-    uint32_t rows = off[n_exp], nu = rows / 3 + 1, *src = gt_xmalloc((rows + 1) * sizeof(uint32_t));
+    uint32_t nu = rows / 3 + 1, *src = gt_xmalloc((rows + 1) * sizeof(uint32_t));
     for (uint32_t q = 0; q < rows; q++) src[q] = (q * 7u) % nu;
     for (uint32_t q = 0; q < rows; q++) memcpy(ref + (size_t)q * ew, x + (size_t)src[q] * ew, sizeof(float) * ew);
     for (size_t i = 0; i < n; i++) y[i] = NAN;
-    GT_OK(st_es_gpu_run(g, layer, n_exp, ids, off, x, nu, src, SLOTS_GROUPED, y)); /* x's first nu rows are the distinct ones */
+    d = view(ids, off, x, src, ident, one, rows); /* x's first nu rows are the distinct ones */
+    GT_OK(st_es_gpu_run(g, layer, n_exp, &d, nu, SLOTS_GROUPED, y));
     float *ref2 = gt_xmalloc(n * sizeof(float) + 1);
-    GT_OK(st_es_compute_run(cx, layer, n_exp, ids, off, ref, NULL, ref2));
+    d = view(ids, off, ref, NULL, ident, one, rows);
+    GT_OK(st_es_compute_run(cx, layer, n_exp, &d, ref2));
     snprintf(what, sizeof what, "%s layer %d, %u experts, %u rows from %u distinct", tag, layer, n_exp, rows, nu);
     st_t_close(what, y, ref2, n, tol, 0);
-    free(ref2);
-    free(src);
-    free(x);
-    free(ref);
-    free(y);
+    free(ref2), free(src), free(x), free(ref), free(y), free(one), free(wts), free(ident), free(orow);
 }
 
 /* expert e's gate / up / down of layer l as bf16, at dst + e·[w·ℓ] (gate, up) or e·[ℓ·w] (down) */
@@ -151,34 +183,64 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         st_gpu_free(d_xg), st_gpu_free(d_off), st_gpu_free(d_ws), st_gpu_free(d_y);
         free(xg);
     }
-    /* servers: all experts (part -1), then the even and the odd experts apart; distinct rows = tokens */
-    for (int part = -1; part < 2; part++) {
-        uint32_t sids[64], soff[65] = {0}, n_exp = 0, *src = gt_xmalloc(sizeof(uint32_t) * (N + 1));
-        int *base = gt_xmalloc(sizeof(int) * (E + 1)); /* grouped row of each dispatched expert's first row */
-        for (int e = 0; e < E && n_exp < 64; e++) {
-            if (part >= 0 && e % 2 != part) continue;
-            int n = off[e + 1] - off[e];
-            for (int q = 0; q < n; q++) src[soff[n_exp] + q] = src_of[off[e] + q];
-            base[n_exp] = off[e];
-            sids[n_exp] = (uint32_t)e;
-            soff[n_exp + 1] = soff[n_exp] + (uint32_t)n;
-            n_exp++;
+    /* the one-process combine over the engine's rows: the summation tree of fl(p·y) + 0 per token
+     * (st_cuda_moe_combine == its C twin: test_gpu_glue_moe) */
+    float *p = gt_xmalloc(sizeof(float) * S), *uref = gt_xmalloc(sizeof(float) * (size_t)T * l),
+          *lv = gt_xmalloc(sizeof(float) * (size_t)kc * l);
+    uint32_t tid[64];
+    for (int q = 0; q < S; q++) p[q] = q % kc < cnt[q / kc] ? (float)st_rng_uniform(r) : 0.f;
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < cnt[t]; i++) {
+            const float *y = eng + (size_t)row_of[t * kc + i] * l;
+            for (int q = 0; q < l; q++) lv[(size_t)i * l + q] = p[t * kc + i] * y[q] + 0.0f;
+            tid[i] = (uint32_t)ids[t * kc + i];
         }
-        float *out = gt_xmalloc(sizeof(float) * ((size_t)soff[n_exp] * l + 1));
-        for (size_t i = 0; i < (size_t)soff[n_exp] * l; i++) out[i] = NAN;
-        GT_OK(st_es_gpu_run(g, layer, n_exp, sids, soff, zf, (uint32_t)T, src, (uint32_t)S, out));
-        size_t differ = 0;
-        for (uint32_t k = 0; k < n_exp; k++)
-            for (uint32_t q = soff[k]; q < soff[k + 1]; q++)
-                differ += memcmp(out + (size_t)q * l, eng + (size_t)(base[k] + (int)(q - soff[k])) * l,
-                                 sizeof(float) * l) != 0;
-        CHECK(differ == 0, "%s layer %d T=%d (%d slots, %s): %zu of %u rows differ from the engine's (%s)", tag, layer,
-              T, S, slots ? "per row" : "grouped", differ, soff[n_exp],
-              part < 0 ? "one server" : part ? "odd experts" : "even experts");
-        free(out), free(src), free(base);
+        st_moe_tree_rows(lv, tid, cnt[t], l);
+        memcpy(uref + (size_t)t * l, lv, sizeof(float) * l); /* cnt ≥ 1 here */
     }
-    printf("ok   %s layer %d T=%d: %d slots, %s, %d rows equal the engine's bit for bit on 1 and 2 servers\n", tag,
-           layer, T, S, slots ? "per row" : "grouped", N);
+    /* servers: all experts on one (n_srv 1), then the even and the odd experts apart (2): the plan,
+     * the wire, each server's tree-node rows, the worker's finish */
+    float *wout = gt_xmalloc(sizeof(float) * (size_t)S * l), *u = gt_xmalloc(sizeof(float) * (size_t)T * l);
+    bool failed[128] = {false};
+    st_moe_work_t wk = {.layer = layer, .T = T, .kc = kc, .ew = l, .z = zf, .ids = ids, .cnt = cnt, .wts = p,
+                        .out = wout, .u = u};
+    for (int n_srv = 1; n_srv <= 2; n_srv++) {
+        int server_of[64];
+        for (int e = 0; e < E; e++) server_of[e] = n_srv == 1 ? 0 : e % 2;
+        st_dispatch_plan_t plan;
+        GT_OK(st_dispatch_plan_init(&plan, n_srv, E, S));
+        st_dispatch_plan_build(&plan, &wk, server_of, failed);
+        int sent = 0;
+        for (int sv = 0; sv < n_srv; sv++) {
+            if (!plan.n_rows[sv]) continue;
+            st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = (uint32_t)plan.n_rows[sv],
+                                   .expert_count = (uint32_t)plan.n_exp[sv], .row_width = (uint32_t)l,
+                                   .unique = (uint32_t)plan.n_uniq[sv], .slots = (uint32_t)S};
+            info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
+            uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
+            st_wire_dispatch_t v, d;
+            GT_OK(st_wire_dispatch_encode(msg, info.expert_count, plan.exp_ids + (size_t)sv * E,
+                                          plan.offsets + (size_t)sv * (E + 1), info.token_count, info.unique, &v));
+            st_dispatch_pack(&plan, sv, &wk, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
+            GT_OK(st_wire_dispatch_decode(msg, &info, &d));
+            float *rows = gt_xmalloc(sizeof(float) * ((size_t)d.n_out * l + 1));
+            for (size_t i = 0; i < (size_t)d.n_out * l; i++) rows[i] = NAN;
+            GT_OK(st_es_gpu_run(g, layer, info.expert_count, &d, info.unique, (uint32_t)S, rows));
+            st_dispatch_unpack(&plan, sv, &wk, rows, plan.head);
+            sent += plan.n_rows[sv];
+            free(rows), free(msg);
+        }
+        st_dispatch_finish(&plan, &wk, plan.head, failed);
+        size_t differ = 0;
+        for (int t = 0; t < T; t++) differ += memcmp(u + (size_t)t * l, uref + (size_t)t * l, sizeof(float) * l) != 0;
+        CHECK(differ == 0 && sent == N, "%s layer %d T=%d (%d slots, %s): %zu of %d combined rows differ from the "
+              "engine's (%s)", tag, layer, T, S, slots ? "per row" : "grouped", differ, T,
+              n_srv == 1 ? "one server" : "even and odd experts on two");
+        st_dispatch_plan_cleanup(&plan);
+    }
+    free(p), free(uref), free(lv), free(wout), free(u);
+    printf("ok   %s layer %d T=%d: %d slots, %s, %d pairs: the combined rows equal the engine's bit for bit on 1 and "
+           "2 servers\n", tag, layer, T, S, slots ? "per row" : "grouped", N);
     st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_z);
     free(ids), free(cnt), free(zf), free(zb), free(w1), free(w3), free(w2), free(off), free(row_of), free(src_of),
         free(fill), free(eng);
@@ -219,18 +281,26 @@ static void variant(const char *name, bool mxfp4) {
     run_case(name, &cx, g, l0, 1, ids_e, cnt_e, ew, &r, tol);
     CHECK(tot > 0, "all-experts case has rows");
 
-    /* error paths: an expert never bound, a dispatch over max_rows; the path keeps working after */
-    float x1[64 * 4] = {0}, y1[64 * 4];
+    /* error paths: an expert never bound, a dispatch over max_rows, fewer slots than rows, an output
+     * row naming one expert twice; the path keeps working after */
+    static float x1[(MAX_ROWS + 1) * 64], y1[(MAX_ROWS + 1) * 64];
+    static uint32_t orow1[MAX_ROWS + 1];
+    static float w1[MAX_ROWS + 1];
     uint32_t off1[2] = {0, 1}, bad_id[1] = {(uint32_t)(E - 2)}; /* not among ids_a, ids_d, ids_e */
-    CHECK(st_es_gpu_run(g, l0, 1, bad_id, off1, x1, 1, NULL, 1, y1) == ST_ERR_INVALID_ARG, "unbound expert must fail");
+    CHECK(ew <= 64, "test buffers fit width %d", ew);
+    st_wire_dispatch_t d = view(bad_id, off1, x1, NULL, orow1, w1, 1);
+    CHECK(st_es_gpu_run(g, l0, 1, &d, 1, 1, y1) == ST_ERR_INVALID_ARG, "unbound expert must fail");
     uint32_t off2[2] = {0, MAX_ROWS + 1};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off2, x1, MAX_ROWS + 1, NULL, SLOTS_GROUPED, y1) == ST_ERR_CAPACITY,
+    d = view(ids_d, off2, x1, NULL, orow1, w1, 1);
+    CHECK(st_es_gpu_run(g, l0, 1, &d, MAX_ROWS + 1, SLOTS_GROUPED, y1) == ST_ERR_CAPACITY,
           "too many rows must fail with CAPACITY");
     uint32_t off3[2] = {0, 2};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off3, x1, 2, NULL, 1, y1) == ST_ERR_INVALID_ARG,
-          "fewer slots than rows must fail");
+    d = view(ids_d, off3, x1, NULL, orow1, w1, 1);
+    CHECK(st_es_gpu_run(g, l0, 1, &d, 2, 1, y1) == ST_ERR_INVALID_ARG, "fewer slots than rows must fail");
+    CHECK(st_es_gpu_run(g, l0, 1, &d, 2, 2, y1) == ST_ERR_INVALID_ARG, "an output row naming expert 0 twice must fail");
     uint32_t off0[2] = {0, 0};
-    CHECK(st_es_gpu_run(g, l0, 1, ids_d, off0, x1, 0, NULL, 0, y1) == ST_OK, "empty dispatch");
+    d = view(ids_d, off0, x1, NULL, orow1, w1, 0);
+    CHECK(st_es_gpu_run(g, l0, 1, &d, 0, 0, y1) == ST_OK, "empty dispatch");
     run_case(name, &cx, g, l0, 5, ids_a, cnt_a, ew, &r, tol);
     /* micro-batches on both sides of st_cuda_moe_ffn_slots_pick (tiny: 16 experts, 4 per token) */
     static const int Ts[] = {1, 2, 3, 17, 70};

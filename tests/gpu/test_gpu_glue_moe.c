@@ -3,10 +3,13 @@
  * offsets exactly, row_of as sets — each slot's row inside its expert's range, every row used once, −1 past
  * cnt — since rows within an expert are placed by atomics), st_cuda_moe_gather (st_moe_gather through the
  * GPU's own row_of, exact) and st_cuda_moe_combine in its three modes (st_moe_combine: partial += u
- * bit-exact, as the fixed slot order and rounded mul/add promise; u as bf16; RMSNorm'd u with the split
- * output), reading grouped rows (yg) or slot-order rows (yf). Empty experts, tokens with no expert, one
- * token, the largest batch (8192 tokens × 8 slots). st_cuda_moe_expand (st_moe_expand, bit-exact: an expert
- * server's distinct-rows dispatch expanded to its grouped order), across the 65535-row launch split. */
+ * bit-exact, as the summation tree over expert ids and rounded mul/add promise; u as bf16; RMSNorm'd u
+ * with the split output), reading grouped rows (yg), slot-order rows (yf) or u combined elsewhere
+ * (p NULL: the worker's rows from its expert servers). Empty experts, tokens with no expert, one token,
+ * the largest batch (8192 tokens × 8 slots). st_cuda_moe_expand (st_moe_expand, bit-exact: an expert
+ * server's distinct-rows dispatch expanded to its grouped order), across the 65535-row launch split.
+ * st_cuda_moe_tree_reduce (st_moe_tree_reduce, bit-exact: an expert server's output rows), with ±0,
+ * empty rows, many leaves and ids spread over 2^20, across the 65535-row launch split. */
 #include <math.h>
 #include <string.h>
 
@@ -105,9 +108,9 @@ static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
         const float *dYg = src ? NULL : dyg, *dYf = src ? dyf : NULL;
         /* partial += u: bit-exact */
         memcpy(part, part0, 4 * (size_t)T * l);
-        st_moe_combine(NULL, part, src ? NULL : yg, src ? yf : NULL, grow, p, cnt, NULL, T, kc, l, 1e-5f);
+        st_moe_combine(NULL, part, src ? NULL : yg, src ? yf : NULL, grow, p, ids, cnt, NULL, T, kc, l, 1e-5f);
         GT_OK(st_gpu_memcpy_h2d(dpart, part0, 4 * (size_t)T * l));
-        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, dYg, dYf, drow, dp, dcnt, NULL, T, kc, l, 1e-5f));
+        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, dYg, dYf, drow, dp, did, dcnt, NULL, T, kc, l, 1e-5f));
         if (T) {
             float *gp = gl_down_f32(dpart, (size_t)T * l);
             CHECK(memcmp(gp, part, 4 * (size_t)T * l) == 0, "moe_combine partial += u T=%d kc=%d l=%d %s: not bit-exact", T,
@@ -116,13 +119,29 @@ static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
         }
         /* u as bf16, then RMSNorm'd u split */
         for (int norm = 0; norm < 2; norm++) {
-            st_moe_combine(u, NULL, src ? NULL : yg, src ? yf : NULL, grow, p, cnt, norm ? nw : NULL, T, kc, l, 1e-5f);
-            GT_OK(st_cuda_moe_combine(&gt_stream, dun, norm ? dulo : NULL, NULL, dYg, dYf, drow, dp, dcnt,
+            st_moe_combine(u, NULL, src ? NULL : yg, src ? yf : NULL, grow, p, ids, cnt, norm ? nw : NULL, T, kc, l, 1e-5f);
+            GT_OK(st_cuda_moe_combine(&gt_stream, dun, norm ? dulo : NULL, NULL, dYg, dYf, drow, dp, did, dcnt,
                                       norm ? dnw : NULL, T, kc, l, 1e-5f));
             snprintf(what, sizeof what, "moe_combine T=%d kc=%d l=%d %s%s", T, kc, l, src ? "yf" : "yg",
                      norm ? " rmsnorm" : "");
             if (T) gl_check_split(what, dun, norm ? dulo : NULL, u, (size_t)T * l);
         }
+    }
+    /* u combined elsewhere (p NULL): yf [T, l] is u; partial += u exactly, and the normed split */
+    if (T) {
+        float *uin = gl_randn((size_t)T * l, 1.f, &r), *duin = gt_up(uin, 4 * (size_t)T * l);
+        memcpy(part, part0, 4 * (size_t)T * l);
+        st_moe_combine(NULL, part, NULL, uin, NULL, NULL, ids, cnt, NULL, T, kc, l, 1e-5f);
+        GT_OK(st_gpu_memcpy_h2d(dpart, part0, 4 * (size_t)T * l));
+        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, NULL, duin, NULL, NULL, did, dcnt, NULL, T, kc, l, 1e-5f));
+        float *gp = gl_down_f32(dpart, (size_t)T * l);
+        CHECK(memcmp(gp, part, 4 * (size_t)T * l) == 0, "moe_combine u given T=%d l=%d: partial += u not bit-exact", T, l);
+        st_moe_combine(u, NULL, NULL, uin, NULL, NULL, ids, cnt, nw, T, kc, l, 1e-5f);
+        GT_OK(st_cuda_moe_combine(&gt_stream, dun, dulo, NULL, NULL, duin, NULL, NULL, did, dcnt, dnw, T, kc, l, 1e-5f));
+        snprintf(what, sizeof what, "moe_combine T=%d l=%d u given, rmsnorm", T, l);
+        gl_check_split(what, dun, dulo, u, (size_t)T * l);
+        st_gpu_free(duin);
+        free(uin), free(gp);
     }
     st_gpu_free(did), st_gpu_free(dcnt), st_gpu_free(doff), st_gpu_free(drow), st_gpu_free(dz), st_gpu_free(dxg),
         st_gpu_free(dyg), st_gpu_free(dyf), st_gpu_free(dp), st_gpu_free(dnw), st_gpu_free(dpart), st_gpu_free(dun),
@@ -157,6 +176,39 @@ static void expand_case(int n, int n_in, int w, uint64_t seed) {
     free(rows), free(src), free(ref), free(got);
 }
 
+/* st_cuda_moe_tree_reduce vs st_moe_tree_reduce, bit-exact: n_out rows of 0 .. kmax leaves each (ids
+ * ascending, spread up to 2^20), rows picked from y [n_y, l] with ±0 and wide magnitudes */
+static void tree_reduce_case(int n_out, int kmax, int n_y, int l, uint64_t seed) {
+    st_rng_t r = {seed};
+    uint32_t *off = gt_xmalloc(4 * ((size_t)n_out + 1));
+    off[0] = 0;
+    for (int o = 0; o < n_out; o++) off[o + 1] = off[o] + (uint32_t)(o == 0 ? (uint64_t)kmax : st_rng_next(&r) % (uint64_t)(kmax + 1));
+    size_t nl = off[n_out];
+    uint32_t *row = gt_xmalloc(4 * (nl + 1)), *id = gt_xmalloc(4 * (nl + 1));
+    float *p = gl_randn(nl + 1, 0.5f, &r), *y = gl_randn((size_t)n_y * l, 1.f, &r);
+    for (size_t i = 0; i < (size_t)n_y * l; i += 7) y[i] = i % 2 ? -0.f : ldexpf(y[i], (int)(st_rng_next(&r) % 41) - 20);
+    for (size_t k = 0; k < nl; k += 5) p[k] = 0.f;
+    for (int o = 0; o < n_out; o++) {
+        uint32_t e = (uint32_t)(st_rng_next(&r) % 8);
+        for (uint32_t k = off[o]; k < off[o + 1]; k++) {
+            id[k] = e;
+            e += 1 + (uint32_t)(st_rng_next(&r) % (k % 3 ? 3 : 70000));
+            row[k] = (uint32_t)(st_rng_next(&r) % (uint64_t)n_y);
+        }
+    }
+    size_t no = (size_t)n_out * l;
+    float *ref = gt_xmalloc(4 * (no + 1)), *got = gt_xmalloc(4 * (no + 1));
+    st_moe_tree_reduce(ref, y, off, row, id, p, n_out, l);
+    uint32_t *doff = gt_up(off, 4 * ((size_t)n_out + 1)), *drow = gt_up(row, 4 * (nl + 1)), *did = gt_up(id, 4 * (nl + 1));
+    float *dp = gt_up(p, 4 * (nl + 1)), *dy = gt_up(y, 4 * (size_t)n_y * l), *dout = gt_dev(4 * (no + 1));
+    gt_poison(dout, 4 * (no + 1));
+    GT_OK(st_cuda_moe_tree_reduce(&gt_stream, dout, dy, doff, drow, did, dp, n_out, l));
+    gt_down(got, dout, 4 * no);
+    CHECK(memcmp(got, ref, 4 * no) == 0, "moe_tree_reduce n_out=%d kmax=%d l=%d: not bit-exact", n_out, kmax, l);
+    st_gpu_free(doff), st_gpu_free(drow), st_gpu_free(did), st_gpu_free(dp), st_gpu_free(dy), st_gpu_free(dout);
+    free(off), free(row), free(id), free(p), free(y), free(ref), free(got);
+}
+
 int main(void) {
     gt_init_or_skip("test_gpu_glue_moe");
     uint64_t seed = 1;
@@ -177,5 +229,10 @@ int main(void) {
     expand_case(300, 64, 7168, seed++);
     expand_case(70000, 300, 8, seed++); /* more rows than one launch's grid (65535) */
     expand_case(0, 3, 8, seed++);
+    tree_reduce_case(1, 1, 1, 1, seed++);
+    tree_reduce_case(37, 8, 50, 258, seed++);
+    tree_reduce_case(300, 32, 900, 1024, seed++);
+    tree_reduce_case(70000, 2, 64, 8, seed++); /* more rows than one launch's grid (65535) */
+    tree_reduce_case(0, 4, 1, 8, seed++);
     return st_test_done();
 }

@@ -3,7 +3,8 @@
 # from the checkpoint's tokenizer (special tokens in a raw prompt, plain text in chat content),
 # /v1/chat/completions plain and streamed with usage in the last chunk, a tool-call conversation,
 # stop strings of several tokens never in the text (plain and streamed, also across chunks), echo,
-# and OpenAI-shaped errors (400 / 404 / 405). Then the official OpenAI Node SDK against the same
+# and OpenAI-shaped errors (400 / 404 / 405); K3 chat streamed token by token (a second cluster with K3's
+# tokenizer names). Then the official OpenAI Node SDK against the same
 # server (openai_sdk.mjs, installed from npm by tests/integration/setup_sdk.sh; skipped, 77, only
 # when the npm registry cannot be reached).
 . "$(dirname "$0")/lib.sh"
@@ -257,6 +258,68 @@ for _ in $(seq 30); do
   sleep 0.2
 done
 check "  and serving (the lost server's experts placed on the other)" "[ $served = 1 ]"
+
+# ---- K3's chat format streams token by token (a second cluster: the same checkpoint with K3's
+# tokenizer names; `ckpt init` writes model_type kimi_k3). logit_bias +100 on 'Z' makes every token
+# one 'Z': each must arrive in its own delta as it decodes, in the think channel (reasoning_content)
+# by default and the response channel (content) with reasoning_effort "none".
+cp -r "$TMP/ck" "$TMP/ck3" && python3 "$SRC/tests/coordinator/kimi_tokenizer.py" "$TMP/ck3" --k3 >/dev/null
+python3 - "$TMP/ck3/config.json" <<'PY' # K3's two merged tokens move [PAD] past the tiny vocab: <|media_pad|> pads
+import json, sys
+c = json.load(open(sys.argv[1]))
+for o in (c, c.get("text_config")):
+    if isinstance(o, dict): o["pad_token_id"] = o["bos_token_id"] + 21
+json.dump(c, open(sys.argv[1], "w"), indent=1)
+PY
+"$BIN/strata-coordinator" --insecure --ckpt "$TMP/ck3" --grpc 127.0.0.1:0 --http 127.0.0.1:0 --heartbeat-ms 200 \
+  --expect-experts 1 --model-name kimi-k3-test --ready-file "$L/coord3.ready" >"$L/coordinator3.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 200); do [ -s "$L/coord3.ready" ] && break; sleep 0.05; done
+GRPC3=$(sed -n 's/^grpc=//p' "$L/coord3.ready")
+H3=$(sed -n 's/^http=//p' "$L/coord3.ready")
+"$BIN/strata-expert" --insecure --coordinator "$GRPC3" --ckpt "$TMP/ck3" --listen 127.0.0.1:0 --name expert-k3 \
+  >"$L/expert-k3.log" 2>&1 &
+PIDS+=($!)
+"$BIN/strata-attn" --insecure --coordinator "$GRPC3" --ckpt "$TMP/ck3" --listen 127.0.0.1:0 --name attn-k3 --max-seqs 4 \
+  --routing topk >"$L/attn-k3.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 300); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$H3/readyz")" = 200 ] && break
+  sleep 0.05
+done
+python3 - "$H3" <<'PY'
+import json, sys, urllib.request
+H = sys.argv[1]
+passed = failed = 0
+def check(what, cond):
+    global passed, failed
+    if cond: passed += 1; print("ok  ", what)
+    else: failed += 1; print("FAIL", what)
+def post(body):
+    req = urllib.request.Request(f"http://{H}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read()
+base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True, "temperature": 0,
+        "logit_bias": {"90": 100}}
+for effort, key in ((None, "reasoning_content"), ("none", "content")):
+    body = dict(base, stream=True)
+    if effort: body["reasoning_effort"] = effort
+    ev = [l[6:] for l in post(body).decode().split("\n") if l.startswith("data: ")]
+    chunks = [json.loads(e) for e in ev if e != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    got = [d.get(key) for d in deltas if d.get(key)]
+    other = "content" if key == "reasoning_content" else "reasoning_content"
+    check(f"K3 stream ({key}): one 'Z' per delta as it decodes ({got})", got == ["Z"] * 4 and ev[-1] == "[DONE]")
+    check(f"  nothing in {other}, a finish_reason last", not any(d.get(other) for d in deltas)
+          and chunks[-1]["choices"][0]["finish_reason"] == "length")
+    plain = dict(base, reasoning_effort=effort) if effort else dict(base)
+    m = json.loads(post(plain))["choices"][0]["message"]
+    check(f"  the plain reply says the same ({key})", m.get(key) == "ZZZZ")
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
+PY
+check "K3 chat streams token by token" "[ $? = 0 ]"
 
 # ---- the official OpenAI Node SDK
 rc=0

@@ -1,7 +1,8 @@
-/* Wire header and offsets table: encode → decode round trip, then every corrupted field rejected;
- * the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS); a dispatch's slots (byte 56)
- * round trip, are checked against its rows and are refused on replies; version 3's per-row flag is
- * gone. */
+/* Wire header and dispatch payload (version 5): encode → decode round trip, then every corrupted
+ * field rejected; the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS); a dispatch's
+ * slots (byte 56) round trip, are checked against its pairs and are refused on replies; each pair's
+ * output row and weight sit after the table (and the sources), the reply's output row count is
+ * 1 + the largest, and a reply is its output rows with no table. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +13,7 @@ static st_wire_info_t dispatch_info(void) {
     st_wire_info_t in = {.kind = ST_WIRE_KIND_DISPATCH, .step = 123456789012ull, .layer = 91, .micro_batch = 1,
                          .source_id = 17, .token_count = 10, .expert_count = 3, .row_width = 8, .seq = 99,
                          .slots = 24};
-    in.payload_bytes = st_wire_payload_bytes(in.token_count, in.expert_count, in.row_width);
+    in.payload_bytes = st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, 0);
     return in;
 }
 
@@ -35,7 +36,7 @@ int main(void) {
     CHECK(st_wire_table_bytes(3) == 32, "table bytes(3) = %zu", st_wire_table_bytes(3));
 
     st_wire_info_t in = dispatch_info();
-    CHECK(in.payload_bytes == 32 + 10 * 8 * 4, "payload bytes %llu", (unsigned long long)in.payload_bytes);
+    CHECK(in.payload_bytes == 32 + 80 + 10 * 8 * 4, "payload bytes %llu", (unsigned long long)in.payload_bytes);
     st_wire_header_t h;
     CHECK(st_wire_header_encode(&in, &h) == ST_OK, "encode");
     const uint8_t *hb = (const uint8_t *)&h;
@@ -58,7 +59,8 @@ int main(void) {
     expect_reject(&h, pl, 4, 2, 1, "version 1 (before distinct-row dispatches)");
     expect_reject(&h, pl, 4, 2, 2, "version 2 (before per-row dispatches)");
     expect_reject(&h, pl, 4, 2, 3, "version 3 (a kernel choice in the flags)");
-    expect_reject(&h, pl, 4, 2, 5, "version 5");
+    expect_reject(&h, pl, 4, 2, 4, "version 4 (one reply row per pair)");
+    expect_reject(&h, pl, 4, 2, 6, "version 6");
     expect_reject(&h, pl, 4, 2, 0, "version 0");
     expect_reject(&h, pl, 6, 2, 0, "kind 0");
     expect_reject(&h, pl, 6, 2, 4, "kind 4");
@@ -103,8 +105,9 @@ int main(void) {
     CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode slots below rows");
     bad = in;
     bad.kind = ST_WIRE_KIND_COMBINE;
-    CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode slots on a reply");
-    CHECK(st_wire_payload_bytes(ST_WIRE_MAX_TOKENS + 1, 1, 1) == 0, "payload_bytes over limit");
+    CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode a reply with a table and slots");
+    CHECK(st_wire_dispatch_bytes(ST_WIRE_MAX_TOKENS + 1, 1, 1, 0) == 0, "dispatch bytes over limit");
+    CHECK(st_wire_combine_bytes(ST_WIRE_MAX_TOKENS + 1, 1) == 0, "combine bytes over limit");
 
     /* error reply */
     st_wire_info_t er = {.kind = ST_WIRE_KIND_ERROR, .seq = 5, .payload_bytes = 12, .status = ST_ERR_CAPACITY};
@@ -118,85 +121,100 @@ int main(void) {
     er.payload_bytes = ST_WIRE_MAX_ERROR_TEXT + 1;
     CHECK(st_wire_header_encode(&er, &h) == ST_ERR_INVALID_ARG, "error text too long");
 
-    /* table: encode, decode, every corruption */
+    /* plain dispatch payload: table | output rows, weights | rows; every corruption */
     uint32_t ids[3] = {2, 5, 700}, off[4] = {0, 4, 4, 10};
-    float *payload = aligned_alloc(16, pl);
-    float *rows;
-    CHECK(st_wire_table_encode(payload, 3, ids, off, 10, &rows) == ST_OK, "table encode");
-    CHECK((uint8_t *)rows == (uint8_t *)payload + 32, "rows follow the table");
-    for (int i = 0; i < 80; i++) rows[i] = (float)i;
-    const uint32_t *dids, *doff;
-    const float *drows;
-    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, NULL, &drows) == ST_OK, "table decode");
-    CHECK(dids[2] == 700 && doff[3] == 10 && drows[79] == 79.0f, "table views");
+    uint8_t *payload = aligned_alloc(16, pl);
+    st_wire_dispatch_t v, d = {.n_out = 77};
+    CHECK(st_wire_dispatch_encode(payload, 3, ids, off, 10, 0, &v) == ST_OK, "dispatch encode");
+    CHECK((const uint8_t *)v.orow == payload + 32 && (const uint8_t *)v.wts == payload + 72 &&
+              (const uint8_t *)v.rows == payload + 112 && v.src == NULL,
+          "layout: table 32, output rows 40, weights 40, rows");
+    for (uint32_t r = 0; r < 10; r++) ((uint32_t *)v.orow)[r] = r / 2, ((float *)v.wts)[r] = 0.25f * (float)r;
+    for (int i = 0; i < 80; i++) ((float *)v.rows)[i] = (float)i;
+    CHECK(st_wire_dispatch_decode(payload, &in, &d) == ST_OK, "dispatch decode");
+    CHECK(d.expert_ids[2] == 700 && d.offsets[3] == 10 && d.rows[79] == 79.0f && d.wts[9] == 2.25f && d.orow[9] == 4 &&
+              d.n_out == 5 && d.src == NULL,
+          "dispatch views, 5 output rows");
     uint32_t *t = (uint32_t *)payload;
     struct { int idx; uint32_t v; const char *what; } cases[] = {
         {1, 2, "ids not ascending (equal)"}, {1, 1, "ids descending"}, {3, 1, "first offset"},
-        {5, 3, "offsets decrease"}, {6, 9, "last offset != tokens"}, {7, 1, "padding nonzero"},
+        {5, 3, "offsets decrease"}, {6, 9, "last offset != tokens"}, {7, 1, "table padding nonzero"},
+        {8 + 3, 10, "output row = pairs"}, {8 + 3, 0xffffffffu, "output row far out"},
     };
     for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
         uint32_t save = t[cases[i].idx];
         t[cases[i].idx] = cases[i].v;
-        CHECK(st_wire_table_decode(payload, &in, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "table: %s accepted",
+        d.n_out = 77;
+        CHECK(st_wire_dispatch_decode(payload, &in, &d) == ST_ERR_PROTOCOL && d.n_out == 77, "dispatch: %s accepted",
               cases[i].what);
         t[cases[i].idx] = save;
     }
-    CHECK(st_wire_table_decode(payload, &in, &dids, &doff, NULL, &drows) == ST_OK, "table restored");
-    CHECK(st_wire_table_decode((uint8_t *)payload + 1, &in, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "misaligned");
+    CHECK(st_wire_dispatch_decode(payload, &in, &d) == ST_OK, "dispatch restored");
+    CHECK(st_wire_dispatch_decode(payload + 1, &in, &d) == ST_ERR_PROTOCOL, "misaligned");
     uint32_t bad_off[4] = {0, 5, 4, 10};
-    CHECK(st_wire_table_encode(payload, 3, ids, bad_off, 10, NULL) == ST_ERR_INVALID_ARG, "encode bad offsets");
+    CHECK(st_wire_dispatch_encode(payload, 3, ids, bad_off, 10, 0, &v) == ST_ERR_INVALID_ARG, "encode bad offsets");
     st_wire_info_t ei = er;
     ei.payload_bytes = 12;
-    CHECK(st_wire_table_decode(payload, &ei, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "table on error kind");
-    /* empty dispatch: zero tokens, zero experts */
-    st_wire_info_t empty = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = st_wire_payload_bytes(0, 0, 8)};
+    CHECK(st_wire_dispatch_decode(payload, &ei, &d) == ST_ERR_PROTOCOL, "dispatch view of an error");
+    /* empty dispatch: zero pairs, zero experts, no output rows */
+    st_wire_info_t empty = {.kind = ST_WIRE_KIND_DISPATCH, .row_width = 8, .payload_bytes = st_wire_dispatch_bytes(0, 0, 8, 0)};
     CHECK(st_wire_header_encode(&empty, &h) == ST_OK && st_wire_header_decode(&h, 64, 16, &out) == ST_OK, "empty");
+    CHECK(st_wire_dispatch_encode(payload, 0, ids, off, 0, 0, &v) == ST_OK && st_wire_dispatch_decode(payload, &empty, &d) == ST_OK &&
+              d.n_out == 0,
+          "empty dispatch: no output rows");
     free(payload);
 
-    /* distinct rows: 10 rows from 4 distinct, sources after the table, then the rows */
+    /* the reply: output rows only */
+    st_wire_info_t rc = {.kind = ST_WIRE_KIND_COMBINE, .token_count = 5, .row_width = 8, .seq = 99, .compute_us = 31};
+    rc.payload_bytes = st_wire_combine_bytes(5, 8);
+    CHECK(rc.payload_bytes == 5 * 8 * 4, "combine bytes %llu", (unsigned long long)rc.payload_bytes);
+    CHECK(st_wire_header_encode(&rc, &h) == ST_OK, "combine encode");
+    CHECK(st_wire_header_decode(&h, 64, rc.payload_bytes, &out) == ST_OK && out.token_count == 5 && out.compute_us == 31 &&
+              out.expert_count == 0,
+          "combine decode");
+    expect_reject(&h, rc.payload_bytes, 32, 4, 1, "a table on a reply");
+    expect_reject(&h, rc.payload_bytes, 28, 4, 6, "reply rows vs payload");
+    expect_reject(&h, rc.payload_bytes, 56, 4, 4, "slots on a reply");
+    expect_reject(&h, rc.payload_bytes, 22, 2, 2, "the old per-row flag on a reply");
+    expect_reject(&h, rc.payload_bytes, 22, 2, 1, "the distinct-rows flag on a reply");
+    st_wire_info_t ce = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = 0};
+    CHECK(st_wire_header_encode(&ce, &h) == ST_OK && st_wire_header_decode(&h, 64, 0, &out) == ST_OK, "empty reply");
+
+    /* distinct rows: 10 pairs from 4 distinct rows, sources after the table, then output rows and weights */
     st_wire_info_t un = dispatch_info();
     un.unique = 4;
     un.payload_bytes = st_wire_dispatch_bytes(un.token_count, un.expert_count, un.row_width, un.unique);
-    CHECK(un.payload_bytes == 32 + 48 + 4 * 8 * 4, "distinct-row payload bytes %llu", (unsigned long long)un.payload_bytes);
+    CHECK(un.payload_bytes == 32 + 48 + 80 + 4 * 8 * 4, "distinct-row payload bytes %llu", (unsigned long long)un.payload_bytes);
     CHECK(st_wire_dispatch_bytes(10, 3, 8, 0) == in.payload_bytes, "no distinct rows = plain rows");
-    CHECK(st_wire_dispatch_bytes(10, 3, 8, 11) == 0, "more distinct rows than rows refused");
+    CHECK(st_wire_dispatch_bytes(10, 3, 8, 11) == 0, "more distinct rows than pairs refused");
     CHECK(st_wire_header_encode(&un, &h) == ST_OK, "encode distinct");
     CHECK(((const uint8_t *)&h)[22] == ST_WIRE_FLAG_UNIQUE_ROWS, "flag on the wire");
     CHECK(st_wire_header_decode(&h, 64, un.payload_bytes, &out) == ST_OK && out.unique == 4 && out.compute_us == 0,
           "decode distinct");
     size_t upl = un.payload_bytes;
     expect_reject(&h, upl, 60, 4, 0, "distinct flag without a count");
-    expect_reject(&h, upl, 60, 4, 11, "more distinct rows than rows");
+    expect_reject(&h, upl, 60, 4, 11, "more distinct rows than pairs");
     expect_reject(&h, upl, 60, 4, 5, "distinct count vs payload");
     expect_reject(&h, upl, 22, 2, 4 | ST_WIRE_FLAG_UNIQUE_ROWS, "unknown flag");
     expect_reject(&h, upl, 22, 2, 2 | ST_WIRE_FLAG_UNIQUE_ROWS, "version 3's per-row flag");
     CHECK(st_wire_header_decode(&h, 64, upl, &out) == ST_OK && out.slots == 24 && out.unique == 4,
           "distinct dispatch keeps its slots");
-    /* a reply: byte 56 must be 0 (no slots, no status) */
-    st_wire_info_t pc = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = st_wire_payload_bytes(0, 0, 8)};
-    CHECK(st_wire_header_encode(&pc, &h) == ST_OK, "combine encode");
-    expect_reject(&h, pc.payload_bytes, 56, 4, 4, "slots on a reply");
-    expect_reject(&h, pc.payload_bytes, 22, 2, 2, "the old per-row flag on a reply");
-    st_wire_info_t uc = un;
-    uc.kind = ST_WIRE_KIND_COMBINE;
-    CHECK(st_wire_header_encode(&uc, &h) == ST_ERR_INVALID_ARG, "distinct rows on a reply refused");
-    float *up = aligned_alloc(16, upl);
-    uint32_t *src;
-    CHECK(st_wire_table_encode_unique(up, 3, ids, off, 10, &src, &rows) == ST_OK, "distinct table encode");
-    CHECK((uint8_t *)src == (uint8_t *)up + 32 && (uint8_t *)rows == (uint8_t *)up + 80, "layout");
-    for (uint32_t r = 0; r < 10; r++) src[r] = r % 4;
-    for (int i = 0; i < 32; i++) rows[i] = (float)i;
-    const uint32_t *dsrc;
-    CHECK(st_wire_table_decode(up, &un, &dids, &doff, &dsrc, &drows) == ST_OK && dsrc[9] == 1 && drows[31] == 31.0f,
+    uint8_t *up = aligned_alloc(16, upl);
+    CHECK(st_wire_dispatch_encode(up, 3, ids, off, 10, 4, &v) == ST_OK, "distinct encode");
+    CHECK((const uint8_t *)v.src == up + 32 && (const uint8_t *)v.orow == up + 80 && (const uint8_t *)v.rows == up + 160,
+          "layout");
+    uint32_t *src = (uint32_t *)v.src;
+    for (uint32_t r = 0; r < 10; r++) src[r] = r % 4, ((uint32_t *)v.orow)[r] = r, ((float *)v.wts)[r] = 1.0f;
+    for (int i = 0; i < 32; i++) ((float *)v.rows)[i] = (float)i;
+    CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_OK && d.src[9] == 1 && d.rows[31] == 31.0f && d.n_out == 10,
           "distinct decode");
-    CHECK(st_wire_table_decode(up, &un, &dids, &doff, NULL, &drows) == ST_ERR_PROTOCOL, "distinct where plain expected");
     src[3] = 4;
-    CHECK(st_wire_table_decode(up, &un, &dids, &doff, &dsrc, &drows) == ST_ERR_PROTOCOL, "source out of range");
+    CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_ERR_PROTOCOL, "source out of range");
     src[3] = 3;
     src[10] = 1; /* padding after the sources */
-    CHECK(st_wire_table_decode(up, &un, &dids, &doff, &dsrc, &drows) == ST_ERR_PROTOCOL, "nonzero source padding");
+    CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_ERR_PROTOCOL, "nonzero source padding");
     src[10] = 0;
-    CHECK(st_wire_table_decode(up, &in, &dids, &doff, &dsrc, &drows) == ST_OK && dsrc == NULL, "plain gives no sources");
+    CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_OK, "restored");
     free(up);
     return st_test_done();
 }

@@ -1,5 +1,5 @@
 /* The threshold counts the router's epilogue makes (issue 16 item 1) against the scores path of the
- * summaries: st_route_count (kernels/, the C twin of the CUDA epilogue st_cuda_route_count) gives
+ * summaries: st_route_count (kernels/, the C twin of the CUDA epilogue st_cuda_router_quantile_count) gives
  * st_qsum_count_layer's integers (ties exactly at τ, NaN τ, NaN and infinite scores, ρ on both
  * sides, odd n, T up to 4096); and through the CPU engine (tiny preset, quantile routing, one layer
  * unset, layers probed below and above τ), a summary built from the count observer's counts is

@@ -1,9 +1,10 @@
 /* The data path without the network: a step whose MoE work is split by the dispatch plan over
- * three "expert servers" (each its own st_es_compute over the same checkpoint), packed (each
- * server's distinct tokens once, with the row sources), computed and unpacked, gives bit-for-bit
- * the logits of the one-process engine; the server's result from distinct rows equals the one from
- * the expanded rows. Identity experts give the input back (round trip), and a missing expert flags
- * exactly its tokens. */
+ * three "expert servers" (each its own st_es_compute over the same checkpoint), packed through the
+ * wire format (each server's distinct tokens once, with the row sources, each pair's weight and
+ * output row), computed into the servers' tree-node rows, unpacked and finished at the worker,
+ * gives bit-for-bit the logits of the one-process engine; the server's result from distinct rows
+ * equals the one from the expanded rows. Every pair's input row is its token's (round trip), the
+ * replies carry fewer rows than pairs, and a missing expert flags exactly its tokens. */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -48,19 +49,20 @@ int main(void) {
     CHECK(st_engine_step(local, ch, 2, ref) == ST_OK, "local step");
     CHECK(st_engine_step(remote, ch, 2, got) != ST_OK, "st_engine_step refuses without local experts");
 
+    int PR = o.max_batch_tokens * c->top_k; /* pairs of the largest work item (top-k routing) */
     st_es_compute_t srv[S];
-    for (int s = 0; s < S; s++) CHECK(st_es_compute_init(&srv[s], ck, 64) == ST_OK, "server %d", s);
+    for (int s = 0; s < S; s++) CHECK(st_es_compute_init(&srv[s], ck, PR) == ST_OK, "server %d", s);
     int server_of[64];
     for (int e = 0; e < n; e++) server_of[e] = (e * 7) % S; /* scattered placement */
     for (int l = 0; l < c->n_layers; l++)
         if (st_config_is_moe_layer(c, l))
             for (int e = 0; e < n; e++) CHECK(st_es_compute_bind(&srv[server_of[e]], l, e) == ST_OK, "bind");
     st_dispatch_plan_t plan;
-    CHECK(st_dispatch_plan_init(&plan, S, n, 64) == ST_OK, "plan");
-    float *msg = malloc(sizeof(float) * 64 * ew), *rep = malloc(sizeof(float) * 64 * ew);
-    float *flat = malloc(sizeof(float) * 64 * ew), *rep2 = malloc(sizeof(float) * 64 * ew);
-    uint32_t src[64];
-    int distinct_ok = 1, shared = 0;
+    CHECK(st_dispatch_plan_init(&plan, S, n, PR) == ST_OK, "plan");
+    size_t cap = st_wire_dispatch_bytes((uint32_t)PR, (uint32_t)n, (uint32_t)ew, (uint32_t)PR);
+    uint8_t *msg = aligned_alloc(16, cap), *msg2 = aligned_alloc(16, cap);
+    float *rep = malloc(sizeof(float) * PR * ew), *rep2 = malloc(sizeof(float) * PR * ew);
+    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0;
 
     int ra, rb;
     st_engine_seq_open(remote, &ra);
@@ -78,36 +80,50 @@ int main(void) {
         st_dispatch_plan_build(&plan, &w, server_of, failed);
         for (int s = 0; s < S; s++) {
             if (!plan.n_rows[s]) continue;
-            st_dispatch_pack(&plan, s, &w, src, msg);
-            /* distinct tokens: each once, and every row's source is its own token */
-            int nu = plan.n_uniq[s];
-            shared += plan.n_rows[s] - nu;
-            for (int u = 0; u < nu; u++)
-                for (int v = 0; v < u; v++) distinct_ok &= memcmp(msg + (size_t)u * ew, msg + (size_t)v * ew, sizeof(float) * ew) != 0;
-            for (int r = 0; r < plan.n_rows[s]; r++) {
-                distinct_ok &= src[r] < (uint32_t)nu;
-                memcpy(flat + (size_t)r * ew, msg + (size_t)src[r] * ew, sizeof(float) * ew);
-            }
-            /* identity round trip first: the rows come back where their tokens are */
-            st_dispatch_unpack(&plan, s, &w, flat);
-            for (int r = 0; r < plan.n_rows[s]; r++) {
-                int pr = plan.pair[s * plan.max_rows + r];
-                round_trip_ok &= !memcmp(w.out + (size_t)pr * ew, w.z + (size_t)(pr / w.kc) * ew, sizeof(float) * ew);
-            }
+            uint32_t N = (uint32_t)plan.n_rows[s], nx = (uint32_t)plan.n_exp[s], nu = (uint32_t)plan.n_uniq[s];
             const uint32_t *ids = plan.exp_ids + (size_t)s * n, *off = plan.offsets + (size_t)s * (n + 1);
-            CHECK(st_es_compute_run(&srv[s], w.layer, (uint32_t)plan.n_exp[s], ids, off, msg, src, rep) == ST_OK, "run");
-            CHECK(st_es_compute_run(&srv[s], w.layer, (uint32_t)plan.n_exp[s], ids, off, flat, NULL, rep2) == ST_OK,
-                  "run, expanded rows");
-            CHECK(!memcmp(rep, rep2, sizeof(float) * (size_t)plan.n_rows[s] * ew), "distinct rows == expanded rows");
-            st_dispatch_unpack(&plan, s, &w, rep);
+            st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = N, .expert_count = nx,
+                                   .row_width = (uint32_t)ew, .unique = nu, .slots = (uint32_t)(w.T * w.kc)};
+            info.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, nu);
+            st_wire_dispatch_t v, d, v2, d2;
+            CHECK(st_wire_dispatch_encode(msg, nx, ids, off, N, nu, &v) == ST_OK, "encode");
+            st_dispatch_pack(&plan, s, &w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
+            CHECK(st_wire_dispatch_decode(msg, &info, &d) == ST_OK && d.n_out == (uint32_t)plan.n_out[s], "decode");
+            /* distinct tokens: each once, and every pair's input is its own token's row */
+            shared += (int)(N - nu);
+            pairs += (int)N;
+            out_rows += plan.n_out[s];
+            for (uint32_t u = 0; u < nu; u++)
+                for (uint32_t q = 0; q < u; q++) distinct_ok &= memcmp(d.rows + (size_t)u * ew, d.rows + (size_t)q * ew, sizeof(float) * ew) != 0;
+            /* the same dispatch with one row per pair (no sources) */
+            st_wire_info_t info2 = info;
+            info2.unique = 0;
+            info2.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, 0);
+            CHECK(st_wire_dispatch_encode(msg2, nx, ids, off, N, 0, &v2) == ST_OK, "encode plain");
+            memcpy((uint32_t *)v2.orow, d.orow, sizeof(uint32_t) * N);
+            memcpy((float *)v2.wts, d.wts, sizeof(float) * N);
+            for (uint32_t r = 0; r < N; r++) {
+                int pr = plan.pair[s * plan.max_rows + r];
+                distinct_ok &= d.src[r] < nu;
+                round_trip_ok &= !memcmp(d.rows + (size_t)d.src[r] * ew, w.z + (size_t)(pr / w.kc) * ew, sizeof(float) * ew);
+                round_trip_ok &= d.wts[r] == w.wts[pr];
+                memcpy((float *)v2.rows + (size_t)r * ew, d.rows + (size_t)d.src[r] * ew, sizeof(float) * ew);
+            }
+            CHECK(st_wire_dispatch_decode(msg2, &info2, &d2) == ST_OK && d2.src == NULL, "decode plain");
+            CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d, rep) == ST_OK, "run");
+            CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d2, rep2) == ST_OK, "run, expanded rows");
+            CHECK(!memcmp(rep, rep2, sizeof(float) * d.n_out * ew), "distinct rows == expanded rows");
+            st_dispatch_unpack(&plan, s, &w, rep, plan.head);
         }
+        st_dispatch_finish(&plan, &w, plan.head, failed);
     }
     int anyfail = 0;
     for (int t = 0; t < N0 + N1; t++) anyfail |= failed[t];
     CHECK(!anyfail, "no token failed");
-    CHECK(round_trip_ok, "dispatch → identity → combine gives the input back");
+    CHECK(round_trip_ok, "every pair carries its token's row and weight");
     CHECK(distinct_ok, "each server's distinct rows are distinct and every source is in range");
     CHECK(shared > 0, "tokens with several experts on one server travel once (%d rows saved)", shared);
+    CHECK(out_rows < pairs, "servers return %d tree-node rows for %d pairs", out_rows, pairs);
     CHECK(layers == c->n_layers - c->first_k_dense, "one work item per MoE layer");
     CHECK(memcmp(ref, got, sizeof(float) * (N0 + N1) * V) == 0, "split over 3 servers == one-process engine (bitwise)");
 
@@ -132,15 +148,17 @@ int main(void) {
         right &= uses == f2[t];
     }
     CHECK(right && f2[0], "tokens of a missing expert are flagged, others not");
-    st_es_compute_t *x = &srv[0];
-    uint32_t bad_ids[1] = {(uint32_t)n + 3}, bad_off[2] = {0, 1};
-    CHECK(st_es_compute_run(x, 1, 1, bad_ids, bad_off, msg, NULL, rep) == ST_ERR_INVALID_ARG, "unknown expert rejected");
+    uint32_t bad_ids[1] = {(uint32_t)n + 3}, bad_off[2] = {0, 1}, bad_orow[1] = {0};
+    float bad_w[1] = {1.0f};
+    st_wire_dispatch_t bad = {.expert_ids = bad_ids, .offsets = bad_off, .orow = bad_orow, .wts = bad_w,
+                              .rows = rep, .n_out = 1};
+    CHECK(st_es_compute_run(&srv[0], 1, 1, &bad, rep2) == ST_ERR_INVALID_ARG, "unknown expert rejected");
 
     st_engine_mb_destroy(mb);
     st_engine_mb_destroy(mb2);
     st_dispatch_plan_cleanup(&plan);
     for (int s = 0; s < S; s++) st_es_compute_cleanup(&srv[s]);
-    free(msg); free(rep); free(flat); free(rep2); free(ref); free(got);
+    free(msg); free(msg2); free(rep); free(rep2); free(ref); free(got);
     st_engine_destroy(local);
     st_engine_destroy(remote);
     st_ckpt_close(ck);

@@ -293,6 +293,76 @@ static void test_argmax(void) {
     st_engine_destroy(e);
 }
 
+/* st_seq_chunk_t.sample: the engine's sampling op against st_sample_rows over the raw logits of a
+ * twin sequence fed the same tokens in the same steps (no sampling there), with the penalties'
+ * counts kept here by hand: the same token, processed row, logprobs; counts start over at a slot's
+ * open; bad sampling parameters are refused with nothing changed. */
+static void test_sample(void) {
+    st_engine_t *e = mk(2, 64, 64, ST_ROUTE_TOPK);
+    int sa, sb, toks[8], cur, tok = -1, tids[ST_SAMPLE_MAX_TOP];
+    float *lg = malloc(sizeof(float) * 2 * V), *raw = malloc(sizeof(float) * V), lp = 0, tlp[ST_SAMPLE_MAX_TOP];
+    int *cnt = calloc((size_t)V, sizeof(int));
+    const uint32_t bias_ids[2] = {5, 9};
+    const float bias_v[2] = {3.0f, -2.0f};
+    st_sample_params_t sp = {.temperature = 0.9f, .top_k = 40, .top_p = 0.9f, .presence = 1.0f, .frequency = 0.5f,
+                             .seed = 77, .n_top = 5, .n_bias = 2, .bias_ids = bias_ids, .bias_values = bias_v};
+    prompt(toks, 8, 3);
+    for (int round = 0; round < 2; round++) { /* round 1: the slots reopened, the counts start over */
+        CHECK(st_engine_seq_open(e, &sa) == ST_OK && st_engine_seq_open(e, &sb) == ST_OK, "open");
+        memset(cnt, 0, sizeof(int) * (size_t)V);
+        int same_tok = 1, same_row = 1, same_lp = 1, diff_tok = 0;
+        const int *in = toks;
+        int n = 8;
+        for (int step = 0; step < 12; step++) {
+            sp.pos = (uint32_t)step;
+            st_seq_chunk_t c[2] = {{.slot = sa, .n_tokens = n, .tokens = in, .sample = &sp, .keep_logits = true,
+                                    .token = &tok, .logprob = &lp, .top_ids = tids, .top_logprobs = tlp},
+                                   {.slot = sb, .n_tokens = n, .tokens = in}};
+            if (st_engine_step(e, c, 2, lg) != ST_OK) {
+                CHECK(0, "sampling step: %s", st_err_last());
+                break;
+            }
+            memcpy(raw, lg + V, sizeof(float) * (size_t)V); /* the twin's row: the raw logits */
+            st_sample_row_t r = {.temperature = sp.temperature, .top_p = sp.top_p, .presence = sp.presence,
+                                 .frequency = sp.frequency, .top_k = sp.top_k, .n_top = 5, .n_bias = 2, .pos = sp.pos,
+                                 .seed = sp.seed, .count_row = 0};
+            int want, wt[ST_SAMPLE_MAX_TOP];
+            float wlp, wtl[ST_SAMPLE_MAX_TOP];
+            st_sample_rows(&want, &wlp, wt, wtl, raw, 1, V, &r, bias_ids, bias_v, cnt); /* then cnt[want]++ */
+            same_tok &= tok == want;
+            same_row &= memcmp(lg, raw, sizeof(float) * (size_t)V) == 0;
+            same_lp &= lp == wlp && memcmp(tids, wt, sizeof(int) * 5) == 0 && memcmp(tlp, wtl, sizeof(float) * 5) == 0;
+            diff_tok += step > 0 && tok != cur;
+            cur = tok;
+            in = &cur;
+            n = 1;
+        }
+        CHECK(same_tok, "round %d: the engine's tokens are st_sample_rows' over the twin's logits", round);
+        CHECK(same_row, "round %d: the processed row (penalties from the sampled tokens, bias)", round);
+        CHECK(same_lp, "round %d: logprobs and the top 5", round);
+        CHECK(diff_tok > 0, "round %d: sampling moves (%d changes in 12 tokens)", round, diff_tok);
+        st_engine_seq_close(e, sa);
+        st_engine_seq_close(e, sb);
+    }
+    /* refused: with all_logits, with argmax, without token, too many top logprobs or biases */
+    CHECK(st_engine_seq_open(e, &sa) == ST_OK, "open");
+    st_seq_chunk_t bad = {.slot = sa, .n_tokens = 8, .tokens = toks, .sample = &sp, .token = &tok, .logprob = &lp,
+                          .top_ids = tids, .top_logprobs = tlp};
+    st_seq_chunk_t b1 = bad, b2 = bad, b3 = bad, b4 = bad, b5 = bad;
+    st_sample_params_t p21 = sp, pbias = sp;
+    p21.n_top = ST_SAMPLE_MAX_TOP + 1;
+    pbias.n_bias = ST_ENGINE_MAX_BIAS + 1;
+    b1.all_logits = true, b2.argmax = &tok, b3.token = NULL, b4.sample = &p21, b5.sample = &pbias;
+    const st_seq_chunk_t *bads[] = {&b1, &b2, &b3, &b4, &b5};
+    int refused = 0;
+    for (int i = 0; i < 5; i++) refused += st_engine_step(e, bads[i], 1, lg) == ST_ERR_INVALID_ARG;
+    CHECK(refused == 5 && st_engine_seq_len(e, sa) == 0, "bad sampling parameters refused (%d of 5), nothing consumed",
+          refused);
+    st_engine_seq_close(e, sa);
+    free(lg), free(raw), free(cnt);
+    st_engine_destroy(e);
+}
+
 /* The frontend over the CPU backend: the documented option defaults, a synchronous engine (collect
  * computes, a micro-batch is always ready), and a remote-experts engine that has no st_engine_step
  * and whose micro-batches stop at every MoE layer with a work item naming it. */
@@ -317,11 +387,11 @@ static void test_frontend(void) {
     st_moe_work_t w;
     int layers = 0, moe = 0, last = -1;
     for (int l = 0; l < cfg->n_layers; l++) moe += st_config_is_moe_layer(cfg, l);
-    while (st_engine_mb_advance(mb, &w)) { /* zero expert outputs: the shared path only */
+    while (st_engine_mb_advance(mb, &w)) { /* zero combined rows: the shared path only */
         CHECK(w.layer > last && st_config_is_moe_layer(cfg, w.layer) && w.T == 3, "work item of MoE layer %d (T %d)",
               w.layer, w.T);
         last = w.layer;
-        memset(w.out, 0, sizeof(float) * (size_t)w.T * w.kc * w.ew);
+        memset(w.u, 0, sizeof(float) * (size_t)w.T * w.ew);
         layers++;
     }
     CHECK(moe > 0 && layers == moe, "one hand-off per MoE layer (%d of %d)", layers, moe);
@@ -348,6 +418,7 @@ int main(void) {
     test_quantile();
     test_microbatch();
     test_argmax();
+    test_sample();
     test_frontend();
     st_ckpt_close(ck);
     char cmd[600];

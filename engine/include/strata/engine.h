@@ -45,18 +45,46 @@ st_status_t st_engine_seq_open(st_engine_t *e, int *slot);
 void st_engine_seq_close(st_engine_t *e, int slot);
 int st_engine_seq_len(const st_engine_t *e, int slot); /* tokens consumed so far */
 
+/* Sampling parameters of one entry (the rule of st_sample_rows, strata/kernels.h): the engine
+ * samples the entry's last row where its logits are (the GPU engine on the device) and returns the
+ * id, with logprobs when asked. Penalties count the tokens the engine has sampled for the sequence
+ * since its slot opened (OpenAI's: generated tokens only). */
+#define ST_ENGINE_MAX_BIAS 1024 /* logit_bias entries of one entry */
+typedef struct {
+    float temperature; /* ≤ 0: greedy */
+    int top_k;         /* ≤ 0: off */
+    float top_p;       /* ≥ 1: off */
+    float presence, frequency;
+    uint64_t seed;     /* the sequence's stream: the draw is a function of (seed, pos, token) */
+    uint32_t pos;      /* the token's index among the sequence's generated tokens */
+    int n_top;         /* −1: no logprobs; 0..ST_SAMPLE_MAX_TOP: the chosen token's and this many top ones */
+    int n_bias;        /* ≤ ST_ENGINE_MAX_BIAS */
+    const uint32_t *bias_ids;
+    const float *bias_values;
+} st_sample_params_t;
+
 /* One step: each entry feeds n_tokens new tokens of one open sequence (a prompt, a prompt piece, or
  * one decode token). Logits are written in entry order: all n_tokens rows when all_logits, else
  * only the last row; each row is vocab floats. argmax (greedy callers; ignored with all_logits):
  * receives the argmax of the entry's row (ties → the lower id, as st_sample at temperature 0), and
  * the engine may leave that row of logits unwritten — the GPU engine does, so greedy rows cost no
- * copy to the host. Errors (bad slot, token id, capacity) leave every sequence's state unchanged. */
+ * copy to the host. sample (not with all_logits or argmax): the row is processed (penalties, bias)
+ * and sampled, token receives the id and, with sample->n_top ≥ 0, logprob and top_ids /
+ * top_logprobs [ST_SAMPLE_MAX_TOP] the logprobs; the processed row reaches logits only with
+ * keep_logits (the GPU engine copies nothing else). Errors (bad slot, token id, sampling
+ * parameters, capacity) leave every sequence's state unchanged. */
 typedef struct {
     int slot;
     int n_tokens;
     const int *tokens;
     bool all_logits;
     int *argmax;
+    const st_sample_params_t *sample;
+    bool keep_logits;
+    int *token;
+    float *logprob;
+    int *top_ids;
+    float *top_logprobs;
 } st_seq_chunk_t;
 st_status_t st_engine_step(st_engine_t *e, const st_seq_chunk_t *seqs, int n_seqs, float *logits);
 
@@ -85,7 +113,7 @@ void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *
  * engine counts over the layer's σ scores cnt[j] = #{t : s_tj ≥ τ_j} and, when the layer's probe row
  * ρ is set (st_engine_set_probes), band[j] = #{t : exactly one of s_tj ≥ ρ_j, s_tj ≥ τ_j} (band NULL
  * otherwise): st_route_count's integers, which st_qsum_add_layer_counts takes. The GPU engine counts
- * on the device right after routing and copies back only these 2n integers. Called where the route
+ * in the router's pass (on the host for layers routed there) and copies back only these 2n integers. Called where the route
  * observer is, just before it; cnt/band [n_experts] valid during the call. */
 typedef void (*st_count_observer_t)(void *ctx, int layer, int T, int n_experts, const uint32_t *cnt,
                                     const uint32_t *band);
@@ -133,10 +161,17 @@ typedef struct {
     const float *z;     /* [T, ew] latent inputs */
     const int *ids;     /* [T, kc] chosen experts, ascending within a token */
     const int *cnt;     /* [T] experts per token (0 = shared path only) */
+    const float *wts;   /* [T, kc] routing weights p (SPEC §7), 0 past cnt */
     const int *tok_ent; /* [T] index of the step entry each token belongs to */
-    float *out;         /* [T*kc, ew]: the executor writes row t*kc+i = E_{ids[t*kc+i]}(z_t); its
-                         * arithmetic follows docs/architecture.md ("Bit-exact expert results") for a
-                         * micro-batch of T*kc slots, as the engine's own experts do */
+    /* What the executor writes depends on the engine (docs/architecture.md, "Bit-exact expert
+     * results"; either way the arithmetic of each row E_j(z_t) follows that section for a
+     * micro-batch of T*kc slots, as the engine's own experts do):
+     * - local experts (st_engine_mb_run_local, or a test standing in for it): out, row t*kc+i =
+     *   E_{ids[t*kc+i]}(z_t); the engine combines them by the summation tree;
+     * - remote_experts: u, row t = the tree over token t's experts of fl(p·E_j(z_t)) + 0 (+0 for a
+     *   token without experts); the engine skips its combine. out is then the executor's scratch. */
+    float *out;         /* [T*kc, ew] */
+    float *u;           /* [T, ew] */
 } st_moe_work_t;
 
 st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out);

@@ -150,7 +150,7 @@ void st_route_finish(const int *ids, float *w, const int *cnt, const float *s, i
  * s [T, n] fp32 row-major against tau [n] and rho [n] fp32: cnt [n] uint32, cnt[j] = #{t : s_tj ≥ tau_j};
  * band [n] uint32 (only when rho and band are both non-NULL) = #{t : exactly one of s_tj ≥ rho_j,
  * s_tj ≥ tau_j}. A NaN score or threshold compares false (NaN tau counts nothing). The same integers
- * as st_qsum_count_layer (common/quantile); CUDA: st_cuda_route_count. */
+ * as st_qsum_count_layer (common/quantile); CUDA: st_cuda_router_quantile_count (in the router's pass). */
 void st_route_count(uint32_t *cnt, uint32_t *band, const float *s, const float *tau, const float *rho, int T, int n);
 
 /* ---------------- FFN (SPEC §6) ---------------- */
@@ -169,10 +169,24 @@ void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt,
 /* An expert server's distinct-rows dispatch expanded into its grouped order: dst [n, w] bf16, row r =
  * bf16(rows[src[r]]) (round to nearest even) of rows [n_in, w] fp32; a source ≥ n_in gives zeros. */
 void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n, int n_in, int w);
-/* u_t = Σ_{i<cnt[t]} p[t, i] · y_i in slot order, y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i].
- * u != NULL: u [T, l] = u_t, RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
+/* The combine's summation tree (docs/architecture.md, "Bit-exact expert results", rule 1), as the
+ * rule reads: n entries, ids [n] strictly ascending (a leaf's expert id, or a tree node's first
+ * leaf), rows v [n, l] fp32 (a leaf's row is fl(p·y) + 0). For h = 0, 1, ...: each adjacent pair
+ * whose ids agree above bit h merges into the lower one, v = fl(left + right), until one is left.
+ * Result in v[0] (n = 0: v untouched, the value is +0); v and ids are overwritten. */
+void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l);
+/* Weighted tree sums into output rows (an expert server's reply): out [n_out, l] fp32, row o = the
+ * tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0 with ids id[k] (strictly
+ * ascending within a row); y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]]. An empty row is
+ * +0. Per column, the stack form of strata/moe_tree.h (same bits as st_moe_tree_rows). */
+void st_moe_tree_reduce(float *out, const float *y, const uint32_t *off, const uint32_t *row, const uint32_t *id,
+                        const float *p, int n_out, int l);
+/* u_t = the tree over token t's slots i < cnt[t] (leaf id ids[t, i], ascending) of fl(p[t, i] · y_i) + 0,
+ * y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i]; p == NULL: yf [T, l] is u already (combined
+ * elsewhere: an attention worker's expert servers), only the epilogue runs. u != NULL: u [T, l] = u_t,
+ * RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
 void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
-                    const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
+                    const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
 
 /* ---------------- sampling (SPEC §9) ---------------- */
 typedef struct {
@@ -182,14 +196,49 @@ typedef struct {
 } st_sampling_t;
 /* Returns the chosen id. rng advanced only when sampling (temperature > 0). ws: 2*V floats. */
 int st_sample(const float *logits, int V, const st_sampling_t *sp, st_rng_t *rng, float *ws);
-/* OpenAI's logit processors, in place before st_sample (SPEC §9): for every token t generated so
- * far (gen[0..n_gen)), logits[t] -= frequency * count(t) + presence; then logits[bias_ids[i]] +=
- * bias_values[i]. ws: n_gen ints (a sorted copy of gen). Ids outside [0, V) are ignored. */
-void st_sample_adjust(float *logits, int V, const int *gen, int n_gen, float presence, float frequency,
-                      const uint32_t *bias_ids, const float *bias_values, int n_bias, int *ws);
 /* Index of the largest of x[0..V) (ties → the lower index; what st_sample returns when greedy). */
 int st_argmax(const float *x, int V);
 
+/* ---------------- sampling of a batch of rows, the engine's op (SPEC §9; kernels/sample.c,
+ * CUDA twin st_cuda_sample in kernels/sample.cu). One row's rule, in order:
+ *  1. processing, in place: x_v -= frequency · count_v + presence for count_v > 0 (the row's counts of
+ *     its sequence's generated tokens, OpenAI's penalties), then x[bias_ids[i]] += bias_values[i] in
+ *     list order (ids ≥ V ignored). The processed row is what logprobs and a caller's logits see.
+ *  2. greedy (temperature ≤ 0 or top_k = 1): the argmax, ties → the lower id.
+ *  3. otherwise s_v = (x_v − m) / temperature (float, m the row's max) and the kept set:
+ *     top-k (0 < k < V): the k largest x, ties at the boundary → the lower ids;
+ *     top-p (< 1): within that, every token whose x is ≥ the largest value τ for which
+ *     Σ_{kept, x ≥ τ} e^{s} ≥ max(top_p · Σ_kept e^{s}, 1) (the smallest head of the kept set, in x
+ *     order, that holds top_p of its mass; ties at τ are kept whole; the max is always kept).
+ *     The token is the argmax over the kept set of s_v − log(−log u_v) (Gumbel-max, ties → the lower
+ *     id), u_v the uniform of (seed, pos, v) (kernels/sample_rule.h): a pure function of the stream's
+ *     seed, the token's position and the logits, whatever the batch or the backend.
+ *  4. count_v of the chosen token += 1 (when the row has a counts row).
+ *  5. n_top ≥ 0: the chosen token's log-probability under softmax(x) (temperature 1, processed) and
+ *     the n_top most likely (x descending, ties → lower id) with theirs.
+ * NOTE: CPU and GPU pick the same token except where two perturbed scores, or a top-p head's mass and
+ * its target, are within double rounding (the masses and logs run in double; every comparison that
+ * decides membership or the argmax is on bit-identical floats otherwise). Logprobs agree to float
+ * rounding. */
+#define ST_SAMPLE_MAX_TOP 20
+typedef struct st_sample_row {
+    float temperature;         /* ≤ 0: greedy */
+    float top_p;               /* ≥ 1: off */
+    float presence, frequency; /* penalties; 0 = off */
+    int top_k;                 /* ≤ 0 or ≥ V: off */
+    int n_top;                 /* −1: no logprobs; else the chosen token's and the n_top (≤ 20) most likely */
+    int bias_off, n_bias;      /* the row's logit_bias: bias_ids / bias_values [bias_off, bias_off + n_bias) */
+    int row;                   /* the row of logits it samples */
+    int count_row;             /* the row's row of counts (its sequence slot); −1: none (penalties off) */
+    uint32_t pos;              /* the token's index in its sequence's generated tokens */
+    uint64_t seed;             /* the stream's seed (one per sequence) */
+} st_sample_row_t;
+/* rows [n] params (host); logits [*, V] fp32, the rows named by rows[i].row processed in place;
+ * counts [*, V] int32 (NULL: no row has one; a counts row belongs to at most one row of a call);
+ * bias_ids / bias_values: the rows' entries. Out: ids [n]; lp [n] and top_ids / top_lp
+ * [n, ST_SAMPLE_MAX_TOP] for rows with n_top ≥ 0 (may be NULL when none has). */
+void st_sample_rows(int *ids, float *lp, int *top_ids, float *top_lp, float *logits, int n, int V,
+                    const st_sample_row_t *rows, const uint32_t *bias_ids, const float *bias_values, int *counts);
 /* ---------------- flags (the transfer layer's signal / wait; CUDA: st_cuda_flag_*) ---------------- */
 /* A flag is a 32-bit sequence word that only grows (mod 2^32); a wait for seq is met once
  * (int32_t)(*flag - target) >= 0 with target = seq + (epoch ? *epoch : 0) (the epoch lets one captured

@@ -164,6 +164,14 @@ st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y, const st_b
  * n ≤ 8192. */
 st_status_t st_cuda_router_quantile(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
                                     const float *tau, int T, int n, int kmax, bool renorm, float scale);
+/* The same routing (bit for bit) with the threshold counts of the quantile summaries made in the same
+ * pass (SPEC §7; docs/quantile.md): qc [n] uint32 device, qc[j] = #{t : s_tj ≥ tau_j}, and with rho
+ * ([n] fp32 probe thresholds, or NULL) qc [2n]: qc[n + j] = #{t : exactly one of s_tj ≥ rho_j,
+ * s_tj ≥ tau_j}; s the σ scores written back. Exactly st_route_count's integers (a NaN score or
+ * threshold compares false). Zeroes qc itself (an async memset); T = 0: qc zeroed, nothing else. */
+st_status_t st_cuda_router_quantile_count(const st_gpu_stream_t *s, int *ids, float *w, int *cnt, float *scores,
+                                          const float *tau, int T, int n, int kmax, bool renorm, float scale,
+                                          uint32_t *qc, const float *rho);
 
 /* ---------------- Block AttnRes, two-phase (SPEC §5; kernels/attnres.cu) ---------------- */
 /* Phase 1 (once per completed-block set) with the block push folded in: block i < m−1 at blocks + i·bstride
@@ -205,10 +213,17 @@ st_status_t st_cuda_attnres_phase2_rmsnorm(const st_gpu_stream_t *s, st_bf16_t *
 st_status_t st_cuda_mla_prefill(const st_gpu_stream_t *s, st_bf16_t *o, const st_bf16_t *q, const st_bf16_t *k,
                                 const st_bf16_t *v, int T, int n, int H, int dqk, int dv, float scale);
 
-/* ---------------- sampling ---------------- */
-/* Temperature / top-k / top-p sampling stays on the host for now (st_sample on logits copied with
- * cudaMemcpyAsync into pinned memory); only greedy (st_cuda_argmax above) runs on the device.
- * See docs/perf/history.md "Sampling" for the cost and the plan. */
+/* ---------------- sampling (SPEC §9; kernels/sample.cu) ---------------- */
+/* st_sample_rows (strata/kernels.h) on the device, one launch for n rows: the same rule, the same
+ * token except within double rounding (see there). rows [n] (device) params; logits [*, V] fp32, the
+ * rows named by rows[i].row processed in place; counts [*, V] int32 (NULL: none; one launch row per
+ * counts row); bias_ids / bias_values: the rows' entries (device). Out (device): ids [n]; lp [n],
+ * top_ids / top_lp [n, ST_SAMPLE_MAX_TOP] for rows with n_top ≥ 0 (NULL allowed when none has).
+ * One block of 1024 threads per row; each top-k / top-p boundary costs 32 passes over its row. */
+struct st_sample_row;
+st_status_t st_cuda_sample(const st_gpu_stream_t *s, int *ids, float *lp, int *top_ids, float *top_lp, float *logits,
+                           int n, int V, const struct st_sample_row *rows, const uint32_t *bias_ids,
+                           const float *bias_values, int *counts);
 
 /* ================ the GPU engine's kernels (moved from attention_worker/engine_gpu_kernels.cu) ================
  * fp32 activations between kernels; bf16 only where a tensor-core GEMM (or the chunked KDA tiles) reads
@@ -306,12 +321,6 @@ st_status_t st_cuda_mla_kv_split(const st_gpu_stream_t *s, st_bf16_t *K, st_bf16
  * renorm: s / (Σ s + 1e-20) · scale, else s · scale; 0 past cnt. Σ in slot order. C: st_route_finish. */
 st_status_t st_cuda_route_finish(const st_gpu_stream_t *s, const int *ids, float *w, const int *cnt,
                                  const float *scores, int T, int n, int kc, bool renorm, float scale);
-/* Threshold counts (the router's epilogue for the quantile summaries): cnt [n], band [n] uint32
- * device (band written only when rho and band are non-NULL) from scores [T, n] fp32 (σ), tau, rho
- * [n] fp32; exactly st_route_count's integers (same ≥ and NaN semantics). Zeroes cnt/band itself
- * (an async memset, then one atomic add per expert per 32-token chunk). T ≥ 0, n > 0. */
-st_status_t st_cuda_route_count(const st_gpu_stream_t *s, uint32_t *cnt, uint32_t *band, const float *scores,
-                                const float *tau, const float *rho, int T, int n);
 /* Grouping by expert (one block; E + 1 ints of shared memory): offsets [E+1] int32 (expert e's rows are
  * offsets[e] .. offsets[e+1]-1), row_of [T, kc] int32 (grouped row of slot (t, i), −1 for i ≥ cnt[t]).
  * NOTE: the order of rows within an expert may vary run to run (atomics); every consumer reads rows
@@ -326,13 +335,22 @@ st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st
  * decoder rejects those first); src [n] uint32. w % 4 == 0, n ≤ 65535·64. C: st_moe_expand. */
 st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows, const uint32_t *src,
                                int n, int n_in, int w);
-/* Combine in slot order (= ascending expert id), fp32, no FMA contraction: u = Σ_{i<cnt[t]} p[t, i] y_i
- * (p [T, kc]) with y_i = yg[row_of[t, i]] (fp32 [rows, l], grouped) when yg != NULL, else yf[t·kc + i]
- * (fp32 [T·kc, l], slot order). Then: norm_w != NULL → un [T, l] bf16 (+ ulo) = RMSNorm(u; norm_w, eps);
- * un == NULL → partial [T, l] fp32 += u; otherwise un = u as bf16. C: st_moe_combine. */
+/* Combine by the summation tree (docs/architecture.md, "Bit-exact expert results", rule 1; one
+ * thread per column, strata/moe_tree.h), fp32, no FMA contraction: u = the tree over slots
+ * i < cnt[t] (leaf id ids[t, i], ascending; ids/p [T, kc]) of fl(p[t, i] · y_i) + 0, with y_i =
+ * yg[row_of[t, i]] (fp32 [rows, l], grouped) when yg != NULL, else yf[t·kc + i] (fp32 [T·kc, l], slot
+ * order); p == NULL: yf [T, l] fp32 is u already (the expert servers combined it), only the
+ * epilogue runs. Then: norm_w != NULL → un [T, l] bf16 (+ ulo) = RMSNorm(u; norm_w, eps); un == NULL
+ * → partial [T, l] fp32 += u; otherwise un = u as bf16. C: st_moe_combine. */
 st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial,
-                                const float *yg, const float *yf, const int *row_of, const float *p, const int *cnt,
-                                const float *norm_w, int T, int kc, int l, float eps);
+                                const float *yg, const float *yf, const int *row_of, const float *p, const int *ids,
+                                const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
+/* An expert server's weighted tree sums into its output rows, all device memory: out [n_out, l] fp32,
+ * row o = the tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0, ids id[k] strictly
+ * ascending within a row; y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]] (uint32, fp32).
+ * n_out ≤ 65535·64. C: st_moe_tree_reduce. */
+st_status_t st_cuda_moe_tree_reduce(const st_gpu_stream_t *s, float *out, const float *y, const uint32_t *off,
+                                    const uint32_t *row, const uint32_t *id, const float *p, int n_out, int l);
 
 /* ---------------- flags (the transfer layer; C: st_flag_signal / st_flag_wait) ---------------- */
 /* One-thread kernels, capturable in a CUDA graph. flag, epoch and err are device memory, another

@@ -1,6 +1,7 @@
 /* Strata data-plane wire format: the fixed 64-byte header of every UCX active message between
  * attention workers and expert servers, and the per-expert offsets table that starts a dispatch or
- * combine payload. Pure byte layout and validation; no I/O, no allocation.
+ * payload and the per-pair weights and output rows after it. Pure byte layout and validation; no
+ * I/O, no allocation.
  *
  * Header byte map (little-endian, no padding; carried as the UCX AM header):
  *   off size field
@@ -12,8 +13,9 @@
  *    20   2  micro_batch    micro-batch of the step
  *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS or 0; otherwise 0
  *    24   4  source_id      sender's member id (low 32 bits of the coordinator id)
- *    28   4  token_count    rows in the payload (sum over experts)
- *    32   4  expert_count   experts in the offsets table
+ *    28   4  token_count    DISPATCH: (token, expert) pairs in the payload (sum over experts);
+ *                            COMBINE: output rows in the payload
+ *    32   4  expert_count   experts in the offsets table (COMBINE: 0, no table)
  *    36   4  row_width      floats per row (ℓ, the latent width)
  *    40   8  seq            sender's sequence number; a reply echoes the dispatch's
  *    48   8  payload_bytes  exact length of the AM payload
@@ -26,20 +28,23 @@
  *                            computed), µs; DISPATCH with ST_WIRE_FLAG_UNIQUE_ROWS: the number of
  *                            distinct rows carried (1 ≤ unique ≤ token_count); otherwise 0
  *
- * Payload of DISPATCH and COMBINE (offsets table, then rows):
- *   [expert_count]     uint32 expert ids, strictly ascending
- *   [expert_count + 1] uint32 row offsets: rows of expert_ids[i] are [off[i], off[i+1]),
- *                      off[0] = 0, non-decreasing, off[expert_count] = token_count
+ * Payload of DISPATCH (N = token_count pairs, E = expert_count):
+ *   [E]     uint32 expert ids, strictly ascending
+ *   [E + 1] uint32 row offsets: pairs of expert_ids[i] are [off[i], off[i+1]),
+ *           off[0] = 0, non-decreasing, off[E] = N
  *   zero padding up to a multiple of 16 bytes (ST_WIRE_ALIGN)
- *   [token_count, row_width] fp32 row-major, grouped by expert in table order.
- *   A dispatch carries input rows; the combine reply carries, in the same order, one output row per
- *   (token, expert) pair: weighting and the sum over experts happen at the attention worker.
- * DISPATCH with ST_WIRE_FLAG_UNIQUE_ROWS (a token routed to several experts of one server travels
- * once, as DeepEP dispatches one copy per rank): after the table,
- *   [token_count]      uint32 sources: grouped row r is distinct row src[r] (< unique)
+ *   with ST_WIRE_FLAG_UNIQUE_ROWS (a token routed to several experts of one server travels once, as
+ *   DeepEP dispatches one copy per rank):
+ *     [N] uint32 sources: pair r's input row is distinct row src[r] (< unique); zero padding to 16
+ *   [N] uint32 output row of each pair (< N; the reply has 1 + the largest of them rows)
+ *   [N] fp32 routing weight p of each pair
  *   zero padding up to a multiple of 16 bytes
- *   [unique, row_width] fp32 row-major distinct rows.
- *   The reply is the same COMBINE as above (token_count rows).
+ *   [unique or N, row_width] fp32 row-major input rows (distinct rows, or one per pair grouped by
+ *   expert in table order).
+ * Payload of COMBINE: [token_count, row_width] fp32 row-major output rows: row o = the summation
+ *   tree (docs/architecture.md, "Bit-exact expert results") over the pairs r with output row o of
+ *   fl(p_r · E_{expert of r}(input of r)) + 0; a row without pairs is +0. The sender's plan makes
+ *   each output row one node of the tree over a token's experts, so the worker finishes the tree.
  * Payload of ERROR: payload_bytes of UTF-8 text (not NUL-terminated); token/expert counts are 0.
  */
 #ifndef STRATA_WIRE_H
@@ -57,8 +62,10 @@ extern "C" {
 
 #define ST_WIRE_MAGIC 0x57525453u /* "STRW" little-endian */
 /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches; 3: a per-row kernel flag (0x2); 4: that flag gone, a
- * dispatch carries its micro-batch's slots at byte 56 instead (the data, not a kernel choice) */
-#define ST_WIRE_VERSION 4u
+ * dispatch carries its micro-batch's slots at byte 56 instead (the data, not a kernel choice);
+ * 5: the server combines: a dispatch carries each pair's weight and output row, a reply its output
+ * rows without a table */
+#define ST_WIRE_VERSION 5u
 #define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
 #define ST_WIRE_HEADER_BYTES 64u
 #define ST_WIRE_ALIGN 16u
@@ -107,7 +114,7 @@ typedef struct {
     uint32_t layer;
     uint16_t micro_batch;
     uint32_t source_id;
-    uint32_t token_count;
+    uint32_t token_count; /* DISPATCH: pairs; COMBINE: output rows */
     uint32_t expert_count;
     uint32_t row_width;
     uint64_t seq;
@@ -122,14 +129,14 @@ typedef struct {
 /* Bytes of the offsets table incl. padding, for expert_count experts. */
 size_t st_wire_table_bytes(uint32_t expert_count);
 
-/* Exact payload bytes for a DISPATCH/COMBINE of this shape; 0 with ST_FAIL when a count exceeds
- * its ST_WIRE_MAX_* bound. */
-size_t st_wire_payload_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width);
-/* The same for a DISPATCH with unique distinct rows (ST_WIRE_FLAG_UNIQUE_ROWS; 0 = plain rows). */
+/* Exact payload bytes of a DISPATCH of this shape (unique distinct rows, ST_WIRE_FLAG_UNIQUE_ROWS;
+ * 0 = one row per pair); 0 with ST_FAIL when a count exceeds its ST_WIRE_MAX_* bound. */
 size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique);
+/* The same for a COMBINE of `rows` output rows. */
+size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width);
 
 /* Fill *out from info (payload_bytes included). Checks kind and bounds, and for DISPATCH/COMBINE
- * that payload_bytes equals st_wire_payload_bytes(). */
+ * that payload_bytes equals st_wire_dispatch_bytes() / st_wire_combine_bytes(). */
 st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *out);
 
 /* Validate an arrived header of hdr_len bytes against the real payload length: magic, version,
@@ -137,22 +144,27 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
  * counts. *out written only on success. Errors are ST_ERR_PROTOCOL. */
 st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payload_len, st_wire_info_t *out);
 
-/* Write the offsets table at the start of payload (>= st_wire_table_bytes). expert_ids and offsets
- * are checked like on decode. Returns the pointer to the first row (payload + table bytes). */
-st_status_t st_wire_table_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
-                                 const uint32_t *offsets, uint32_t token_count, float **rows);
-/* The same for a unique-rows DISPATCH: also zeroes the padding after the sources and returns where
- * the caller writes them (*src [token_count]) and the distinct rows (*rows [unique, width]). */
-st_status_t st_wire_table_encode_unique(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
-                                        const uint32_t *offsets, uint32_t token_count, uint32_t **src, float **rows);
+/* Where a DISPATCH's parts lie in its payload (views, own nothing). */
+typedef struct {
+    const uint32_t *expert_ids; /* [expert_count] */
+    const uint32_t *offsets;    /* [expert_count + 1] */
+    const uint32_t *src;        /* [token_count] sources (each < unique), NULL for one row per pair */
+    const uint32_t *orow;       /* [token_count] output row of each pair, each < token_count */
+    const float *wts;           /* [token_count] routing weight of each pair */
+    const float *rows;          /* [unique or token_count, row_width] input rows */
+    uint32_t n_out;             /* output rows of the reply: 1 + the largest orow (0 without pairs) */
+} st_wire_dispatch_t;
 
-/* Validate the table of a decoded DISPATCH/COMBINE payload (4-byte aligned) and give views into it:
- * expert_ids [expert_count], offsets [expert_count + 1], rows [token_count, row_width]. The views
- * point into payload and own nothing. A unique-rows DISPATCH (info->unique > 0) also gives *src
- * [token_count] (each checked < unique) and rows [unique, row_width]; src NULL refuses such a
- * payload; *src is NULL for plain rows. */
-st_status_t st_wire_table_decode(const void *payload, const st_wire_info_t *info, const uint32_t **expert_ids,
-                                 const uint32_t **offsets, const uint32_t **src, const float **rows);
+/* Write a DISPATCH's table and zero its paddings in payload (st_wire_dispatch_bytes() long);
+ * expert_ids and offsets are checked like on decode. The caller then fills the parts it gets back
+ * (writable views; src NULL unless unique > 0; n_out 0, the caller's to know). */
+st_status_t st_wire_dispatch_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
+                                    const uint32_t *offsets, uint32_t token_count, uint32_t unique,
+                                    st_wire_dispatch_t *out);
+
+/* Validate a decoded DISPATCH's payload (4-byte aligned): table, paddings, sources < unique,
+ * output rows < token_count; *out written only on success. Weights are any fp32. */
+st_status_t st_wire_dispatch_decode(const void *payload, const st_wire_info_t *info, st_wire_dispatch_t *out);
 
 #ifdef __cplusplus
 }
