@@ -239,6 +239,7 @@ typedef struct st_sample_row {
  * [n, ST_SAMPLE_MAX_TOP] for rows with n_top ≥ 0 (may be NULL when none has). */
 void st_sample_rows(int *ids, float *lp, int *top_ids, float *top_lp, float *logits, int n, int V,
                     const st_sample_row_t *rows, const uint32_t *bias_ids, const float *bias_values, int *counts);
+
 /* ---------------- flags (the transfer layer's signal / wait; CUDA: st_cuda_flag_*) ---------------- */
 /* A flag is a 32-bit sequence word that only grows (mod 2^32); a wait for seq is met once
  * (int32_t)(*flag - target) >= 0 with target = seq + (epoch ? *epoch : 0) (the epoch lets one captured
