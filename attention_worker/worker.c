@@ -1330,8 +1330,6 @@ static void srv_retire(aw_t *aw, int s, uint64_t gen, const char *why) {
     st_log_debug("worker %s: expert server %s (%s) %s", aw->o.name, sv->name, sv->endpoint, why);
 }
 
-/* Close the retired servers no step can use any more and free their slots; returns how many
- * retired ones are still waiting. */
 /* Whether server s's channel can be freed: the slot is being freed or its connection was lost (a
  * server that only timed out keeps it for when it is back), and no dispatch names the channel. Under mu. */
 static int chan_unused(const aw_t *aw, int s, int idle) {
@@ -1344,6 +1342,8 @@ static int chan_unused(const aw_t *aw, int s, int idle) {
     return 1;
 }
 
+/* Close the retired servers no step can use any more and free their slots, and the channels of
+ * servers that are gone; returns how many retired ones are still waiting. */
 static int srv_reap(aw_t *aw) {
     int waiting = 0, closed = 0;
     for (int s = 0; s < aw->n_srv; s++) {
