@@ -342,7 +342,7 @@ bool st_xfer_test_host(const st_xfer_region_t *r, size_t flag_off, uint32_t seq)
 
 /* ST_OK while the peer may be alive; ST_ERR_PEER (logged) once its process exited. The peer's pid is
  * only trusted inside our own pid namespace; elsewhere the deadline is the only bound. */
-static st_status_t peer_check(st_xfer_region_t *r) {
+static st_status_t peer_check(st_xfer_region_t *r, bool quiet) {
     const xfer_shm_hdr_t *h = (const xfer_shm_hdr_t *)r->map;
     int side = r->owner ? 1 : 0; /* the peer's slot */
     st_status_t rc = ST_OK;
@@ -365,15 +365,18 @@ static st_status_t peer_check(st_xfer_region_t *r) {
         }
         if (dead) r->peer_pid = -r->peer_pid;
     }
-    if (dead)
+    if (dead && quiet)
+        rc = ST_REJECT(ST_ERR_PEER, "xfer wait: %s (process %d) exited", label_of(r), -r->peer_pid);
+    else if (dead)
         rc = ST_FAIL(ST_ERR_PEER, "xfer wait: %s (process %d) exited", label_of(r), -r->peer_pid);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
 
-static st_status_t aborted_status(st_xfer_region_t *r) {
+static st_status_t aborted_status(st_xfer_region_t *r, bool quiet) {
     pthread_mutex_lock(&r->mu);
-    st_status_t rc = ST_FAIL(ST_ERR_PEER, "xfer wait: %s: %s", label_of(r), r->why);
+    st_status_t rc = quiet ? ST_REJECT(ST_ERR_PEER, "xfer wait: %s: %s", label_of(r), r->why)
+                           : ST_FAIL(ST_ERR_PEER, "xfer wait: %s: %s", label_of(r), r->why);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -392,8 +395,8 @@ st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t se
     if (!__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE) && st_flag_wait(f, seq, NULL, XFER_SPIN_NS, NULL)) return ST_OK;
     for (;;) {
         if (st_flag_met(f, seq, NULL)) return ST_OK; /* met before the peer died or the abort: the data is there */
-        if (__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE)) return aborted_status(r);
-        if ((rc = peer_check(r)) != ST_OK) return rc;
+        if (__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE)) return aborted_status(r, quiet);
+        if ((rc = peer_check(r, quiet)) != ST_OK) return rc;
         uint64_t now = st_time_ns();
         if (now >= deadline && quiet) /* an idle poll's timeout: recorded, logged at DEBUG only */
             return ST_REJECT(ST_ERR_TIMEOUT, "xfer wait: nothing from %s within %d ms", label_of(r), timeout_ms);

@@ -120,7 +120,8 @@ st_status_t st_xfer_chan_wait_reply(st_xfer_chan_t *c, uint32_t slot, int timeou
  * returns at once), or when nothing is pending there. */
 bool st_xfer_chan_reply_in(const st_xfer_chan_t *c, uint32_t slot);
 /* server: the next posted request (*slot, *m), waiting up to timeout_ms; a timeout here is an idle
- * poll (ST_ERR_TIMEOUT, logged at DEBUG only). */
+ * poll (ST_ERR_TIMEOUT), and an abort or the client's exit ends it (ST_ERR_PEER): recorded in
+ * st_err_last, logged at DEBUG only (the caller says why its link ended). */
 st_status_t st_xfer_chan_next(st_xfer_chan_t *c, int timeout_ms, uint32_t *slot, st_xfer_msg_t *m);
 void *st_xfer_chan_rep_buf(st_xfer_chan_t *c, uint32_t slot);
 st_status_t st_xfer_chan_reply(st_xfer_chan_t *c, uint32_t slot, const void *hdr, size_t hdr_len, size_t len);
