@@ -10,6 +10,13 @@
  * Every wait on the network is bounded by expert_timeout_ms. A server that fails or times out is
  * retried once on a replica; tokens with no live holder fail only their own sequences.
  *
+ * Same-host servers (common/xfer): after connecting, the loop sends the server a hello (boot id);
+ * a server on this host answers with a shared-memory channel (a slot per micro-batch). From then on
+ * the compute thread packs that server's dispatches straight into its request slot, rings its
+ * doorbell, and waits on the reply slot's flag itself (spin, then futex; bounded): no uv_async, no
+ * condvar, no copy into a send buffer. The UCX connection stays for the hello and as the liveness
+ * signal (its loss aborts the channel); servers elsewhere stay on UCX.
+ *
  * Requests are range-checked on the loop before anything is sized from them (st_aw_check_request);
  * a client's mistake ends the call with INVALID_ARGUMENT / OUT_OF_RANGE and a full or draining
  * worker with RESOURCE_EXHAUSTED, both before any chunk, so the coordinator can answer 400 or queue
@@ -29,6 +36,7 @@
 #include "strata/rpc.h"
 #include "strata/transport.h"
 #include "strata/wire.h"
+#include "strata/xfer.h"
 #include "worker.h"
 
 /* Expert-server table: slots are recycled (a server that leaves the placement is closed and its slot
@@ -58,6 +66,13 @@ typedef struct {
     int alive;         /* under mu */
     int state;         /* SRV_*; changed on the loop thread under mu */
     uint64_t retired_gen; /* SRV_RETIRED: reusable once the compute thread applied this placement */
+    /* same host: the channel (set and freed by the loop under mu, used by the compute thread while a
+     * pend names it) and the loop thread's records of the hello / offer exchange */
+    st_xfer_chan_t *chan;
+    st_tp_send_req_t hello;
+    st_tp_recv_t offer;
+    int hello_busy, offer_busy;
+    uint8_t offer_buf[ST_XFER_HANDLE_BYTES];
 } srv_t;
 
 typedef struct {
@@ -72,6 +87,8 @@ typedef struct {
     int send_busy; /* loop thread: UCX still holds `send` */
     int recv_busy; /* loop thread: UCX is landing a reply in rbuf */
     int soft;      /* failed by an answer (error reply, capacity), not by the server going away */
+    st_xfer_chan_t *chan;  /* same host: the channel this dispatch went through (set with state, under mu) */
+    const uint8_t *rview;  /* same host: the reply in the channel's slot (else it is in rbuf) */
     double t_sent, t_recv; /* loop thread: when UCX took the dispatch, when the reply landed */
     st_tp_recv_t recv;
     char err[256];
@@ -519,6 +536,15 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             pthread_mutex_unlock(&aw->mu);
             continue;
         }
+        /* same host: packed straight into the server's request slot, claimed first (the loop frees a
+         * channel only while no dispatch names it) */
+        pthread_mutex_lock(&aw->mu);
+        st_xfer_chan_t *ch = aw->srv[s].alive ? aw->srv[s].chan : NULL;
+        pd->chan = ch;
+        pd->rview = NULL;
+        if (ch) pd->state = P_QUEUED;
+        pthread_mutex_unlock(&aw->mu);
+        uint8_t *buf = ch ? st_xfer_chan_req_buf(ch, (uint32_t)mb) : pd->sbuf;
         /* each distinct token once (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): the server expands them */
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
@@ -527,12 +553,29 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .slots = (uint32_t)w->T * (uint32_t)w->kc}; /* the batch's shape (wire.h) */
         info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
         st_wire_dispatch_t v;
-        st_wire_dispatch_encode(pd->sbuf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
+        st_wire_dispatch_encode(buf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
                                 p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, info.unique, &v);
         st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
         st_wire_header_encode(&info, &pd->hdr);
         aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
         aw->messages++;
+        if (ch) {
+            st_status_t rc = st_xfer_chan_post(ch, (uint32_t)mb, &pd->hdr, sizeof pd->hdr, info.payload_bytes);
+            pthread_mutex_lock(&aw->mu);
+            pd->seq = info.seq;
+            pd->slen = info.payload_bytes;
+            pd->soft = 0;
+            pd->err[0] = 0;
+            if (pd->state == P_QUEUED) { /* not failed meanwhile by the server's loss */
+                pd->state = rc == ST_OK ? P_SENT : P_FAILED;
+                pd->t_sent = st_time_sec();
+                if (rc != ST_OK)
+                    snprintf(pd->err, sizeof pd->err, "expert server %s (%s): %s", aw->srv[s].name, aw->srv[s].endpoint,
+                             st_err_last());
+            }
+            pthread_mutex_unlock(&aw->mu);
+            continue;
+        }
         pthread_mutex_lock(&aw->mu);
         pd->seq = info.seq;
         pd->slen = info.payload_bytes;
@@ -549,6 +592,42 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     aw->stage[ST_PROTO_STAGE_DISPATCH] += st_time_sec() - t0;
 }
 
+/* Waits (until the monotonic time `until`) for the reply to pd, a dispatch sent through a same-host
+ * channel, and settles pd like am_done / on_srv_lost / a timeout do for UCX. Compute thread. */
+static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double until) {
+    const srv_t *sv = &aw->srv[pd->s];
+    double left = (until - st_time_sec()) * 1e3;
+    st_xfer_msg_t m;
+    st_wire_info_t info;
+    st_status_t rc = st_xfer_chan_wait_reply(ch, (uint32_t)pd->mb, left < 1 ? 1 : (int)left, &m);
+    int hdr_ok = rc == ST_OK && m.hdr_len == sizeof(st_wire_header_t) &&
+                 st_wire_header_decode(m.hdr, m.hdr_len, m.len, &info) == ST_OK && info.seq == pd->seq;
+    pthread_mutex_lock(&aw->mu);
+    if (pd->state == P_SENT) { /* else failed meanwhile by the server's loss (on_srv_lost) */
+        pd->state = P_FAILED;
+        if (hdr_ok && info.kind == ST_WIRE_KIND_ERROR) {
+            pd->soft = 1;
+            int n = (int)ST_MIN(m.len, sizeof pd->err - 40);
+            snprintf(pd->err, sizeof pd->err, "expert server %s: %.*s", sv->name, n, (const char *)m.payload);
+        } else if (hdr_ok) {
+            memcpy(pd->recv.hdr, m.hdr, m.hdr_len);
+            pd->recv.hdr_len = m.hdr_len;
+            pd->rview = m.payload;
+            pd->rlen = m.len;
+            pd->t_recv = (double)m.sent_ns * 1e-9; /* when it was answered, not when this thread came to it */
+            pd->state = P_DONE;
+        } else if (rc == ST_OK) {
+            snprintf(pd->err, sizeof pd->err, "expert server %s: bad reply", sv->name);
+        } else if (rc == ST_ERR_TIMEOUT) {
+            snprintf(pd->err, sizeof pd->err, "expert server %s (%s) did not answer within %u ms", sv->name, sv->endpoint,
+                     aw->o.expert_timeout_ms);
+        } else {
+            snprintf(pd->err, sizeof pd->err, "lost expert server %s (%s): %s", sv->name, sv->endpoint, st_err_last());
+        }
+    }
+    pthread_mutex_unlock(&aw->mu);
+}
+
 /* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, marked in head),
  * return a mask of failed servers (count in *n_failed) and their errors in pend[].err. */
 static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, uint8_t *head, int *failed_mask,
@@ -561,6 +640,15 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     dl.tv_sec += (time_t)(ns / 1000000000ull);
     dl.tv_nsec = (long)(ns % 1000000000ull);
     *n_failed = 0;
+    /* same-host servers first: this thread waits on their reply flags itself */
+    for (int s = 0; s < aw->n_srv; s++) {
+        pend_t *pd = &aw->pend[mb][s];
+        if (!p->n_rows[s]) continue;
+        pthread_mutex_lock(&aw->mu);
+        st_xfer_chan_t *ch = pd->state == P_SENT ? pd->chan : NULL; /* the loop frees none a sent pend names */
+        pthread_mutex_unlock(&aw->mu);
+        if (ch) shm_wait(aw, pd, ch, t_wait + aw->o.expert_timeout_ms * 1e-3);
+    }
     pthread_mutex_lock(&aw->mu);
     for (;;) {
         int waiting = 0;
@@ -590,7 +678,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                      info.kind == ST_WIRE_KIND_COMBINE && info.seq == pd->seq &&
                      info.token_count == (uint32_t)p->n_out[s] && info.row_width == (uint32_t)w->ew;
             if (ok) {
-                st_dispatch_unpack(p, s, w, (const float *)pd->rbuf, head);
+                st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), head);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -684,8 +772,12 @@ static bool replies_in(aw_t *aw, int mb) {
     st_dispatch_plan_t *p = &aw->plan[mb];
     bool in = true;
     pthread_mutex_lock(&aw->mu);
-    for (int s = 0; s < aw->n_srv && in; s++)
-        if (p->n_rows[s] && (aw->pend[mb][s].state == P_QUEUED || aw->pend[mb][s].state == P_SENT)) in = false;
+    for (int s = 0; s < aw->n_srv && in; s++) {
+        const pend_t *pd = &aw->pend[mb][s];
+        if (p->n_rows[s] && (pd->state == P_QUEUED ||
+                             (pd->state == P_SENT && !(pd->chan && st_xfer_chan_reply_in(pd->chan, (uint32_t)mb)))))
+            in = false;
+    }
     pthread_mutex_unlock(&aw->mu);
     return in;
 }
@@ -1172,6 +1264,11 @@ static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
     pthread_mutex_lock(&aw->mu);
     sv->ep = NULL;
     sv->alive = 0;
+    if (sv->chan) { /* the compute thread's wait on it ends now (freed by srv_reap once unused) */
+        char e[200];
+        snprintf(e, sizeof e, "connection lost (%s)", st_status_str(why));
+        st_xfer_chan_abort(sv->chan, e);
+    }
     int s = (int)(sv - aw->srv);
     for (int m = 0; m < MAX_MB; m++) {
         pend_t *pd = &aw->pend[m][s];
@@ -1203,7 +1300,7 @@ static int split_hostport(const char *s, char *host, size_t hn, uint16_t *port) 
  * (so no step can name it again) and UCX holds none of its buffers. Under mu. */
 static int slot_idle(const aw_t *aw, int s) {
     const srv_t *sv = &aw->srv[s];
-    if (sv->state != SRV_RETIRED || aw->place_applied < sv->retired_gen) return 0;
+    if (sv->state != SRV_RETIRED || aw->place_applied < sv->retired_gen || sv->hello_busy || sv->offer_busy) return 0;
     for (int m = 0; m < MAX_MB; m++) {
         const pend_t *pd = &aw->pend[m][s];
         if (pd->send_busy || pd->recv_busy || pd->state == P_QUEUED || pd->state == P_SENT) return 0;
@@ -1222,14 +1319,32 @@ static void srv_retire(aw_t *aw, int s, uint64_t gen, const char *why) {
     st_log_debug("worker %s: expert server %s (%s) %s", aw->o.name, sv->name, sv->endpoint, why);
 }
 
-/* Close the retired servers no step can use any more and free their slots; returns how many
- * retired ones are still waiting. */
+/* Whether server s's channel can be freed: the slot is being freed or its connection was lost (a
+ * server that only timed out keeps it for when it is back), and no dispatch names the channel. Under mu. */
+static int chan_unused(const aw_t *aw, int s, int idle) {
+    const srv_t *sv = &aw->srv[s];
+    if (!sv->chan || (!idle && sv->ep)) return 0;
+    for (int m = 0; m < MAX_MB; m++) {
+        const pend_t *pd = &aw->pend[m][s];
+        if (pd->chan == sv->chan && (pd->state == P_QUEUED || pd->state == P_SENT)) return 0;
+    }
+    return 1;
+}
+
+/* Close the retired servers no step can use any more and free their slots, and the channels of
+ * servers that are gone; returns how many retired ones are still waiting. */
 static int srv_reap(aw_t *aw) {
     int waiting = 0, closed = 0;
     for (int s = 0; s < aw->n_srv; s++) {
         srv_t *sv = &aw->srv[s];
         pthread_mutex_lock(&aw->mu);
         int idle = slot_idle(aw, s);
+        st_xfer_chan_t *ch = chan_unused(aw, s, idle) ? sv->chan : NULL;
+        if (ch) {
+            sv->chan = NULL;
+            for (int m = 0; m < MAX_MB; m++)
+                if (aw->pend[m][s].chan == ch) aw->pend[m][s].chan = NULL;
+        }
         waiting += sv->state == SRV_RETIRED && !idle;
         st_tp_ep_t *ep = idle ? sv->ep : NULL;
         if (idle) {
@@ -1238,6 +1353,10 @@ static int srv_reap(aw_t *aw) {
             sv->state = SRV_FREE;
         }
         pthread_mutex_unlock(&aw->mu);
+        if (ch) { /* a dead or departed server's region: unmapped and freed */
+            st_log_info("worker %s: shared-memory channel of expert server %s freed", aw->o.name, sv->name);
+            st_xfer_chan_destroy(ch);
+        }
         if (!idle) continue;
         if (ep) st_tp_ep_close(ep); /* NOTE: outside mu (nothing is in flight on it: slot_idle) */
         st_log_debug("worker %s: expert server %s (%s) closed; slot %d free", aw->o.name, sv->name, sv->endpoint, s);
@@ -1247,6 +1366,71 @@ static int srv_reap(aw_t *aw) {
         st_log_info("worker %s: closed %d expert servers that left the placement; their slots are free", aw->o.name,
                     closed);
     return waiting;
+}
+
+/* ---- the same-host path: hello → offer → channel (loop thread) */
+
+static void hello_sent(st_tp_send_req_t *req, st_status_t st) {
+    srv_t *sv = req->user;
+    sv->hello_busy = 0;
+}
+
+/* Ask a newly connected server for a channel; it answers only when it runs on this host. */
+static void send_hello(aw_t *aw, srv_t *sv) {
+    st_xfer_hello_t h;
+    if (sv->hello_busy || sv->chan || st_xfer_hello_init(&h, (uint32_t)aw->o.micro_batches, aw->pay_cap) != ST_OK) return;
+    sv->hello.cb = hello_sent;
+    sv->hello.user = sv;
+    sv->hello_busy = 1;
+    if (st_tp_send(sv->ep, ST_WIRE_AM_SHM_HELLO, &h, sizeof h, NULL, 0, &sv->hello) != ST_OK) sv->hello_busy = 0;
+}
+
+static st_tp_recv_t *offer_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t hdr_len, size_t len) {
+    srv_t *sv = ep ? st_tp_ep_user(ep) : NULL;
+    if (!sv || sv->offer_busy || len != ST_XFER_HANDLE_BYTES) return NULL;
+    sv->offer_busy = 1;
+    sv->offer.buf = sv->offer_buf;
+    sv->offer.cap = sizeof sv->offer_buf;
+    sv->offer.user = sv;
+    return &sv->offer;
+}
+
+static void offer_done(void *arg, st_tp_recv_t *r) {
+    aw_t *aw = arg;
+    srv_t *sv = r->user;
+    uint32_t magic = 0;
+    sv->offer_busy = 0;
+    if (r->hdr_len == sizeof magic) memcpy(&magic, r->hdr, sizeof magic);
+    if (r->status != ST_OK || r->len != ST_XFER_HANDLE_BYTES || magic != ST_XFER_HELLO_MAGIC || !r->ep || r->ep != sv->ep)
+        return;
+    st_xfer_chan_t *ch = NULL;
+    if (st_xfer_chan_open(sv->offer_buf, r->len, &ch) != ST_OK) {
+        st_log_info("worker %s: expert server %s stays on UCX: %s", aw->o.name, sv->name, st_err_last());
+        return;
+    }
+    /* our largest dispatch to it: within our buffers and its --max-rows (send_plan refuses more) */
+    size_t need = aw->pay_cap;
+    if (sv->capacity)
+        need = ST_MIN(need, st_wire_dispatch_bytes(sv->capacity, (uint32_t)aw->c->n_experts,
+                                                   (uint32_t)st_config_expert_width(aw->c), sv->capacity));
+    if (st_xfer_chan_slots(ch) < (uint32_t)aw->o.micro_batches || st_xfer_chan_req_cap(ch) < need) {
+        st_log_warn("worker %s: expert server %s offered a channel too small (%u slots of %zu bytes); it stays on UCX",
+                    aw->o.name, sv->name, st_xfer_chan_slots(ch), st_xfer_chan_req_cap(ch));
+        st_xfer_chan_destroy(ch);
+        return;
+    }
+    char label[sizeof sv->name + sizeof sv->endpoint + 32];
+    snprintf(label, sizeof label, "expert server %s (%s)", sv->name, sv->endpoint);
+    st_xfer_chan_label(ch, label);
+    pthread_mutex_lock(&aw->mu);
+    int ok = sv->alive && !sv->chan;
+    if (ok) sv->chan = ch;
+    pthread_mutex_unlock(&aw->mu);
+    if (!ok) {
+        st_xfer_chan_destroy(ch);
+        return;
+    }
+    st_log_info("worker %s: expert server %s is on this host: dispatches go through shared memory", aw->o.name, sv->name);
 }
 
 /* Connect free slot s to member mm. ST_OK: the slot is in use. */
@@ -1279,6 +1463,7 @@ static st_status_t srv_connect(aw_t *aw, int s, const st_proto_member_t *mm) {
     st_tp_ep_set_user(ep, sv);
     st_tp_ep_on_lost(ep, on_srv_lost, aw);
     st_log_info("worker %s: connected to expert server %s at %s (slot %d)", aw->o.name, sv->name, sv->endpoint, s);
+    send_hello(aw, sv);
     return ST_OK;
 }
 
@@ -1541,6 +1726,10 @@ static void cancel_to_compute(aw_t *aw, int req, uint64_t gen) {
 static void on_rpc_closed(void *arg) {
     aw_t *aw = arg;
     st_tp_destroy(aw->tp);
+    pthread_mutex_lock(&aw->mu);
+    for (int s = 0; s < aw->n_srv; s++)
+        if (aw->srv[s].chan) st_xfer_chan_abort(aw->srv[s].chan, "the attention worker is stopping");
+    pthread_mutex_unlock(&aw->mu);
     st_rpc_cleanup();
     uv_close((uv_handle_t *)&aw->async, NULL);
     uv_close((uv_handle_t *)&aw->sig_int, NULL);
@@ -1828,7 +2017,9 @@ int st_aw_run(const st_aw_opts_t *opts) {
         uint16_t lp;
         if (split_hostport(aw->o.listen, lh, sizeof lh, &lp) == 0) st_tp_set_local_host(aw->tp, lh);
     }
-    if (st_tp_set_am_handler(aw->tp, ST_WIRE_AM_REPLY, am_begin, am_done, aw) != ST_OK) goto out_tp;
+    if (st_tp_set_am_handler(aw->tp, ST_WIRE_AM_REPLY, am_begin, am_done, aw) != ST_OK ||
+        st_tp_set_am_handler(aw->tp, ST_WIRE_AM_SHM_OFFER, offer_begin, offer_done, aw) != ST_OK)
+        goto out_tp;
     if (st_rpc_server_create_ex(aw->o.listen, &ssec, &aw->rpc) != ST_OK ||
         st_rpc_server_add_method(aw->rpc, ST_PROTO_METHOD_WORKER_GENERATE, handle_generate, aw) != ST_OK ||
         st_rpc_server_start(aw->rpc, &aw->rpc_port) != ST_OK)
@@ -1888,6 +2079,7 @@ out_engine:
             free(aw->pend[m][s].sbuf);
             free(aw->pend[m][s].rbuf);
         }
+    for (int s = 0; s < MAX_SERVERS; s++) st_xfer_chan_destroy(aw->srv[s].chan); /* the compute thread is gone */
     st_engine_destroy(aw->e);
 out_ck:
     st_ckpt_close(aw->ck);

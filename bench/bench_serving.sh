@@ -3,7 +3,9 @@
 # worker over UCX on loopback) per preset under a decode load. Prints the per-step time split
 # (attention, dispatch, network, expert compute, combine, thresholds, coordinator merge) and the
 # dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
-# mean message size (goal: >= 80%).
+# mean message size (goal: >= 60% at decode sizes, >= 80% at prefill sizes), and the wait the attention
+# side sees per MoE layer. Ends with `RESULT goodput_decode_pct N` and `RESULT goodput_prefill_pct N`
+# (the last preset's; every preset's as RESULT goodput_<load>_pct_<preset>).
 # usage: bench/bench_serving.sh [presets (default "tiny small")] ; env: STRATA_BIN (default build/bin),
 #        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile)
 set -euo pipefail
@@ -27,9 +29,9 @@ perftest_bw() { # $1 = message bytes → MB/s (overall), UCX AM bandwidth on loo
 }
 snap() { curl -s "http://$1/status" | python3 -c '
 import json, sys
-s = json.load(sys.stdin)["step_ms"]; n = s["steps"]
+j = json.load(sys.stdin); s = j["step_ms"]; n = s["steps"]
 print(n, *(s[k] * n for k in ("attention", "dispatch", "wait", "network", "expert", "combine", "thresholds")),
-      s["coordinator_merge"], s["dispatch_bytes"], s["reply_bytes"], s["messages"])'; }
+      s["coordinator_merge"], s["dispatch_bytes"], s["reply_bytes"], s["messages"], j["shape"]["moe_layers"])'; }
 run_load() { # $1 http, $2 prompt tokens, $3 max tokens → prints one table row (after minus before)
   local before after t0 t1 i
   before=$(snap "$1")
@@ -58,11 +60,13 @@ dbytes, rbytes, msgs = d[9], d[10], d[11]
 msg = int((dbytes + rbytes) / max(1, 2 * msgs))
 good = (dbytes + rbytes) / max(d[4] / 1e3, 1e-9) / 1e6
 toks = conc * (prompt + gen) / (t1 - t0)
-print(int(d[0]), *[f"{v:.3f}" for v in ms], f"{coord:.3f}", f"{toks:.1f}", msg, f"{good:.1f}")
+wait_layer_us = 1e3 * ms[2] / max(1, a[12])  # the attention side's wait per step over the MoE layers
+print(int(d[0]), *[f"{v:.3f}" for v in ms], f"{coord:.3f}", f"{toks:.1f}", msg, f"{good:.1f}", f"{wait_layer_us:.1f}")
 PY
 }
-printf '%-6s %-7s %6s %8s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' preset load steps "attn ms" "disp ms" "wait ms" \
-  "net ms" "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
+printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' preset load steps "attn ms" "disp ms" "wait ms" \
+  "wait/lyr us" "net ms" "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
+results=()
 for p in $presets; do
   case $p in tiny) long=1024; short=16; gen=64 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
   "$BIN/strata" up --preset "$p" --experts 2 --workers 1 --routing "$routing" --max-seqs "$conc" \
@@ -70,16 +74,27 @@ for p in $presets; do
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
   for load in prefill decode; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
-    read -r steps attn disp wait net exp comb thr coord toks msg good <"$work/row"
+    read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
     bw=$(perftest_bw "$msg")
     tp=$("$BIN/bench_transport" "$msg" 2>/dev/null | awk 'NR == 2 {print $4}')
     ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s (st_tp alone streams {${tp:-0}:.0f} MB/s = {100 * ${tp:-0} / $bw:.0f}%)' if $bw > 0 else 'n/a')")
-    printf '%-6s %-7s %6d %8s %8s %8s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
-      "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
+    pct=$(python3 -c "print(f'{100 * $good / $bw:.0f}' if $bw > 0 else 'nan')")
+    results+=("$load $p $pct")
+    printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
+      "$wait_lyr" "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
   "$BIN/strata" down >/dev/null 2>&1
 done
-echo "per step: wait = blocked on replies after the other micro-batches' attention; expert = time at the servers"
-echo "(queue + compute); net = per layer, the slowest server's round trip minus its time at the server (the transport,"
+echo "per step: wait = blocked on replies after the other micro-batches' attention (wait/lyr: the same per MoE layer,"
+echo "in µs); expert = time at the servers (queue + compute); net = per layer, the slowest server's round trip minus its time at the server (the transport,"
 echo "both ways, loop wake-ups included); goodput = dispatch + reply bytes / net time;"
 echo "ucx_perftest: ucp_am_bw, same UCX_TLS ($UCX_TLS), at the mean message size"
+for r in "${results[@]}"; do
+  read -r load p pct <<<"$r"
+  echo "RESULT goodput_${load}_pct_${p} $pct"
+done
+for load in decode prefill; do # the last preset's, as the two closing lines
+  last=
+  for r in "${results[@]}"; do read -r l p pct <<<"$r"; [ "$l" = "$load" ] && last=$pct; done
+  echo "RESULT goodput_${load}_pct ${last:-nan}"
+done

@@ -4,7 +4,11 @@
  * (decode-sized dispatches are latency-bound: the queue would cost two thread wake-ups).
  * Compute thread: the other expert FFNs, and (GPU) the placed experts' uploads while idle. They meet
  * through two slot rings (mutex + condvar one way, mutex + uv_async the other). Receive/reply buffers
- * are preallocated slots: nothing is allocated per dispatch. */
+ * are preallocated slots: nothing is allocated per dispatch.
+ * Same-host workers (common/xfer): a worker whose hello says it runs on this host gets a channel in
+ * shared memory, served by a link thread of its own that waits on the worker's doorbell (spin, then
+ * futex), computes from the request slot straight into the reply slot and signals: no loop thread,
+ * no queue, no copy. The worker's UCX connection stays the control path: its loss ends the link. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +24,7 @@
 #include "strata/member.h"
 #include "strata/transport.h"
 #include "strata/wire.h"
+#include "strata/xfer.h"
 
 enum { SLOT_FREE = 0, SLOT_RECV, SLOT_QUEUED, SLOT_DONE, SLOT_SENDING };
 
@@ -74,8 +79,15 @@ struct es {
     size_t n_want, bind_next; /* pairs; next index to look at (compute thread, under mu) */
     int placed;               /* a placement has been applied to want */
     /* the compute resources (es->cx / es->gpu) in use: by the compute thread (a queued dispatch or an
-     * upload) or by the loop thread running a small dispatch itself; under mu */
+     * upload), by the loop thread running a small dispatch itself, or by a link thread; under mu.
+     * NOTE: whoever clears it broadcasts cv (link threads wait for it there) */
     int busy;
+    /* same-host links (see the top): the list and the number of link threads still running, under mu */
+    struct shm_link *links;
+    int n_link_threads;
+    st_tp_recv_t hello_recv[4]; /* loop thread: hellos being received (a header, no payload) */
+    int hello_busy[4];
+    uint8_t hello_buf[8];
 };
 
 /* ---------------------------------------------------------------- compute thread */
@@ -133,6 +145,7 @@ static int bind_one(es_t *es) {
                     i / (size_t)n_exp, st_err_last());
     pthread_mutex_lock(&es->mu);
     es->busy = 0;
+    pthread_cond_broadcast(&es->cv);
     return 1;
 }
 #endif
@@ -157,6 +170,7 @@ static void *compute_main(void *arg) {
         compute_one(es, &es->slots[i]);
         pthread_mutex_lock(&es->mu);
         es->busy = 0;
+        pthread_cond_broadcast(&es->cv);
         es->q_out[(es->q_out_head + es->q_out_n) % es->o.slots] = i;
         es->q_out_n++;
         uv_async_send(&es->async);
@@ -178,12 +192,10 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
     slot_free(s);
 }
 
-static void send_reply(es_t *es, slot_t *s) {
+/* The reply to s (COMBINE or ERROR) into h; its payload bytes (s->out) in *len. false: nothing to send. */
+static bool reply_header(slot_t *s, st_wire_header_t *h, size_t *len) {
     st_wire_info_t r = s->info;
-    uint32_t pairs = r.token_count;
     r.unique = r.slots = 0; /* replies carry output rows only: no table, no batch shape */
-    const void *payload = s->out;
-    size_t len;
     if (s->result == ST_OK) {
         r.kind = ST_WIRE_KIND_COMBINE;
         r.status = ST_OK;
@@ -191,27 +203,32 @@ static void send_reply(es_t *es, slot_t *s) {
         r.expert_count = 0;
         uint64_t us = (st_time_ns() - s->t_arrive) / 1000; /* queued + computed */
         r.compute_us = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
-        len = st_wire_combine_bytes(r.token_count, r.row_width);
+        *len = st_wire_combine_bytes(r.token_count, r.row_width);
     } else {
         r.kind = ST_WIRE_KIND_ERROR;
         r.status = s->result;
         r.token_count = r.expert_count = 0;
-        len = strlen(s->err);
-        if (len > ST_WIRE_MAX_ERROR_TEXT) len = ST_WIRE_MAX_ERROR_TEXT;
-        memcpy(s->out, s->err, len);
+        *len = strlen(s->err);
+        if (*len > ST_WIRE_MAX_ERROR_TEXT) *len = ST_WIRE_MAX_ERROR_TEXT;
+        memcpy(s->out, s->err, *len);
     }
-    r.payload_bytes = len;
+    r.payload_bytes = *len;
+    return st_wire_header_encode(&r, h) == ST_OK;
+}
+
+static void send_reply(es_t *es, slot_t *s) {
     st_wire_header_t h;
-    if (st_wire_header_encode(&r, &h) != ST_OK) {
+    size_t len;
+    if (!reply_header(s, &h, &len)) {
         slot_free(s);
         return;
     }
     s->send.cb = on_sent;
     s->send.user = s;
     s->state = SLOT_SENDING;
-    if (st_tp_send(s->ep, ST_WIRE_AM_REPLY, &h, sizeof h, payload, len, &s->send) != ST_OK) slot_free(s);
-    es->served++;
-    es->rows += s->result == ST_OK ? pairs : 0;
+    if (st_tp_send(s->ep, ST_WIRE_AM_REPLY, &h, sizeof h, s->out, len, &s->send) != ST_OK) slot_free(s);
+    __atomic_add_fetch(&es->served, 1, __ATOMIC_RELAXED); /* link threads count too */
+    __atomic_add_fetch(&es->rows, s->result == ST_OK ? s->info.token_count : 0, __ATOMIC_RELAXED); /* pairs */
 }
 
 static void on_async(uv_async_t *a) {
@@ -295,7 +312,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
         compute_one(es, s);
         pthread_mutex_lock(&es->mu);
         es->busy = 0;
-        pthread_cond_signal(&es->cv); /* uploads may resume */
+        pthread_cond_broadcast(&es->cv); /* uploads and link threads may go on */
         pthread_mutex_unlock(&es->mu);
         send_reply(es, s);
         return;
@@ -303,8 +320,177 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     s->state = SLOT_QUEUED;
     es->q_in[(es->q_in_head + es->q_in_n) % es->o.slots] = s->idx;
     es->q_in_n++;
-    pthread_cond_signal(&es->cv);
+    pthread_cond_broadcast(&es->cv);
     pthread_mutex_unlock(&es->mu);
+}
+
+/* ---------------------------------------------------------------- same-host links */
+
+/* One same-host worker's channel and the thread that serves it. Freed when its three holders let go:
+ * the thread (once it left), the OFFER send (its callback) and the UCX endpoint (its loss callback, or
+ * the server's teardown). */
+typedef struct shm_link {
+    es_t *es;
+    st_xfer_chan_t *ch; /* the thread's; NULL once it destroyed it (under mu) */
+    st_tp_send_req_t offer;
+    uint8_t handle[ST_XFER_HANDLE_BYTES];
+    uint32_t magic;     /* the OFFER's header */
+    slot_t slot;        /* compute_one's view of the request being served (thread only) */
+    int refs;           /* under mu */
+    struct shm_link *next;
+} shm_link_t;
+
+static void link_put(shm_link_t *l) {
+    es_t *es = l->es;
+    pthread_mutex_lock(&es->mu);
+    int last = --l->refs == 0;
+    if (last)
+        for (shm_link_t **pp = &es->links; *pp; pp = &(*pp)->next)
+            if (*pp == l) {
+                *pp = l->next;
+                break;
+            }
+    pthread_mutex_unlock(&es->mu);
+    if (last) free(l);
+}
+
+/* Serve one request of slot k in place and answer it. */
+static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
+    es_t *es = l->es;
+    slot_t *s = &l->slot;
+    s->in = (uint8_t *)m->payload; /* NOTE: the request slot, read in place (the worker waits for our reply) */
+    s->out = st_xfer_chan_rep_buf(l->ch, k);
+    s->t_arrive = st_time_ns();
+    s->result = ST_OK;
+    if (m->hdr_len != sizeof(st_wire_header_t) ||
+        st_wire_header_decode(m->hdr, m->hdr_len, m->len, &s->info) != ST_OK || s->info.kind != ST_WIRE_KIND_DISPATCH) {
+        /* answered, so the worker fails this dispatch now instead of at its deadline */
+        memset(&s->info, 0, sizeof s->info);
+        s->result = ST_ERR_PROTOCOL;
+        snprintf(s->err, sizeof s->err, "malformed dispatch header: %s", st_err_last());
+    } else if (s->info.row_width != (uint32_t)st_config_expert_width(st_ckpt_config(es->ck))) {
+        s->result = ST_ERR_PROTOCOL;
+        snprintf(s->err, sizeof s->err, "row width %u, this model's experts work at %d", s->info.row_width,
+                 st_config_expert_width(st_ckpt_config(es->ck)));
+    } else {
+        pthread_mutex_lock(&es->mu);
+        while (es->busy) pthread_cond_wait(&es->cv, &es->mu); /* whoever clears busy broadcasts */
+        es->busy = 1;
+        pthread_mutex_unlock(&es->mu);
+        compute_one(es, s);
+        pthread_mutex_lock(&es->mu);
+        es->busy = 0;
+        pthread_cond_broadcast(&es->cv);
+        pthread_mutex_unlock(&es->mu);
+    }
+    st_wire_header_t h;
+    size_t len = 0;
+    if (!reply_header(s, &h, &len) || st_xfer_chan_reply(l->ch, k, &h, sizeof h, len) != ST_OK)
+        st_log_warn("expert %s: no reply to a same-host dispatch: %s", es->o.name, st_err_last());
+    __atomic_add_fetch(&es->served, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&es->rows, s->result == ST_OK ? s->info.token_count : 0, __ATOMIC_RELAXED);
+}
+
+static void *link_main(void *arg) {
+    shm_link_t *l = arg;
+    es_t *es = l->es;
+    for (;;) {
+        uint32_t k;
+        st_xfer_msg_t m;
+        st_status_t rc = st_xfer_chan_next(l->ch, 200, &k, &m);
+        if (rc == ST_ERR_TIMEOUT) continue; /* idle; a stop or the worker's loss aborts the channel */
+        if (rc != ST_OK) break;             /* aborted, the worker exited, or it broke the channel (logged) */
+        link_serve(l, k, &m);
+    }
+    pthread_mutex_lock(&es->mu);
+    st_xfer_chan_t *ch = l->ch;
+    l->ch = NULL;
+    pthread_mutex_unlock(&es->mu);
+    st_xfer_chan_destroy(ch); /* unmapped; the name was unlinked when the worker opened it (or now) */
+    st_log_info("expert %s: same-host link to a worker closed: %s", es->o.name, st_err_last());
+    link_put(l);
+    pthread_mutex_lock(&es->mu);
+    es->n_link_threads--;
+    pthread_cond_broadcast(&es->cv);
+    pthread_mutex_unlock(&es->mu);
+    return NULL;
+}
+
+static void offer_sent(st_tp_send_req_t *req, st_status_t st) {
+    shm_link_t *l = req->user;
+    if (st != ST_OK) { /* the worker stays on UCX; the link ends with its connection */
+        pthread_mutex_lock(&l->es->mu);
+        if (l->ch) st_xfer_chan_abort(l->ch, "the offer was not delivered");
+        pthread_mutex_unlock(&l->es->mu);
+    }
+    link_put(l);
+}
+
+static st_tp_recv_t *hello_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t hdr_len, size_t len) {
+    es_t *es = arg;
+    if (len != 0) return NULL;
+    for (int i = 0; i < 4; i++)
+        if (!es->hello_busy[i]) {
+            es->hello_busy[i] = 1;
+            es->hello_recv[i].buf = es->hello_buf;
+            es->hello_recv[i].cap = sizeof es->hello_buf;
+            es->hello_recv[i].user = (void *)(intptr_t)i;
+            return &es->hello_recv[i];
+        }
+    return NULL; /* the worker stays on UCX */
+}
+
+/* A worker asks for the same-host path: on this host, a channel (a slot per micro-batch, requests as
+ * large as both sides allow, replies as large as ours) and its thread; the handle goes back. */
+static void hello_done(void *arg, st_tp_recv_t *r) {
+    es_t *es = arg;
+    es->hello_busy[(int)(intptr_t)r->user] = 0;
+    st_xfer_hello_t h;
+    if (r->status != ST_OK || !r->ep || es->stop || st_tp_ep_user(r->ep)) return;
+    st_status_t rc = st_xfer_hello_check(r->hdr, r->hdr_len, &h);
+    if (rc != ST_OK) {
+        st_log_info("expert %s: a worker stays on UCX: %s", es->o.name, st_err_last());
+        return;
+    }
+    shm_link_t *l = calloc(1, sizeof *l);
+    if (!l) return;
+    *l = (shm_link_t){.es = es, .magic = ST_XFER_HELLO_MAGIC, .slot = {.es = es, .idx = -1}, .refs = 3};
+    size_t req = h.req_bytes < es->cap ? (size_t)h.req_bytes : es->cap;
+    rc = st_xfer_chan_create(h.n_slots, req, es->cap + ST_WIRE_MAX_ERROR_TEXT, &l->ch);
+#if defined(STRATA_WITH_CUDA) && defined(STRATA_XFER_GPU)
+    /* rows go between the slots and the device by DMA, as from the pinned UCX slots */
+    if (rc == ST_OK && es->gpu && st_xfer_chan_gpu_map(l->ch) != ST_OK)
+        st_log_warn("expert %s: a same-host channel is not page-locked (copies stay synchronous): %s", es->o.name,
+                    st_err_last());
+#endif
+    if (rc == ST_OK) {
+        st_xfer_chan_label(l->ch, "a same-host attention worker");
+        rc = st_xfer_chan_export(l->ch, l->handle);
+    }
+    pthread_t th;
+    pthread_mutex_lock(&es->mu);
+    if (rc == ST_OK && pthread_create(&th, NULL, link_main, l) != 0) rc = ST_FAIL(ST_ERR_NO_MEMORY, "link thread");
+    if (rc == ST_OK) {
+        pthread_detach(th);
+        es->n_link_threads++;
+        l->next = es->links;
+        es->links = l;
+    }
+    pthread_mutex_unlock(&es->mu);
+    if (rc != ST_OK) {
+        st_log_warn("expert %s: no same-host channel for a worker (it stays on UCX): %s", es->o.name, st_err_last());
+        st_xfer_chan_destroy(l->ch);
+        free(l);
+        return;
+    }
+    st_tp_ep_set_user(r->ep, l);
+    l->offer.cb = offer_sent;
+    l->offer.user = l;
+    if (st_tp_send(r->ep, ST_WIRE_AM_SHM_OFFER, &l->magic, sizeof l->magic, l->handle, sizeof l->handle, &l->offer) !=
+        ST_OK)
+        offer_sent(&l->offer, ST_ERR_PEER);
+    st_log_info("expert %s: a worker on this host gets a shared-memory channel (%u slots of %zu + %zu bytes)", es->o.name,
+                h.n_slots, req, es->cap + ST_WIRE_MAX_ERROR_TEXT);
 }
 
 static void on_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
@@ -316,6 +502,13 @@ static void on_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
             n++;
         }
     st_log_info("expert: attention worker disconnected (%s); %d replies dropped", st_status_str(why), n);
+    shm_link_t *l = st_tp_ep_user(ep);
+    if (l) {
+        pthread_mutex_lock(&es->mu);
+        if (l->ch) st_xfer_chan_abort(l->ch, "the worker's connection was lost");
+        pthread_mutex_unlock(&es->mu);
+        link_put(l);
+    }
 }
 
 static void on_accept(st_tp_t *tp, st_tp_ep_t *ep, void *arg) { st_tp_ep_on_lost(ep, on_lost, arg); }
@@ -357,7 +550,9 @@ static void on_signal(uv_signal_t *h, int sig) {
                 (unsigned long long)es->served, (unsigned long long)es->rows);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;
-    pthread_cond_signal(&es->cv);
+    for (shm_link_t *l = es->links; l; l = l->next)
+        if (l->ch) st_xfer_chan_abort(l->ch, "the expert server is stopping");
+    pthread_cond_broadcast(&es->cv);
     pthread_mutex_unlock(&es->mu);
     st_member_stop(es->mem, on_member_stopped, es);
 }
@@ -437,6 +632,7 @@ int st_es_run(const st_es_opts_t *opts) {
     const st_sec_opts_t *sec = es->o.sec;
     if (sec && sec->have_secret) st_tp_set_secret(es->tp, &sec->secret); /* workers must prove it */
     if (st_tp_set_am_handler(es->tp, ST_WIRE_AM_DISPATCH, am_begin, am_done, es) != ST_OK ||
+        st_tp_set_am_handler(es->tp, ST_WIRE_AM_SHM_HELLO, hello_begin, hello_done, es) != ST_OK ||
         st_tp_listen(es->tp, es->o.host, es->o.port, on_accept, es, &port) != ST_OK)
         goto out_tp;
     char endpoint[300];
@@ -457,6 +653,19 @@ int st_es_run(const st_es_opts_t *opts) {
                 es->o.slots, es->o.max_rows,
                 sec && sec->have_secret ? "workers prove the cluster secret" : "no data-plane authentication");
     st_member_serve(&es->loop, &es->sig_int, &es->sig_term, on_signal, es, es->th, "expert", es->o.name, endpoint);
+    /* the link threads leave within a slice of their abort (at the stop, or here); then the links go */
+    pthread_mutex_lock(&es->mu);
+    for (shm_link_t *l = es->links; l; l = l->next)
+        if (l->ch) st_xfer_chan_abort(l->ch, "the expert server is stopping");
+    while (es->n_link_threads > 0) pthread_cond_wait(&es->cv, &es->mu);
+    shm_link_t *links = es->links;
+    es->links = NULL;
+    pthread_mutex_unlock(&es->mu);
+    while (links) {
+        shm_link_t *next = links->next;
+        free(links);
+        links = next;
+    }
     rc = 0;
     goto out_loop_closed;
 out_tp:

@@ -163,6 +163,40 @@ void st_gpu_host_free(void *p) {
     if (p) cudaFreeHost(p);
 }
 
+st_status_t st_gpu_ipc_export(void *ptr, uint8_t handle[ST_GPU_IPC_HANDLE_BYTES]) {
+    _Static_assert(sizeof(cudaIpcMemHandle_t) == ST_GPU_IPC_HANDLE_BYTES, "IPC handle size");
+    cudaIpcMemHandle_t h;
+    st_status_t rc = ST_CUDA_CHECK(cudaIpcGetMemHandle(&h, ptr));
+    if (rc == ST_OK) memcpy(handle, &h, sizeof h);
+    return rc;
+}
+st_status_t st_gpu_ipc_open(const uint8_t handle[ST_GPU_IPC_HANDLE_BYTES], void **ptr) {
+    cudaIpcMemHandle_t h;
+    void *p = NULL;
+    memcpy(&h, handle, sizeof h);
+    st_status_t rc = ST_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+    if (rc == ST_OK) *ptr = p;
+    return rc;
+}
+void st_gpu_ipc_close(void *ptr) {
+    if (ptr && cudaIpcCloseMemHandle(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+st_status_t st_gpu_host_register(void *p, size_t bytes, void **dev) {
+    void *d = NULL;
+    st_status_t rc = ST_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    if (rc) return rc;
+    rc = ST_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
+    if (rc) {
+        cudaHostUnregister(p);
+        return rc;
+    }
+    *dev = d;
+    return ST_OK;
+}
+void st_gpu_host_unregister(void *p) {
+    if (p && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 st_status_t st_gpu_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes,
                                 st_gpu_copy_t kind) {
     static const enum cudaMemcpyKind k[3] = {cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost};

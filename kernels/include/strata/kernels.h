@@ -240,6 +240,22 @@ typedef struct st_sample_row {
 void st_sample_rows(int *ids, float *lp, int *top_ids, float *top_lp, float *logits, int n, int V,
                     const st_sample_row_t *rows, const uint32_t *bias_ids, const float *bias_values, int *counts);
 
+/* ---------------- flags (the transfer layer's signal / wait; CUDA: st_cuda_flag_*) ---------------- */
+/* A flag is a 32-bit sequence word that only grows (mod 2^32); a wait for seq is met once
+ * (int32_t)(*flag - target) >= 0 with target = seq + (epoch ? *epoch : 0) (the epoch lets one captured
+ * CUDA graph use new sequence numbers at every replay). NOTE: signal is a release store, the wait's
+ * load an acquire load: what the signaller wrote before the signal is visible after the wait.
+ * Error word err (optional): 0 = fine; the wait sets ST_FLAG_ERR_TIMEOUT when its deadline passes and
+ * returns at once while *err != 0, so a chain of waits drains after the first timeout. */
+#define ST_FLAG_ERR_TIMEOUT 1u
+void st_flag_signal(uint32_t *flag, uint32_t seq, const uint32_t *epoch);
+/* true when flag met seq (+epoch) now */
+bool st_flag_met(const uint32_t *flag, uint32_t seq, const uint32_t *epoch);
+/* Spins (with a pause instruction) until flag meets seq: returns true; or until *err != 0 or
+ * timeout_ns have passed (on CLOCK_MONOTONIC): returns false, and a timeout also stores
+ * ST_FLAG_ERR_TIMEOUT into *err (err may be NULL: then a timeout just returns false). */
+bool st_flag_wait(const uint32_t *flag, uint32_t seq, const uint32_t *epoch, uint64_t timeout_ns, uint32_t *err);
+
 #ifdef __cplusplus
 }
 #endif

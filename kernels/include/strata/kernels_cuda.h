@@ -352,6 +352,20 @@ st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16
 st_status_t st_cuda_moe_tree_reduce(const st_gpu_stream_t *s, float *out, const float *y, const uint32_t *off,
                                     const uint32_t *row, const uint32_t *id, const float *p, int n_out, int l);
 
+/* ---------------- flags (the transfer layer; C: st_flag_signal / st_flag_wait) ---------------- */
+/* One-thread kernels, capturable in a CUDA graph. flag, epoch and err are device memory, another
+ * process's memory opened through CUDA IPC, or mapped pinned host memory (all read and written at
+ * system scope). signal: after the work queued before it on s (a copy, a kernel), a system-wide fence
+ * and a release store of seq + (epoch ? *epoch : 0) into *flag. wait: the work queued after it on s
+ * starts once *flag meets that target (acquire), or once timeout_ns (%globaltimer) have passed, which
+ * stores ST_FLAG_ERR_TIMEOUT into *err (the watchdog: the stream, or a graph, drains instead of
+ * hanging; the caller reads *err after the work and fails it). A wait returns at once while *err != 0.
+ * timeout_ns 0 is refused (every wait is bounded). */
+#define ST_FLAG_ERR_TIMEOUT 1u /* as in strata/kernels.h */
+st_status_t st_cuda_flag_signal(const st_gpu_stream_t *s, uint32_t *flag, uint32_t seq, const uint32_t *epoch);
+st_status_t st_cuda_flag_wait(const st_gpu_stream_t *s, const uint32_t *flag, uint32_t seq, const uint32_t *epoch,
+                              uint64_t timeout_ns, uint32_t *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -60,6 +60,19 @@ double st_gpu_event_elapsed_ms(void *a, void *b);
 st_status_t st_gpu_host_alloc(void **p, size_t bytes);
 void st_gpu_host_free(void *p);
 
+/* CUDA IPC and host registration (common/xfer's regions; start-up only). st_gpu_ipc_export: the
+ * handle of a cudaMalloc'd allocation (ptr: its start) that another process opens with
+ * st_gpu_ipc_open (mapped on its current device, peer access enabled where needed; not in the
+ * exporting process itself) and unmaps with st_gpu_ipc_close. st_gpu_host_register: page-locks host
+ * memory p[0..bytes) (page-aligned, e.g. a shared mapping), maps it into every device's address space
+ * and gives the device address in *dev; st_gpu_host_unregister undoes it (NULL is fine). */
+#define ST_GPU_IPC_HANDLE_BYTES 64
+st_status_t st_gpu_ipc_export(void *ptr, uint8_t handle[ST_GPU_IPC_HANDLE_BYTES]);
+st_status_t st_gpu_ipc_open(const uint8_t handle[ST_GPU_IPC_HANDLE_BYTES], void **ptr);
+void st_gpu_ipc_close(void *ptr);
+st_status_t st_gpu_host_register(void *p, size_t bytes, void **dev);
+void st_gpu_host_unregister(void *p);
+
 /* Stream-ordered copies and memset (queued on s, no host wait; 0 bytes: nothing queued). A copy
  * from or to pageable host memory is staged by the driver and may return only once the host side
  * is consumed; pinned memory (st_gpu_host_alloc, a pinned arena) makes it asynchronous. The values

@@ -77,6 +77,10 @@ extern "C" {
 /* UCX active-message ids of the data plane */
 #define ST_WIRE_AM_DISPATCH 1u /* attention worker -> expert server */
 #define ST_WIRE_AM_REPLY 2u    /* expert server -> attention worker (COMBINE or ERROR) */
+/* the same-host data path (common/xfer): the worker's st_xfer_hello_t in the header (no payload), the
+ * server's answer: its channel's handle (ST_XFER_HANDLE_BYTES of payload, the hello's magic as header) */
+#define ST_WIRE_AM_SHM_HELLO 3u /* attention worker -> expert server */
+#define ST_WIRE_AM_SHM_OFFER 4u /* expert server -> attention worker */
 
 typedef enum {
     ST_WIRE_KIND_DISPATCH = 1, /* attention worker -> expert server: rows to run */
