@@ -124,9 +124,14 @@ static void on_sweep(uv_timer_t *t) {
     double now = st_time_sec(), hb = co->o.heartbeat_ms / 1000.0, limit = 2.0 * hb;
     double forget = MEMBER_FORGET_BEATS * hb;
     int changed = 0, experts = 0;
+    /* NOTE: silence counts only while this loop listened. After a stall (this process starved of
+     * CPU, or a long callback) the timers run before the heartbeats that arrived meanwhile are
+     * handled (libuv runs timers first), so a member is judged from when the loop ran on time again. */
+    if (co->sweep_last == 0 || now - co->sweep_last > hb) co->listening_since = now;
+    co->sweep_last = now;
     for (int i = 0; i < co->n_members; i++) {
         member_t *m = &co->members[i];
-        if (!m->alive || now - m->last_seen <= limit) continue;
+        if (!m->alive || now - fmax(m->last_seen, co->listening_since) <= limit) continue;
         st_log_warn("coordinator: %s %s (%llu, %s) missed two heartbeats: dropped", role_name(m->role), m->name,
                     (unsigned long long)m->id, m->endpoint);
         experts |= m->role == ST_PROTO_ROLE_EXPERT;

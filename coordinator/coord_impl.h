@@ -99,6 +99,7 @@ struct coord {
     char model[128];
     uv_loop_t loop;
     uv_timer_t sweep, tau_timer, tick;
+    double sweep_last, listening_since; /* on_sweep: its last run; since when the loop has run on time */
     uv_signal_t sig_int, sig_term;
     st_rpc_server_t *rpc;
     st_http_server_t *http;

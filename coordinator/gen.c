@@ -226,6 +226,10 @@ static void gen_on_msg(const uint8_t *msg, size_t len, void *arg) {
         }
     }
     g->t_last = now;
+    /* a worker that streams is alive: its chunks count as heartbeats (a busy or starved worker's
+     * heartbeats can come late; dropping it would cancel every request it is serving) */
+    member_t *w = st_coord_member_find(co, g->worker_id);
+    if (w && w->alive && now > w->last_seen) w->last_seen = now;
     if (ch.finish != ST_PROTO_FINISH_NONE) g->finish = ch.finish;
     if (ch.error && ch.error[0]) snprintf(g->err, sizeof g->err, "%s", ch.error);
     /* the worker's text is its byte-level view: the client gets the checkpoint tokenizer's */

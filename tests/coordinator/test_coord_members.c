@@ -1,7 +1,7 @@
 /* Coordinator membership against a real strata-coordinator process on loopback ($STRATA_BIN), as
  * an attacker and as a member would see it (issue 13):
  *   members  random unguessable ids; forged heartbeats (guessed id, old id, wrong or no token) do
- *            not keep a member alive; 300 registrations cannot fill the member table for good;
+ *            not keep a member alive; a stalled coordinator does not drop members that heartbeat; 300 registrations cannot fill the member table for good;
  *            ReportScores with NaN / Inf / negative / out-of-range values or a mismatched shape is
  *            refused and changes nothing (/metrics and /status stay valid); a member finds a
  *            coordinator restarted on another port through its coordinator file, and a live one in
@@ -706,6 +706,48 @@ static void test_restart(void) {
     }
 }
 
+/* A coordinator that stalls (stopped 1.5 s, five heartbeat periods, as a starved process is): the
+ * heartbeats sent meanwhile wait in its socket and libuv runs the sweep timer before them, so the
+ * sweep must not count the time it was not listening as the members' silence. The member stays
+ * the same registration (before: dropped on resume, then registered again). Its own coordinator,
+ * with 300 ms heartbeats: on this busy machine a resumed process may need more than 200 ms to run. */
+static void test_stall(void) {
+    char ready[700];
+    snprintf(ready, sizeof ready, "%s/coord-s.ready", tmp);
+    coord_proc_t c = {0};
+    if (!coord_start_hb(&c, ready, 300)) {
+        CHECK(0, "stall coordinator starts");
+        return;
+    }
+    mstate_t ms = {0};
+    st_rpc_sec_t rs = {.token = sec.grpc_token};
+    st_member_opts_t mo = {.role = ST_PROTO_ROLE_EXPERT, .name = "patient", .data_endpoint = "127.0.0.1:15", .capacity = 1,
+                           .coordinator = c.grpc, .sec = &rs, .rpc_timeout_ms = 5000, .on_registered = on_registered,
+                           .arg = &ms};
+    st_member_t *m = NULL;
+    CHECK(st_member_start(&loop, &mo, &m) == ST_OK, "member starts: %s", st_err_last());
+    if (m) {
+        CHECK(wait_registered(&ms, 1, 5.0), "member registers");
+        run_for(0.6);
+        uint64_t id1 = ms.id;
+        int drops = 0;
+        for (int round = 0; round < 3; round++) { /* three stalls: a drop on any of them fails */
+            kill(c.pid, SIGSTOP);
+            run_for(1.5); /* the member keeps heartbeating into the stopped process */
+            kill(c.pid, SIGCONT);
+            run_for(1.0);
+            drops += ms.registered != 1 || ms.id != id1;
+        }
+        CHECK(drops == 0 && ms.registered == 1,
+              "a member heartbeating through three 1.5 s coordinator stalls stays registered (%d registrations, "
+              "%d rounds with a drop)",
+              ms.registered, drops);
+        CHECK(member_state(&c, "patient") == 1, "and alive");
+        member_stop(m);
+    }
+    CHECK(coord_stop(&c) == 0, "the stalled coordinator stops cleanly");
+}
+
 /* The whole process during an outage (needs common/rpc to leave failed calls to the caller's log):
  * no ERROR line, a few WARNs. */
 static void test_quiet(void) {
@@ -832,6 +874,7 @@ int main(int argc, char **argv) {
                 test_ids(ch);
                 test_forged_heartbeat(ch, &c);
                 test_scores(ch, &c);
+                test_stall();
                 /* the flood on a coordinator with 400 ms heartbeats: 300 registrations land well
                  * within the 0.8 s before the first would be dropped, even under ASan */
                 coord_proc_t f = {0};

@@ -7,6 +7,8 @@
  *   3  one token, then silence: the stream's idle timeout ends it with an error naming the worker
  *   4  an error chunk before any token → a real status (502), never a 500 or a 200
  *   6  serve three tokens (the control)
+ *   7  stop heartbeating (st_member_stop), then stream twelve tokens 100 ms apart, 1.2 s in all, twice
+ *      the coordinator's 600 ms limit: the chunks prove the worker alive and the request completes
  * HTTP clients run on a thread; the fake worker on the loop thread (common/rpc's rule). */
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -41,7 +43,9 @@ typedef struct {
     st_rpc_server_t *srv;
     st_member_t *mem;
     int port, http_port, registered, calls[8];
-    st_rpc_call_t *stalled;
+    st_rpc_call_t *stalled, *slow; /* kind 3's call; kind 7's, streaming on slow_timer */
+    uv_timer_t slow_timer;
+    int slow_sent, mem_stopped;
     pthread_t client;
     int client_started;
 } fake_t;
@@ -63,6 +67,32 @@ static void send_chunk(st_rpc_call_t *call, uint32_t i, const char *text, st_pro
 static void on_stalled_cancel(st_rpc_call_t *call, void *arg) {
     (void)arg;
     if (F.stalled == call) F.stalled = NULL;
+    st_rpc_call_finish(call, ST_ERR_CANCELLED, "cancelled");
+}
+
+static void on_mem_quiet(void *arg) {
+    (void)arg;
+    F.mem_stopped = 1;
+}
+
+static void on_slow_tick(uv_timer_t *t) {
+    if (!F.slow) {
+        uv_timer_stop(t);
+        return;
+    }
+    int last = F.slow_sent == 11;
+    send_chunk(F.slow, (uint32_t)F.slow_sent, NULL, last ? ST_PROTO_FINISH_LENGTH : ST_PROTO_FINISH_NONE, NULL);
+    F.slow_sent++;
+    if (last) {
+        st_rpc_call_finish(F.slow, ST_OK, NULL);
+        F.slow = NULL;
+        uv_timer_stop(t);
+    }
+}
+
+static void on_slow_cancel(st_rpc_call_t *call, void *arg) {
+    (void)arg;
+    if (F.slow == call) F.slow = NULL;
     st_rpc_call_finish(call, ST_ERR_CANCELLED, "cancelled");
 }
 
@@ -94,6 +124,13 @@ static void h_worker_generate(st_rpc_call_t *call, const uint8_t *req, size_t le
         send_chunk(call, 0, "A", ST_PROTO_FINISH_NONE, NULL);
         F.stalled = call;
         st_rpc_call_on_cancel(call, on_stalled_cancel, NULL);
+        return;
+    case 7:
+        if (!F.mem_stopped) st_member_stop(F.mem, on_mem_quiet, NULL); /* no heartbeat from now on */
+        F.slow = call;
+        F.slow_sent = 0;
+        st_rpc_call_on_cancel(call, on_slow_cancel, NULL);
+        uv_timer_start(&F.slow_timer, on_slow_tick, 100, 100);
         return;
     case 4:
         send_chunk(call, 0, NULL, ST_PROTO_FINISH_ERROR, "an expert of this request has no live server");
@@ -194,6 +231,15 @@ static void *client_main(void *arg) {
     /* and its slot comes back once the worker's stream is cancelled */
     st = http_post("{\"prompt\":[6,1],\"max_tokens\":3}", r, sizeof r, 10);
     CHECK(st == 200, "served afterwards: %d", st);
+
+    /* a worker whose heartbeats stop (late, as a starved process's are) while it streams: its chunks
+     * keep it a member, so its request is not cancelled as lost (last: the fake stops heartbeating) */
+    t0 = st_time_sec();
+    st = http_post("{\"prompt\":[7,1],\"max_tokens\":12}", r, sizeof r, 10);
+    dt = st_time_sec() - t0;
+    CHECK(st == 200 && strstr(r, "\"text\":\"ABCDEFGHIJKL\""),
+          "a streaming worker without heartbeats for %.2f s (limit 0.6 s) completes its request: %d %s", dt, st, r);
+    CHECK(dt > 1.0, "the stream outlasted the heartbeat limit (%.2f s)", dt);
     uv_async_send(&F.stop);
     return NULL;
 }
@@ -213,10 +259,15 @@ static void on_srv_closed(void *arg) {
     (void)arg;
     st_rpc_cleanup();
     uv_close((uv_handle_t *)&F.stop, NULL);
+    uv_close((uv_handle_t *)&F.slow_timer, NULL);
 }
 
 static void on_mem_stopped(void *arg) {
     (void)arg;
+    if (F.slow) {
+        st_rpc_call_finish(F.slow, ST_ERR_CANCELLED, "stopping");
+        F.slow = NULL;
+    }
     if (F.stalled) {
         st_rpc_call_finish(F.stalled, ST_ERR_CANCELLED, "stopping");
         F.stalled = NULL;
@@ -226,7 +277,10 @@ static void on_mem_stopped(void *arg) {
 
 static void on_stop(uv_async_t *a) {
     (void)a;
-    st_member_stop(F.mem, on_mem_stopped, NULL);
+    if (F.mem_stopped) /* kind 7 stopped it already */
+        on_mem_stopped(NULL);
+    else
+        st_member_stop(F.mem, on_mem_stopped, NULL);
 }
 
 static void on_placement(void *arg, const st_proto_placement_t *p) {
@@ -285,6 +339,7 @@ int main(void) {
     CHECK(st_sec_opts_finish(&sec, "test") == ST_OK, "cluster token");
     uv_loop_init(&F.loop);
     uv_async_init(&F.loop, &F.stop, on_stop);
+    uv_timer_init(&F.loop, &F.slow_timer);
     CHECK(st_rpc_init(&F.loop) == ST_OK, "rpc");
     CHECK(st_rpc_server_create("127.0.0.1:0", &F.srv) == ST_OK, "fake worker server");
     st_rpc_server_add_method(F.srv, ST_PROTO_METHOD_WORKER_GENERATE, h_worker_generate, NULL);
