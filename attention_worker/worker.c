@@ -94,7 +94,7 @@ typedef struct {
     char err[256];
 } pend_t;
 
-#define EV_INLINE 1024 /* a token chunk without logits fits */
+#define EV_INLINE 1024 /* a token chunk without logits fits, logprobs included (≤ 20 top: < 256 bytes) */
 
 /* compute → loop events, from a pool sized at start-up (no allocation per token) */
 typedef struct ev {
@@ -127,10 +127,14 @@ typedef struct {
     uint64_t gen;
     int *toks, n_prompt, n_gen, max_tokens;
     /* sampling on the engine (st_seq_chunk_t.sample): sp.pos is set per step, sp.bias_* point into
-     * bias (owned: ids then values, NULL without logit_bias); tok receives the step's token */
+     * bias (owned: ids then values, NULL without logit_bias); tok receives the step's token, and
+     * with logprobs (sp.n_top ≥ 0) lp, top_ids, top_lp its logprob and the sp.n_top top ones */
     st_sample_params_t sp;
     void *bias;
     int tok;
+    float lp;
+    int top_ids[ST_SAMPLE_MAX_TOP];
+    float top_lp[ST_SAMPLE_MAX_TOP];
     uint32_t stop[MAX_STOP];
     int n_stop, dump, prefilled, cancelled, failed, ignore_eos;
     int n_fed; /* prompt tokens fed to the engine so far (chunked prefill) */
@@ -276,6 +280,8 @@ st_status_t st_aw_check_request(const st_config_t *c, const st_aw_limits_t *lim,
         if (r->logit_bias_ids[i] >= vocab || !(fabsf(r->logit_bias_values[i]) <= 100.0f))
             return ST_REJECT(ST_ERR_OUT_OF_RANGE, "logit_bias %u: %g (ids below %u, values -100..100)",
                              r->logit_bias_ids[i], (double)r->logit_bias_values[i], vocab);
+    if (r->top_logprobs > ST_SAMPLE_MAX_TOP || (r->top_logprobs && !r->logprobs))
+        return ST_REJECT(ST_ERR_OUT_OF_RANGE, "top_logprobs %u (at most %d, with logprobs)", r->top_logprobs, ST_SAMPLE_MAX_TOP);
     if (r->request_id && strnlen(r->request_id, 257) > 256)
         return ST_REJECT(ST_ERR_INVALID_ARG, "request_id over 256 bytes");
     *n_prompt = (int)n;
@@ -319,7 +325,11 @@ static void post_event(aw_t *aw, ev_t *ev) {
     uv_async_send(&aw->async);
 }
 
-/* One chunk to the client: a token (finish NONE) or the end (finish set, token may ride along). */
+_Static_assert(ST_SAMPLE_MAX_TOP == ST_PROTO_MAX_TOP_LOGPROBS, "a chunk holds every top logprob the engine gives");
+
+/* One chunk to the client: a token (finish NONE) or the end (finish set, token may ride along).
+ * A token of a logprobs request carries the engine's values (q->lp, q->top_*); the logits row
+ * (vocab × 4 bytes) travels only when the request asked for it (dump_logits). */
 static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logits, st_proto_finish_t fin,
                  const char *err) {
     ev_t *ev = ev_get(aw);
@@ -330,6 +340,15 @@ static void emit(aw_t *aw, seq_t *q, int has_token, int token, const float *logi
     if (logits && q->dump) {
         ch.logits = (uint8_t *)logits;
         ch.logits_len = (size_t)aw->c->vocab * sizeof(float);
+    }
+    if (has_token && q->sp.n_top >= 0) {
+        ch.has_logprob = 1;
+        ch.logprob = q->lp;
+        ch.n_top = (size_t)ST_MIN(q->sp.n_top, aw->c->vocab);
+        for (size_t i = 0; i < ch.n_top; i++) {
+            ch.top_ids[i] = (uint32_t)q->top_ids[i];
+            ch.top_logprobs[i] = q->top_lp[i];
+        }
     }
     ev->kind = EV_CHUNK;
     ev->req = q->req;
@@ -432,7 +451,8 @@ static int admit(aw_t *aw, in_msg_t *m) {
     q->sp = (st_sample_params_t){.temperature = r->temperature, .top_k = (int)r->top_k,
                                  .top_p = (r->top_p > 0 && r->top_p < 1) ? r->top_p : 1.0f,
                                  .presence = r->presence_penalty, .frequency = r->frequency_penalty,
-                                 .seed = r->has_seed ? r->seed : (uint64_t)st_time_ns(), .n_top = -1};
+                                 .seed = r->has_seed ? r->seed : (uint64_t)st_time_ns(),
+                                 .n_top = r->logprobs ? (int)r->top_logprobs : -1};
     q->n_stop = (int)ST_MIN(r->n_stop_ids, (size_t)MAX_STOP);
     for (int i = 0; i < q->n_stop; i++) q->stop[i] = r->stop_ids[i];
     if (bias) {
@@ -955,14 +975,15 @@ static void step(aw_t *aw) {
         if (n <= 0 || n > budget) continue; /* joins at a later step boundary */
         budget -= n;
         idx[ns] = i;
-        /* the engine samples a row that ends the prompt or decodes; only the token comes back, and
-         * the processed logits row too when the client asked for logprobs (the coordinator reduces it) */
+        /* the engine samples a row that ends the prompt or decodes; the token comes back, with its
+         * logprobs when the client asked (values, not the row), and the processed logits row only
+         * with dump_logits */
         bool samp = q->prefilled || q->n_fed + n == q->n_prompt;
         q->sp.pos = (uint32_t)q->n_gen;
         ch[ns++] = (st_seq_chunk_t){.slot = q->slot, .n_tokens = n,
                                     .tokens = q->prefilled ? &q->toks[q->n_prompt + q->n_gen - 1] : q->toks + q->n_fed,
                                     .sample = samp ? &q->sp : NULL, .keep_logits = samp && q->dump,
-                                    .token = &q->tok};
+                                    .token = &q->tok, .logprob = &q->lp, .top_ids = q->top_ids, .top_logprobs = q->top_lp};
     }
     if (ns == 0) return;
     /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
@@ -1920,7 +1941,8 @@ static st_status_t alloc_buffers(aw_t *aw) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
         if (st_dispatch_plan_init(&aw->plan[m], MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
         aw->tok_failed[m] = calloc((size_t)aw->o.max_batch_tokens, sizeof(bool));
-        /* logits rows of the entries (written for logprobs requests only) */
+        /* logits rows of the entries (the CPU engine processes its sampled rows here; copied to the
+         * host by the GPU engine only for dump_logits requests) */
         aw->logits[m] = malloc(sizeof(float) * (size_t)aw->o.max_seqs * c->vocab);
         if (!aw->tok_failed[m] || !aw->logits[m]) return ST_FAIL(ST_ERR_NO_MEMORY, "worker buffers");
     }

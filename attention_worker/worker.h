@@ -45,7 +45,8 @@ typedef struct {
 /* Range-checks every field of a request before anything is cast or sized from it: the prompt
  * (token ids, or text at one token per byte) is 1..max_prompt tokens, each id < c->vocab;
  * max_tokens (0 = ST_AW_DEFAULT_MAX_TOKENS) is 1..max_ctx - prompt; temperature 0..100 and top_p
- * 0..1 (finite); top_k <= vocab; at most max_stop stop ids, each < vocab. Pure (no allocation, no
+ * 0..1 (finite); top_k <= vocab; at most max_stop stop ids, each < vocab; top_logprobs <= 20 and
+ * only with logprobs. Pure (no allocation, no
  * logging above DEBUG). ST_OK with *n_prompt and *max_tokens written; else ST_ERR_INVALID_ARG (a
  * malformed request) or ST_ERR_OUT_OF_RANGE (a count or id beyond the limits), reason in
  * st_err_last(). */

@@ -1,6 +1,9 @@
 /* `strata run`: the one-process engine — prefill one prompt or a batch of prompts in one step, then
- * decode all of them together, printing text (or tokens) and tokens/s. It can write the routing it
- * chose (--routing-out) and replay a routing file (--routing-in) on either backend. */
+ * decode all of them together, printing text (or tokens) and tokens/s. Tokens are sampled by the
+ * engine (st_seq_chunk_t.sample), as the server's workers do: for one seed, `strata run` and a
+ * request to the server pick the same tokens (prompt i of a batch samples with seed + i, as the i-th
+ * prompt of an OpenAI batch does). It can write the routing it chose (--routing-out) and replay a
+ * routing file (--routing-in) on either backend. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -16,7 +19,8 @@ typedef struct {
     bool done;
     st_npy_t npy;
     bool dumping;
-    int amax; /* the engine's argmax (greedy without --dump-logits: no logits row to the host) */
+    st_sample_params_t sp; /* the engine's sampling of this sequence (sp.pos set per step) */
+    int tok;               /* the engine's sampled token of the step */
 } st_run_seq_t;
 
 /* ---- routing files (--routing-out / --routing-in) ----
@@ -314,7 +318,7 @@ int st_cmd_run(int argc, char **argv) {
     st_rt_t rt = {0};
     int max_tokens = 16;
     bool ignore_eos = false, print_tokens = false;
-    st_sampling_t sp = {.temperature = 0, .top_k = 0, .top_p = 1};
+    st_sample_params_t sp = {.temperature = 0, .top_k = 0, .top_p = 1, .n_top = -1};
     uint64_t seed = 0;
     st_engine_opts_t eo;
     st_engine_opts_default(&eo);
@@ -364,6 +368,11 @@ int st_cmd_run(int argc, char **argv) {
             return 2;
         }
     }
+    if (!(sp.temperature >= 0.0f && sp.temperature <= 100.0f)) { /* the worker's range; NaN fails */
+        fprintf(stderr, "strata run: --temperature must be 0..100 (0 = greedy)\n");
+        return 2;
+    }
+    if (!(sp.top_p > 0.0f && sp.top_p < 1.0f)) sp.top_p = 1.0f; /* as the worker reads a request's: 0 or 1 = off */
     st_ckpt_t *ck;
     if (st_ckpt_open(&ck, ckdir) != ST_OK) {
         fprintf(stderr, "strata run: %s\n", st_err_last());
@@ -380,7 +389,7 @@ int st_cmd_run(int argc, char **argv) {
     eo.max_batch_tokens = ST_MAX(total_prompt, ns);
     st_engine_t *e = NULL;
     int rc = 1;
-    float *logits = NULL, *ws = NULL;
+    float *logits = NULL;
     bool routing = rt.path_in || rt_out;
     if (routing) {
         /* the engine's routing stride (engine.c: k, or max(k, k_max) in quantile mode) bounds a token's set */
@@ -395,11 +404,11 @@ int st_cmd_run(int argc, char **argv) {
     if (routing) st_engine_set_route_hook(e, rt_hook, &rt);
     int V = c->vocab;
     logits = malloc((size_t)eo.max_batch_tokens * (size_t)V * sizeof(float));
-    ws = malloc(2 * (size_t)V * sizeof(float));
     st_seq_chunk_t *chunks = calloc((size_t)ns, sizeof *chunks);
-    st_rng_t rng = {seed};
     for (int i = 0; i < ns; i++) {
         if (st_engine_seq_open(e, &seqs[i].slot) != ST_OK) goto out_engine;
+        seqs[i].sp = sp;
+        seqs[i].sp.seed = seed + (uint64_t)i;
         if (dump) {
             char path[4096];
             if (ns == 1) snprintf(path, sizeof path, "%s", dump);
@@ -408,9 +417,14 @@ int st_cmd_run(int argc, char **argv) {
             seqs[i].dumping = true;
         }
     }
-    /* prefill: every prompt in one step */
+    /* prefill: every prompt in one step; the engine samples each prompt's first token, except with
+     * --dump-logits, where every prompt row comes back (all_logits, which the engine does not sample)
+     * and the first token is drawn here by the engine's own rule (st_sample_rows: the same function of
+     * seed, position and row; no penalties or bias in a run, so the row needs no processing) */
     for (int i = 0; i < ns; i++) {
-        chunks[i] = (st_seq_chunk_t){.slot = seqs[i].slot, .n_tokens = seqs[i].n_prompt, .tokens = seqs[i].toks, .all_logits = dump != NULL};
+        seqs[i].sp.pos = 0;
+        chunks[i] = (st_seq_chunk_t){.slot = seqs[i].slot, .n_tokens = seqs[i].n_prompt, .tokens = seqs[i].toks,
+                                     .all_logits = dump != NULL, .sample = dump ? NULL : &seqs[i].sp, .token = &seqs[i].tok};
         rt.who[i] = i, rt.pos0[i] = 0, rt.ntok[i] = seqs[i].n_prompt;
     }
     rt.nc = ns;
@@ -420,19 +434,21 @@ int st_cmd_run(int argc, char **argv) {
         goto out_engine;
     }
     double t_prefill = st_time_sec() - t0;
-    const float *row = logits;
+    size_t row = 0; /* --dump-logits: the first row of prompt i */
     for (int i = 0; i < ns; i++) {
-        int nrows = dump ? seqs[i].n_prompt : 1;
-        if (seqs[i].dumping) st_npy_append(&seqs[i].npy, row, nrows);
-        row += (size_t)(nrows - 1) * V;
-        int tok = st_sample(row, V, &sp, &rng, ws);
-        row += V;
-        seqs[i].toks[seqs[i].n_prompt + seqs[i].n_gen++] = tok;
-        seqs[i].done = seqs[i].n_gen >= max_tokens || (!ignore_eos && tok == c->eos_id);
+        st_run_seq_t *q = &seqs[i];
+        if (q->dumping) {
+            st_npy_append(&q->npy, logits + row * V, q->n_prompt);
+            row += (size_t)q->n_prompt;
+            st_sample_row_t sr = {.temperature = q->sp.temperature, .top_p = q->sp.top_p, .top_k = q->sp.top_k, .n_top = -1,
+                                  .row = (int)row - 1, .count_row = -1, .pos = 0, .seed = q->sp.seed};
+            st_sample_rows(&q->tok, NULL, NULL, NULL, logits, 1, V, &sr, NULL, NULL, NULL);
+        }
+        q->toks[q->n_prompt + q->n_gen++] = q->tok;
+        q->done = q->n_gen >= max_tokens || (!ignore_eos && q->tok == c->eos_id);
     }
-    /* decode: all unfinished sequences together, one token each per step; greedy without a dump
-     * takes the engine's argmax (st_sample's greedy rule) instead of a logits row */
-    bool greedy = sp.temperature <= 0.0f && !dump;
+    /* decode: all unfinished sequences together, one token each per step, sampled by the engine;
+     * the (processed: no penalties or bias here, so the model's) row comes back only to be dumped */
     double t1 = st_time_sec();
     int decoded = 0;
     for (;;) {
@@ -441,9 +457,10 @@ int st_cmd_run(int argc, char **argv) {
             if (seqs[i].done) continue;
             who[nc] = rt.who[nc] = i;
             rt.pos0[nc] = seqs[i].n_prompt + seqs[i].n_gen - 1, rt.ntok[nc] = 1;
+            seqs[i].sp.pos = (uint32_t)seqs[i].n_gen;
             chunks[nc++] = (st_seq_chunk_t){.slot = seqs[i].slot, .n_tokens = 1,
                                             .tokens = &seqs[i].toks[seqs[i].n_prompt + seqs[i].n_gen - 1],
-                                            .argmax = greedy ? &seqs[i].amax : NULL};
+                                            .sample = &seqs[i].sp, .keep_logits = seqs[i].dumping, .token = &seqs[i].tok};
         }
         if (nc == 0) break;
         rt.nc = nc;
@@ -454,11 +471,9 @@ int st_cmd_run(int argc, char **argv) {
         decoded += nc;
         for (int j = 0; j < nc; j++) {
             st_run_seq_t *q = &seqs[who[j]];
-            const float *lr = logits + (size_t)j * V;
-            if (q->dumping) st_npy_append(&q->npy, lr, 1);
-            int tok = greedy ? q->amax : st_sample(lr, V, &sp, &rng, ws);
-            q->toks[q->n_prompt + q->n_gen++] = tok;
-            q->done = q->n_gen >= max_tokens || (!ignore_eos && tok == c->eos_id);
+            if (q->dumping) st_npy_append(&q->npy, logits + (size_t)j * V, 1);
+            q->toks[q->n_prompt + q->n_gen++] = q->tok;
+            q->done = q->n_gen >= max_tokens || (!ignore_eos && q->tok == c->eos_id);
         }
     }
     double t_decode = st_time_sec() - t1;
@@ -485,7 +500,6 @@ out_engine:
 out_ckpt:
     if (routing && !rt_close(&rt, rt_out)) rc = 1;
     free(logits);
-    free(ws);
     for (int i = 0; i < ns; i++) free(seqs[i].toks);
     st_ckpt_close(ck);
     return rc;

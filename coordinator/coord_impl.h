@@ -125,6 +125,7 @@ struct coord {
     uint64_t prompt_tokens_total, finished_stop, finished_length;
     double stage_s[ST_PROTO_STAGES];        /* summed over reported steps */
     uint64_t stage_steps, reply_bytes, messages;
+    uint64_t stream_bytes; /* bytes of the Generate chunks received from attention workers */
     double merge_s;                         /* coordinator: threshold merges + publishes */
     uint64_t merges;
     /* front door (gen.c, rest.c): client auth, the request queue, stream watchdogs, loop stalls */

@@ -211,6 +211,13 @@ static void gen_on_msg(const uint8_t *msg, size_t len, void *arg) {
     coord_t *co = g->co;
     st_proto_generate_chunk_t ch;
     if (g->detached || st_proto_generate_chunk_decode(msg, len, &ch) != ST_OK) return;
+    co->stream_bytes += len;
+    if (st_proto_generate_chunk_check(&ch, (uint32_t)co->cfg.vocab) != ST_OK) {
+        /* a worker's bug: the token is dropped, never indexed with (the stream's end still comes) */
+        st_log_every(ST_LOG_WARN, 10.0, "coordinator: %s: a worker's chunk refused: %s", g->id, st_err_last());
+        st_proto_generate_chunk_cleanup(&ch);
+        return;
+    }
     double now = st_time_sec();
     g->chunks++;
     if (ch.finish != ST_PROTO_FINISH_ERROR && ch.finish != ST_PROTO_FINISH_CANCELLED &&

@@ -351,7 +351,9 @@ static st_status_t parse_body(json_t *body, const st_openai_limits_t *lim, int c
         if (int_field(body, "logprobs", 0, ST_OPENAI_MAX_LOGPROBS, &iv, e, &s) < 0) return s;
         out->logprobs = (int)iv;
     }
-    r->dump_logits = out->logprobs >= 0; /* the worker sends each token's logits row; the coordinator reduces it */
+    /* the engine computes them: each chunk carries its token's logprob and the top ones (values) */
+    r->logprobs = out->logprobs >= 0;
+    r->top_logprobs = out->logprobs > 0 ? (uint32_t)out->logprobs : 0;
     dv = 0;
     if (num_field(body, "presence_penalty", -2, 2, &dv, e, &s) < 0) return s;
     r->presence_penalty = (float)dv;

@@ -216,6 +216,8 @@ char *st_coord_status_json(coord_t *co) {
         "requests_error", (json_int_t)co->requests_err, "tokens_total", (json_int_t)co->tokens_total, "active_requests",
         co->active_requests, "tokens_per_s", jnum(co->tokens_per_s), "dispatch_bytes_total", (json_int_t)co->dispatch_bytes);
     if (!root) return NULL;
+    json_t *tp = json_object_get(root, "throughput"); /* Generate chunk bytes from the workers */
+    if (tp) json_object_set_new(tp, "stream_bytes_total", json_integer((json_int_t)co->stream_bytes));
     json_object_set_new(root, "queue",
                         json_pack("{s:i, s:i, s:o, s:I, s:I, s:I, s:I, s:I, s:o}", "waiting", co->n_waiting, "max",
                                   st_coord_queue_cap(co), "timeout_s", jnum(co->o.queue_timeout_s > 0 ? co->o.queue_timeout_s : 60),
@@ -577,10 +579,11 @@ static void sse_json(hreq_t *h, json_t *o) {
     json_decref(o);
 }
 
-/* ---- logprobs: the worker sends each token's logits row; reduced here to the sampled token's
- * log-probability and the top k (of the model's distribution, before temperature) */
+/* ---- logprobs: the engine computes them (the processed row at temperature 1, kernels.h
+ * st_sample_rows); each chunk carries its token's log-probability and the top k as values, checked
+ * against the vocabulary on arrival (gen.c) */
 
-static json_t *lp_token(const st_tokenizer_t *tk, int32_t id, double lp) {
+static json_t *lp_token(const st_tokenizer_t *tk, int32_t id, float lp) {
     const char *b = "";
     size_t n = 0;
     if (st_tokenizer_token_bytes(tk, id, &b, &n) != ST_OK) n = 0;
@@ -589,42 +592,19 @@ static json_t *lp_token(const st_tokenizer_t *tk, int32_t id, double lp) {
     if (clean) st_openai_utf8_clean((const unsigned char *)b, n, clean, &cl, 1);
     json_t *bytes = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)b[i]));
-    json_t *o = json_pack("{s:o, s:f, s:o}", "token", jtext(clean ? clean : "", cl), "logprob", lp, "bytes", bytes);
+    json_t *o = json_pack("{s:o, s:o, s:o}", "token", jtext(clean ? clean : "", cl), "logprob", jnum((double)lp), "bytes", bytes);
     free(clean);
     return o;
 }
 
 static void lp_add(gen_t *g, const st_proto_generate_chunk_t *ch, size_t off) {
     const st_tokenizer_t *tk = g->co->tok;
-    size_t V = ch->logits_len / sizeof(float);
-    if (!V || ch->token_id >= V) return;
-    float x, best[ST_OPENAI_MAX_LOGPROBS];
-    int32_t best_id[ST_OPENAI_MAX_LOGPROBS];
-    int nb = 0, k = g->lp_k;
-    double mx = -INFINITY, sum = 0;
-    for (size_t i = 0; i < V; i++) {
-        memcpy(&x, ch->logits + i * sizeof x, sizeof x);
-        if (x > mx) mx = x;
-    }
-    for (size_t i = 0; i < V; i++) {
-        memcpy(&x, ch->logits + i * sizeof x, sizeof x);
-        sum += exp((double)x - mx);
-        if (k > 0 && (nb < k || x > best[nb - 1])) { /* insertion into the top k, descending */
-            int j = nb < k ? nb++ : k - 1;
-            while (j > 0 && best[j - 1] < x) {
-                best[j] = best[j - 1];
-                best_id[j] = best_id[j - 1];
-                j--;
-            }
-            best[j] = x;
-            best_id[j] = (int32_t)i;
-        }
-    }
-    double lse = mx + log(sum);
-    memcpy(&x, ch->logits + (size_t)ch->token_id * sizeof x, sizeof x);
-    json_t *e = lp_token(tk, (int32_t)ch->token_id, (double)x - lse), *top = json_array();
-    for (int i = 0; i < nb; i++) json_array_append_new(top, lp_token(tk, best_id[i], (double)best[i] - lse));
-    json_object_set_new(e, "top_logprobs", top);
+    if (!ch->has_logprob) return; /* a worker that did not compute them: no entry */
+    json_t *e = lp_token(tk, (int32_t)ch->token_id, ch->logprob), *top = json_array();
+    size_t nt = ST_MIN(ch->n_top, (size_t)ST_MAX(g->lp_k, 0));
+    for (size_t i = 0; i < nt; i++) json_array_append_new(top, lp_token(tk, (int32_t)ch->top_ids[i], ch->top_logprobs[i]));
+    if (e) json_object_set_new(e, "top_logprobs", top);
+    else json_decref(top);
     size_t n = json_array_size(g->lp);
     size_t *no = realloc(g->lp_off, (n + 1) * sizeof *no);
     if (!e || !no) {

@@ -115,12 +115,16 @@ static int eq_generate_req(const st_proto_generate_req_t *a, const st_proto_gene
            a->ignore_eos == b->ignore_eos && !memcmp(&a->presence_penalty, &b->presence_penalty, sizeof(float)) &&
            !memcmp(&a->frequency_penalty, &b->frequency_penalty, sizeof(float)) && a->n_logit_bias == b->n_logit_bias &&
            mem_eq(a->logit_bias_ids, b->logit_bias_ids, a->n_logit_bias * sizeof(uint32_t)) &&
-           mem_eq(a->logit_bias_values, b->logit_bias_values, a->n_logit_bias * sizeof(float));
+           mem_eq(a->logit_bias_values, b->logit_bias_values, a->n_logit_bias * sizeof(float)) &&
+           a->logprobs == b->logprobs && a->top_logprobs == b->top_logprobs;
 }
 
 static int eq_generate_chunk(const st_proto_generate_chunk_t *a, const st_proto_generate_chunk_t *b) {
     return a->index == b->index && a->token_id == b->token_id && str_eq(a->text, b->text) && a->logits_len == b->logits_len &&
-           mem_eq(a->logits, b->logits, a->logits_len) && a->finish == b->finish && str_eq(a->error, b->error);
+           mem_eq(a->logits, b->logits, a->logits_len) && a->finish == b->finish && str_eq(a->error, b->error) &&
+           a->has_logprob == b->has_logprob && !memcmp(&a->logprob, &b->logprob, sizeof(float)) && a->n_top == b->n_top &&
+           a->n_top <= ST_PROTO_MAX_TOP_LOGPROBS && !memcmp(a->top_ids, b->top_ids, a->n_top * sizeof(uint32_t)) &&
+           !memcmp(a->top_logprobs, b->top_logprobs, a->n_top * sizeof(float));
 }
 
 static int eq_status_reply(const st_proto_status_reply_t *a, const st_proto_status_reply_t *b) {

@@ -674,6 +674,8 @@ st_status_t st_proto_generate_req_encode(const st_proto_generate_req_t *m, uint8
     pb.n_logit_bias_ids = pb.n_logit_bias_values = m->n_logit_bias;
     pb.logit_bias_ids = m->logit_bias_ids;
     pb.logit_bias_values = m->logit_bias_values;
+    pb.logprobs = m->logprobs != 0;
+    pb.top_logprobs = m->top_logprobs;
     return pack_msg(&pb.base, "GenerateRequest", out, len);
 }
 
@@ -706,6 +708,14 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
         protobuf_c_message_free_unpacked(&pb->base, NULL);
         return ST_FAIL(ST_ERR_PROTOCOL, "GenerateRequest: %zu logit_bias ids, %zu values", ni, nv);
     }
+    if (pb->top_logprobs > ST_PROTO_MAX_TOP_LOGPROBS || (pb->top_logprobs && !pb->logprobs)) {
+        st_status_t st = ST_REJECT(ST_ERR_PROTOCOL, "proto: GenerateRequest: top_logprobs %u%s (at most %u, with logprobs)",
+                                   pb->top_logprobs, pb->logprobs ? "" : " without logprobs", ST_PROTO_MAX_TOP_LOGPROBS);
+        protobuf_c_message_free_unpacked(&pb->base, NULL);
+        return st;
+    }
+    r.logprobs = pb->logprobs != 0;
+    r.top_logprobs = pb->top_logprobs;
     if (!dup_str(&r.request_id, pb->request_id) || !dup_str(&r.prompt, pb->prompt) ||
         !dup_arr((void **)&r.logit_bias_ids, pb->logit_bias_ids, pb->n_logit_bias_ids, sizeof(uint32_t)) ||
         !dup_arr((void **)&r.logit_bias_values, pb->logit_bias_values, pb->n_logit_bias_values, sizeof(float)) ||
@@ -723,7 +733,11 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     return ST_OK;
 }
 
-static void chunk_fill(Strata__V1__GenerateChunk *pb, const st_proto_generate_chunk_t *m) {
+/* NOTE: the top lists point into m (const only in C's eyes: protobuf-c's fields are not) */
+static st_status_t chunk_fill(Strata__V1__GenerateChunk *pb, const st_proto_generate_chunk_t *m) {
+    if (m->n_top > ST_PROTO_MAX_TOP_LOGPROBS || (m->n_top && !m->has_logprob))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "proto: GenerateChunk: %zu top logprobs%s", m->n_top,
+                       m->has_logprob ? "" : " without the token's");
     strata__v1__generate_chunk__init(pb);
     pb->index = m->index;
     pb->token_id = m->token_id;
@@ -732,18 +746,24 @@ static void chunk_fill(Strata__V1__GenerateChunk *pb, const st_proto_generate_ch
     pb->logits.len = m->logits_len;
     pb->finish_reason = (Strata__V1__FinishReason)m->finish;
     pb->error = str_in(m->error);
+    pb->has_logprob = m->has_logprob != 0;
+    pb->logprob = m->has_logprob ? m->logprob : 0.0f;
+    pb->n_top_ids = pb->n_top_logprobs = m->n_top;
+    pb->top_ids = (uint32_t *)m->top_ids;
+    pb->top_logprobs = (float *)m->top_logprobs;
+    return ST_OK;
 }
 
 st_status_t st_proto_generate_chunk_encode_into(const st_proto_generate_chunk_t *m, uint8_t *buf, size_t cap, size_t *len) {
     Strata__V1__GenerateChunk pb;
-    chunk_fill(&pb, m);
-    return pack_into(&pb.base, "GenerateChunk", buf, cap, len);
+    st_status_t s = chunk_fill(&pb, m);
+    return s == ST_OK ? pack_into(&pb.base, "GenerateChunk", buf, cap, len) : s;
 }
 
 st_status_t st_proto_generate_chunk_encode(const st_proto_generate_chunk_t *m, uint8_t **out, size_t *len) {
     Strata__V1__GenerateChunk pb;
-    chunk_fill(&pb, m);
-    return pack_msg(&pb.base, "GenerateChunk", out, len);
+    st_status_t s = chunk_fill(&pb, m);
+    return s == ST_OK ? pack_msg(&pb.base, "GenerateChunk", out, len) : s;
 }
 
 void st_proto_generate_chunk_cleanup(st_proto_generate_chunk_t *m) {
@@ -765,6 +785,21 @@ st_status_t st_proto_generate_chunk_decode(const uint8_t *buf, size_t len, st_pr
         protobuf_c_message_free_unpacked(&pb->base, NULL);
         return st;
     }
+    if (pb->n_top_ids != pb->n_top_logprobs || pb->n_top_ids > ST_PROTO_MAX_TOP_LOGPROBS ||
+        (pb->n_top_ids && !pb->has_logprob)) {
+        st_status_t st = ST_REJECT(ST_ERR_PROTOCOL, "proto: generate chunk: %zu top ids, %zu top logprobs%s (at most %u)",
+                                   pb->n_top_ids, pb->n_top_logprobs, pb->has_logprob ? "" : " without the token's",
+                                   ST_PROTO_MAX_TOP_LOGPROBS);
+        protobuf_c_message_free_unpacked(&pb->base, NULL);
+        return st;
+    }
+    r.has_logprob = pb->has_logprob != 0;
+    r.logprob = pb->has_logprob ? pb->logprob : 0.0f; /* NOTE: what encode writes back for a value without the flag */
+    r.n_top = pb->n_top_ids;
+    if (r.n_top) {
+        memcpy(r.top_ids, pb->top_ids, r.n_top * sizeof(uint32_t));
+        memcpy(r.top_logprobs, pb->top_logprobs, r.n_top * sizeof(float));
+    }
     if (!dup_str(&r.text, pb->text) || !dup_str(&r.error, pb->error) ||
         !dup_bytes(&r.logits, &r.logits_len, &pb->logits)) {
         st_proto_generate_chunk_cleanup(&r);
@@ -773,6 +808,20 @@ st_status_t st_proto_generate_chunk_decode(const uint8_t *buf, size_t len, st_pr
     }
     protobuf_c_message_free_unpacked(&pb->base, NULL);
     *out = r;
+    return ST_OK;
+}
+
+st_status_t st_proto_generate_chunk_check(const st_proto_generate_chunk_t *m, uint32_t vocab) {
+    if (m->token_id >= vocab)
+        return ST_REJECT(ST_ERR_PROTOCOL, "proto: generate chunk: token %u outside the vocabulary 0..%u", m->token_id, vocab - 1);
+    if (m->logits_len && m->logits_len != (size_t)vocab * sizeof(float))
+        return ST_REJECT(ST_ERR_PROTOCOL, "proto: generate chunk: logits of %zu bytes for a vocabulary of %u", m->logits_len, vocab);
+    if (m->has_logprob && !(m->logprob <= 0.0f))
+        return ST_REJECT(ST_ERR_PROTOCOL, "proto: generate chunk: logprob %g", (double)m->logprob);
+    for (size_t i = 0; i < m->n_top && i < ST_PROTO_MAX_TOP_LOGPROBS; i++)
+        if (m->top_ids[i] >= vocab || !(m->top_logprobs[i] <= 0.0f))
+            return ST_REJECT(ST_ERR_PROTOCOL, "proto: generate chunk: top %zu: token %u (vocabulary 0..%u), logprob %g", i,
+                             m->top_ids[i], vocab - 1, (double)m->top_logprobs[i]);
     return ST_OK;
 }
 

@@ -123,9 +123,16 @@ int main(int argc, char **argv) {
                                   .max_tokens = 8, .temperature = 1.0f, .presence_penalty = 0.5f, .frequency_penalty = -1.25f,
                                   .n_logit_bias = 3, .logit_bias_ids = bias_ids, .logit_bias_values = bias_v};
     PUT(K_GEN_REQ, "penalties", generate_req, &gp);
+    /* logprobs (fields 17-18) */
+    st_proto_generate_req_t gl = {.request_id = "req-4", .prompt = "abc", .max_tokens = 4, .logprobs = 1, .top_logprobs = 20};
+    PUT(K_GEN_REQ, "logprobs", generate_req, &gl);
     float lg[3] = {0.5f, -1.0f, 2.0f};
     st_proto_generate_chunk_t gc = {.index = 3, .token_id = 65, .text = "A", .logits = (uint8_t *)lg, .logits_len = sizeof lg};
     PUT(K_GEN_CHUNK, "token", generate_chunk, &gc);
+    /* a logprobs token (fields 7-10): the values, no logits row */
+    st_proto_generate_chunk_t gl2 = {.index = 1, .token_id = 66, .text = "B", .has_logprob = 1, .logprob = -0.5f, .n_top = 3,
+                                     .top_ids = {66, 65, 300}, .top_logprobs = {-0.5f, -1.5f, -4.0f}};
+    PUT(K_GEN_CHUNK, "logprobs", generate_chunk, &gl2);
     st_proto_generate_chunk_t ge = {.index = 4, .finish = ST_PROTO_FINISH_ERROR, .error = "expert server e1 lost"};
     PUT(K_GEN_CHUNK, "error", generate_chunk, &ge);
     st_proto_status_reply_t st = {.version = "0.1.0", .uptime_s = 12.5, .placement_version = 5, .threshold_version = 8, .step = 80,

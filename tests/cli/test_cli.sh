@@ -42,6 +42,17 @@ s2=$("$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 12 --temperatu
 s3=$("$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 12 --temperature 1.0 --top-p 0.9 --seed 43 --print-tokens --ignore-eos 2>/dev/null)
 check "sampling with a seed is reproducible" "[ -n \"$s1\" ] && [ \"$s1\" = \"$s2\" ]"
 check "a different seed samples differently" "[ \"$s1\" != \"$s3\" ]"
+# the engine samples (st_seq_chunk_t.sample): with --dump-logits the first token is drawn from the
+# prefill's rows by the same rule, so the tokens do not change; prompt i of a batch samples with seed + i
+s4=$("$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 12 --temperature 1.0 --top-p 0.9 --seed 42 --print-tokens --ignore-eos \
+  --dump-logits "$tmp/s4.npy" 2>/dev/null)
+check "sampled tokens are the same with --dump-logits" "[ \"$s1\" = \"$s4\" ] && [ \"\$($npy shape $tmp/s4.npy)\" = '13 512' ]"
+printf 'tokens: 5,6\ntokens: 1,2\n' > "$tmp/sb.txt"
+sb=$("$bin" run --ckpt "$tmp/ck" --batch-file "$tmp/sb.txt" --max-tokens 12 --temperature 1.0 --top-p 0.9 --seed 41 --print-tokens \
+  --ignore-eos 2>/dev/null | sed -n 's/^\[1\] //p')
+check "prompt 1 of a batch samples as alone with seed + 1" "[ \"$sb\" = \"$s1\" ]"
+"$bin" run --ckpt "$tmp/ck" --prompt-tokens 1,2 --max-tokens 2 --temperature -1 >/dev/null 2>"$tmp/err"; rc=$?
+check "negative temperature: usage error naming it" "[ $rc -eq 2 ] && grep -q temperature $tmp/err"
 
 # bad inputs
 "$bin" run --ckpt "$tmp/nope" --prompt x --max-tokens 1 >/dev/null 2>"$tmp/err"; rc=$?

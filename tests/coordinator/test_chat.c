@@ -141,6 +141,12 @@ static void test_parse_chat(void) {
     CHECK(r.chat && r.stream && r.include_usage && r.tools && r.req.max_tokens == 7 && r.req.n_prompt_tokens > 10 &&
               !r.req.prompt && r.n_stop_strs == 1 && !strcmp(r.stop_strs[0], "END"),
           "chat fields");
+    CHECK(!r.req.logprobs && !r.req.top_logprobs && !r.req.dump_logits, "logprobs false: none asked");
+    st_openai_req_cleanup(&r);
+    const char *lp = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":20}";
+    CHECK(st_openai_parse_chat(lp, strlen(lp), &lim, &r, &e) == ST_OK && r.req.logprobs && r.req.top_logprobs == 20 &&
+              !r.req.dump_logits,
+          "logprobs with top 20: values asked of the worker, no logits row");
     st_openai_req_cleanup(&r);
     const char *none = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\","
                        "\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\"}";

@@ -220,6 +220,18 @@ static void test_parse(void) {
     expect_refused("{\"prompt\":[\"a\",[1,400]]}", "prompt"); /* each prompt is checked */
     expect_refused("{\"prompt\":[\"a\",[1]],\"echo\":true}", "echo");
     expect_refused("{\"prompt\":\"hi\",\"best_of\":3}", "best_of");
+    /* logprobs N asks the worker for values (the token's and N top ones), never the logits row */
+    CHECK(parse("{\"prompt\":\"hi\",\"logprobs\":5}", &r, &e) == ST_OK && r.logprobs == 5 && r.req.logprobs &&
+              r.req.top_logprobs == 5 && !r.req.dump_logits,
+          "logprobs 5: values asked, no row");
+    st_openai_req_cleanup(&r);
+    CHECK(parse("{\"prompt\":\"hi\",\"logprobs\":0}", &r, &e) == ST_OK && r.req.logprobs && r.req.top_logprobs == 0 &&
+              !r.req.dump_logits,
+          "logprobs 0: the token's only");
+    st_openai_req_cleanup(&r);
+    CHECK(parse("{\"prompt\":\"hi\"}", &r, &e) == ST_OK && r.logprobs == -1 && !r.req.logprobs && !r.req.top_logprobs,
+          "no logprobs: none asked");
+    st_openai_req_cleanup(&r);
     expect_refused("{\"prompt\":\"hi\",\"logprobs\":21}", "logprobs");
     expect_refused("{\"prompt\":\"hi\",\"logprobs\":true}", "logprobs");
     expect_refused("{\"prompt\":\"hi\",\"echo\":1}", "echo");

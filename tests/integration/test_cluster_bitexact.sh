@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Logits through the cluster equal the one-process engine's bit for bit (CPU backend, top-k): with
 # 1 and 3 expert servers and 1 and 2 attention workers, for requests of different lengths arriving
-# at different times. Also: OpenAI HTTP completions (plain and SSE), /v1/models, /status, /metrics.
+# at different times; sampled tokens for a seed equal `strata run`'s. Also: OpenAI HTTP completions (plain and SSE), /v1/models, /status, /metrics.
 . "$(dirname "$0")/lib.sh"
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1
 prompts=("5,6,7" "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40" "300" "99,98,97,96,95,94,93,92,91,90,89,88,87,86,85,84,83,82,81"
@@ -40,6 +40,12 @@ for cfg in "1 1 1 0" "3 2 3 512"; do
         "python3 $(dirname "$0")/../npytool.py close $TMP/ref$i.npy $TMP/got$i.npy $((n - 1)) 1e-3"
     fi
   done
+  # sampling is the engine's in both: for a seed, strata run and the server pick the same tokens
+  samp="--prompt-tokens 5,6,7 --max-tokens 16 --temperature 0.9 --top-k 40 --top-p 0.95 --seed 7 --print-tokens --ignore-eos"
+  a=$("$S" run --ckpt "$TMP/ck" $samp 2>/dev/null)
+  b=$("$S" generate $samp 2>/dev/null)
+  check "[$1 experts, $2 workers] sampled with a seed: strata run and the server give the same tokens ($a)" \
+    "[ -n \"$a\" ] && [ \"$a\" = \"$b\" ]"
   check "[$1 experts, $2 workers] strata up's --set reached every expert server (configuration logged)" \
     "[ \$(grep -lE 'STRATA_ES_INLINE_ROWS +$4 +env' $STRATA_STATE/expert-*.log | wc -l) -eq $1 ]"
   if [ "$1" = 3 ]; then

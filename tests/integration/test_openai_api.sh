@@ -195,6 +195,16 @@ sent = [e for ch in chunks for c in ch["choices"] if c.get("logprobs") for e in 
 check("streamed logprobs: the same entries", [e["logprob"] for e in sent] == [e["logprob"] for e in ents])
 st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 check("no logprobs unless asked (null)", b["choices"][0]["logprobs"] is None)
+# the values travel, not the logits row (vocab x 4 = 2,048 bytes a token here, 655 KB at K3's
+# vocabulary): the workers' chunk bytes per token of a 20-top-logprobs request stay small
+def stream_bytes():
+    return post("/status", None, method="GET")[2]["throughput"]["stream_bytes_total"]
+b0 = stream_bytes()
+st, _, b = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
+                                         "ignore_eos": True, "logprobs": True, "top_logprobs": 20})
+per_tok = (stream_bytes() - b0) / 8
+check(f"logprobs chunks carry values, no logits row: {per_tok:.0f} bytes a token (< 400; a row is 2,048)",
+      st == 200 and all(len(e["top_logprobs"]) == 20 for e in b["choices"][0]["logprobs"]["content"]) and 0 < per_tok < 400)
 
 # ---- n choices, batches of prompts
 st, _, b = post("/v1/completions", {"prompt": "abc", "max_tokens": 4, "n": 3, "ignore_eos": True})

@@ -1,5 +1,6 @@
 /* proto conversion: every message round-trips through bytes, and shape-inconsistent or malformed
  * input is rejected without leaks. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,6 +118,81 @@ int main(void) {
     CHECK(st_proto_generate_chunk_encode(&ck, &buf, &n) == ST_OK, "chunk encode odd logits");
     CHECK(st_proto_generate_chunk_decode(buf, n, &cd) == ST_ERR_PROTOCOL, "logits not fp32 rejected");
     free(buf);
+
+    /* logprobs travel as values (issue 17): the request asks, the chunk carries the token's logprob
+     * and the top ones, in a few hundred bytes whatever the vocabulary; no logits row */
+    gr = (st_proto_generate_req_t){.request_id = "r2", .prompt = "x", .logprobs = 1, .top_logprobs = 20};
+    CHECK(st_proto_generate_req_encode(&gr, &buf, &n) == ST_OK && st_proto_generate_req_decode(buf, n, &gd) == ST_OK &&
+              gd.logprobs && gd.top_logprobs == 20 && !gd.dump_logits,
+          "request logprobs round trip");
+    st_proto_generate_req_cleanup(&gd);
+    free(buf);
+    gr.top_logprobs = 21;
+    CHECK(st_proto_generate_req_encode(&gr, &buf, &n) == ST_OK && st_proto_generate_req_decode(buf, n, &gd) == ST_ERR_PROTOCOL &&
+              strstr(st_err_last(), "top_logprobs 21") != NULL,
+          "request top_logprobs 21 refused: %s", st_err_last());
+    free(buf);
+    gr.top_logprobs = 3;
+    gr.logprobs = 0;
+    CHECK(st_proto_generate_req_encode(&gr, &buf, &n) == ST_OK && st_proto_generate_req_decode(buf, n, &gd) == ST_ERR_PROTOCOL,
+          "request top_logprobs without logprobs refused");
+    free(buf);
+    st_proto_generate_chunk_t lc = {.index = 5, .token_id = 163839, .text = "", .has_logprob = 1, .logprob = -0.25f,
+                                    .n_top = ST_PROTO_MAX_TOP_LOGPROBS};
+    for (uint32_t i = 0; i < ST_PROTO_MAX_TOP_LOGPROBS; i++) {
+        lc.top_ids[i] = 163839 - 7 * i;
+        lc.top_logprobs[i] = -0.25f - (float)i;
+    }
+    uint8_t small[512];
+    size_t sn = 0;
+    CHECK(st_proto_generate_chunk_encode_into(&lc, small, sizeof small, &sn) == ST_OK && sn < 256,
+          "a K3-vocabulary token with 20 top logprobs encodes in %zu bytes (< 256)", sn);
+    CHECK(st_proto_generate_chunk_decode(small, sn, &cd) == ST_OK && cd.has_logprob && cd.logprob == -0.25f &&
+              cd.n_top == 20 && cd.top_ids[19] == 163839 - 133 && cd.top_logprobs[19] == -19.25f && cd.logits_len == 0 &&
+              cd.token_id == 163839,
+          "chunk logprobs round trip");
+    CHECK(st_proto_generate_chunk_check(&cd, 163840) == ST_OK, "chunk check: in vocabulary");
+    CHECK(st_proto_generate_chunk_check(&cd, 163839) == ST_ERR_PROTOCOL && strstr(st_err_last(), "163839") != NULL,
+          "chunk check: token past the vocabulary: %s", st_err_last());
+    cd.token_id = 1;
+    CHECK(st_proto_generate_chunk_check(&cd, 163839) == ST_ERR_PROTOCOL && strstr(st_err_last(), "top 0") != NULL,
+          "chunk check: top id past the vocabulary: %s", st_err_last());
+    cd.top_ids[0] = 2;
+    cd.top_logprobs[7] = NAN;
+    CHECK(st_proto_generate_chunk_check(&cd, 163839) == ST_ERR_PROTOCOL, "chunk check: NaN top logprob");
+    cd.top_logprobs[7] = -1;
+    cd.logprob = 0.5f;
+    CHECK(st_proto_generate_chunk_check(&cd, 163839) == ST_ERR_PROTOCOL, "chunk check: logprob above 0");
+    cd.logprob = 0;
+    CHECK(st_proto_generate_chunk_check(&cd, 163839) == ST_OK, "chunk check: logprob 0 (certain) passes");
+    cd.logits_len = 8;
+    CHECK(st_proto_generate_chunk_check(&cd, 163839) == ST_ERR_PROTOCOL, "chunk check: logits row of the wrong length");
+    cd.logits_len = 0;
+    st_proto_generate_chunk_cleanup(&cd);
+    lc.n_top = 21;
+    CHECK(st_proto_generate_chunk_encode_into(&lc, small, sizeof small, &sn) == ST_ERR_INVALID_ARG, "encode refuses 21 tops");
+    lc.n_top = 2;
+    lc.has_logprob = 0;
+    CHECK(st_proto_generate_chunk_encode_into(&lc, small, sizeof small, &sn) == ST_ERR_INVALID_ARG,
+          "encode refuses tops without the token's logprob");
+    /* hand-made wire: 3 top ids (field 9) but 1 top logprob (field 10); 21 of each; tops without has_logprob */
+    const uint8_t tc[] = {0x38, 0x01, 0x4a, 0x03, 0x01, 0x02, 0x03, 0x52, 0x04, 0x00, 0x00, 0x80, 0xbf};
+    CHECK(st_proto_generate_chunk_decode(tc, sizeof tc, &cd) == ST_ERR_PROTOCOL && strstr(st_err_last(), "3 top ids, 1 top") != NULL,
+          "decode: top counts differ: %s", st_err_last());
+    uint8_t big[2 + 2 + 21 + 2 + 84];
+    size_t bn = 0;
+    big[bn++] = 0x38, big[bn++] = 0x01; /* has_logprob */
+    big[bn++] = 0x4a, big[bn++] = 21;
+    for (int i = 0; i < 21; i++) big[bn++] = (uint8_t)i;
+    big[bn++] = 0x52, big[bn++] = 84;
+    memset(big + bn, 0, 84);
+    bn += 84;
+    CHECK(st_proto_generate_chunk_decode(big, bn, &cd) == ST_ERR_PROTOCOL && strstr(st_err_last(), "21 top ids") != NULL,
+          "decode: 21 tops refused: %s", st_err_last());
+    const uint8_t notok[] = {0x4a, 0x01, 0x05, 0x52, 0x04, 0x00, 0x00, 0x80, 0xbf};
+    CHECK(st_proto_generate_chunk_decode(notok, sizeof notok, &cd) == ST_ERR_PROTOCOL &&
+              strstr(st_err_last(), "without the token's") != NULL,
+          "decode: tops without has_logprob refused: %s", st_err_last());
 
     st_proto_status_reply_t sr = {.version = "0.1", .uptime_s = 1.5, .step = 3, .n_members = 2, .members = mem,
                                   .detail_json = "{}"};

@@ -124,6 +124,19 @@ int main(void) {
     r.top_k = UINT32_MAX; /* (int) = -1 before the fix */
     expect("top_k 2^32-1", &r, ST_ERR_OUT_OF_RANGE, "top_k");
 
+    /* logprobs: the chosen token's and up to 20 top ones, only with logprobs */
+    r = base(4);
+    r.logprobs = 1;
+    r.top_logprobs = 20;
+    expect("top_logprobs 20", &r, ST_OK, NULL);
+    r.top_logprobs = 21;
+    expect("top_logprobs 21", &r, ST_ERR_OUT_OF_RANGE, "top_logprobs");
+    r.top_logprobs = UINT32_MAX;
+    expect("top_logprobs 2^32-1", &r, ST_ERR_OUT_OF_RANGE, "top_logprobs");
+    r.top_logprobs = 2;
+    r.logprobs = 0;
+    expect("top_logprobs without logprobs", &r, ST_ERR_OUT_OF_RANGE, "top_logprobs");
+
     /* stop ids */
     uint32_t stops[40] = {0};
     r = base(4);

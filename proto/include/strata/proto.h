@@ -39,6 +39,8 @@ extern "C" {
 /* member_token: 32 hex digits as issued; decode refuses longer ones (ST_ERR_PROTOCOL). */
 #define ST_PROTO_TOKEN_LEN 32u
 #define ST_PROTO_TOKEN_MAX 64u
+/* top_logprobs of a Generate request and chunk (OpenAI's limit; the engine's ST_SAMPLE_MAX_TOP) */
+#define ST_PROTO_MAX_TOP_LOGPROBS 20u
 
 typedef enum {
     ST_PROTO_ROLE_UNSPECIFIED = 0,
@@ -182,8 +184,14 @@ typedef struct {
     size_t n_logit_bias;
     uint32_t *logit_bias_ids; /* [n_logit_bias] */
     float *logit_bias_values; /* [n_logit_bias] */
+    int logprobs;             /* each chunk carries its token's logprob ... */
+    uint32_t top_logprobs;    /* ... and this many top ones (≤ ST_PROTO_MAX_TOP_LOGPROBS; 0 without logprobs) */
 } st_proto_generate_req_t;
 
+/* A token's logprobs travel as values (has_logprob): logprob, and top_ids / top_logprobs [n_top]
+ * most likely first; decode checks n_top ≤ ST_PROTO_MAX_TOP_LOGPROBS, the two lists of equal length
+ * and none without has_logprob. Ids are the receiver's to check against its vocabulary
+ * (st_proto_generate_chunk_check). */
 typedef struct {
     uint32_t index, token_id;
     char *text;
@@ -191,6 +199,11 @@ typedef struct {
     size_t logits_len;
     st_proto_finish_t finish;
     char *error;
+    int has_logprob;
+    float logprob;
+    size_t n_top;
+    uint32_t top_ids[ST_PROTO_MAX_TOP_LOGPROBS];
+    float top_logprobs[ST_PROTO_MAX_TOP_LOGPROBS];
 } st_proto_generate_chunk_t;
 
 typedef struct {
@@ -220,6 +233,11 @@ ST_PROTO_DECLARE(generate_req)
 ST_PROTO_DECLARE(generate_chunk)
 ST_PROTO_DECLARE(status_reply)
 #undef ST_PROTO_DECLARE
+
+/* A decoded chunk against the receiver's vocabulary: token_id (when the chunk carries a token)
+ * and every top id below vocab, logprobs not NaN and not above 0, a logits row of vocab floats or
+ * none. ST_ERR_PROTOCOL with the reason in st_err_last() (logged at DEBUG only). */
+st_status_t st_proto_generate_chunk_check(const st_proto_generate_chunk_t *m, uint32_t vocab);
 
 /* Encode into a caller's buffer (no allocation: the per-token and per-step messages).
  * ST_ERR_CAPACITY when it does not fit. */
