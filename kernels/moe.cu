@@ -1,6 +1,6 @@
 /* MoE-side ops on the GPU: sigmoid router with biased top-k selection (SPEC §7) and greedy argmax
  * sampling (SPEC §9), the dispatch (group, gather, an expert server's row expansion) and the combine (SPEC §6).
- * CPU references: st_router_sigmoid + st_route_topk, st_sample with temperature 0, st_moe_* (kernels/moe.c).
+ * CPU references: st_router_sigmoid + st_route_topk, st_argmax, st_moe_* (kernels/moe.c).
  * (The GLU activation runs inside the expert FFN kernels: kernels/moe_ffn.cu.) */
 #include "cuda_common.cuh"
 #include "strata/moe_tree.h"

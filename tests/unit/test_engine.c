@@ -261,7 +261,7 @@ static void test_microbatch(void) {
     st_engine_destroy(e);
 }
 
-/* st_seq_chunk_t.argmax: the argmax of the entry's row (st_sample's greedy rule), ignored with
+/* st_seq_chunk_t.argmax: the argmax of the entry's row (st_argmax's rule), ignored with
  * all_logits; logits of the other entries unchanged. */
 static void test_argmax(void) {
     st_engine_t *e = mk(3, 64, 64, ST_ROUTE_TOPK);

@@ -66,7 +66,7 @@ typedef struct {
 /* One step: each entry feeds n_tokens new tokens of one open sequence (a prompt, a prompt piece, or
  * one decode token). Logits are written in entry order: all n_tokens rows when all_logits, else
  * only the last row; each row is vocab floats. argmax (greedy callers; ignored with all_logits):
- * receives the argmax of the entry's row (ties → the lower id, as st_sample at temperature 0), and
+ * receives the argmax of the entry's row (ties → the lower id, as st_argmax), and
  * the engine may leave that row of logits unwritten — the GPU engine does, so greedy rows cost no
  * copy to the host. sample (not with all_logits or argmax): the row is processed (penalties, bias)
  * and sampled, token receives the id and, with sample->n_top ≥ 0, logprob and top_ids /

@@ -189,14 +189,7 @@ void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, 
                     const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
 
 /* ---------------- sampling (SPEC §9) ---------------- */
-typedef struct {
-    float temperature; /* 0 = greedy */
-    int top_k;         /* 0 = off */
-    float top_p;       /* 1 = off */
-} st_sampling_t;
-/* Returns the chosen id. rng advanced only when sampling (temperature > 0). ws: 2*V floats. */
-int st_sample(const float *logits, int V, const st_sampling_t *sp, st_rng_t *rng, float *ws);
-/* Index of the largest of x[0..V) (ties → the lower index; what st_sample returns when greedy). */
+/* Index of the largest of x[0..V) (ties → the lower index: greedy decoding). */
 int st_argmax(const float *x, int V);
 
 /* ---------------- sampling of a batch of rows, the engine's op (SPEC §9; kernels/sample.c,
