@@ -13,27 +13,14 @@
 
 /* NOTE: every block reduction below combines the warps in a fixed order, so a row's result is the
  * same from run to run; sh is 32 slots of shared memory, reused after the trailing barrier. */
-__device__ int bsum_i(int v, int *sh) {
+template <typename V> __device__ V bsum(V v, V *sh) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     __syncthreads();
     if (l == 0) sh[w] = v;
     __syncthreads();
-    int t = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++)
-        t += sh[i];
-    return t;
-}
-
-__device__ double bsum_d(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
+    V t = 0;
     for (int i = 0; i < (int)(blockDim.x >> 5); i++)
         t += sh[i];
     return t;
@@ -117,7 +104,7 @@ __global__ void __launch_bounds__(SNT)
                 int n = 0;
                 for (int v = tid; v < V; v += SNT)
                     n += st_sr_key(x[v]) >= t;
-                if (bsum_i(n, shi) >= p.top_k) kk = t;
+                if (bsum(n, shi) >= p.top_k) kk = t;
             }
             int gt = 0, ties = 0;
             for (int v = tid; v < V; v += SNT) {
@@ -125,15 +112,15 @@ __global__ void __launch_bounds__(SNT)
                 gt += key > kk;
                 ties += key == kk;
             }
-            int rr = p.top_k - bsum_i(gt, shi);
-            if (bsum_i(ties, shi) > rr) {
+            int rr = p.top_k - bsum(gt, shi);
+            if (bsum(ties, shi) > rr) {
                 uint32_t j = 0;
                 for (int b = 30; b >= 0; b--) {
                     uint32_t t = j | (1u << b);
                     int n = 0;
                     for (int v = tid; v < V && (uint32_t)v < t; v += SNT)
                         n += st_sr_key(x[v]) == kk;
-                    if (bsum_i(n, shi) <= rr) j = t;
+                    if (bsum(n, shi) <= rr) j = t;
                 }
                 kj = j;
             }
@@ -142,13 +129,13 @@ __global__ void __launch_bounds__(SNT)
             double z = 0;
             for (int v = tid; v < V; v += SNT)
                 if (kept(st_sr_key(x[v]), v, kk, kj, 0)) z += exp((double)scaled(x[v], m, T));
-            double target = fmax((double)p.top_p * bsum_d(z, shd), 1.0);
+            double target = fmax((double)p.top_p * bsum(z, shd), 1.0);
             for (int b = 31; b >= 0; b--) {
                 uint32_t t = kp | (1u << b);
                 double mass = 0;
                 for (int v = tid; v < V; v += SNT)
                     if (kept(st_sr_key(x[v]), v, kk, kj, t)) mass += exp((double)scaled(x[v], m, T));
-                if (bsum_d(mass, shd) >= target) kp = t;
+                if (bsum(mass, shd) >= target) kp = t;
             }
         }
         /* 3c. Gumbel-max over the kept set */
@@ -170,7 +157,7 @@ __global__ void __launch_bounds__(SNT)
     double z1 = 0;
     for (int v = tid; v < V; v += SNT)
         z1 += exp((double)x[v] - (double)m);
-    const double lz = log(bsum_d(z1, shd));
+    const double lz = log(bsum(z1, shd));
     if (tid == 0) lp[r] = (float)((double)x[c] - (double)m - lz);
     uint32_t pk = 0xFFFFFFFFu;
     int pid = -1, n = p.n_top < V ? p.n_top : V;
