@@ -12,6 +12,10 @@ pid_of() { pgrep -f -- "--ckpt $TMP/ck .*--name $1( |$)" | head -n 1; }
 L=$STRATA_STATE
 "$S" generate --prompt-tokens 1,2,3,4 --max-tokens 12 --print-tokens >"$TMP/a.out" 2>"$TMP/a.err"; rc=$?
 check "a request completes" "[ $rc -eq 0 ] && [ -s $TMP/a.out ]"
+# the second server may join the map after the first request ran: give the hellos up to 10 s
+both_shm() { [ "$(grep -c 'dispatches go through shared memory' "$L/attn-0.log")" -eq 2 ] &&
+  grep -q 'gets a shared-memory channel' "$L/expert-0.log" && grep -q 'gets a shared-memory channel' "$L/expert-1.log"; }
+for _ in $(seq 100); do both_shm && break; sleep 0.1; done
 check "the worker put both servers on shared memory" \
   "[ \$(grep -c 'dispatches go through shared memory' $L/attn-0.log) -eq 2 ]"
 check "each server made a channel for the worker" \
