@@ -3,7 +3,9 @@
  * engine (st_seq_chunk_t.sample), as the server's workers do: for one seed, `strata run` and a
  * request to the server pick the same tokens (prompt i of a batch samples with seed + i, as the i-th
  * prompt of an OpenAI batch does). It can write the routing it chose (--routing-out) and replay a
- * routing file (--routing-in) on either backend. */
+ * routing file (--routing-in) on either backend. Text prompts are encoded, and replies decoded, with the
+ * checkpoint's tokenizer (its byte tokenizer when the folder ships none), specials allowed in a prompt
+ * as the server's completions endpoint allows them; every eos the checkpoint lists stops a sequence. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -285,8 +287,22 @@ static void rt_hook(void *ctx, int layer, int T, int n_experts, const float *sco
     if (t != T) snprintf(r->err, sizeof r->err, "the engine routed %d tokens in a step of %d", T, t);
 }
 
+/* The ids of a text prompt, in a buffer with room for max_new more; 0 when empty or on error. */
+static int encode_prompt(const st_tokenizer_t *tk, const char *text, int max_new, int **out) {
+    st_tok_ids_t v = {0};
+    if (st_tokenizer_encode(tk, text, strlen(text), ST_TOK_ALLOW_SPECIAL, &v) != ST_OK || !v.n ||
+        !(*out = malloc((v.n + (size_t)max_new) * sizeof(int)))) {
+        st_tok_ids_free(&v);
+        return 0;
+    }
+    for (size_t i = 0; i < v.n; i++) (*out)[i] = v.ids[i];
+    int n = (int)v.n;
+    st_tok_ids_free(&v);
+    return n;
+}
+
 /* A batch file: one prompt per line, text, or "tokens: 1,2,3". */
-static int read_batch(const char *path, st_run_seq_t *seqs, int max_new) {
+static int read_batch(const char *path, const st_tokenizer_t *tk, st_run_seq_t *seqs, int max_new) {
     char *text;
     if (st_file_read_all(path, &text, NULL) != ST_OK) return -1;
     int n = 0;
@@ -298,9 +314,13 @@ static int read_batch(const char *path, st_run_seq_t *seqs, int max_new) {
             free(text);
             return -1;
         }
-        int *ids = malloc((strlen(line) + 1 + (size_t)max_new) * sizeof(int));
-        int k = !strncmp(line, "tokens:", 7) ? st_cli_parse_ids(line + 7 + strspn(line + 7, " "), ids, (int)strlen(line))
-                                             : st_tok_encode(line, ids, (int)strlen(line));
+        int *ids = NULL, k;
+        if (!strncmp(line, "tokens:", 7)) {
+            ids = malloc((strlen(line) + 1 + (size_t)max_new) * sizeof(int));
+            k = ids ? st_cli_parse_ids(line + 7 + strspn(line + 7, " "), ids, (int)strlen(line)) : 0;
+        } else {
+            k = encode_prompt(tk, line, max_new, &ids);
+        }
         if (k <= 0) {
             fprintf(stderr, "strata run: %s: bad prompt on line %d\n", path, n + 1);
             free(ids);
@@ -354,28 +374,42 @@ int st_cmd_run(int argc, char **argv) {
         fprintf(stderr, "strata run: need --ckpt, exactly one of --prompt/--prompt-tokens/--batch-file, and --max-tokens >= 1\n");
         return 2;
     }
-    static st_run_seq_t seqs[MAX_PROMPTS];
-    int ns = 1;
-    if (batch) {
-        ns = read_batch(batch, seqs, max_tokens);
-        if (ns <= 0) return 1;
-    } else {
-        size_t cap = (prompt ? strlen(prompt) : strlen(ptoks)) + 1;
-        seqs[0].toks = malloc((cap + (size_t)max_tokens) * sizeof(int));
-        seqs[0].n_prompt = prompt ? st_tok_encode(prompt, seqs[0].toks, (int)cap) : st_cli_parse_ids(ptoks, seqs[0].toks, (int)cap);
-        if (seqs[0].n_prompt <= 0) {
-            fprintf(stderr, "strata run: empty or malformed prompt\n");
-            return 2;
-        }
-    }
     if (!(sp.temperature >= 0.0f && sp.temperature <= 100.0f)) { /* the worker's range; NaN fails */
         fprintf(stderr, "strata run: --temperature must be 0..100 (0 = greedy)\n");
         return 2;
     }
     if (!(sp.top_p > 0.0f && sp.top_p < 1.0f)) sp.top_p = 1.0f; /* as the worker reads a request's: 0 or 1 = off */
+    st_tokenizer_t *tk;
+    if (st_tokenizer_load(&tk, ckdir, &(st_tokenizer_opts_t){.quiet = true}) != ST_OK) {
+        fprintf(stderr, "strata run: %s\n", st_err_last());
+        return 1;
+    }
+    static st_run_seq_t seqs[MAX_PROMPTS];
+    int ns = 1;
+    if (batch) {
+        ns = read_batch(batch, tk, seqs, max_tokens);
+        if (ns <= 0) {
+            st_tokenizer_destroy(tk);
+            return 1;
+        }
+    } else if (prompt) {
+        seqs[0].n_prompt = encode_prompt(tk, prompt, max_tokens, &seqs[0].toks);
+    } else {
+        size_t cap = strlen(ptoks) + 1;
+        seqs[0].toks = malloc((cap + (size_t)max_tokens) * sizeof(int));
+        seqs[0].n_prompt = seqs[0].toks ? st_cli_parse_ids(ptoks, seqs[0].toks, (int)cap) : 0;
+    }
+    if (!batch && seqs[0].n_prompt <= 0) {
+        fprintf(stderr, "strata run: empty or malformed prompt\n");
+        free(seqs[0].toks);
+        st_tokenizer_destroy(tk);
+        return 2;
+    }
     st_ckpt_t *ck;
     if (st_ckpt_open(&ck, ckdir) != ST_OK) {
         fprintf(stderr, "strata run: %s\n", st_err_last());
+        for (int i = 0; i < ns; i++) free(seqs[i].toks);
+        st_tokenizer_destroy(tk);
         return 1;
     }
     const st_config_t *c = st_ckpt_config(ck);
@@ -445,7 +479,7 @@ int st_cmd_run(int argc, char **argv) {
             st_sample_rows(&q->tok, NULL, NULL, NULL, logits, 1, V, &sr, NULL, NULL, NULL);
         }
         q->toks[q->n_prompt + q->n_gen++] = q->tok;
-        q->done = q->n_gen >= max_tokens || (!ignore_eos && q->tok == c->eos_id);
+        q->done = q->n_gen >= max_tokens || (!ignore_eos && (q->tok == c->eos_id || st_tokenizer_is_eos(tk, q->tok)));
     }
     /* decode: all unfinished sequences together, one token each per step, sampled by the engine;
      * the (processed: no penalties or bias here, so the model's) row comes back only to be dumped */
@@ -473,7 +507,7 @@ int st_cmd_run(int argc, char **argv) {
             st_run_seq_t *q = &seqs[who[j]];
             if (q->dumping) st_npy_append(&q->npy, logits + (size_t)j * V, 1);
             q->toks[q->n_prompt + q->n_gen++] = q->tok;
-            q->done = q->n_gen >= max_tokens || (!ignore_eos && q->tok == c->eos_id);
+            q->done = q->n_gen >= max_tokens || (!ignore_eos && (q->tok == c->eos_id || st_tokenizer_is_eos(tk, q->tok)));
         }
     }
     double t_decode = st_time_sec() - t1;
@@ -482,9 +516,15 @@ int st_cmd_run(int argc, char **argv) {
         if (print_tokens) {
             for (int t = 0; t < seqs[i].n_gen; t++) printf("%s%d", t ? "," : "", seqs[i].toks[seqs[i].n_prompt + t]);
         } else {
-            char *txt = malloc((size_t)seqs[i].n_gen + 1);
-            int nb = st_tok_decode(seqs[i].toks + seqs[i].n_prompt, seqs[i].n_gen, txt, seqs[i].n_gen + 1);
-            fwrite(txt, 1, (size_t)nb, stdout);
+            char *txt = NULL;
+            size_t nb = 0;
+            if (st_tokenizer_decode(tk, (const int32_t *)(seqs[i].toks + seqs[i].n_prompt), (size_t)seqs[i].n_gen,
+                                    ST_TOK_SKIP_SPECIAL, &txt, &nb) != ST_OK) {
+                fprintf(stderr, "strata run: decoding the reply: %s\n", st_err_last());
+                rc = 1;
+                goto out_engine;
+            }
+            fwrite(txt, 1, nb, stdout);
             free(txt);
         }
         printf("\n");
@@ -502,5 +542,6 @@ out_ckpt:
     free(logits);
     for (int i = 0; i < ns; i++) free(seqs[i].toks);
     st_ckpt_close(ck);
+    st_tokenizer_destroy(tk);
     return rc;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The `strata` command end to end on the tiny preset: ckpt init/inspect, run with text and tokens,
-# --dump-logits shapes, --batch-file gives each prompt exactly the logits it gets alone, sampling is
+# --dump-logits shapes, text through the checkpoint's tokenizer, --batch-file gives each prompt exactly the logits it gets alone, sampling is
 # reproducible with a seed, and bad inputs give clear errors (exit 1/2, no crash).
 set -u
 bin=${STRATA_BIN:?}/strata
@@ -86,6 +86,20 @@ check "--set of an unknown entry: exit 2, named" "[ $rc -eq 2 ] && grep -q 'NOPE
 "$bin" run --ckpt "$tmp/ck" --prompt-tokens 5,6 --max-tokens 2 --ignore-eos --set THREADS=1 --set LOG=error \
   >/dev/null 2>"$tmp/err"; rc=$?
 check "--set works on any command (run, LOG=error silences INFO)" "[ $rc -eq 0 ] && ! grep -q ' INFO ' $tmp/err"
+
+# a checkpoint that ships a tokenizer: text prompts are its ids (merges applied), not bytes
+cp -r "$tmp/ck" "$tmp/bpe"
+python3 - "$tmp/bpe" <<'PY'
+import base64, sys
+d = sys.argv[1]
+lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+lines += [f"{base64.b64encode(t).decode()} {256 + i}" for i, t in enumerate([b"th", b"he", b"the"])]
+open(d + "/tiktoken.model", "w").write("\n".join(lines) + "\n")
+open(d + "/tokenizer_config.json", "w").write('{"added_tokens_decoder": {"259": {"content": "<|im_end|>", "special": true}}}')
+PY
+"$bin" run --ckpt "$tmp/bpe" --prompt "the the" --max-tokens 1 --routing-out "$tmp/bpe.rt" >/dev/null 2>"$tmp/err"; rc=$?
+check "run encodes a text prompt with the checkpoint's tokenizer (the the -> 258,32,258)" \
+  "[ $rc -eq 0 ] && [ \"\$(awk '!/^#/ && NR > 2 && \$2 < 3 {print \$2 \":\" \$3}' $tmp/bpe.rt | sort -u | tr '\n' ' ')\" = '0:258 1:32 2:258 ' ]"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
