@@ -133,17 +133,22 @@ void *st_xfer_chan_rep_buf(st_xfer_chan_t *c, uint32_t slot) {
     return slot < c->n ? rep_hdr(c, slot) + ST_XFER_MSG_HDR : NULL;
 }
 
+/* A message's header into its slot, and its lengths and send time into the slot's control words at
+ * the given offsets (request and reply keep theirs side by side). */
+static void put_meta(uint8_t *k, size_t o_hl, size_t o_pl, size_t o_t, uint8_t *hdr_dst, const void *hdr,
+                     size_t hdr_len, size_t len) {
+    uint32_t hl = (uint32_t)hdr_len;
+    uint64_t pl = len, now = st_time_ns();
+    if (hdr_len) memcpy(hdr_dst, hdr, hdr_len);
+    memcpy(k + o_hl, &hl, 4), memcpy(k + o_pl, &pl, 8), memcpy(k + o_t, &now, 8);
+}
+
 st_status_t st_xfer_chan_post(st_xfer_chan_t *c, uint32_t slot, const void *hdr, size_t hdr_len, size_t len) {
     if (slot >= c->n || hdr_len > ST_XFER_MSG_HDR || len > c->req_cap || c->pending[slot])
         return ST_FAIL(ST_ERR_INVALID_ARG, "xfer channel post to %s: slot %u of %u (%s), header %zu bytes, payload %zu of %zu",
                        chan_label(c), slot, c->n, slot < c->n && c->pending[slot] ? "busy" : "free", hdr_len, len,
                        c->req_cap);
-    uint8_t *k = ctl(c, slot);
-    uint32_t hl = (uint32_t)hdr_len;
-    uint64_t pl = len;
-    if (hdr_len) memcpy(req_hdr(c, slot), hdr, hdr_len);
-    uint64_t now = st_time_ns();
-    memcpy(k + 16, &hl, 4), memcpy(k + 24, &pl, 8), memcpy(k + 40, &now, 8);
+    put_meta(ctl(c, slot), 16, 24, 40, req_hdr(c, slot), hdr, hdr_len, len);
     c->pending[slot] = 1;
     /* NOTE: the slot's flag before the doorbell: a server that sees the doorbell finds the slot */
     st_status_t rc = st_xfer_signal_host(c->r, req_flag(slot), ++c->count[slot]);
@@ -207,12 +212,7 @@ st_status_t st_xfer_chan_reply(st_xfer_chan_t *c, uint32_t slot, const void *hdr
     if (slot >= c->n || hdr_len > ST_XFER_MSG_HDR || len > c->rep_cap)
         return ST_FAIL(ST_ERR_INVALID_ARG, "xfer channel reply to %s: slot %u of %u, header %zu bytes, payload %zu of %zu",
                        chan_label(c), slot, c->n, hdr_len, len, c->rep_cap);
-    uint8_t *k = ctl(c, slot);
-    uint32_t hl = (uint32_t)hdr_len;
-    uint64_t pl = len;
-    if (hdr_len) memcpy(rep_hdr(c, slot), hdr, hdr_len);
-    uint64_t now = st_time_ns();
-    memcpy(k + 20, &hl, 4), memcpy(k + 32, &pl, 8), memcpy(k + 48, &now, 8);
+    put_meta(ctl(c, slot), 20, 32, 48, rep_hdr(c, slot), hdr, hdr_len, len);
     return st_xfer_signal_host(c->r, rep_flag(slot), c->count[slot]);
 }
 
