@@ -1999,6 +1999,7 @@ int st_aw_run(const st_aw_opts_t *opts) {
     eo.k_max = aw->o.k_max;
     eo.remote_experts = true;
     eo.device = aw->o.device;
+    st_xfer_set_spin(aw->o.device >= 0);
     if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
     if (alloc_buffers(aw) != ST_OK) goto out_engine;
     /* a prompt longer than a step's budget is prefilled over several steps; prompt + generated

@@ -1,5 +1,7 @@
 /* Expert server GPU compute (see compute_gpu.h): expert weights resident on the device as bf16,
- * one dispatch = rows H2D (the distinct rows only, expanded on the device) → bf16 → one
+ * one dispatch = two H2D copies (the message's sources, pairs and distinct rows as one span, as
+ * they lie in the wire layout; the host-built offsets, weight table and leaf table as one pinned
+ * block) → rows expanded on the device → bf16 → one
  * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → the tree sums into output rows (st_cuda_moe_tree_reduce) → fp32
  * rows D2H straight into the caller's reply buffer (the server pins its slot buffers, so neither
@@ -22,11 +24,16 @@ struct st_es_gpu {
     st_bf16_t **w;
     size_t w_bytes;
     /* dispatch buffers, sized for max_rows at create */
-    float *d_in;       // [max_rows, ew] fp32, device: the rows as carried (distinct rows or all)
+    uint8_t *d_pay;    // device: a dispatch's span src | orow, wts | rows as the wire lays it out
+    size_t pay_bytes;
+    float *d_in;       // [max_rows, ew] fp32, device: the rows as carried (distinct rows or all), separate copies
     st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input, grouped order)
     float *d_out;      // [max_rows, ew] fp32, device: the FFN rows (one per pair)
+    /* d_meta mirrors the pinned block (h_off | h_tab | h_leaf, each 256-aligned): one copy up */
+    uint8_t *d_meta;
+    size_t meta_tab, meta_leaf; /* byte offsets of the table and the leaf table in both blocks */
     uint32_t *d_leaf;  // [4 (max_rows + 1)] device: the leaf table loff | lrow | lid | lp (fp32 bits), packed
-    uint32_t *d_src;   // [max_rows] device: the sources of a distinct-rows dispatch
+    uint32_t *d_src;   // [max_rows] device: the sources of a distinct-rows dispatch, separate copies
     int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
     const st_bf16_t **d_tab; // [n_experts, 3] device: {gate, up, down} of each dispatched expert
     void *d_ws;        // FFN workspace, st_cuda_moe_ffn_table_ws_bytes(max_rows, mi)
@@ -77,22 +84,31 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
     g->ws_bytes = st_cuda_moe_ffn_table_ws_bytes(max_rows, g->mi);
     size_t me = (size_t)g->mi * g->ew;
     g->mx_bytes = me / 2 + me / 32;
-    if ((s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
+    size_t off_bytes = ((size_t)g->n_experts + 1) * sizeof(int), tab_bytes = (size_t)g->n_experts * 3 * sizeof(void *);
+    g->meta_tab = align256(off_bytes);
+    g->meta_leaf = g->meta_tab + align256(tab_bytes);
+    /* the wire's src and pair arrays, each padded to 16 bytes (wire.c), before the rows */
+    g->pay_bytes = 12 * (size_t)max_rows + 32 + rows_f32;
+    if ((s = st_gpu_malloc((void **)&g->d_pay, g->pay_bytes)) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_in_bf, rows_f32 / 2)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_out, rows_f32)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_src, (size_t)max_rows * sizeof(uint32_t))) != ST_OK ||
-        (s = st_gpu_malloc((void **)&g->d_leaf, leaf_bytes)) != ST_OK ||
-        (s = st_gpu_malloc((void **)&g->d_off, ((size_t)g->n_experts + 1) * sizeof(int))) != ST_OK ||
-        (s = st_gpu_malloc((void **)&g->d_tab, (size_t)g->n_experts * 3 * sizeof(void *))) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_meta, g->meta_leaf + leaf_bytes)) != ST_OK ||
         (s = st_gpu_malloc(&g->d_ws, g->ws_bytes ? g->ws_bytes : 256)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_mx, g->mx_bytes)) != ST_OK)
         goto err;
-    size_t off_bytes = ((size_t)g->n_experts + 1) * sizeof(int), tab_bytes = (size_t)g->n_experts * 3 * sizeof(void *);
-    if ((s = st_gpu_arena_init(&g->pinned, align256(off_bytes) + align256(tab_bytes) + align256(leaf_bytes), 1)) != ST_OK)
-        goto err;
+    g->d_off = (int *)g->d_meta;
+    g->d_tab = (const st_bf16_t **)(g->d_meta + g->meta_tab);
+    g->d_leaf = (uint32_t *)(g->d_meta + g->meta_leaf);
+    if ((s = st_gpu_arena_init(&g->pinned, g->meta_leaf + align256(leaf_bytes), 1)) != ST_OK) goto err;
     g->h_off = st_gpu_arena_alloc(&g->pinned, off_bytes);
     g->h_tab = st_gpu_arena_alloc(&g->pinned, tab_bytes);
     g->h_leaf = st_gpu_arena_alloc(&g->pinned, leaf_bytes);
+    if ((uint8_t *)g->h_tab != (uint8_t *)g->h_off + g->meta_tab || (uint8_t *)g->h_leaf != (uint8_t *)g->h_off + g->meta_leaf) {
+        s = ST_FAIL(ST_ERR_INTERNAL, "expert gpu: pinned staging is not laid out as its device mirror");
+        goto err;
+    }
     *out = g;
     return ST_OK;
 err:
@@ -106,13 +122,12 @@ void st_es_gpu_destroy(st_es_gpu_t *g) {
     size_t nw = (size_t)g->n_layers * (size_t)g->n_experts;
     for (size_t i = 0; g->w && i < nw; i++) st_gpu_free(g->w[i]);
     free(g->w);
+    st_gpu_free(g->d_pay);
     st_gpu_free(g->d_in);
     st_gpu_free(g->d_in_bf);
     st_gpu_free(g->d_out);
     st_gpu_free(g->d_src);
-    st_gpu_free(g->d_leaf);
-    st_gpu_free(g->d_off);
-    st_gpu_free(g->d_tab);
+    st_gpu_free(g->d_meta);
     st_gpu_free(g->d_ws);
     st_gpu_free(g->d_mx);
     if (g->pinned.base) st_gpu_arena_cleanup(&g->pinned);
@@ -212,19 +227,28 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     do {                                                                                                               \
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
-    CK(st_gpu_memcpy_async(&g->s, g->d_off, g->h_off, ((size_t)n_exp + 1) * sizeof(int), ST_GPU_COPY_H2D));
-    CK(st_gpu_memcpy_async(&g->s, (void *)g->d_tab, (const void *)g->h_tab, (size_t)n_exp * 3 * sizeof(void *),
+    /* the offsets, the weight table and the leaf table: one copy of the pinned block */
+    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
                            ST_GPU_COPY_H2D));
-    /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA);
+    /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA),
+     * with the sources in the same copy when they lie before the rows as the wire lays them out;
      * distinct rows expanded into the grouped order on the device */
-    CK(st_gpu_memcpy_async(&g->s, g->d_in, d->rows, (size_t)n_in * ew * sizeof(float), ST_GPU_COPY_H2D));
-    CK(st_gpu_memcpy_async(&g->s, g->d_leaf, g->h_leaf, (no + 1 + 3 * n) * sizeof(uint32_t), ST_GPU_COPY_H2D));
-    if (src) {
-        CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
-        CK(st_cuda_moe_expand(&g->s, g->d_in_bf, g->d_in, g->d_src, (int)n, (int)n_in, g->ew));
+    size_t rows_bytes = (size_t)n_in * ew * sizeof(float);
+    size_t lead = src ? (size_t)((const uint8_t *)d->rows - (const uint8_t *)src) : 0;
+    float *d_rows = g->d_in;
+    const uint32_t *d_srcs = g->d_src;
+    if (src && (const uint8_t *)d->rows > (const uint8_t *)src &&
+        lead == st_wire_dispatch_bytes((uint32_t)n, n_exp, (uint32_t)ew, n_in) - st_wire_table_bytes(n_exp) - rows_bytes &&
+        lead + rows_bytes <= g->pay_bytes && lead % 16 == 0) {
+        CK(st_gpu_memcpy_async(&g->s, g->d_pay, src, lead + rows_bytes, ST_GPU_COPY_H2D));
+        d_srcs = (const uint32_t *)g->d_pay;
+        d_rows = (float *)(g->d_pay + lead);
     } else {
-        CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
+        CK(st_gpu_memcpy_async(&g->s, g->d_in, d->rows, rows_bytes, ST_GPU_COPY_H2D));
+        if (src) CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
     }
+    if (src) CK(st_cuda_moe_expand(&g->s, g->d_in_bf, d_rows, d_srcs, (int)n, (int)n_in, g->ew));
+    else CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, d_rows, n * ew));
     bool situ = c->act == ST_ACT_SITU;
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
@@ -235,7 +259,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     else
         CK(st_cuda_moe_ffn_table(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
                                         g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    /* the output rows into d_in (its fp32 rows are spent: the FFN read the bf16 copy) */
+    /* the output rows into d_in (free now: the FFN read the bf16 copy) */
     const uint32_t *dl = g->d_leaf;
     CK(st_cuda_moe_tree_reduce(&g->s, g->d_in, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
                                (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew));

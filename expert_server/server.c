@@ -566,6 +566,7 @@ int st_es_run(const st_es_opts_t *opts) {
     if (!es->o.host) es->o.host = "127.0.0.1";
     if (!es->o.name) es->o.name = "expert";
     if (es->o.inline_rows < 0) es->o.inline_rows = es->o.use_cuda ? ST_ES_INLINE_ROWS_GPU : 0;
+    st_xfer_set_spin(es->o.use_cuda);
     int rc = 1;
     if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
     const st_config_t *c = st_ckpt_config(es->ck);

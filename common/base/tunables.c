@@ -50,6 +50,9 @@ static const tun_field_t g_fields[] = {
                             "GPU engine: replay decode steps as CUDA graphs (0: plain launches; diagnosis)"},
     [ST_TUN_HOST_ROUTE] = {"HOST_ROUTE", TUN_BOOL, "0", 0, 1, NULL, "", 0,
                            "GPU engine: quantile routing on the host, one sync per MoE layer (diagnosis)"},
+    [ST_TUN_XFER_SPIN_US] = {"XFER_SPIN_US", TUN_INT, "-1", -1, 10000000, NULL, "us", 0,
+                             "same-host data path: how long a thread waiting for its peer spins before it sleeps "
+                             "(-1: 2000 in a role that drives a GPU, whose host has a core to spare for it; 30 otherwise)"},
     [ST_TUN_UCX_TLS] = {"UCX_TLS", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,
                         "UCX's transports, read by UCX (strata up sets tcp when unset)"},
     [ST_TUN_UCX_NET_DEVICES] = {"UCX_NET_DEVICES", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,

@@ -41,7 +41,8 @@ typedef struct {
     uint32_t opened;   /* 0 → 1 by the one opener */
 } xfer_shm_hdr_t;
 
-#define XFER_SPIN_NS 30000u       /* spin before sleeping: a peer answering within ~30 µs is never slept on */
+/* spin before sleeping: a peer answering within the spin is never slept on (st_xfer_set_spin_us) */
+static uint64_t g_spin_ns = 30000u; /* set at a role's start, before its threads */
 #define XFER_SLICE_NS 1000000u    /* a sleeping waiter checks abort, peer and deadline every 1 ms */
 
 static inline void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
@@ -381,6 +382,11 @@ static st_status_t aborted_status(st_xfer_region_t *r, bool quiet) {
     return rc;
 }
 
+void st_xfer_set_spin(bool gpu_role) {
+    long us = st_tun_int(ST_TUN_XFER_SPIN_US);
+    g_spin_ns = (uint64_t)(us >= 0 ? us : gpu_role ? 2000 : 30) * 1000u;
+}
+
 st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms) {
     return st_xfer__wait_host(r, flag_off, seq, timeout_ms, false);
 }
@@ -392,7 +398,7 @@ st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t se
     uint32_t *f = flag_at(r, flag_off);
     if (st_flag_met(f, seq, NULL)) return ST_OK;
     uint64_t t0 = st_time_ns(), deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    if (!__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE) && st_flag_wait(f, seq, NULL, XFER_SPIN_NS, NULL)) return ST_OK;
+    if (!__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE) && st_flag_wait(f, seq, NULL, g_spin_ns, NULL)) return ST_OK;
     for (;;) {
         if (st_flag_met(f, seq, NULL)) return ST_OK; /* met before the peer died or the abort: the data is there */
         if (__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE)) return aborted_status(r, quiet);

@@ -72,9 +72,14 @@ st_status_t st_xfer_put_host(st_xfer_region_t *r, size_t off, const void *src, s
 /* Stores seq into the flag at flag_off (after every write before it: release) and wakes sleepers. */
 st_status_t st_xfer_signal_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq);
 /* Returns ST_OK once the flag at flag_off reached seq (acquire: the signaller's writes are visible),
- * spinning first (~30 µs) and then sleeping on a futex; ST_ERR_TIMEOUT after timeout_ms (> 0),
+ * spinning first (st_xfer_set_spin_us) and then sleeping on a futex; ST_ERR_TIMEOUT after timeout_ms (> 0),
  * ST_ERR_PEER once the peer process exited or the region was aborted. */
 st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms);
+/* How long every host wait of this process spins before it sleeps on a futex: the tunable
+ * XFER_SPIN_US, by default 2 ms in a role that drives a GPU (its host has a core to spare: it spins
+ * through the gap between two layers, so a hand-off costs no kernel wake-up) and 30 µs otherwise
+ * (also before any call). Called once at a role's start, before its threads. */
+void st_xfer_set_spin(bool gpu_role);
 /* Non-blocking: true when the flag at flag_off reached seq now. */
 bool st_xfer_test_host(const st_xfer_region_t *r, size_t flag_off, uint32_t seq);
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Attention–expert disaggregation on ONE H200: the attention worker and the expert server as two
+# processes on the same GPU, against the one-process engine measured in the same run.
+#   one process : bench_gpu_e2e (prefill of one 8K prompt; greedy decode steps at batch 1, 32, 256)
+#   two process : strata up --preset small --attn-device cuda:0 --expert-device cuda:0, the same loads,
+#                 mean step from the coordinator's /status (what the worker reports per step)
+# Prints RESULT afd_1gpu_step_ratio_b1 / _b32 / _b256 / _prefill8k (two processes / one process) and
+# per MoE layer (small: 11 of its 12 layers): send (pack + post), wait (all of it), of which server
+# compute and transfer, and the worker's combine, in µs.
+# usage (device machine, slim build carried as in scripts/gpu-run.sh): bench/gpu/bench_afd_1gpu.sh BUILD OUTDIR
+# Env: MB=n (--micro-batches), GEN (decode tokens per request, default 64), MPS=1 (both processes
+# under the CUDA MPS daemon: one GPU context, no time-slicing between them), E2E_LOG=FILE (reuse the
+# one-process figures of an earlier bench_gpu_e2e run: diagnosis only), TAG (a label for the lines).
+set -u
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build-slim}; OUT=${2:-/tmp/afd}; mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/$BUILD/lib:/usr/local/cuda/lib64 UCX_MODULE_DIR=$PWD/$BUILD/lib/ucx
+B=$PWD/$BUILD/bin GEN=${GEN:-64} MOE_LAYERS=11
+export STRATA_STATE=/tmp/st-afd
+E2E=${E2E_LOG:-$OUT/e2e.log} TAG=${TAG:-}
+if [ -z "${E2E_LOG:-}" ]; then timeout 400 $B/bench_gpu_e2e > "$E2E" 2>&1; echo "bench_gpu_e2e rc=$?"; fi
+one() { sed -n "s/^RESULT e2e_small_$1 .*(step \([0-9.]*\) ms mean.*/\1/p; s/^RESULT e2e_small_$1 .*(\([0-9.]*\) ms for .*/\1/p" "$E2E" | head -1; }
+mps_stop() { [ -n "${MPS:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; }
+if [ -n "${MPS:-}" ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/afd-mps CUDA_MPS_LOG_DIRECTORY=/tmp/afd-mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d || { echo "MPS=1: nvidia-cuda-mps-control -d failed"; exit 1; }
+fi
+trap mps_stop EXIT
+rm -rf $STRATA_STATE
+timeout 200 $B/strata up --preset small --experts 1 --workers 1 --attn-device cuda:0 --expert-device cuda:0 \
+    --max-seqs 256 --max-batch-tokens 8192 --max-ctx 8448 ${MB:+--micro-batches $MB} > "$OUT/up$TAG.log" 2>&1 || { echo "strata up failed"; cat "$OUT/up$TAG.log"; exit 1; }
+http=$(sed -n 's/^http=//p' $STRATA_STATE/cluster.env)
+snap() { python3 - "$http" <<'PY'
+import json, sys, urllib.request
+s = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/status"))["step_ms"]
+n = s["steps"]
+print(n, *(s[k] * n for k in ("attention", "dispatch", "wait", "network", "expert", "combine", "thresholds")))
+PY
+}
+# $1 key, $2 concurrent requests, $3 prompt tokens, $4 generated tokens, $5 one-process ms (step or prefill);
+# the load comes from one process (bench/load.py): 256 client processes would compete with the servers
+load() {
+  local b a
+  b=$(snap)
+  python3 bench/load.py "$http" "$2" "$3" "$4" $((100 * $3)) >> "$OUT/load$TAG.err" 2>&1
+  sleep 0.3; a=$(snap)
+  python3 - "$TAG$1" "$5" "$MOE_LAYERS" "$b" "$a" <<'PY' | tee -a "$OUT/afd$TAG.txt"
+import sys
+key, one, L = sys.argv[1], sys.argv[2], int(sys.argv[3])
+b = list(map(float, sys.argv[4].split())); a = list(map(float, sys.argv[5].split()))
+d = [x - y for x, y in zip(a, b)]
+steps = max(d[0], 1); att, dis, wait, net, exp, comb, thr = (v / steps for v in d[1:8])
+step = att + dis + wait + comb + thr
+prefill = key.endswith("prefill8k")
+two = step * steps if prefill else step  # prefill: all steps of the one prompt
+us = lambda v: 1e3 * v / L
+print(f"afd {key}: two processes {two:.3f} ms ({steps:.0f} steps), per MoE layer: send {us(dis):.1f} us, wait {us(wait):.1f} us "
+      f"(server compute {us(exp):.1f}, transfer {us(net):.1f}), combine {us(comb):.1f} us; attention {att:.3f} ms/step")
+if one:
+    print(f"RESULT afd_1gpu_step_ratio_{key} {two / float(one):.2f} (two processes {two:.3f} ms / one process {float(one):.3f} ms)")
+else:
+    print(f"RESULT afd_1gpu_step_ratio_{key} n/a (one-process figure missing from e2e.log)")
+PY
+}
+load prefill8k 1 8192 1 "$(one prefill_8k)"
+load prefill8k 1 8192 1 "$(one prefill_8k)" # the first one warms the worker (allocations, cuBLAS)
+for b in 1 32 256; do
+  load warm$b "$b" 16 4 "" > /dev/null
+  load b$b "$b" 16 "$GEN" "$(one decode_b${b}_greedy)"
+done
+{ echo "== loads (ok, failed, errors)"; cat "$OUT/load$TAG.err"
+  for f in $STRATA_STATE/*.log; do echo "== $f: warnings"; grep -E "WARN|ERROR" "$f" | tail -8; echo "== $f: last lines"; tail -4 "$f"; done
+} >> "$OUT/afd$TAG.txt"; rm -f "$OUT/load$TAG.err"
+timeout 30 $B/strata down
