@@ -22,6 +22,7 @@
 #define MLA_DIRECT_MIN 16 /* prompt chunks of at least this many tokens take the MLA direct form (mla_direct) */
 #define LOGIT_ROWS 256    /* lm_head rows per chunk */
 #define EGPU_GRAPHS 32 /* decode step graphs kept (graph_step) */
+#define EGPU_SEGS 512  /* micro-batch launch graphs kept (segment) */
 #define EG_AR_FOLD_T 128 /* block-start norm folded into the AttnRes phase-1 launch up to this many tokens */
 #define EG_SLOTS_CAP 256 /* routed slots the per-slot expert FFN may take (its h scratch) */
 
@@ -103,6 +104,22 @@ typedef struct {
         uint64_t used;
     } gr[EGPU_GRAPHS];
     uint64_t gr_clock;
+    /* a micro-batch's launches (segment): its walk from a layer to the next hand-off, one graph per
+     * (micro-batch, start, tokens, MLA split bound), captured once the micro-batch ran the same shape
+     * twice in a row; the state after the walk, restored on replay */
+    struct {
+        const void *mb;
+        int l0, T, lb, nb0;
+        bool wait0, fresh0, ld0, so0; /* ld0, so0: the local experts' output at the start (moe_finish reads it) */
+        int l_end;        /* the layer whose routing the graph holds (-1: none) */
+        unsigned sig;     /* route_sig of l_end at capture */
+        int l, nb, pend;
+        bool waiting, local_done, slot_order, counted, banded;
+        st_moe_work_t work;
+        void *exec;
+        uint64_t used;
+    } seg[EGPU_SEGS];
+    uint64_t seg_clock;
 } cu_t;
 
 typedef struct {
@@ -152,6 +169,14 @@ typedef struct {
     bool fresh;   /* begun, metadata not yet queued (queue_begin) */
     bool local_done;
     bool slot_order; /* local_done by st_cuda_moe_ffn_slots: yg in slot order, not grouped */
+    /* segment graphs: the previous step's shape; stable: this step has it too; capturing: a walk
+     * is being captured (its event records and cross-stream waits are queued around the graph) */
+    int prev_T, prev_lb;
+    bool stable, capturing;
+    struct {
+        int l, nb;
+        bool waiting, fresh, local_done, slot_order;
+    } cap0;
 } cmb_t;
 
 #define CU(e) ((cu_t *)(e)->bk)
@@ -351,6 +376,7 @@ static void cu_free(st_engine_t *e) {
     for (int i = 0; i < g->n_allocs; i++) st_gpu_free(g->allocs[i]);
     free(g->allocs);
     for (int i = 0; i < EGPU_GRAPHS; i++) st_gpu_graph_destroy(g->gr[i].exec);
+    for (int i = 0; i < EGPU_SEGS; i++) st_gpu_graph_destroy(g->seg[i].exec);
     st_gpu_events_destroy(&g->open_ev, 1);
     st_gpu_events_destroy(&g->chain_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
@@ -661,6 +687,8 @@ static void begin(st_engine_mb_t *fm) {
         while (b < mb->max_len && b < e->o.max_ctx) b *= 2;
         mb->max_len = ST_MIN(b, e->o.max_ctx);
     }
+    mb->stable = mb->all_decode && T == mb->prev_T && mb->max_len == mb->prev_lb;
+    mb->prev_T = mb->all_decode ? T : -1, mb->prev_lb = mb->max_len;
 }
 
 /* Micro-batches (not st_engine_step's) run their compute one after another in launch order: each
@@ -671,16 +699,16 @@ static void begin(st_engine_mb_t *fm) {
  * copies overlap the next one's compute. It also keeps the engine-wide MLA scratch (mla_ws, the
  * direct-form buffers) to one micro-batch at a time. */
 static void chain_wait(cmb_t *mb) {
-    if (!mb->fm->internal) CK(st_gpu_stream_wait(mb->s, mb->g->chain_ev));
+    if (!mb->fm->internal && !mb->capturing) CK(st_gpu_stream_wait(mb->s, mb->g->chain_ev));
 }
 static void chain_record(cmb_t *mb) {
-    if (!mb->fm->internal) CK(st_gpu_event_record(mb->g->chain_ev, mb->s));
+    if (!mb->fm->internal && !mb->capturing) CK(st_gpu_event_record(mb->g->chain_ev, mb->s));
 }
 
 /* The start of a step's device work (in launch, so that a graph captures it): metadata up, embed. */
 static void queue_begin(cmb_t *mb) {
     cu_t *g = mb->g;
-    if (mb->s != &g->s) { /* after the state resets of seq_reset */
+    if (mb->s != &g->s && !mb->capturing) { /* after the state resets of seq_reset */
         CK(st_gpu_event_record(g->open_ev, &g->s));
         CK(st_gpu_stream_wait(mb->s, g->open_ev));
     }
@@ -991,7 +1019,7 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     CK(st_gpu_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->wts_h, mb->wts, (size_t)T * kc * sizeof(float), ST_GPU_COPY_D2H));
-    CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
+    if (!mb->capturing) CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
                          .wts = mb->wts_h, .tok_ent = mb->meta_h + T, .out = mb->out_h, .u = mb->u_h};
 }
@@ -1115,7 +1143,7 @@ static void launch_end(st_engine_mb_t *fm) {
     int d = fm->e->c.d;
     gtrace(mb, fm->e->c.n_layers, ST_TRACE_PARTIAL_IN, mb->partial, false, d, d, true);
     chain_record(mb);
-    if (!fm->internal) CK(st_gpu_event_record(mb->ev, mb->s));
+    if (!fm->internal && !mb->capturing) CK(st_gpu_event_record(mb->ev, mb->s));
 }
 
 static bool ready(st_engine_mb_t *fm) { return st_gpu_event_done(CMB(fm)->ev); }
@@ -1239,6 +1267,10 @@ void st_engine_cuda_set_graphs(st_engine_t *e, bool on) {
         st_gpu_graph_destroy(g->gr[i].exec);
         g->gr[i].exec = NULL;
     }
+    for (int i = 0; i < EGPU_SEGS; i++) {
+        st_gpu_graph_destroy(g->seg[i].exec);
+        g->seg[i].exec = NULL;
+    }
 }
 
 /* A decode step's layers as a CUDA graph: the same launches (metadata copy from the pinned buffer,
@@ -1289,6 +1321,126 @@ static void graph_step(st_engine_mb_t *fm) {
     fm->waiting = false, mb->fresh = false;
 }
 
+/* ------------------------------------------------------------------ micro-batch launches as CUDA graphs */
+
+/* What a graph of a walk ending at MoE layer l holds of the routing: route's branch (quantile or
+ * top-k, on the device or the host) and observe's copies (counted, banded). */
+static unsigned route_sig(const cu_t *g, int l) {
+    const st_engine_t *e = g->e;
+    if (l < 0) return 0;
+    return (unsigned)st_engine_route_quantile(e, l) | (unsigned)device_quantile(g, l) << 1 |
+           (unsigned)st_engine_counted(e, l) << 2 | (unsigned)(st_engine_probe_row(e, l) != NULL) << 3;
+}
+
+/* The MoE layer where a walk from (l, waiting) hands off, or -1 when it runs to the end. */
+static int seg_end_layer(const st_engine_mb_t *fm) {
+    const st_config_t *c = &fm->e->c;
+    for (int l = fm->l + (fm->waiting ? 1 : 0); l < c->n_layers; l++)
+        if (st_config_is_moe_layer(c, l)) return l;
+    return -1;
+}
+
+static int seg_find(const cu_t *g, const cmb_t *mb) {
+    const st_engine_mb_t *fm = mb->fm;
+    for (int i = 0; i < EGPU_SEGS; i++)
+        if (g->seg[i].exec && g->seg[i].mb == mb && g->seg[i].l0 == fm->l && g->seg[i].wait0 == fm->waiting &&
+            g->seg[i].fresh0 == mb->fresh && g->seg[i].T == fm->T && g->seg[i].lb == mb->max_len &&
+            g->seg[i].nb0 == fm->nb && g->seg[i].ld0 == mb->local_done && g->seg[i].so0 == mb->slot_order &&
+            g->seg[i].sig == route_sig(g, g->seg[i].l_end))
+            return i;
+    return -1;
+}
+
+/* What a micro-batch's graph cannot hold, queued around it on the stream: the wait for seq_reset's
+ * state resets (first launch of a step) and for the previous micro-batch's compute (chain_wait)
+ * before; the chain and the collect event after. */
+static void seg_before(cmb_t *mb, bool fresh) {
+    cu_t *g = mb->g;
+    if (fresh && mb->s != &g->s) {
+        CK(st_gpu_event_record(g->open_ev, &g->s));
+        CK(st_gpu_stream_wait(mb->s, g->open_ev));
+    }
+    chain_wait(mb);
+}
+static void seg_after(cmb_t *mb) {
+    chain_record(mb);
+    CK(st_gpu_event_record(mb->ev, mb->s));
+}
+
+/* A micro-batch's launch (the frontend's walk to its next hand-off) replayed as a CUDA graph
+ * (engine_impl.h, segment): decode micro-batches of a shape seen at the previous step too (a batch
+ * whose size changes every step would capture at every step), with no host round trip inside the
+ * walk (route hook, trace, routing on the host). The graph reads the step's metadata, tokens and
+ * the hand-off's pinned buffers at fixed addresses; thresholds are read from the device, so new
+ * values need no new capture, only a change of a layer's routing branch does (route_sig). */
+static bool segment(st_engine_mb_t *fm, int op) {
+    cmb_t *mb = CMB(fm);
+    cu_t *g = mb->g;
+    st_engine_t *e = g->e;
+    if (op == ST_SEG_REPLAY || op == ST_SEG_CAPTURE) {
+        if (!g->graphs || fm->internal || !mb->all_decode || !mb->stable || e->hook || e->trace) return false;
+        if (op == ST_SEG_REPLAY) {
+            int i = seg_find(g, mb);
+            if (i < 0) return false;
+            if (st_gpu_init(e->o.device) != ST_OK && fm->err == ST_OK) fm->err = ST_ERR_INTERNAL;
+            seg_before(mb, mb->fresh);
+            CK(st_gpu_graph_launch(g->seg[i].exec, mb->s));
+            seg_after(mb);
+            g->seg[i].used = ++g->seg_clock;
+            fm->l = g->seg[i].l, fm->nb = g->seg[i].nb, fm->pend = g->seg[i].pend, fm->waiting = g->seg[i].waiting;
+            fm->work = g->seg[i].work;
+            mb->local_done = g->seg[i].local_done, mb->slot_order = g->seg[i].slot_order;
+            mb->counted = g->seg[i].counted, mb->banded = g->seg[i].banded;
+            mb->fresh = false;
+            return true;
+        }
+        int le = seg_end_layer(fm);
+        unsigned sig = route_sig(g, le);
+        if ((sig & 1u) && !(sig & 2u)) return false; /* routed on the host: a sync inside the walk */
+        if (st_gpu_init(e->o.device) != ST_OK) return false;
+        mb->cap0.l = fm->l, mb->cap0.nb = fm->nb, mb->cap0.waiting = fm->waiting, mb->cap0.fresh = mb->fresh;
+        mb->cap0.local_done = mb->local_done, mb->cap0.slot_order = mb->slot_order;
+        seg_before(mb, mb->fresh);
+        if (st_gpu_capture_begin(mb->s) != ST_OK) {
+            g->graphs = false;
+            st_log_warn("gpu engine: micro-batch graph capture failed (%s); graphs off", st_err_last());
+            return false;
+        }
+        mb->capturing = true;
+        return true;
+    }
+    /* ST_SEG_END */
+    void *exec = NULL;
+    st_status_t se = st_gpu_capture_end(mb->s, &exec);
+    mb->capturing = false;
+    if (se != ST_OK || fm->err != ST_OK) {
+        st_log_warn("gpu engine: micro-batch graph capture failed (%s); graphs off", st_err_last());
+        st_gpu_graph_destroy(exec);
+        g->graphs = false;
+        fm->err = ST_OK; /* nothing ran: the walk runs again, plainly (its own errors count) */
+        mb->fresh = mb->cap0.fresh, mb->local_done = mb->cap0.local_done, mb->slot_order = mb->cap0.slot_order;
+        return false;
+    }
+    int v = 0;
+    for (int i = 1; i < EGPU_SEGS; i++)
+        if (!g->seg[i].exec || (g->seg[v].exec && g->seg[i].used < g->seg[v].used)) v = i;
+    st_gpu_graph_destroy(g->seg[v].exec);
+    int le = fm->pend == 1 ? fm->l : -1;
+    g->seg[v].mb = mb, g->seg[v].l0 = mb->cap0.l, g->seg[v].nb0 = mb->cap0.nb, g->seg[v].wait0 = mb->cap0.waiting;
+    g->seg[v].fresh0 = mb->cap0.fresh, g->seg[v].T = fm->T, g->seg[v].lb = mb->max_len;
+    g->seg[v].ld0 = mb->cap0.local_done, g->seg[v].so0 = mb->cap0.slot_order;
+    g->seg[v].l_end = le, g->seg[v].sig = route_sig(g, le);
+    g->seg[v].l = fm->l, g->seg[v].nb = fm->nb, g->seg[v].pend = fm->pend, g->seg[v].waiting = fm->waiting;
+    g->seg[v].work = fm->work;
+    g->seg[v].local_done = mb->local_done, g->seg[v].slot_order = mb->slot_order;
+    g->seg[v].counted = mb->counted, g->seg[v].banded = mb->banded;
+    g->seg[v].exec = exec;
+    g->seg[v].used = ++g->seg_clock;
+    CK(st_gpu_graph_launch(exec, mb->s));
+    seg_after(mb);
+    return true;
+}
+
 const st_engine_backend_t st_engine_backend_cuda = {
     .name = "cuda",
     .async = true,
@@ -1319,4 +1471,5 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .ready = ready,
     .head = head,
     .step = graph_step,
+    .segment = segment,
 };

@@ -406,6 +406,10 @@ static void walk(st_engine_mb_t *mb) {
     const st_config_t *c = &e->c;
     int B = c->attn_res_block;
     if (!mb->busy || mb->pend) return;
+    if (be->segment && be->segment(mb, ST_SEG_REPLAY)) return;
+    int l0 = mb->l, nb0 = mb->nb;
+    bool waiting0 = mb->waiting, cap = be->segment && be->segment(mb, ST_SEG_CAPTURE);
+again:
     if (be->launch_begin) be->launch_begin(mb);
     if (mb->waiting) { /* the experts of layer l are back */
         be->moe_finish(mb, mb->l);
@@ -440,10 +444,17 @@ static void walk(st_engine_mb_t *mb) {
         if (be->handoff) be->handoff(mb, l, &mb->work);
         mb->waiting = true;
         mb->pend = 1;
-        return;
+        break;
     }
-    if (be->launch_end) be->launch_end(mb);
-    mb->pend = 2;
+    if (!mb->pend) {
+        if (be->launch_end) be->launch_end(mb);
+        mb->pend = 2;
+    }
+    if (cap && !be->segment(mb, ST_SEG_END)) { /* nothing ran: the same walk, launched plainly */
+        cap = false;
+        mb->l = l0, mb->nb = nb0, mb->waiting = waiting0, mb->pend = 0;
+        goto again;
+    }
 }
 
 /* The head and the step's bookkeeping. */

@@ -171,7 +171,14 @@ struct st_engine_backend {
      * in row chunks samples each chunk there and leaves this NULL (the CUDA one) */
     void (*sample)(st_engine_mb_t *mb);
     void (*step)(st_engine_mb_t *mb);         /* st_engine_step after begin: e.g. replay a captured step */
+    /* a micro-batch's launch (the walk from its state to the next hand-off or the end) as one unit:
+     * ST_SEG_REPLAY queues a captured one and sets the state the walk would leave (true), or does
+     * nothing (false); ST_SEG_CAPTURE starts capturing the walk that follows (true) or declines;
+     * ST_SEG_END ends that capture, keeps it and queues it (true), or returns false when the
+     * capture failed: nothing ran, and the walk is to run again from the state before it */
+    bool (*segment)(st_engine_mb_t *mb, int op);
 };
+enum { ST_SEG_REPLAY, ST_SEG_CAPTURE, ST_SEG_END };
 
 extern const st_engine_backend_t st_engine_backend_cpu;  /* backend_cpu.c */
 extern const st_engine_backend_t st_engine_backend_cuda; /* backend_cuda.c (built with CUDA) */
