@@ -25,7 +25,8 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
     p->tag = malloc(M * sizeof(int));
     p->head = calloc(M, 1);
     p->tid = malloc(M * sizeof(uint32_t));
-    if (!p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out || !p->node ||
+    p->ecur = malloc((size_t)(n_experts > 0 ? n_experts : 1) * sizeof(int));
+    if (!p->ecur || !p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out || !p->node ||
         !p->n_uniq || !p->src || !p->utok || !p->mark || !p->slot_row || !p->tag || !p->head || !p->tid) {
         st_dispatch_plan_cleanup(p);
         return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch plan for %d servers × %d rows", n_servers, max_rows);
@@ -51,6 +52,7 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
     free(p->tag);
     free(p->head);
     free(p->tid);
+    free(p->ecur);
     memset(p, 0, sizeof *p);
 }
 
@@ -99,27 +101,33 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
         }
         split(p, id, p->tag, 0, c, 32, t * kc);
     }
-    /* experts ascending; for each expert its tokens ascending: one pass per expert keeps it simple
-     * and the order canonical (n × T·kc is small next to the expert FFNs) */
-    for (int e = 0; e < n; e++) {
-        int s = server_of[e];
-        if (s < 0) continue;
-        int start = p->n_rows[s];
-        for (int t = 0; t < w->T; t++)
-            for (int i = 0; i < w->cnt[t]; i++) {
-                int k = t * kc + i;
-                if (w->ids[k] != e || p->slot_row[k] < 0) continue;
-                size_t r = (size_t)s * p->max_rows + p->n_rows[s]++;
-                p->pair[r] = k;
-                p->orow[r] = (uint32_t)p->slot_row[k];
-            }
-        if (p->n_rows[s] > start) {
-            int k = p->n_exp[s]++;
-            p->exp_ids[(size_t)s * n + k] = (uint32_t)e;
-            p->offsets[(size_t)s * (n + 1) + k] = (uint32_t)start;
-            p->offsets[(size_t)s * (n + 1) + k + 1] = (uint32_t)p->n_rows[s];
+    /* experts ascending; for each expert its tokens ascending: a counting sort of the sent leaves
+     * by expert (stable in slot order, which is token order) */
+    int *ec = p->ecur;
+    memset(ec, 0, sizeof(int) * (size_t)n);
+    for (int t = 0; t < w->T; t++)
+        for (int i = 0; i < w->cnt[t]; i++) {
+            int k = t * kc + i;
+            if (p->slot_row[k] >= 0 && server_of[w->ids[k]] >= 0) ec[w->ids[k]]++;
         }
+    for (int e = 0; e < n; e++) {
+        int s = server_of[e], c = ec[e];
+        if (s < 0 || c == 0) continue;
+        int start = p->n_rows[s], k = p->n_exp[s]++;
+        p->exp_ids[(size_t)s * n + k] = (uint32_t)e;
+        p->offsets[(size_t)s * (n + 1) + k] = (uint32_t)start;
+        p->offsets[(size_t)s * (n + 1) + k + 1] = (uint32_t)(start + c);
+        p->n_rows[s] = start + c;
+        ec[e] = start; /* now the expert's next row */
     }
+    for (int t = 0; t < w->T; t++)
+        for (int i = 0; i < w->cnt[t]; i++) {
+            int k = t * kc + i, e = w->ids[k], s;
+            if (p->slot_row[k] < 0 || (s = server_of[e]) < 0) continue;
+            size_t r = (size_t)s * p->max_rows + (size_t)ec[e]++;
+            p->pair[r] = k;
+            p->orow[r] = (uint32_t)p->slot_row[k];
+        }
     /* each server's distinct tokens, in order of first use */
     for (int s = 0; s < S; s++) {
         const int *pr = p->pair + (size_t)s * p->max_rows;

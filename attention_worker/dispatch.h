@@ -30,6 +30,7 @@ typedef struct {
     int *mark;         /* [max_rows] scratch (−1 between builds) */
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
+    int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */
     uint8_t *head;     /* [max_rows] slot holds a node value in w->out (st_dispatch_unpack) */
     uint32_t *tid;     /* [max_rows] scratch of st_dispatch_finish */
 } st_dispatch_plan_t;
