@@ -30,6 +30,7 @@ trap mps_stop EXIT
 rm -rf $STRATA_STATE
 timeout 200 $B/strata up --preset small --experts 1 --workers 1 --attn-device cuda:0 --expert-device cuda:0 \
     --max-seqs 256 --max-batch-tokens 8192 --max-ctx 8448 ${MB:+--micro-batches $MB} > "$OUT/up$TAG.log" 2>&1 || { echo "strata up failed"; cat "$OUT/up$TAG.log"; exit 1; }
+rm -f "$OUT/up$TAG.log"
 http=$(sed -n 's/^http=//p' $STRATA_STATE/cluster.env)
 snap() { python3 - "$http" <<'PY'
 import json, sys, urllib.request
