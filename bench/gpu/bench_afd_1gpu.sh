@@ -58,14 +58,12 @@ two = step * steps if prefill else step  # prefill: all steps of the one prompt
 us = lambda v: 1e3 * v / L
 print(f"afd {key}: two processes {two:.3f} ms ({steps:.0f} steps), per MoE layer: send {us(dis):.1f} us, wait {us(wait):.1f} us "
       f"(server compute {us(exp):.1f}, transfer {us(net):.1f}), combine {us(comb):.1f} us; attention {att:.3f} ms/step")
-if one:
+if one:  # warm-up loads pass none
     print(f"RESULT afd_1gpu_step_ratio_{key} {two / float(one):.2f} (two processes {two:.3f} ms / one process {float(one):.3f} ms)")
-else:
-    print(f"RESULT afd_1gpu_step_ratio_{key} n/a (one-process figure missing from e2e.log)")
 PY
 }
+load warm_prefill8k 1 8192 1 "" # warms the worker (allocations, cuBLAS)
 load prefill8k 1 8192 1 "$(one prefill_8k)"
-load prefill8k 1 8192 1 "$(one prefill_8k)" # the first one warms the worker (allocations, cuBLAS)
 for b in 1 32 256; do
   load warm$b "$b" 16 4 "" > /dev/null
   load b$b "$b" 16 "$GEN" "$(one decode_b${b}_greedy)"
