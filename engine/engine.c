@@ -410,6 +410,7 @@ static void walk(st_engine_mb_t *mb) {
     int l0 = mb->l, nb0 = mb->nb;
     bool waiting0 = mb->waiting, cap = be->segment && be->segment(mb, ST_SEG_CAPTURE);
 again:
+    if (!be->async) mb->ts = st_time_sec(); /* since the hand-off: the executor's time, not a stage's */
     if (be->launch_begin) be->launch_begin(mb);
     if (mb->waiting) { /* the experts of layer l are back */
         be->moe_finish(mb, mb->l);
