@@ -267,5 +267,14 @@ int main(void) {
     test_peer_killed(0);
     test_peer_killed(1);
     test_pingpong();
+    /* the same with every wait asleep at once (XFER_SPIN_US 0: the futex path) and with the 2 ms spin
+     * of a GPU role (the forked child inherits the setting) */
+    const char *spins[] = {"0", "2000"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(st_tun_set("XFER_SPIN_US", spins[i]) == ST_OK, "XFER_SPIN_US=%s: %s", spins[i], st_err_last());
+        st_xfer_set_spin(false);
+        printf("XFER_SPIN_US=%s: ", spins[i]);
+        test_pingpong();
+    }
     return st_test_done();
 }
