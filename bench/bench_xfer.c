@@ -29,16 +29,6 @@ typedef struct {
     int iters;
 } cmd_t;
 
-static int rd_all(int fd, void *p, size_t n) {
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r <= 0) return -1;
-        b += r, n -= (size_t)r;
-    }
-    return 0;
-}
-static int wr_all(int fd, const void *p, size_t n) { return write(fd, p, n) == (ssize_t)n ? 0 : -1; }
 
 static void die(const char *what) {
     fprintf(stderr, "bench_xfer: %s: %s\n", what, st_err_last());
@@ -51,19 +41,19 @@ static int peer(int rd, int wr) {
     uint8_t h[ST_XFER_HANDLE_BYTES];
     if (st_xfer_region_create(ST_XFER_HOST, REGION, &in) || st_xfer_region_export(in, h)) die("peer region");
     st_xfer_region_label(in, "bench");
-    if (wr_all(wr, h, sizeof h) || rd_all(rd, h, sizeof h)) return 2;
+    if (st_fd_write_full(wr, h, sizeof h) || st_fd_read_full(rd, h, sizeof h)) return 2;
     if (st_xfer_region_open(h, sizeof h, REGION, &out)) die("peer open");
     uint8_t *src = st_xfer_region_ptr(in), *dst = st_xfer_region_ptr(out);
     uint32_t seq = 0;
     cmd_t c;
-    while (rd_all(rd, &c, sizeof c) == 0 && c.mode != 2) {
+    while (st_fd_read_full(rd, &c, sizeof c) == 0 && c.mode != 2) {
         for (int i = 0; i < c.iters; i++) {
             seq++;
             if (st_xfer_wait_host(in, F_DATA, seq, TIMEOUT_MS)) die("peer wait");
             if (c.mode == 0) memcpy(dst, src, c.size); /* the reply, as large as the request */
             if (st_xfer_signal_host(out, c.mode == 0 ? F_DATA : F_CREDIT, seq)) die("peer signal");
         }
-        if (wr_all(wr, "k", 1)) return 2;
+        if (st_fd_write_full(wr, "k", 1)) return 2;
     }
     st_xfer_region_destroy(out);
     st_xfer_region_destroy(in);
@@ -146,9 +136,9 @@ int main(int argc, char **argv) {
     uint8_t h[ST_XFER_HANDLE_BYTES];
     if (st_xfer_region_create(ST_XFER_HOST, REGION, &in) || st_xfer_region_export(in, h)) die("region");
     st_xfer_region_label(in, "bench peer");
-    if (rd_all(c2p[0], h, sizeof h)) die("peer handle");
+    if (st_fd_read_full(c2p[0], h, sizeof h)) die("peer handle");
     if (st_xfer_region_open(h, sizeof h, REGION, &out)) die("open");
-    if (st_xfer_region_export(in, h) || wr_all(p2c[1], h, sizeof h)) die("send handle");
+    if (st_xfer_region_export(in, h) || st_fd_write_full(p2c[1], h, sizeof h)) die("send handle");
     uint8_t *src = malloc(MAXB), *dst = st_xfer_region_ptr(out);
     for (size_t k = 0; k < MAXB; k++) src[k] = (uint8_t)(k * 131);
     uint32_t seq = 0;
@@ -163,7 +153,7 @@ int main(int argc, char **argv) {
         long it = (long)((256u << 20) / n);
         int iters = it > 5000 ? 5000 : it < 50 ? 50 : (int)it;
         cmd_t c = {0, n, iters};
-        if (wr_all(p2c[1], &c, sizeof c)) die("command");
+        if (st_fd_write_full(p2c[1], &c, sizeof c)) die("command");
         for (int i = 0; i < iters; i++) {
             uint64_t t0 = st_time_ns();
             seq++;
@@ -171,7 +161,7 @@ int main(int argc, char **argv) {
             if (st_xfer_signal_host(out, F_DATA, seq) || st_xfer_wait_host(in, F_DATA, seq, TIMEOUT_MS)) die("ping-pong");
             lat[i] = (double)(st_time_ns() - t0) / 1e3;
         }
-        if (rd_all(c2p[0], &ack, 1)) die("peer");
+        if (st_fd_read_full(c2p[0], &ack, 1)) die("peer");
         double sum = 0;
         for (int i = 0; i < iters; i++) sum += lat[i];
         qsort(lat, (size_t)iters, sizeof *lat, cmp_d);
@@ -180,7 +170,7 @@ int main(int argc, char **argv) {
         it = (long)((512u << 20) / n);
         iters = it > 20000 ? 20000 : it < 100 ? 100 : (int)it;
         c = (cmd_t){1, n, iters};
-        if (wr_all(p2c[1], &c, sizeof c)) die("command");
+        if (st_fd_write_full(p2c[1], &c, sizeof c)) die("command");
         uint32_t base = seq;
         uint64_t t0 = st_time_ns();
         for (int i = 0; i < iters; i++) {
@@ -192,7 +182,7 @@ int main(int argc, char **argv) {
         seq = base + (uint32_t)iters;
         if (st_xfer_wait_host(in, F_CREDIT, seq, TIMEOUT_MS)) die("last credit");
         double secs = (double)(st_time_ns() - t0) / 1e9, mbs = (double)n * iters / secs / 1e6;
-        if (rd_all(c2p[0], &ack, 1)) die("peer");
+        if (st_fd_read_full(c2p[0], &ack, 1)) die("peer");
         double am_lat50 = 0, am_lat = 0, am_bw50 = 0, am_bw = 0;
         bool have_lat = perftest("ucp_am_lat", n, &am_lat50, &am_lat);
         bool have_bw = perftest("ucp_am_bw", n, &am_bw50, &am_bw);
@@ -207,7 +197,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     cmd_t q = {2, 0, 0};
-    wr_all(p2c[1], &q, sizeof q);
+    st_fd_write_full(p2c[1], &q, sizeof q);
     int status = 0;
     waitpid(pid, &status, 0);
     st_xfer_region_destroy(out);

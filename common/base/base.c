@@ -306,6 +306,28 @@ void *st_arena_alloc(st_arena_t *a, size_t bytes) {
     return a->base + off;
 }
 
+int st_fd_read_full(int fd, void *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, (char *)buf + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+int st_fd_write_full(int fd, const void *buf, size_t n) {
+    size_t put = 0;
+    while (put < n) {
+        ssize_t k = write(fd, (const char *)buf + put, n - put);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        put += (size_t)k;
+    }
+    return 0;
+}
+
 st_status_t st_file_read_all(const char *path, char **out, size_t *len) {
     /* NOTE: O_NONBLOCK so a FIFO cannot block us; only regular files of at most 256 MiB are read */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -315,20 +337,15 @@ st_status_t st_file_read_all(const char *path, char **out, size_t *len) {
         close(fd);
         return ST_FAIL(ST_ERR_IO, "%s: not a regular file of at most 256 MiB", path);
     }
-    size_t n = (size_t)st.st_size, got = 0;
+    size_t n = (size_t)st.st_size;
     char *buf = malloc(n + 1);
     if (!buf) {
         close(fd);
         return ST_FAIL(ST_ERR_NO_MEMORY, "reading %s (%zu bytes)", path, n);
     }
-    while (got < n) {
-        ssize_t k = read(fd, buf + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
+    int short_read = st_fd_read_full(fd, buf, n);
     close(fd);
-    if (got != n) {
+    if (short_read) {
         free(buf);
         return ST_FAIL(ST_ERR_IO, "short read on %s", path);
     }

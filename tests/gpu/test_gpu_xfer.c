@@ -36,15 +36,10 @@
     } while (0)
 
 static void write_all(int fd, const void *p, size_t n) {
-    if (write(fd, p, n) != (ssize_t)n) exit(90);
+    if (st_fd_write_full(fd, p, n)) exit(90);
 }
 static void read_all(int fd, void *p, size_t n) {
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r <= 0) exit(91);
-        b += r, n -= (size_t)r;
-    }
+    if (st_fd_read_full(fd, p, n)) exit(91);
 }
 static size_t round_bytes(int i) { return (size_t)((i * 104729) % SLOT) + 1; }
 static uint8_t pat(int i, size_t k) { return (uint8_t)(i * 29 + (int)(k * 13) + (int)(k >> 9)); }

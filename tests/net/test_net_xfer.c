@@ -19,21 +19,7 @@
 #define ROUNDS 3000
 
 static void write_all(int fd, const void *p, size_t n) {
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t w = write(fd, b, n);
-        if (w <= 0) _exit(90);
-        b += w, n -= (size_t)w;
-    }
-}
-static int read_all(int fd, void *p, size_t n) {
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r <= 0) return -1;
-        b += r, n -= (size_t)r;
-    }
-    return 0;
+    if (st_fd_write_full(fd, p, n)) _exit(90);
 }
 
 static size_t round_bytes(int i) { return (size_t)((i * 7919) % SLOT) + 1; }
@@ -47,7 +33,7 @@ static int child_pingpong(int rd, int wr) {
     st_xfer_region_label(b, "parent");
     if (st_xfer_region_export(b, h) != ST_OK) return 11;
     write_all(wr, h, sizeof h);
-    if (read_all(rd, h, sizeof h)) return 12;
+    if (st_fd_read_full(rd, h, sizeof h)) return 12;
     if (st_xfer_region_open(h, sizeof h, REGION, &a) != ST_OK) return 13;
     uint8_t *in = st_xfer_region_ptr(b), *out = st_xfer_region_ptr(a);
     for (int i = 1; i <= ROUNDS; i++) {
@@ -78,7 +64,7 @@ static void test_pingpong(void) {
     CHECK(st_xfer_region_create(ST_XFER_HOST, REGION, &a) == ST_OK, "create A: %s", st_err_last());
     st_xfer_region_label(a, "child");
     CHECK(st_xfer_region_export(a, h) == ST_OK, "export A");
-    CHECK(read_all(c2p[0], hb, sizeof hb) == 0, "B's handle");
+    CHECK(st_fd_read_full(c2p[0], hb, sizeof hb) == 0, "B's handle");
     write_all(p2c[1], h, sizeof h);
     CHECK(st_xfer_region_open(hb, sizeof hb, REGION, &b) == ST_OK, "open B: %s", st_err_last());
     /* the opener unlinked B's name: nothing is left in /dev/shm for it */
@@ -122,7 +108,7 @@ static void test_peer_killed(int child_owner) {
             if (st_xfer_region_create(ST_XFER_HOST, REGION, &r) || st_xfer_region_export(r, h)) _exit(10);
             write_all(c2p[1], h, sizeof h);
         } else {
-            if (read_all(p2c[0], h, sizeof h) || st_xfer_region_open(h, sizeof h, REGION, &r)) _exit(11);
+            if (st_fd_read_full(p2c[0], h, sizeof h) || st_xfer_region_open(h, sizeof h, REGION, &r)) _exit(11);
             write_all(c2p[1], "k", 1);
         }
         for (;;) pause();
@@ -132,13 +118,13 @@ static void test_peer_killed(int child_owner) {
     uint8_t h[ST_XFER_HANDLE_BYTES];
     char ok = 0;
     if (child_owner) {
-        CHECK(read_all(c2p[0], h, sizeof h) == 0, "handle from child");
+        CHECK(st_fd_read_full(c2p[0], h, sizeof h) == 0, "handle from child");
         CHECK(st_xfer_region_open(h, sizeof h, REGION, &r) == ST_OK, "open: %s", st_err_last());
     } else {
         CHECK(st_xfer_region_create(ST_XFER_HOST, REGION, &r) == ST_OK, "create");
         CHECK(st_xfer_region_export(r, h) == ST_OK, "export");
         write_all(p2c[1], h, sizeof h);
-        CHECK(read_all(c2p[0], &ok, 1) == 0 && ok == 'k', "child opened");
+        CHECK(st_fd_read_full(c2p[0], &ok, 1) == 0 && ok == 'k', "child opened");
     }
     if (r) {
         st_xfer_region_label(r, "es-test");

@@ -16,15 +16,6 @@
 #define REP_CAP (2 * REQ_CAP)
 #define ROUNDS 4000
 
-static int rd_all(int fd, void *p, size_t n) {
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r <= 0) return -1;
-        b += r, n -= (size_t)r;
-    }
-    return 0;
-}
 
 typedef struct {
     uint32_t round, quit;
@@ -39,7 +30,7 @@ static int server(int wr) {
     uint8_t h[ST_XFER_HANDLE_BYTES];
     if (st_xfer_chan_create(SLOTS, REQ_CAP, REP_CAP, &c) || st_xfer_chan_export(c, h)) return 10;
     st_xfer_chan_label(c, "worker");
-    if (write(wr, h, sizeof h) != (ssize_t)sizeof h) return 11;
+    if (st_fd_write_full(wr, h, sizeof h)) return 11;
     int idle = 0;
     for (;;) {
         uint32_t s;
@@ -76,7 +67,7 @@ static void test_rounds(void) {
     close(p[1]);
     uint8_t h[ST_XFER_HANDLE_BYTES];
     st_xfer_chan_t *c = NULL;
-    CHECK(rd_all(p[0], h, sizeof h) == 0, "handle");
+    CHECK(st_fd_read_full(p[0], h, sizeof h) == 0, "handle");
     CHECK(st_xfer_chan_open(h, sizeof h, &c) == ST_OK, "open: %s", st_err_last());
     if (!c) return;
     CHECK(st_xfer_chan_slots(c) == SLOTS && st_xfer_chan_req_cap(c) == REQ_CAP && st_xfer_chan_rep_cap(c) == REP_CAP,

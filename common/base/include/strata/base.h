@@ -193,6 +193,10 @@ int st_help_version(int argc, char **argv, const char *prog, void (*usage_to)(FI
 int st_parse_str_flag(const char *const *names, const char **const *dst, size_t n, int argc, char **argv, int *i);
 
 /* ---- small file helpers ---- */
+/* Reads exactly n bytes (EINTR retried): 0, or -1 at an error or an end of file before them. */
+int st_fd_read_full(int fd, void *buf, size_t n);
+/* Writes all n bytes (EINTR retried): 0, or -1 on an error. */
+int st_fd_write_full(int fd, const void *buf, size_t n);
 st_status_t st_file_read_all(const char *path, char **out, size_t *len); /* NUL-terminated, caller frees */
 st_status_t st_file_write_all(const char *path, const void *data, size_t len);
 
