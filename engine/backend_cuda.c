@@ -176,6 +176,7 @@ typedef struct {
     struct {
         int l, nb;
         bool waiting, fresh, local_done, slot_order;
+        st_status_t err; /* the step's first error before the capture */
     } cap0;
 } cmb_t;
 
@@ -1401,6 +1402,7 @@ static bool segment(st_engine_mb_t *fm, int op) {
         mb->cap0.l = fm->l, mb->cap0.nb = fm->nb, mb->cap0.waiting = fm->waiting, mb->cap0.fresh = mb->fresh;
         mb->cap0.local_done = mb->local_done, mb->cap0.slot_order = mb->slot_order;
         seg_before(mb, mb->fresh);
+        mb->cap0.err = fm->err;
         if (st_gpu_capture_begin(mb->s) != ST_OK) {
             g->graphs = false;
             st_log_warn("gpu engine: micro-batch graph capture failed (%s); graphs off", st_err_last());
@@ -1413,11 +1415,11 @@ static bool segment(st_engine_mb_t *fm, int op) {
     void *exec = NULL;
     st_status_t se = st_gpu_capture_end(mb->s, &exec);
     mb->capturing = false;
-    if (se != ST_OK || fm->err != ST_OK) {
+    if (se != ST_OK || fm->err != mb->cap0.err) {
         st_log_warn("gpu engine: micro-batch graph capture failed (%s); graphs off", st_err_last());
         st_gpu_graph_destroy(exec);
         g->graphs = false;
-        fm->err = ST_OK; /* nothing ran: the walk runs again, plainly (its own errors count) */
+        fm->err = mb->cap0.err; /* nothing ran: the walk runs again, plainly (its own errors count) */
         mb->fresh = mb->cap0.fresh, mb->local_done = mb->cap0.local_done, mb->slot_order = mb->cap0.slot_order;
         return false;
     }

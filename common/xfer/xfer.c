@@ -41,7 +41,7 @@ typedef struct {
     uint32_t opened;   /* 0 → 1 by the one opener */
 } xfer_shm_hdr_t;
 
-/* spin before sleeping: a peer answering within the spin is never slept on (st_xfer_set_spin_us) */
+/* spin before sleeping: a peer answering within the spin is never slept on (st_xfer_set_spin) */
 static uint64_t g_spin_ns = 30000u; /* set at a role's start, before its threads */
 #define XFER_SLICE_NS 1000000u    /* a sleeping waiter checks abort, peer and deadline every 1 ms */
 

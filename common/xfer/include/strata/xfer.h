@@ -72,7 +72,7 @@ st_status_t st_xfer_put_host(st_xfer_region_t *r, size_t off, const void *src, s
 /* Stores seq into the flag at flag_off (after every write before it: release) and wakes sleepers. */
 st_status_t st_xfer_signal_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq);
 /* Returns ST_OK once the flag at flag_off reached seq (acquire: the signaller's writes are visible),
- * spinning first (st_xfer_set_spin_us) and then sleeping on a futex; ST_ERR_TIMEOUT after timeout_ms (> 0),
+ * spinning first (st_xfer_set_spin) and then sleeping on a futex; ST_ERR_TIMEOUT after timeout_ms (> 0),
  * ST_ERR_PEER once the peer process exited or the region was aborted. */
 st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms);
 /* How long every host wait of this process spins before it sleeps on a futex: the tunable
