@@ -144,14 +144,15 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
 }
 
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
-                      float *wts, float *rows) {
+                      float *wts, void *rows) {
     size_t base = (size_t)s * p->max_rows;
     const int *ut = p->utok + base;
     memcpy(src, p->src + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
     memcpy(orow, p->orow + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
     for (int r = 0; r < p->n_rows[s]; r++) wts[r] = w->wts[p->pair[base + r]];
-    for (int u = 0; u < p->n_uniq[s]; u++)
-        memcpy(rows + (size_t)u * w->ew, w->z + (size_t)ut[u] * w->ew, sizeof(float) * (size_t)w->ew);
+    size_t rb = (w->zb ? sizeof *w->zb : sizeof *w->z) * (size_t)w->ew; /* a row's bytes, as the engine holds it */
+    const uint8_t *z = w->zb ? (const uint8_t *)w->zb : (const uint8_t *)w->z;
+    for (int u = 0; u < p->n_uniq[s]; u++) memcpy((uint8_t *)rows + (size_t)u * rb, z + (size_t)ut[u] * rb, rb);
 }
 
 void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, uint8_t *head) {

@@ -46,9 +46,10 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
 #define ST_DISPATCH_SKIP (-2)
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
 /* server s's parts of its dispatch: row sources → src [n_rows[s]], each pair's output row → orow and
- * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew] */
+ * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew], in the work's type (bf16
+ * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS) */
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
-                      float *wts, float *rows);
+                      float *wts, void *rows);
 /* Server s's reply rows [n_out[s], ew] → the node values in w->out (row t*kc + i: the node whose first
  * leaf is slot i), marked in head [T*kc] (the first plan's head, also for its retry plan's replies:
  * a retried node replaces one that never arrived, so the slots never clash). */

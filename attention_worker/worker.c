@@ -570,12 +570,14 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .micro_batch = (uint16_t)mb, .source_id = (uint32_t)st_member_id(aw->mem),
                                .token_count = (uint32_t)p->n_rows[s], .expert_count = (uint32_t)p->n_exp[s],
                                .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq, .unique = (uint32_t)p->n_uniq[s],
-                               .slots = (uint32_t)w->T * (uint32_t)w->kc}; /* the batch's shape (wire.h) */
-        info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
+                               .slots = (uint32_t)w->T * (uint32_t)w->kc, /* the batch's shape (wire.h) */
+                               .bf16_rows = w->zb != NULL};
+        info.payload_bytes =
+            st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique, info.bf16_rows);
         st_wire_dispatch_t v;
-        st_wire_dispatch_encode(buf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
-                                p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, info.unique, &v);
-        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
+        st_wire_dispatch_encode(buf, &info, p->exp_ids + (size_t)s * p->n_experts,
+                                p->offsets + (size_t)s * (p->n_experts + 1), &v);
+        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
         st_wire_header_encode(&info, &pd->hdr);
         aw->dispatch_bytes += info.payload_bytes + sizeof pd->hdr;
         aw->messages++;
@@ -1433,7 +1435,7 @@ static void offer_done(void *arg, st_tp_recv_t *r) {
     size_t need = aw->pay_cap;
     if (sv->capacity)
         need = ST_MIN(need, st_wire_dispatch_bytes(sv->capacity, (uint32_t)aw->c->n_experts,
-                                                   (uint32_t)st_config_expert_width(aw->c), sv->capacity));
+                                                   (uint32_t)st_config_expert_width(aw->c), sv->capacity, false));
     if (st_xfer_chan_slots(ch) < (uint32_t)aw->o.micro_batches || st_xfer_chan_req_cap(ch) < need) {
         st_log_warn("worker %s: expert server %s offered a channel too small (%u slots of %zu bytes); it stays on UCX",
                     aw->o.name, sv->name, st_xfer_chan_slots(ch), st_xfer_chan_req_cap(ch));
@@ -1894,8 +1896,9 @@ static st_status_t alloc_buffers(aw_t *aw) {
     const st_config_t *c = aw->c;
     int kc = ST_MAX(c->top_k, aw->o.routing == ST_ROUTE_QUANTILE ? (aw->o.k_max > 0 ? aw->o.k_max : 2 * c->top_k) : 0);
     int rows = aw->o.max_batch_tokens * kc, ew = st_config_expert_width(c);
-    /* the largest message either way: a distinct-row dispatch with every row distinct (≥ plain rows) */
-    aw->pay_cap = st_wire_dispatch_bytes((uint32_t)rows, (uint32_t)c->n_experts, (uint32_t)ew, (uint32_t)rows);
+    /* the largest message either way: a distinct-row dispatch with every row distinct (≥ plain rows),
+     * fp32 (≥ bf16) */
+    aw->pay_cap = st_wire_dispatch_bytes((uint32_t)rows, (uint32_t)c->n_experts, (uint32_t)ew, (uint32_t)rows, false);
     aw->R = 8;
     size_t cells = (size_t)c->n_layers * c->n_experts * aw->R;
     aw->holders = malloc(sizeof(int) * cells);

@@ -132,7 +132,7 @@ typedef struct {
     void *ev;
     st_gpu_arena_t dev, pin;
     /* device step buffers */
-    float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *zf, *eout, *lg;
+    float *aux, *partial, *blocks, *stats, *acc, *gf, *beta, *scores, *wts, *eout, *lg;
     st_bf16_t *xn, *q, *k, *v, *f, *o, *cq, *qm, *olat, *hh, *z, *xg, *hs, *un, *xf;
     /* fp32 activations between kernels (rounded to bf16 only where a GEMM reads them): GEMM
      * outputs qkv / gate / cq32 / h2 / o32 (MLA, gated), conv output cqkv, KDA q32 / k32 / v32
@@ -154,7 +154,8 @@ typedef struct {
     size_t ffn_ws_bytes;
     /* pinned host */
     int *meta_h, *ids_h, *cnt_h;
-    float *z_h, *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
+    st_bf16_t *zb_h; /* hand-off: z [T, ew] out */
+    float *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
     float *wts_h, *u_h; /* hand-off: the routing weights [T, kc] out, the combined rows [T, ew] back (remote) */
     /* threshold counts (count observer): cnt | band, [2, n] uint32 on the device and pinned; counted:
      * the layer in flight was counted, banded: with the band */
@@ -570,7 +571,7 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
         DC(ffn_ws, mb->ffn_ws_bytes);
     }
     if (!mb->fm->internal && c->n_experts > 0) {
-        DC(zf, T * ew * F); DC(eout, T * kc * ew * F);
+        DC(eout, T * kc * ew * F);
     }
     DC(xf, T * d * B2); DC(lg, LR * V * F); DC(amax_d, T * 4);
     size_t SB = M * ST_ENGINE_MAX_BIAS, ST = T * ST_SAMPLE_MAX_TOP;
@@ -587,7 +588,7 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
     PC(srow_h, T * sizeof(st_sample_row_t)); PC(sbid_h, SB * 4); PC(sbv_h, SB * F);
     PC(sid_h, T * 4); PC(slp_h, T * F); PC(stid_h, ST * 4); PC(stlp_h, ST * F);
     if (!mb->fm->internal && c->n_experts > 0) {
-        PC(z_h, T * ew * F); PC(out_h, T * kc * ew * F); PC(wts_h, T * kc * F); PC(u_h, T * ew * F);
+        PC(zb_h, T * ew * B2); PC(out_h, T * kc * ew * F); PC(wts_h, T * kc * F); PC(u_h, T * ew * F);
     }
 #undef PC
 }
@@ -1006,8 +1007,8 @@ static void experts_local(cmb_t *mb, const gl_t *G) {
                               c->situ_beta1, c->situ_beta2, mb->ffn_ws, mb->ffn_ws_bytes));
 }
 
-/* Hand-off of layer l's routed tokens: z as fp32, ids and counts into the pinned buffers, queued
- * (collect waits for mb->ev). */
+/* Hand-off of layer l's routed tokens: z as it is (bf16), ids, counts and weights into the pinned
+ * buffers, queued (collect waits for mb->ev). */
 static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     cmb_t *mb = CMB(fm);
     cu_t *g = mb->g;
@@ -1015,13 +1016,12 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     const st_gpu_stream_t *s = mb->s;
     int T = fm->T, kc = g->e->kcap, ew = st_config_expert_width(c);
     chain_record(mb);
-    CK(st_cuda_bf16_to_f32(s, mb->zf, mb->z, (size_t)T * ew));
-    CK(st_gpu_memcpy_async(s, mb->z_h, mb->zf, (size_t)T * ew * sizeof(float), ST_GPU_COPY_D2H));
+    CK(st_gpu_memcpy_async(s, mb->zb_h, mb->z, (size_t)T * ew * sizeof(st_bf16_t), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->ids_h, mb->ids, (size_t)T * kc * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->cnt_h, mb->cnt, (size_t)T * sizeof(int), ST_GPU_COPY_D2H));
     CK(st_gpu_memcpy_async(s, mb->wts_h, mb->wts, (size_t)T * kc * sizeof(float), ST_GPU_COPY_D2H));
     if (!mb->capturing) CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
-    *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .z = mb->z_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
+    *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .zb = mb->zb_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
                          .wts = mb->wts_h, .tok_ent = mb->meta_h + T, .out = mb->out_h, .u = mb->u_h};
 }
 

@@ -90,15 +90,20 @@ st_status_t st_es_compute_run(st_es_compute_t *x, int layer, uint32_t n_exp, con
     }
     st_status_t s = st_es_leaf_table(d, n_exp, x->loff, x->lrow, x->lid, x->lp);
     if (s != ST_OK) return s;
+    const float *rf = d->rows;
+    const uint16_t *rb = d->rows;
     for (uint32_t k = 0; k < n_exp; k++) {
         int n = (int)(offsets[k + 1] - offsets[k]);
         if (n == 0) continue;
         const st_expert_weights_t *w = &x->w[(size_t)layer * x->n_experts + expert_ids[k]];
-        const float *in = d->rows + (size_t)offsets[k] * ew;
-        if (d->src) { /* this expert's rows from the distinct ones */
-            for (int r = 0; r < n; r++)
-                memcpy(x->xin + (size_t)r * ew, d->rows + (size_t)d->src[offsets[k] + r] * ew, sizeof(float) * (size_t)ew);
-            in = x->xin;
+        bool gather = d->src || d->bf16; /* from the distinct rows, or widened from bf16 (exact) */
+        const float *in = gather ? x->xin : rf + (size_t)offsets[k] * ew;
+        for (int r = 0; gather && r < n; r++) {
+            size_t i = (size_t)(d->src ? d->src[offsets[k] + r] : offsets[k] + (uint32_t)r) * ew;
+            float *dst = x->xin + (size_t)r * ew;
+            if (d->bf16)
+                for (int q = 0; q < ew; q++) dst[q] = st_bf16_to_f32(rb[i + (size_t)q]);
+            else memcpy(dst, rf + i, sizeof(float) * (size_t)ew);
         }
         st_ffn(x->y + (size_t)offsets[k] * ew, in, n, &w->gate, &w->up, &w->down, c->act, c->situ_beta1, c->situ_beta2,
                x->ws);

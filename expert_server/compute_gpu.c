@@ -230,25 +230,29 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     /* the offsets, the weight table and the leaf table: one copy of the pinned block */
     CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
                            ST_GPU_COPY_H2D));
-    /* the rows as carried, straight from the caller's buffer (pinned in the server: an async DMA),
-     * with the sources in the same copy when they lie before the rows as the wire lays them out;
-     * distinct rows expanded into the grouped order on the device */
-    size_t rows_bytes = (size_t)n_in * ew * sizeof(float);
+    /* the rows as carried (fp32, or bf16 as a GPU worker sends them), straight from the caller's buffer
+     * (pinned in the server: an async DMA), with the sources in the same copy when they lie before the
+     * rows as the wire lays them out; distinct rows expanded into the grouped order on the device */
+    size_t rows_bytes = (size_t)n_in * ew * (d->bf16 ? sizeof(st_bf16_t) : sizeof(float));
+    size_t rows_pad = (rows_bytes + ST_WIRE_ALIGN - 1) / ST_WIRE_ALIGN * ST_WIRE_ALIGN;
     size_t lead = src ? (size_t)((const uint8_t *)d->rows - (const uint8_t *)src) : 0;
-    float *d_rows = g->d_in;
+    const void *d_rows = g->d_in;
     const uint32_t *d_srcs = g->d_src;
     if (src && (const uint8_t *)d->rows > (const uint8_t *)src &&
-        lead == st_wire_dispatch_bytes((uint32_t)n, n_exp, (uint32_t)ew, n_in) - st_wire_table_bytes(n_exp) - rows_bytes &&
+        lead + rows_pad == st_wire_dispatch_bytes((uint32_t)n, n_exp, (uint32_t)ew, n_in, d->bf16) -
+                               st_wire_table_bytes(n_exp) &&
         lead + rows_bytes <= g->pay_bytes && lead % 16 == 0) {
         CK(st_gpu_memcpy_async(&g->s, g->d_pay, src, lead + rows_bytes, ST_GPU_COPY_H2D));
         d_srcs = (const uint32_t *)g->d_pay;
-        d_rows = (float *)(g->d_pay + lead);
+        d_rows = g->d_pay + lead;
     } else {
-        CK(st_gpu_memcpy_async(&g->s, g->d_in, d->rows, rows_bytes, ST_GPU_COPY_H2D));
+        /* bf16 rows without sources are the FFN's input as they are */
+        CK(st_gpu_memcpy_async(&g->s, !src && d->bf16 ? (void *)g->d_in_bf : (void *)g->d_in, d->rows, rows_bytes,
+                               ST_GPU_COPY_H2D));
         if (src) CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
     }
-    if (src) CK(st_cuda_moe_expand(&g->s, g->d_in_bf, d_rows, d_srcs, (int)n, (int)n_in, g->ew));
-    else CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, d_rows, n * ew));
+    if (src) CK(st_cuda_moe_expand(&g->s, g->d_in_bf, d_rows, d->bf16, d_srcs, (int)n, (int)n_in, g->ew));
+    else if (!d->bf16) CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
     bool situ = c->act == ST_ACT_SITU;
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */

@@ -592,9 +592,9 @@ int st_es_run(const st_es_opts_t *opts) {
 #endif
     } else if (st_es_compute_init(&es->cx, es->ck, es->o.max_rows) != ST_OK)
         goto out_ck;
-    /* the largest dispatch: distinct rows, every row distinct (≥ plain rows and ≥ the reply) */
+    /* the largest dispatch: distinct fp32 rows, every row distinct (≥ plain or bf16 rows, ≥ the reply) */
     es->cap = st_wire_dispatch_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts,
-                                     (uint32_t)st_config_expert_width(c), (uint32_t)es->o.max_rows);
+                                     (uint32_t)st_config_expert_width(c), (uint32_t)es->o.max_rows, false);
     es->slots = calloc((size_t)es->o.slots, sizeof(slot_t));
     es->q_in = calloc((size_t)es->o.slots, sizeof(int));
     es->q_out = calloc((size_t)es->o.slots, sizeof(int));

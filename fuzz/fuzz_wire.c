@@ -3,9 +3,9 @@
  * a decoded header is within every ST_WIRE_MAX_* bound with payload_bytes equal to what arrived,
  * and encodes back to the same 64 bytes; a decoded dispatch has ascending expert ids, offsets that
  * partition [0, token_count), sources below `unique`, output rows below token_count with n_out one
- * past the largest, and its row views end exactly at the end of the payload (every weight and row
- * byte is read, so ASan sees any view past it); a failed decode writes nothing; a reply is exactly
- * its output rows. */
+ * past the largest, its rows (fp32, or bf16 with the flag) end within 16 bytes of the payload's end,
+ * which zero padding fills (every weight and row byte is read, so ASan sees any view past it); a
+ * failed decode writes nothing; a reply is exactly its output rows. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,8 +45,11 @@ static void check_dispatch(const st_wire_info_t *in, const uint8_t *pl) {
     FUZZ_REQUIRE(d.n_out == top && d.wts == (const float *)(d.orow + in->token_count));
     volatile float fs = 0;
     for (uint32_t r = 0; r < in->token_count; r++) fs += d.wts[r];
-    const uint8_t *end = (const uint8_t *)d.rows + n_rows * in->row_width * sizeof(float);
-    FUZZ_REQUIRE(end == pl + in->payload_bytes);
+    FUZZ_REQUIRE(d.bf16 == in->bf16_rows);
+    const uint8_t *end = (const uint8_t *)d.rows + n_rows * in->row_width * (d.bf16 ? 2u : 4u);
+    const uint8_t *pend = pl + in->payload_bytes;
+    FUZZ_REQUIRE(end <= pend && pend - end < ST_WIRE_ALIGN && (size_t)(pend - pl) % ST_WIRE_ALIGN == 0);
+    for (const uint8_t *q = end; q < pend; q++) FUZZ_REQUIRE(*q == 0);
     volatile uint8_t sink = 0;
     for (const uint8_t *q = (const uint8_t *)d.rows; q < end; q++) sink ^= *q;
     (void)sink;
@@ -76,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 in.row_width <= ST_WIRE_MAX_ROW_WIDTH && in.unique <= in.token_count && in.status == ST_OK &&
                 in.slots >= in.token_count);
         FUZZ_REQUIRE(in.payload_bytes ==
-                st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, in.unique));
+                st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, in.unique, in.bf16_rows));
         /* an exact-size, 16-byte aligned copy of the payload (UCX hands the receiver such a buffer) */
         uint8_t *pl = aligned_alloc(16, (plen + 15) / 16 * 16 + 16);
         FUZZ_REQUIRE(pl);
@@ -87,6 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case ST_WIRE_KIND_COMBINE:
         FUZZ_REQUIRE(in.token_count <= ST_WIRE_MAX_TOKENS && in.expert_count == 0 && in.unique == 0 && in.slots == 0 &&
+                !in.bf16_rows &&
                 in.row_width <= ST_WIRE_MAX_ROW_WIDTH && in.status == ST_OK &&
                 in.payload_bytes == st_wire_combine_bytes(in.token_count, in.row_width));
         break;

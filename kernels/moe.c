@@ -25,10 +25,14 @@ void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt,
             memcpy(xg + (size_t)row_of[(size_t)t * kc + i] * l, z + (size_t)t * l, (size_t)l * sizeof(float));
 }
 
-void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n, int n_in, int w) {
+void st_moe_expand(uint16_t *dst, const void *rows, bool bf16, const uint32_t *src, int n, int n_in, int w) {
+    const float *rf = rows;
+    const uint16_t *rb = rows;
     for (int r = 0; r < n; r++)
-        for (int c = 0; c < w; c++)
-            dst[(size_t)r * w + c] = src[r] < (uint32_t)n_in ? st_f32_to_bf16(rows[(size_t)src[r] * w + c]) : 0;
+        for (int c = 0; c < w; c++) {
+            size_t i = (size_t)src[r] * w + c;
+            dst[(size_t)r * w + c] = src[r] >= (uint32_t)n_in ? 0 : bf16 ? rb[i] : st_f32_to_bf16(rf[i]);
+        }
 }
 
 void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l) {

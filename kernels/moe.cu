@@ -180,16 +180,21 @@ extern "C" st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *x
 }
 
 /* grid (ceil(w / 1024), n rows), 256 threads × 4 columns */
-__global__ void moe_expand_kernel(uint2 *dst, const float4 *rows, const uint32_t *src, int n_in, int w4) {
+/* one thread per 4 columns of a row: 4 fp32 rounded, or 4 bf16 copied */
+__device__ __forceinline__ uint2 expand4(const float4 *rows, size_t i) {
+    const float4 v = rows[i];
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    return make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+__device__ __forceinline__ uint2 expand4(const uint2 *rows, size_t i) { return rows[i]; }
+template <typename R>
+__global__ void moe_expand_kernel(uint2 *dst, const R *rows, const uint32_t *src, int n_in, int w4) {
     const int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= w4) return;
     const uint32_t k = src[r];
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (k < (uint32_t)n_in) v = rows[(size_t)k * w4 + c];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    dst[(size_t)r * w4 + c] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+    dst[(size_t)r * w4 + c] = k < (uint32_t)n_in ? expand4(rows, (size_t)k * w4 + c) : make_uint2(0u, 0u);
 }
-extern "C" st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows,
+extern "C" st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const void *rows, bool bf16,
                                           const uint32_t *src, int n, int n_in, int w) {
     if (n <= 0) return ST_OK;
     if (w % 4 || n > 65535 * 64)
@@ -197,8 +202,12 @@ extern "C" st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *d
     const int w4 = w / 4;
     for (int r0 = 0; r0 < n; r0 += 65535) { /* gridDim.y ≤ 65535 */
         const int nr = n - r0 < 65535 ? n - r0 : 65535;
-        moe_expand_kernel<<<dim3((w4 + 255) / 256, nr), 256, 0, ST_STREAM(s)>>>(
-            reinterpret_cast<uint2 *>(dst) + (size_t)r0 * w4, reinterpret_cast<const float4 *>(rows), src + r0, n_in, w4);
+        uint2 *d = reinterpret_cast<uint2 *>(dst) + (size_t)r0 * w4;
+        dim3 grid((w4 + 255) / 256, nr);
+        if (bf16)
+            moe_expand_kernel<<<grid, 256, 0, ST_STREAM(s)>>>(d, static_cast<const uint2 *>(rows), src + r0, n_in, w4);
+        else
+            moe_expand_kernel<<<grid, 256, 0, ST_STREAM(s)>>>(d, static_cast<const float4 *>(rows), src + r0, n_in, w4);
         st_status_t rc = ST_LAUNCH_OK("moe_expand_kernel");
         if (rc) return rc;
     }

@@ -37,21 +37,26 @@ static size_t src_bytes(uint32_t tokens) { return pad16((size_t)tokens * sizeof(
 /* output rows and weights of the pairs, padded together */
 static size_t pair_bytes(uint32_t tokens) { return pad16((size_t)tokens * 2 * sizeof(uint32_t)); }
 
+/* input rows, padded */
+static size_t rows_bytes(uint32_t rows, uint32_t width, bool bf16) {
+    return pad16((size_t)rows * width * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+}
 /* NOTE: the bounds keep tokens * width * 4 below 2^40, so no overflow on 64-bit size_t. */
-static size_t dispatch_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique) {
+static size_t dispatch_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique, bool bf16) {
     size_t b = st_wire_table_bytes(experts) + pair_bytes(tokens);
-    if (unique) return b + src_bytes(tokens) + (size_t)unique * width * sizeof(float);
-    return b + (size_t)tokens * width * sizeof(float);
+    if (unique) return b + src_bytes(tokens) + rows_bytes(unique, width, bf16);
+    return b + rows_bytes(tokens, width, bf16);
 }
 static size_t combine_of(uint32_t rows, uint32_t width) { return (size_t)rows * width * sizeof(float); }
 
-size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique) {
+size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique,
+                              bool bf16_rows) {
     if (!shape_ok(token_count, expert_count, row_width) || unique > token_count) {
         ST_FAIL(ST_ERR_INVALID_ARG, "wire: shape %u tokens (%u distinct) x %u experts x %u width exceeds limits",
                 token_count, unique, expert_count, row_width);
         return 0;
     }
-    return dispatch_of(token_count, expert_count, row_width, unique);
+    return dispatch_of(token_count, expert_count, row_width, unique, bf16_rows);
 }
 
 size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width) {
@@ -70,20 +75,21 @@ static const char *info_problem(const st_wire_info_t *in) {
         if (in->token_count > 0 && in->expert_count == 0) return "tokens without experts";
         if (in->row_width == 0 && in->token_count > 0) return "zero row width";
         if (in->unique > in->token_count) return "more distinct rows than pairs";
-        if (in->payload_bytes != dispatch_of(in->token_count, in->expert_count, in->row_width, in->unique))
+        if (in->payload_bytes != dispatch_of(in->token_count, in->expert_count, in->row_width, in->unique, in->bf16_rows))
             return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
         if (in->slots < in->token_count) return "slots below the pairs of a dispatch";
         return NULL;
     case ST_WIRE_KIND_COMBINE:
         if (!shape_ok(in->token_count, 0, in->row_width)) return "counts exceed limits";
-        if (in->expert_count || in->unique || in->slots) return "expert table, distinct rows or slots on a reply";
+        if (in->expert_count || in->unique || in->slots || in->bf16_rows)
+            return "expert table, distinct rows, bf16 rows or slots on a reply";
         if (in->row_width == 0 && in->token_count > 0) return "zero row width";
         if (in->payload_bytes != combine_of(in->token_count, in->row_width)) return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
         return NULL;
     case ST_WIRE_KIND_ERROR:
-        if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots)
+        if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots || in->bf16_rows)
             return "error reply with counts";
         if (in->payload_bytes > ST_WIRE_MAX_ERROR_TEXT) return "error text too long";
         if (in->status >= 0) return "error reply without a negative status";
@@ -104,7 +110,7 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .step = info->step,
         .layer = info->layer,
         .micro_batch = info->micro_batch,
-        .flags = (uint16_t)(info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0),
+        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) | (info->bf16_rows ? ST_WIRE_FLAG_BF16_ROWS : 0)),
         .source_id = info->source_id,
         .token_count = info->token_count,
         .expert_count = info->expert_count,
@@ -129,7 +135,7 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
     bool disp = h.kind == ST_WIRE_KIND_DISPATCH;
     bool uniq = disp && (h.flags & ST_WIRE_FLAG_UNIQUE_ROWS);
-    uint16_t known = disp ? (uint16_t)ST_WIRE_FLAG_UNIQUE_ROWS : 0;
+    uint16_t known = disp ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_BF16_ROWS) : 0;
     if ((h.flags & ~known) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, aux %u on kind %u)", h.flags, h.aux,
                        h.kind);
@@ -151,6 +157,7 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         .compute_us = h.kind == ST_WIRE_KIND_COMBINE ? h.aux : 0,
         .unique = uniq ? h.aux : 0,
         .slots = disp ? h.slots : 0,
+        .bf16_rows = disp && (h.flags & ST_WIRE_FLAG_BF16_ROWS),
     };
     const char *why = info_problem(&in);
     if (why)
@@ -172,12 +179,17 @@ static const char *table_problem(uint32_t n, const uint32_t *ids, const uint32_t
     return NULL;
 }
 
-st_status_t st_wire_dispatch_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
-                                    const uint32_t *offsets, uint32_t token_count, uint32_t unique,
-                                    st_wire_dispatch_t *out) {
-    const char *why = table_problem(expert_count, expert_ids, offsets, token_count);
-    if (!why && unique > token_count) why = "more distinct rows than pairs";
-    if (why) return ST_FAIL(ST_ERR_INVALID_ARG, "wire: table of %u experts: %s", expert_count, why);
+/* bytes of the input rows without their padding */
+static size_t rows_used(uint32_t tokens, uint32_t unique, uint32_t width, bool bf16) {
+    return (size_t)(unique ? unique : tokens) * width * (bf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+st_status_t st_wire_dispatch_encode(void *payload, const st_wire_info_t *info, const uint32_t *expert_ids,
+                                    const uint32_t *offsets, st_wire_dispatch_t *out) {
+    uint32_t expert_count = info->expert_count, token_count = info->token_count, unique = info->unique;
+    const char *why = info->kind != ST_WIRE_KIND_DISPATCH ? "not a dispatch" : info_problem(info);
+    if (!why) why = table_problem(expert_count, expert_ids, offsets, token_count);
+    if (why) return ST_FAIL(ST_ERR_INVALID_ARG, "wire: dispatch of %u experts: %s", expert_count, why);
     uint8_t *p = payload;
     size_t tb = st_wire_table_bytes(expert_count);
     memcpy(p, expert_ids, (size_t)expert_count * 4);
@@ -194,7 +206,11 @@ st_status_t st_wire_dispatch_encode(void *payload, uint32_t expert_count, const 
     memset(p + (size_t)token_count * 8, 0, pair_bytes(token_count) - (size_t)token_count * 8);
     v.orow = (const uint32_t *)p;
     v.wts = (const float *)(p + (size_t)token_count * 4);
-    v.rows = (const float *)(p + pair_bytes(token_count));
+    p += pair_bytes(token_count);
+    used = rows_used(token_count, unique, info->row_width, info->bf16_rows);
+    memset(p + used, 0, rows_bytes(unique ? unique : token_count, info->row_width, info->bf16_rows) - used);
+    v.rows = p;
+    v.bf16 = info->bf16_rows;
     *out = v;
     return ST_OK;
 }
@@ -211,7 +227,7 @@ st_status_t st_wire_dispatch_decode(const void *payload, const st_wire_info_t *i
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: kind %d is not a dispatch", seq, (int)info->kind);
     if ((uintptr_t)payload % 4 != 0) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload not 4-byte aligned", seq);
     uint32_t n = info->token_count;
-    if (info->payload_bytes != dispatch_of(n, info->expert_count, info->row_width, info->unique))
+    if (info->payload_bytes != dispatch_of(n, info->expert_count, info->row_width, info->unique, info->bf16_rows))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload of %llu bytes does not fit its counts", seq,
                        (unsigned long long)info->payload_bytes);
     const uint32_t *ids = payload;
@@ -245,7 +261,12 @@ st_status_t st_wire_dispatch_decode(const void *payload, const st_wire_info_t *i
     if (!zeros(p, (size_t)n * 8, pair_bytes(n))) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", seq);
     v.orow = orow;
     v.wts = (const float *)(p + (size_t)n * 4);
-    v.rows = (const float *)(p + pair_bytes(n));
+    p += pair_bytes(n);
+    size_t used = rows_used(n, info->unique, info->row_width, info->bf16_rows);
+    if (!zeros(p, used, info->payload_bytes - (size_t)(p - (const uint8_t *)payload)))
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", seq);
+    v.rows = p;
+    v.bf16 = info->bf16_rows;
     *out = v;
     return ST_OK;
 }

@@ -108,8 +108,8 @@ out("safetensors", {
     "index_empty.json": b"\x01" + b'{"weight_map":{}}',
 })
 
-# ---- wire: 64-byte header + payload (strata/wire.h, version 5) ----
-MAGIC, VER = 0x57525453, 5
+# ---- wire: 64-byte header + payload (strata/wire.h, version 6) ----
+MAGIC, VER = 0x57525453, 6
 
 
 def wire(kind, tokens, experts, width, payload, step=7, layer=1, mb=0, flags=0, src=42, seq=9, status=0, aux=0):
@@ -131,7 +131,13 @@ def pairs(orows, wts):
 
 
 def rows(n, w):
-    return struct.pack("<%df" % (n * w), *[float(i) * 0.5 for i in range(n * w)])
+    return pad16(struct.pack("<%df" % (n * w), *[float(i) * 0.5 for i in range(n * w)]))
+
+
+def rows_bf16(n, w):
+    """bf16 bit patterns (the top half of fp32)"""
+    return pad16(struct.pack("<%dH" % (n * w), *[struct.unpack("<I", struct.pack("<f", float(i) * 0.5))[0] >> 16
+                                                 for i in range(n * w)]))
 
 
 srcs = pad16(struct.pack("<3I", 0, 1, 0))
@@ -142,6 +148,10 @@ out("wire", {
     "dispatch_unique.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + srcs + pairs([0, 1, 0], [0.25, 0.5, 0.75]) +
                                 rows(2, 4), flags=1, aux=2, status=6),
     "dispatch_one.bin": wire(1, 1, 1, 2, table([0], [0, 1]) + pairs([0], [1.0]) + rows(1, 2), status=1),
+    "dispatch_bf16.bin": wire(1, 3, 2, 4, table([5, 9], [0, 2, 3]) + pairs([0, 1, 0], [0.25, 0.5, 0.75]) +
+                              rows_bf16(3, 4), flags=2, status=3),
+    "dispatch_unique_bf16.bin": wire(1, 3, 2, 3, table([5, 9], [0, 2, 3]) + srcs + pairs([0, 1, 0], [0.25, 0.5, 0.75]) +
+                                     rows_bf16(2, 3), flags=3, aux=2, status=6),
     "combine.bin": wire(2, 2, 0, 4, rows(2, 4), aux=1234),
     "empty_dispatch.bin": wire(1, 0, 0, 0, table([], [0])),
     "empty_combine.bin": wire(2, 0, 0, 4, b""),

@@ -313,8 +313,9 @@ static int greedy_rule(const char *what, const float *gpu, const float *cpu, int
     return -1;
 }
 
-/* The micro-batch hand-off on the GPU: experts computed on the host from work->z, written to
- * work->out (the remote path), against st_engine_step on the same engine. */
+/* The micro-batch hand-off on the GPU: experts computed on the host from work->zb (the GPU engine
+ * hands z over as bf16, as it holds it), written to work->out (the remote path), against
+ * st_engine_step on the same engine. */
 static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, int np, int V) {
     const st_config_t *c = st_ckpt_config(ck);
     /* reference: the same prompt through st_engine_step (experts on the device, own routing,
@@ -341,17 +342,26 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     st_moe_work_t w;
     int rounds = 0;
     float *ws = NULL;
+    float *zf = malloc(sizeof(float) * (size_t)np * st_config_expert_width(c));
+    bool bf16_handoff = true;
     while (st_engine_mb_advance(mb, &w)) {
         rounds++;
+        bf16_handoff &= w.zb != NULL && w.z == NULL;
+        const float *z = w.z;
+        if (w.zb) {
+            for (size_t i = 0; i < (size_t)w.T * w.ew; i++) zf[i] = st_bf16_to_f32(w.zb[i]);
+            z = zf;
+        }
         for (int t = 0; t < w.T; t++)
             for (int i = 0; i < w.cnt[t]; i++) {
                 st_expert_weights_t x;
                 if (st_ckpt_expert(ck, w.layer, w.ids[(size_t)t * w.kc + i], &x) != ST_OK) continue;
                 if (!ws) ws = malloc(st_ffn_ws_floats(1, &x.gate, &x.up, &x.down) * sizeof(float));
-                st_ffn(w.out + ((size_t)t * w.kc + i) * w.ew, w.z + (size_t)t * w.ew, 1, &x.gate, &x.up, &x.down,
+                st_ffn(w.out + ((size_t)t * w.kc + i) * w.ew, z + (size_t)t * w.ew, 1, &x.gate, &x.up, &x.down,
                        c->act, c->situ_beta1, c->situ_beta2, ws);
             }
     }
+    CHECK(bf16_handoff, "the GPU engine hands z over as bf16 (zb), not fp32");
     CHECK(rounds == c->n_layers - c->first_k_dense, "one hand-off per MoE layer (%d)", rounds);
     CHECK(st_engine_seq_len(eg, slot) == np, "length advanced");
     int nf = 0, rows = 0;
@@ -369,6 +379,7 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     st_engine_seq_close(eg, slot);
     st_engine_mb_destroy(mb);
     free(ws);
+    free(zf);
     free(lg);
     free(ref);
 }

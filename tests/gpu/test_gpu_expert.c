@@ -204,7 +204,11 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
     bool failed[128] = {false};
     st_moe_work_t wk = {.layer = layer, .T = T, .kc = kc, .ew = l, .z = zf, .ids = ids, .cnt = cnt, .wts = p,
                         .out = wout, .u = u};
-    for (int n_srv = 1; n_srv <= 2; n_srv++) {
+    /* fp32 rows (a CPU worker), then bf16 rows (a GPU worker's hand-off: ST_WIRE_FLAG_BF16_ROWS) */
+    for (int run = 0; run < 4; run++) {
+        int n_srv = 1 + run % 2;
+        bool bf = run >= 2;
+        wk.z = bf ? NULL : zf, wk.zb = bf ? zb : NULL;
         int server_of[64];
         for (int e = 0; e < E; e++) server_of[e] = n_srv == 1 ? 0 : e % 2;
         st_dispatch_plan_t plan;
@@ -216,12 +220,14 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
             st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = (uint32_t)plan.n_rows[sv],
                                    .expert_count = (uint32_t)plan.n_exp[sv], .row_width = (uint32_t)l,
                                    .unique = (uint32_t)plan.n_uniq[sv], .slots = (uint32_t)S};
-            info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
+            info.bf16_rows = bf;
+            info.payload_bytes =
+                st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique, bf);
             uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
             st_wire_dispatch_t v, d;
-            GT_OK(st_wire_dispatch_encode(msg, info.expert_count, plan.exp_ids + (size_t)sv * E,
-                                          plan.offsets + (size_t)sv * (E + 1), info.token_count, info.unique, &v));
-            st_dispatch_pack(&plan, sv, &wk, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
+            GT_OK(st_wire_dispatch_encode(msg, &info, plan.exp_ids + (size_t)sv * E, plan.offsets + (size_t)sv * (E + 1),
+                                          &v));
+            st_dispatch_pack(&plan, sv, &wk, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
             GT_OK(st_wire_dispatch_decode(msg, &info, &d));
             float *rows = gt_xmalloc(sizeof(float) * ((size_t)d.n_out * l + 1));
             for (size_t i = 0; i < (size_t)d.n_out * l; i++) rows[i] = NAN;
@@ -233,14 +239,14 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         st_dispatch_finish(&plan, &wk, plan.head, failed);
         size_t differ = 0;
         for (int t = 0; t < T; t++) differ += memcmp(u + (size_t)t * l, uref + (size_t)t * l, sizeof(float) * l) != 0;
-        CHECK(differ == 0 && sent == N, "%s layer %d T=%d (%d slots, %s): %zu of %d combined rows differ from the "
-              "engine's (%s)", tag, layer, T, S, slots ? "per row" : "grouped", differ, T,
+        CHECK(differ == 0 && sent == N, "%s layer %d T=%d (%d slots, %s, %s rows): %zu of %d combined rows differ "
+              "from the engine's (%s)", tag, layer, T, S, slots ? "per row" : "grouped", bf ? "bf16" : "fp32", differ, T,
               n_srv == 1 ? "one server" : "even and odd experts on two");
         st_dispatch_plan_cleanup(&plan);
     }
     free(p), free(uref), free(lv), free(wout), free(u);
     printf("ok   %s layer %d T=%d: %d slots, %s, %d pairs: the combined rows equal the engine's bit for bit on 1 and "
-           "2 servers\n", tag, layer, T, S, slots ? "per row" : "grouped", N);
+           "2 servers, fp32 and bf16 rows\n", tag, layer, T, S, slots ? "per row" : "grouped", N);
     st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_z);
     free(ids), free(cnt), free(zf), free(zb), free(w1), free(w3), free(w2), free(off), free(row_of), free(src_of),
         free(fill), free(eng);

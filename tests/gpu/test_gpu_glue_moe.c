@@ -161,19 +161,27 @@ static void expand_case(int n, int n_in, int w, uint64_t seed) {
     uint32_t *src = gt_xmalloc(4 * ((size_t)n + 1));
     for (int i = 0; i < n; i++)
         src[i] = i == 0 ? (uint32_t)n_in - 1 : i % 7 == 3 ? (uint32_t)n_in + (uint32_t)i : (uint32_t)(st_rng_next(&r) % (uint64_t)n_in);
-    uint16_t *ref = gt_xmalloc(2 * nd + 2);
-    st_moe_expand(ref, rows, src, n, n_in, w);
+    uint16_t *ref = gt_xmalloc(2 * nd + 2), *rb = gt_xmalloc(2 * nr + 2), *refb = gt_xmalloc(2 * nd + 2);
+    st_moe_expand(ref, rows, false, src, n, n_in, w);
+    /* bf16 sources (ST_WIRE_FLAG_BF16_ROWS): the same rows rounded first give the same result */
+    for (size_t i = 0; i < nr; i++) rb[i] = st_f32_to_bf16(rows[i]);
+    st_moe_expand(refb, rb, true, src, n, n_in, w);
+    CHECK(memcmp(refb, ref, 2 * nd) == 0, "st_moe_expand n=%d w=%d: bf16 sources differ from fp32 ones", n, w);
     float *drows = gt_up(rows, 4 * nr);
+    uint16_t *drb = gt_up(rb, 2 * nr);
     uint32_t *dsrc = gt_up(src, 4 * ((size_t)n + 1));
     uint16_t *ddst = gt_dev(2 * nd + 2), *got = gt_xmalloc(2 * nd + 2);
-    gt_poison(ddst, 2 * nd + 2);
-    GT_OK(st_cuda_moe_expand(&gt_stream, ddst, drows, dsrc, n, n_in, w));
-    gt_down(got, ddst, 2 * nd);
-    CHECK(memcmp(got, ref, 2 * nd) == 0, "moe_expand n=%d n_in=%d w=%d: not bit-exact", n, n_in, w);
-    CHECK(st_cuda_moe_expand(&gt_stream, ddst, drows, dsrc, n ? n : 1, n_in, w + 2) == ST_ERR_INVALID_ARG,
+    for (int bf = 0; bf < 2; bf++) {
+        gt_poison(ddst, 2 * nd + 2);
+        GT_OK(st_cuda_moe_expand(&gt_stream, ddst, bf ? (const void *)drb : drows, bf, dsrc, n, n_in, w));
+        gt_down(got, ddst, 2 * nd);
+        CHECK(memcmp(got, ref, 2 * nd) == 0, "moe_expand n=%d n_in=%d w=%d %s rows: not bit-exact", n, n_in, w,
+              bf ? "bf16" : "fp32");
+    }
+    CHECK(st_cuda_moe_expand(&gt_stream, ddst, drows, false, dsrc, n ? n : 1, n_in, w + 2) == ST_ERR_INVALID_ARG,
           "moe_expand: width %d (not a multiple of 4) accepted", w + 2);
-    st_gpu_free(drows), st_gpu_free(dsrc), st_gpu_free(ddst);
-    free(rows), free(src), free(ref), free(got);
+    st_gpu_free(drows), st_gpu_free(drb), st_gpu_free(dsrc), st_gpu_free(ddst);
+    free(rows), free(src), free(ref), free(rb), free(refb), free(got);
 }
 
 /* st_cuda_moe_tree_reduce vs st_moe_tree_reduce, bit-exact: n_out rows of 0 .. kmax leaves each (ids

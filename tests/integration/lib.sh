@@ -9,7 +9,7 @@ export UCX_TLS=${UCX_TLS:-tcp}
 pass=0; fail=0
 ok() { pass=$((pass+1)); echo "ok   $*"; }
 bad() { fail=$((fail+1)); echo "FAIL $*"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; return 1; fi; } # status: whether it passed
 cleanup() {
   "$S" down >/dev/null 2>&1
   if [ "$fail" -gt 0 ] && [ -d "$STRATA_STATE" ]; then

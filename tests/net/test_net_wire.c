@@ -1,5 +1,6 @@
-/* Wire header and dispatch payload (version 5): encode → decode round trip, then every corrupted
- * field rejected; the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS); a dispatch's
+/* Wire header and dispatch payload (version 6): encode → decode round trip, then every corrupted
+ * field rejected; the same for a distinct-row dispatch (ST_WIRE_FLAG_UNIQUE_ROWS) and for bf16 rows
+ * (ST_WIRE_FLAG_BF16_ROWS: half the bytes, rows padded to 16, the padding checked); a dispatch's
  * slots (byte 56) round trip, are checked against its pairs and are refused on replies; each pair's
  * output row and weight sit after the table (and the sources), the reply's output row count is
  * 1 + the largest, and a reply is its output rows with no table. */
@@ -13,7 +14,7 @@ static st_wire_info_t dispatch_info(void) {
     st_wire_info_t in = {.kind = ST_WIRE_KIND_DISPATCH, .step = 123456789012ull, .layer = 91, .micro_batch = 1,
                          .source_id = 17, .token_count = 10, .expert_count = 3, .row_width = 8, .seq = 99,
                          .slots = 24};
-    in.payload_bytes = st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, 0);
+    in.payload_bytes = st_wire_dispatch_bytes(in.token_count, in.expert_count, in.row_width, 0, false);
     return in;
 }
 
@@ -60,12 +61,15 @@ int main(void) {
     expect_reject(&h, pl, 4, 2, 2, "version 2 (before per-row dispatches)");
     expect_reject(&h, pl, 4, 2, 3, "version 3 (a kernel choice in the flags)");
     expect_reject(&h, pl, 4, 2, 4, "version 4 (one reply row per pair)");
-    expect_reject(&h, pl, 4, 2, 6, "version 6");
+    expect_reject(&h, pl, 4, 2, 5, "version 5 (fp32 rows only, unpadded)");
+    expect_reject(&h, pl, 4, 2, 7, "version 7");
     expect_reject(&h, pl, 4, 2, 0, "version 0");
     expect_reject(&h, pl, 6, 2, 0, "kind 0");
     expect_reject(&h, pl, 6, 2, 4, "kind 4");
     expect_reject(&h, pl, 6, 2, ST_WIRE_KIND_ERROR, "kind error with counts");
     expect_reject(&h, pl, 22, 2, 1, "flags");
+    expect_reject(&h, pl, 22, 2, ST_WIRE_FLAG_BF16_ROWS, "bf16 flag on fp32 rows");
+    expect_reject(&h, pl, 22, 2, 4, "unknown flag");
     expect_reject(&h, pl, 28, 4, 11, "token_count vs payload");
     expect_reject(&h, pl, 28, 4, ST_WIRE_MAX_TOKENS + 1, "token_count over limit");
     expect_reject(&h, pl, 32, 4, 4, "expert_count vs payload");
@@ -106,7 +110,7 @@ int main(void) {
     bad = in;
     bad.kind = ST_WIRE_KIND_COMBINE;
     CHECK(st_wire_header_encode(&bad, &h) == ST_ERR_INVALID_ARG, "encode a reply with a table and slots");
-    CHECK(st_wire_dispatch_bytes(ST_WIRE_MAX_TOKENS + 1, 1, 1, 0) == 0, "dispatch bytes over limit");
+    CHECK(st_wire_dispatch_bytes(ST_WIRE_MAX_TOKENS + 1, 1, 1, 0, false) == 0, "dispatch bytes over limit");
     CHECK(st_wire_combine_bytes(ST_WIRE_MAX_TOKENS + 1, 1) == 0, "combine bytes over limit");
 
     /* error reply */
@@ -125,15 +129,15 @@ int main(void) {
     uint32_t ids[3] = {2, 5, 700}, off[4] = {0, 4, 4, 10};
     uint8_t *payload = aligned_alloc(16, pl);
     st_wire_dispatch_t v, d = {.n_out = 77};
-    CHECK(st_wire_dispatch_encode(payload, 3, ids, off, 10, 0, &v) == ST_OK, "dispatch encode");
+    CHECK(st_wire_dispatch_encode(payload, &in, ids, off, &v) == ST_OK, "dispatch encode");
     CHECK((const uint8_t *)v.orow == payload + 32 && (const uint8_t *)v.wts == payload + 72 &&
-              (const uint8_t *)v.rows == payload + 112 && v.src == NULL,
+              (const uint8_t *)v.rows == payload + 112 && v.src == NULL && !v.bf16,
           "layout: table 32, output rows 40, weights 40, rows");
     for (uint32_t r = 0; r < 10; r++) ((uint32_t *)v.orow)[r] = r / 2, ((float *)v.wts)[r] = 0.25f * (float)r;
     for (int i = 0; i < 80; i++) ((float *)v.rows)[i] = (float)i;
     CHECK(st_wire_dispatch_decode(payload, &in, &d) == ST_OK, "dispatch decode");
-    CHECK(d.expert_ids[2] == 700 && d.offsets[3] == 10 && d.rows[79] == 79.0f && d.wts[9] == 2.25f && d.orow[9] == 4 &&
-              d.n_out == 5 && d.src == NULL,
+    CHECK(d.expert_ids[2] == 700 && d.offsets[3] == 10 && ((const float *)d.rows)[79] == 79.0f && d.wts[9] == 2.25f &&
+              d.orow[9] == 4 && d.n_out == 5 && d.src == NULL && !d.bf16,
           "dispatch views, 5 output rows");
     uint32_t *t = (uint32_t *)payload;
     struct { int idx; uint32_t v; const char *what; } cases[] = {
@@ -152,14 +156,16 @@ int main(void) {
     CHECK(st_wire_dispatch_decode(payload, &in, &d) == ST_OK, "dispatch restored");
     CHECK(st_wire_dispatch_decode(payload + 1, &in, &d) == ST_ERR_PROTOCOL, "misaligned");
     uint32_t bad_off[4] = {0, 5, 4, 10};
-    CHECK(st_wire_dispatch_encode(payload, 3, ids, bad_off, 10, 0, &v) == ST_ERR_INVALID_ARG, "encode bad offsets");
+    CHECK(st_wire_dispatch_encode(payload, &in, ids, bad_off, &v) == ST_ERR_INVALID_ARG, "encode bad offsets");
+    CHECK(st_wire_dispatch_encode(payload, &bad, ids, off, &v) == ST_ERR_INVALID_ARG, "encode a dispatch as a reply");
     st_wire_info_t ei = er;
     ei.payload_bytes = 12;
     CHECK(st_wire_dispatch_decode(payload, &ei, &d) == ST_ERR_PROTOCOL, "dispatch view of an error");
     /* empty dispatch: zero pairs, zero experts, no output rows */
-    st_wire_info_t empty = {.kind = ST_WIRE_KIND_DISPATCH, .row_width = 8, .payload_bytes = st_wire_dispatch_bytes(0, 0, 8, 0)};
+    st_wire_info_t empty = {.kind = ST_WIRE_KIND_DISPATCH, .row_width = 8,
+                            .payload_bytes = st_wire_dispatch_bytes(0, 0, 8, 0, false)};
     CHECK(st_wire_header_encode(&empty, &h) == ST_OK && st_wire_header_decode(&h, 64, 16, &out) == ST_OK, "empty");
-    CHECK(st_wire_dispatch_encode(payload, 0, ids, off, 0, 0, &v) == ST_OK && st_wire_dispatch_decode(payload, &empty, &d) == ST_OK &&
+    CHECK(st_wire_dispatch_encode(payload, &empty, ids, off, &v) == ST_OK && st_wire_dispatch_decode(payload, &empty, &d) == ST_OK &&
               d.n_out == 0,
           "empty dispatch: no output rows");
     free(payload);
@@ -175,7 +181,7 @@ int main(void) {
     expect_reject(&h, rc.payload_bytes, 32, 4, 1, "a table on a reply");
     expect_reject(&h, rc.payload_bytes, 28, 4, 6, "reply rows vs payload");
     expect_reject(&h, rc.payload_bytes, 56, 4, 4, "slots on a reply");
-    expect_reject(&h, rc.payload_bytes, 22, 2, 2, "the old per-row flag on a reply");
+    expect_reject(&h, rc.payload_bytes, 22, 2, ST_WIRE_FLAG_BF16_ROWS, "the bf16 flag on a reply");
     expect_reject(&h, rc.payload_bytes, 22, 2, 1, "the distinct-rows flag on a reply");
     st_wire_info_t ce = {.kind = ST_WIRE_KIND_COMBINE, .row_width = 8, .payload_bytes = 0};
     CHECK(st_wire_header_encode(&ce, &h) == ST_OK && st_wire_header_decode(&h, 64, 0, &out) == ST_OK, "empty reply");
@@ -183,10 +189,10 @@ int main(void) {
     /* distinct rows: 10 pairs from 4 distinct rows, sources after the table, then output rows and weights */
     st_wire_info_t un = dispatch_info();
     un.unique = 4;
-    un.payload_bytes = st_wire_dispatch_bytes(un.token_count, un.expert_count, un.row_width, un.unique);
+    un.payload_bytes = st_wire_dispatch_bytes(un.token_count, un.expert_count, un.row_width, un.unique, false);
     CHECK(un.payload_bytes == 32 + 48 + 80 + 4 * 8 * 4, "distinct-row payload bytes %llu", (unsigned long long)un.payload_bytes);
-    CHECK(st_wire_dispatch_bytes(10, 3, 8, 0) == in.payload_bytes, "no distinct rows = plain rows");
-    CHECK(st_wire_dispatch_bytes(10, 3, 8, 11) == 0, "more distinct rows than pairs refused");
+    CHECK(st_wire_dispatch_bytes(10, 3, 8, 0, false) == in.payload_bytes, "no distinct rows = plain rows");
+    CHECK(st_wire_dispatch_bytes(10, 3, 8, 11, false) == 0, "more distinct rows than pairs refused");
     CHECK(st_wire_header_encode(&un, &h) == ST_OK, "encode distinct");
     CHECK(((const uint8_t *)&h)[22] == ST_WIRE_FLAG_UNIQUE_ROWS, "flag on the wire");
     CHECK(st_wire_header_decode(&h, 64, un.payload_bytes, &out) == ST_OK && out.unique == 4 && out.compute_us == 0,
@@ -196,17 +202,18 @@ int main(void) {
     expect_reject(&h, upl, 60, 4, 11, "more distinct rows than pairs");
     expect_reject(&h, upl, 60, 4, 5, "distinct count vs payload");
     expect_reject(&h, upl, 22, 2, 4 | ST_WIRE_FLAG_UNIQUE_ROWS, "unknown flag");
-    expect_reject(&h, upl, 22, 2, 2 | ST_WIRE_FLAG_UNIQUE_ROWS, "version 3's per-row flag");
+    expect_reject(&h, upl, 22, 2, ST_WIRE_FLAG_BF16_ROWS | ST_WIRE_FLAG_UNIQUE_ROWS, "bf16 flag on fp32 distinct rows");
     CHECK(st_wire_header_decode(&h, 64, upl, &out) == ST_OK && out.slots == 24 && out.unique == 4,
           "distinct dispatch keeps its slots");
     uint8_t *up = aligned_alloc(16, upl);
-    CHECK(st_wire_dispatch_encode(up, 3, ids, off, 10, 4, &v) == ST_OK, "distinct encode");
+    CHECK(st_wire_dispatch_encode(up, &un, ids, off, &v) == ST_OK, "distinct encode");
     CHECK((const uint8_t *)v.src == up + 32 && (const uint8_t *)v.orow == up + 80 && (const uint8_t *)v.rows == up + 160,
           "layout");
     uint32_t *src = (uint32_t *)v.src;
     for (uint32_t r = 0; r < 10; r++) src[r] = r % 4, ((uint32_t *)v.orow)[r] = r, ((float *)v.wts)[r] = 1.0f;
     for (int i = 0; i < 32; i++) ((float *)v.rows)[i] = (float)i;
-    CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_OK && d.src[9] == 1 && d.rows[31] == 31.0f && d.n_out == 10,
+    CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_OK && d.src[9] == 1 && ((const float *)d.rows)[31] == 31.0f &&
+              d.n_out == 10,
           "distinct decode");
     src[3] = 4;
     CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_ERR_PROTOCOL, "source out of range");
@@ -216,5 +223,34 @@ int main(void) {
     src[10] = 0;
     CHECK(st_wire_dispatch_decode(up, &un, &d) == ST_OK, "restored");
     free(up);
+
+    /* bf16 rows: 10 pairs from 3 distinct rows of width 5 (30 bytes of rows, padded to 32), and 10
+     * plain rows (100 bytes, padded to 112) */
+    st_wire_info_t bf = dispatch_info();
+    bf.row_width = 5, bf.unique = 3, bf.bf16_rows = true;
+    bf.payload_bytes = st_wire_dispatch_bytes(10, 3, 5, 3, true);
+    CHECK(bf.payload_bytes == 32 + 48 + 80 + 32, "bf16 distinct payload bytes %llu", (unsigned long long)bf.payload_bytes);
+    CHECK(st_wire_dispatch_bytes(10, 3, 5, 0, true) == 32 + 80 + 112, "bf16 plain payload bytes %zu",
+          st_wire_dispatch_bytes(10, 3, 5, 0, true));
+    CHECK(st_wire_dispatch_bytes(10, 3, 5, 0, false) == 32 + 80 + 208, "fp32 rows padded too (%zu)",
+          st_wire_dispatch_bytes(10, 3, 5, 0, false));
+    CHECK(st_wire_header_encode(&bf, &h) == ST_OK, "encode bf16");
+    CHECK(((const uint8_t *)&h)[22] == (ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_BF16_ROWS), "bf16 flag on the wire");
+    CHECK(st_wire_header_decode(&h, 64, bf.payload_bytes, &out) == ST_OK && out.bf16_rows && out.unique == 3,
+          "decode bf16");
+    expect_reject(&h, bf.payload_bytes, 22, 2, ST_WIRE_FLAG_UNIQUE_ROWS, "bf16 payload without the flag");
+    uint8_t *bp = aligned_alloc(16, bf.payload_bytes);
+    memset(bp, 0xa5, bf.payload_bytes); /* encode zeroes every padding */
+    CHECK(st_wire_dispatch_encode(bp, &bf, ids, off, &v) == ST_OK && v.bf16 && (const uint8_t *)v.rows == bp + 160,
+          "bf16 encode: rows after the pairs");
+    for (uint32_t r = 0; r < 10; r++) ((uint32_t *)v.src)[r] = r % 3, ((uint32_t *)v.orow)[r] = r, ((float *)v.wts)[r] = 1.0f;
+    for (int i = 0; i < 15; i++) ((uint16_t *)v.rows)[i] = st_f32_to_bf16((float)i);
+    CHECK(st_wire_dispatch_decode(bp, &bf, &d) == ST_OK && d.bf16 && st_bf16_to_f32(((const uint16_t *)d.rows)[14]) == 14.0f,
+          "bf16 decode");
+    bp[bf.payload_bytes - 1] = 1;
+    CHECK(st_wire_dispatch_decode(bp, &bf, &d) == ST_ERR_PROTOCOL, "nonzero row padding");
+    bp[bf.payload_bytes - 1] = 0;
+    CHECK(st_wire_dispatch_decode(bp, &bf, &d) == ST_OK, "restored");
+    free(bp);
     return st_test_done();
 }

@@ -3,7 +3,9 @@
  * wire format (each server's distinct tokens once, with the row sources, each pair's weight and
  * output row), computed into the servers' tree-node rows, unpacked and finished at the worker,
  * gives bit-for-bit the logits of the one-process engine; the server's result from distinct rows
- * equals the one from the expanded rows. Every pair's input row is its token's (round trip), the
+ * equals the one from the expanded rows, and bf16 rows (a GPU worker's ST_WIRE_FLAG_BF16_ROWS
+ * dispatch, packed from a work's zb) give the server's result from the same values in fp32
+ * bit-for-bit in half the row bytes. Every pair's input row is its token's (round trip), the
  * replies carry fewer rows than pairs, and a missing expert flags exactly its tokens. */
 #include <stdlib.h>
 #include <unistd.h>
@@ -59,10 +61,14 @@ int main(void) {
             for (int e = 0; e < n; e++) CHECK(st_es_compute_bind(&srv[server_of[e]], l, e) == ST_OK, "bind");
     st_dispatch_plan_t plan;
     CHECK(st_dispatch_plan_init(&plan, S, n, PR) == ST_OK, "plan");
-    size_t cap = st_wire_dispatch_bytes((uint32_t)PR, (uint32_t)n, (uint32_t)ew, (uint32_t)PR);
-    uint8_t *msg = aligned_alloc(16, cap), *msg2 = aligned_alloc(16, cap);
+    size_t cap = st_wire_dispatch_bytes((uint32_t)PR, (uint32_t)n, (uint32_t)ew, (uint32_t)PR, false);
+    uint8_t *msg = aligned_alloc(16, cap), *msg2 = aligned_alloc(16, cap), *msg3 = aligned_alloc(16, cap);
     float *rep = malloc(sizeof(float) * PR * ew), *rep2 = malloc(sizeof(float) * PR * ew);
-    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0;
+    float *rep3 = malloc(sizeof(float) * PR * ew), *rep4 = malloc(sizeof(float) * PR * ew);
+    uint16_t *zb = malloc(sizeof(uint16_t) * o.max_batch_tokens * ew);
+    float *zr = malloc(sizeof(float) * o.max_batch_tokens * ew); /* zb widened */
+    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0, bf16_ok = 1;
+    size_t bytes32 = 0, bytes16 = 0;
 
     int ra, rb;
     st_engine_seq_open(remote, &ra);
@@ -84,35 +90,54 @@ int main(void) {
             const uint32_t *ids = plan.exp_ids + (size_t)s * n, *off = plan.offsets + (size_t)s * (n + 1);
             st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = N, .expert_count = nx,
                                    .row_width = (uint32_t)ew, .unique = nu, .slots = (uint32_t)(w.T * w.kc)};
-            info.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, nu);
+            info.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, nu, false);
             st_wire_dispatch_t v, d, v2, d2;
-            CHECK(st_wire_dispatch_encode(msg, nx, ids, off, N, nu, &v) == ST_OK, "encode");
-            st_dispatch_pack(&plan, s, &w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
+            CHECK(st_wire_dispatch_encode(msg, &info, ids, off, &v) == ST_OK, "encode");
+            st_dispatch_pack(&plan, s, &w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
             CHECK(st_wire_dispatch_decode(msg, &info, &d) == ST_OK && d.n_out == (uint32_t)plan.n_out[s], "decode");
             /* distinct tokens: each once, and every pair's input is its own token's row */
             shared += (int)(N - nu);
             pairs += (int)N;
             out_rows += plan.n_out[s];
             for (uint32_t u = 0; u < nu; u++)
-                for (uint32_t q = 0; q < u; q++) distinct_ok &= memcmp(d.rows + (size_t)u * ew, d.rows + (size_t)q * ew, sizeof(float) * ew) != 0;
+                for (uint32_t q = 0; q < u; q++)
+                    distinct_ok &= memcmp((const float *)d.rows + (size_t)u * ew, (const float *)d.rows + (size_t)q * ew,
+                                          sizeof(float) * ew) != 0;
             /* the same dispatch with one row per pair (no sources) */
             st_wire_info_t info2 = info;
             info2.unique = 0;
-            info2.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, 0);
-            CHECK(st_wire_dispatch_encode(msg2, nx, ids, off, N, 0, &v2) == ST_OK, "encode plain");
+            info2.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, 0, false);
+            CHECK(st_wire_dispatch_encode(msg2, &info2, ids, off, &v2) == ST_OK, "encode plain");
             memcpy((uint32_t *)v2.orow, d.orow, sizeof(uint32_t) * N);
             memcpy((float *)v2.wts, d.wts, sizeof(float) * N);
             for (uint32_t r = 0; r < N; r++) {
                 int pr = plan.pair[s * plan.max_rows + r];
                 distinct_ok &= d.src[r] < nu;
-                round_trip_ok &= !memcmp(d.rows + (size_t)d.src[r] * ew, w.z + (size_t)(pr / w.kc) * ew, sizeof(float) * ew);
+                const float *row = (const float *)d.rows + (size_t)d.src[r] * ew;
+                round_trip_ok &= !memcmp(row, w.z + (size_t)(pr / w.kc) * ew, sizeof(float) * ew);
                 round_trip_ok &= d.wts[r] == w.wts[pr];
-                memcpy((float *)v2.rows + (size_t)r * ew, d.rows + (size_t)d.src[r] * ew, sizeof(float) * ew);
+                memcpy((float *)v2.rows + (size_t)r * ew, row, sizeof(float) * ew);
             }
             CHECK(st_wire_dispatch_decode(msg2, &info2, &d2) == ST_OK && d2.src == NULL, "decode plain");
             CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d, rep) == ST_OK, "run");
             CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d2, rep2) == ST_OK, "run, expanded rows");
             CHECK(!memcmp(rep, rep2, sizeof(float) * d.n_out * ew), "distinct rows == expanded rows");
+            /* bf16 rows: the work as a GPU engine hands it over (zb), against fp32 rows of the same values */
+            for (size_t i = 0; i < (size_t)w.T * ew; i++) zb[i] = st_f32_to_bf16(w.z[i]), zr[i] = st_bf16_to_f32(zb[i]);
+            st_moe_work_t wb = w, wr = w;
+            wb.z = NULL, wb.zb = zb, wr.z = zr;
+            for (int plain = 0; plain < 2; plain++) {
+                st_wire_info_t i3 = info;
+                i3.bf16_rows = !plain;
+                i3.payload_bytes = st_wire_dispatch_bytes(N, nx, (uint32_t)ew, nu, i3.bf16_rows);
+                (plain ? &bytes32 : &bytes16)[0] += i3.payload_bytes;
+                CHECK(st_wire_dispatch_encode(msg3, &i3, ids, off, &v) == ST_OK, "encode bf16");
+                st_dispatch_pack(&plan, s, plain ? &wr : &wb, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts,
+                                 (void *)v.rows);
+                CHECK(st_wire_dispatch_decode(msg3, &i3, &d) == ST_OK && d.bf16 == !plain, "decode bf16");
+                CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d, plain ? rep4 : rep3) == ST_OK, "run bf16");
+            }
+            bf16_ok &= !memcmp(rep3, rep4, sizeof(float) * d.n_out * ew);
             st_dispatch_unpack(&plan, s, &w, rep, plan.head);
         }
         st_dispatch_finish(&plan, &w, plan.head, failed);
@@ -121,6 +146,8 @@ int main(void) {
     for (int t = 0; t < N0 + N1; t++) anyfail |= failed[t];
     CHECK(!anyfail, "no token failed");
     CHECK(round_trip_ok, "every pair carries its token's row and weight");
+    CHECK(bf16_ok, "bf16 rows == fp32 rows of the same values (bitwise)");
+    CHECK(bytes16 < bytes32, "bf16 dispatches are smaller (%zu vs %zu bytes)", bytes16, bytes32);
     CHECK(distinct_ok, "each server's distinct rows are distinct and every source is in range");
     CHECK(shared > 0, "tokens with several experts on one server travel once (%d rows saved)", shared);
     CHECK(out_rows < pairs, "servers return %d tree-node rows for %d pairs", out_rows, pairs);
@@ -158,7 +185,7 @@ int main(void) {
     st_engine_mb_destroy(mb2);
     st_dispatch_plan_cleanup(&plan);
     for (int s = 0; s < S; s++) st_es_compute_cleanup(&srv[s]);
-    free(msg); free(msg2); free(rep); free(rep2); free(ref); free(got);
+    free(msg); free(msg2); free(msg3); free(rep); free(rep2); free(rep3); free(rep4); free(zb); free(zr); free(ref); free(got);
     st_engine_destroy(local);
     st_engine_destroy(remote);
     st_ckpt_close(ck);

@@ -60,19 +60,19 @@ static int serve(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, flo
     st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = (uint32_t)p->n_rows[s],
                            .expert_count = (uint32_t)p->n_exp[s], .row_width = (uint32_t)ew,
                            .unique = (uint32_t)p->n_uniq[s], .slots = (uint32_t)(n_tok * kc)};
-    info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique);
+    info.payload_bytes = st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique, false);
     st_wire_dispatch_t v, d;
-    if (st_wire_dispatch_encode(buf, info.expert_count, p->exp_ids + (size_t)s * p->n_experts,
-                                p->offsets + (size_t)s * (p->n_experts + 1), info.token_count, info.unique, &v) != ST_OK)
+    if (st_wire_dispatch_encode(buf, &info, p->exp_ids + (size_t)s * p->n_experts,
+                                p->offsets + (size_t)s * (p->n_experts + 1), &v) != ST_OK)
         return 0;
-    st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (float *)v.rows);
+    st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
     if (st_wire_dispatch_decode(buf, &info, &d) != ST_OK || d.n_out != (uint32_t)p->n_out[s]) return 0;
     static uint32_t loff[MAXT * MAXK + 1], lrow[MAXT * MAXK], lid[MAXT * MAXK];
     static float lp[MAXT * MAXK], y[MAXT * MAXK * MAXW], v2[MAXT * MAXK * MAXW], twin[MAXT * MAXK * MAXW];
     if (st_es_leaf_table(&d, info.expert_count, loff, lrow, lid, lp) != ST_OK) return 0;
     for (uint32_t k = 0; k < info.expert_count; k++) /* the "FFN": the token is z's first column */
         for (uint32_t r = d.offsets[k]; r < d.offsets[k + 1]; r++)
-            memcpy(y + (size_t)r * ew, ytab[(int)d.rows[(size_t)d.src[r] * ew]][d.expert_ids[k]], sizeof(float) * ew);
+            memcpy(y + (size_t)r * ew, ytab[(int)((const float *)d.rows)[(size_t)d.src[r] * ew]][d.expert_ids[k]], sizeof(float) * ew);
     st_moe_tree_reduce(twin, y, loff, lrow, lid, lp, (int)d.n_out, ew);
     for (uint32_t o = 0; o < d.n_out; o++) {
         int m = (int)(loff[o + 1] - loff[o]);
@@ -223,9 +223,9 @@ int main(void) {
     /* a dispatch whose output row names one expert twice is not a tree node: refused */
     uint32_t eid[1] = {3}, off[2] = {0, 2};
     st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = 2, .expert_count = 1, .row_width = 1, .slots = 2};
-    info.payload_bytes = st_wire_dispatch_bytes(2, 1, 1, 0);
+    info.payload_bytes = st_wire_dispatch_bytes(2, 1, 1, 0, false);
     st_wire_dispatch_t v, d;
-    CHECK(st_wire_dispatch_encode(buf, 1, eid, off, 2, 0, &v) == ST_OK, "encode");
+    CHECK(st_wire_dispatch_encode(buf, &info, eid, off, &v) == ST_OK, "encode");
     ((uint32_t *)v.orow)[0] = ((uint32_t *)v.orow)[1] = 0;
     CHECK(st_wire_dispatch_decode(buf, &info, &d) == ST_OK && d.n_out == 1, "decode: 1 output row");
     uint32_t lo[3], lr[2], li[2];

@@ -158,7 +158,9 @@ typedef struct {
     int T;              /* tokens */
     int kc;             /* routing stride per token */
     int ew;             /* expert width ℓ */
-    const float *z;     /* [T, ew] latent inputs */
+    const float *z;     /* [T, ew] latent inputs, fp32; NULL when the engine hands them over as zb */
+    const uint16_t *zb; /* [T, ew] the same as bf16 bit patterns (the GPU engine: its activations are
+                         * bf16, so they travel as they are); NULL when z is set */
     const int *ids;     /* [T, kc] chosen experts, ascending within a token */
     const int *cnt;     /* [T] experts per token (0 = shared path only) */
     const float *wts;   /* [T, kc] routing weights p (SPEC §7), 0 past cnt */

@@ -167,8 +167,9 @@ void st_moe_group(int *offsets, int *row_of, const int *ids, const int *cnt, int
 /* xg[row_of[t, i]] = z[t] for i < cnt[t]; z [T, l]. */
 void st_moe_gather(float *xg, const float *z, const int *row_of, const int *cnt, int T, int kc, int l);
 /* An expert server's distinct-rows dispatch expanded into its grouped order: dst [n, w] bf16, row r =
- * bf16(rows[src[r]]) (round to nearest even) of rows [n_in, w] fp32; a source ≥ n_in gives zeros. */
-void st_moe_expand(uint16_t *dst, const float *rows, const uint32_t *src, int n, int n_in, int w);
+ * bf16(rows[src[r]]) (round to nearest even) of rows [n_in, w], fp32 or (bf16) already bf16; a source
+ * ≥ n_in gives zeros. */
+void st_moe_expand(uint16_t *dst, const void *rows, bool bf16, const uint32_t *src, int n, int n_in, int w);
 /* The combine's summation tree (docs/architecture.md, "Bit-exact expert results", rule 1), as the
  * rule reads: n entries, ids [n] strictly ascending (a leaf's expert id, or a tree node's first
  * leaf), rows v [n, l] fp32 (a leaf's row is fl(p·y) + 0). For h = 0, 1, ...: each adjacent pair

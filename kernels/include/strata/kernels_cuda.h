@@ -331,10 +331,11 @@ st_status_t st_cuda_moe_group(const st_gpu_stream_t *s, int *offsets, int *row_o
 st_status_t st_cuda_moe_gather(const st_gpu_stream_t *s, st_bf16_t *xg, const st_bf16_t *z, const int *row_of,
                                const int *cnt, int T, int kc, int l);
 /* An expert server's distinct-rows dispatch expanded into its grouped order: dst [n, w] bf16, row r =
- * bf16(rows[src[r]]) of rows [n_in, w] fp32 (round to nearest even; a source ≥ n_in gives zeros: the wire
- * decoder rejects those first); src [n] uint32. w % 4 == 0, n ≤ 65535·64. C: st_moe_expand. */
-st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const float *rows, const uint32_t *src,
-                               int n, int n_in, int w);
+ * bf16(rows[src[r]]) of rows [n_in, w], fp32 (round to nearest even) or (bf16) already bf16; a source
+ * ≥ n_in gives zeros (the wire decoder rejects those first); src [n] uint32. w % 4 == 0,
+ * n ≤ 65535·64. C: st_moe_expand. */
+st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const void *rows, bool bf16,
+                               const uint32_t *src, int n, int n_in, int w);
 /* Combine by the summation tree (docs/architecture.md, "Bit-exact expert results", rule 1; one
  * thread per column, strata/moe_tree.h), fp32, no FMA contraction: u = the tree over slots
  * i < cnt[t] (leaf id ids[t, i], ascending; ids/p [T, kc]) of fl(p[t, i] · y_i) + 0, with y_i =

@@ -11,7 +11,7 @@
  *     8   8  step           decode step of the sender
  *    16   4  layer          MoE layer index (0-based)
  *    20   2  micro_batch    micro-batch of the step
- *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS or 0; otherwise 0
+ *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS, ST_WIRE_FLAG_BF16_ROWS or 0; otherwise 0
  *    24   4  source_id      sender's member id (low 32 bits of the coordinator id)
  *    28   4  token_count    DISPATCH: (token, expert) pairs in the payload (sum over experts);
  *                            COMBINE: output rows in the payload
@@ -39,8 +39,10 @@
  *   [N] uint32 output row of each pair (< N; the reply has 1 + the largest of them rows)
  *   [N] fp32 routing weight p of each pair
  *   zero padding up to a multiple of 16 bytes
- *   [unique or N, row_width] fp32 row-major input rows (distinct rows, or one per pair grouped by
- *   expert in table order).
+ *   [unique or N, row_width] row-major input rows (distinct rows, or one per pair grouped by expert
+ *   in table order): fp32, or bf16 with ST_WIRE_FLAG_BF16_ROWS (a GPU worker's latent rows as its
+ *   engine holds them: half the bytes, and exact, since every server computes from bf16 or widens
+ *   bf16 exactly); zero padding up to a multiple of 16 bytes.
  * Payload of COMBINE: [token_count, row_width] fp32 row-major output rows: row o = the summation
  *   tree (docs/architecture.md, "Bit-exact expert results") over the pairs r with output row o of
  *   fl(p_r · E_{expert of r}(input of r)) + 0; a row without pairs is +0. The sender's plan makes
@@ -64,9 +66,10 @@ extern "C" {
 /* 2: ST_WIRE_FLAG_UNIQUE_ROWS dispatches; 3: a per-row kernel flag (0x2); 4: that flag gone, a
  * dispatch carries its micro-batch's slots at byte 56 instead (the data, not a kernel choice);
  * 5: the server combines: a dispatch carries each pair's weight and output row, a reply its output
- * rows without a table */
-#define ST_WIRE_VERSION 5u
+ * rows without a table; 6: ST_WIRE_FLAG_BF16_ROWS, input rows padded to 16 bytes */
+#define ST_WIRE_VERSION 6u
 #define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
+#define ST_WIRE_FLAG_BF16_ROWS 0x2u
 #define ST_WIRE_HEADER_BYTES 64u
 #define ST_WIRE_ALIGN 16u
 #define ST_WIRE_MAX_TOKENS (1u << 20)
@@ -128,14 +131,17 @@ typedef struct {
     uint32_t unique;     /* DISPATCH only: distinct rows (ST_WIRE_FLAG_UNIQUE_ROWS), 0 = plain rows */
     uint32_t slots;      /* DISPATCH only: routed slots of the sender's micro-batch at this layer over all
                           * servers (T × routing stride), ≥ token_count; 0 on other kinds */
+    bool bf16_rows;      /* DISPATCH only: input rows are bf16 (ST_WIRE_FLAG_BF16_ROWS), else fp32 */
 } st_wire_info_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */
 size_t st_wire_table_bytes(uint32_t expert_count);
 
 /* Exact payload bytes of a DISPATCH of this shape (unique distinct rows, ST_WIRE_FLAG_UNIQUE_ROWS;
- * 0 = one row per pair); 0 with ST_FAIL when a count exceeds its ST_WIRE_MAX_* bound. */
-size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique);
+ * 0 = one row per pair; bf16 rows or fp32); 0 with ST_FAIL when a count exceeds its ST_WIRE_MAX_*
+ * bound. */
+size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique,
+                              bool bf16_rows);
 /* The same for a COMBINE of `rows` output rows. */
 size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width);
 
@@ -155,16 +161,18 @@ typedef struct {
     const uint32_t *src;        /* [token_count] sources (each < unique), NULL for one row per pair */
     const uint32_t *orow;       /* [token_count] output row of each pair, each < token_count */
     const float *wts;           /* [token_count] routing weight of each pair */
-    const float *rows;          /* [unique or token_count, row_width] input rows */
+    const void *rows;           /* [unique or token_count, row_width] input rows: fp32, or bf16 (uint16
+                                 * bit patterns) when bf16 */
+    bool bf16;
     uint32_t n_out;             /* output rows of the reply: 1 + the largest orow (0 without pairs) */
 } st_wire_dispatch_t;
 
-/* Write a DISPATCH's table and zero its paddings in payload (st_wire_dispatch_bytes() long);
- * expert_ids and offsets are checked like on decode. The caller then fills the parts it gets back
- * (writable views; src NULL unless unique > 0; n_out 0, the caller's to know). */
-st_status_t st_wire_dispatch_encode(void *payload, uint32_t expert_count, const uint32_t *expert_ids,
-                                    const uint32_t *offsets, uint32_t token_count, uint32_t unique,
-                                    st_wire_dispatch_t *out);
+/* Write a DISPATCH's table and zero its paddings in payload (info->payload_bytes long, as
+ * st_wire_header_encode checked it): the shape is info's (expert_count, token_count, unique,
+ * row_width, bf16_rows); expert_ids and offsets are checked like on decode. The caller then fills
+ * the parts it gets back (writable views; src NULL unless unique > 0; n_out 0, the caller's to know). */
+st_status_t st_wire_dispatch_encode(void *payload, const st_wire_info_t *info, const uint32_t *expert_ids,
+                                    const uint32_t *offsets, st_wire_dispatch_t *out);
 
 /* Validate a decoded DISPATCH's payload (4-byte aligned): table, paddings, sources < unique,
  * output rows < token_count; *out written only on success. Weights are any fp32. */
