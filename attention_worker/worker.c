@@ -2066,7 +2066,8 @@ int st_aw_run(const st_aw_opts_t *opts) {
                            .on_thresholds = aw->o.routing == ST_ROUTE_QUANTILE ? on_thresholds : NULL,
                            .on_registered = on_registered,
                            .sec = sec ? &aw->member_sec : NULL};
-    st_engine_set_route_observer(aw->e, route_hook, aw);
+    /* the scores only for threshold summaries (top-k: the sets are enough) */
+    st_engine_set_route_observer(aw->e, route_hook, aw, aw->o.routing == ST_ROUTE_QUANTILE);
     if (aw->o.routing == ST_ROUTE_QUANTILE) st_engine_set_count_observer(aw->e, count_hook, aw);
     if (st_member_start(&aw->loop, &mo, &aw->mem) != ST_OK) goto out_tp;
     pthread_create(&aw->th, NULL, compute_main, aw);

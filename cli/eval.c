@@ -240,7 +240,7 @@ int st_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "strata eval: no memory\n");
         goto out;
     }
-    if (c->n_experts > 0) st_engine_set_route_observer(e, observe, &obs);
+    if (c->n_experts > 0) st_engine_set_route_observer(e, observe, &obs, obs.scores != NULL);
     logits = malloc((size_t)batch * (size_t)ctx * (size_t)V * sizeof(float));
     toks = malloc((size_t)batch * (size_t)ctx * sizeof(int));
     chunks = calloc((size_t)batch, sizeof *chunks);

@@ -274,7 +274,7 @@ static void route(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t
         st_route_count(b->qcnt, b->qband, b->scores, e->tau + (size_t)l * n, rho, T, n);
         e->cobs(e->cobs_ctx, l, T, n, b->qcnt, rho ? b->qband : NULL);
     }
-    if (e->obs) e->obs(e->obs_ctx, l, T, n, counted ? NULL : b->scores, b->ids, b->cnt, kc);
+    if (e->obs) e->obs(e->obs_ctx, l, T, n, counted || !e->obs_scores ? NULL : b->scores, b->ids, b->cnt, kc);
     /* weights from the unbiased scores over the final sets (SPEC §7) */
     for (int t = 0; t < T; t++) {
         const float *s = b->scores + (size_t)t * n;

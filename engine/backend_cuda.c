@@ -885,7 +885,8 @@ static void deliver(cmb_t *mb, int l) {
     st_engine_t *e = mb->g->e;
     int T = mb->fm->T, n = e->c.n_experts;
     if (mb->counted) e->cobs(e->cobs_ctx, l, T, n, mb->qc_h, mb->banded ? mb->qc_h + n : NULL);
-    if (e->obs) e->obs(e->obs_ctx, l, T, n, mb->counted ? NULL : mb->scores_h, mb->ids_h, mb->cnt_h, e->kcap);
+    if (e->obs)
+        e->obs(e->obs_ctx, l, T, n, mb->counted || !e->obs_scores ? NULL : mb->scores_h, mb->ids_h, mb->cnt_h, e->kcap);
 }
 
 /* The route observer (engine.h): the scores come back with the hand-off and the observer runs in
@@ -904,7 +905,7 @@ static void observe(cmb_t *mb, int l, bool scores_host) {
         st_route_count(mb->qc_h, rho ? mb->qc_h + n : NULL, mb->scores_h, e->tau + (size_t)l * n, rho, T, n);
     } else if (mb->counted) {
         CK(st_gpu_memcpy_async(mb->s, mb->qc_h, mb->qc, (size_t)(rho ? 2 : 1) * n * sizeof(uint32_t), ST_GPU_COPY_D2H));
-    } else if (e->obs) {
+    } else if (e->obs && e->obs_scores) {
         CK(st_gpu_memcpy_async(mb->s, mb->scores_h, mb->scores, (size_t)T * n * sizeof(float), ST_GPU_COPY_D2H));
     }
     if (!mb->fm->internal || (!e->obs && !mb->counted)) return;

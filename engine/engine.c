@@ -244,9 +244,10 @@ void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx) {
     e->hook_ctx = ctx;
 }
 
-void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx) {
+void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx, bool want_scores) {
     e->obs = fn;
     e->obs_ctx = ctx;
+    e->obs_scores = want_scores;
 }
 
 void st_engine_set_count_observer(st_engine_t *e, st_count_observer_t fn, void *ctx) {

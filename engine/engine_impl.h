@@ -92,6 +92,7 @@ struct st_engine {
     void *hook_ctx;
     st_route_observer_t obs;
     void *obs_ctx;
+    bool obs_scores; /* the route observer reads the scores */
     float *rho; /* host [L][n]: probe thresholds for the band counts */
     bool rho_set;
     st_count_observer_t cobs;

@@ -458,7 +458,7 @@ static void test_overlap(const st_ckpt_t *ck, const int *toks, int np, int steps
         st_engine_seq_close(e, slot);
     }
     st_engine_set_route_hook(e, NULL, NULL);
-    st_engine_set_route_observer(e, ov_obs, &r);
+    st_engine_set_route_observer(e, ov_obs, &r, true);
     r.record = false, r.n[0] = r.n[1] = 0;
     st_engine_mb_t *mb[2];
     int slot[2], rounds = 0;

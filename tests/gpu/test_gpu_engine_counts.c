@@ -77,7 +77,7 @@ int main(void) {
     float *tau = malloc(sizeof(float) * cells), *rho = malloc(sizeof(float) * cells);
     float *lg = malloc(sizeof(float) * (size_t)cfg->vocab);
     obs_t cal = {.first = first, .n = n, .cal = calloc(cells * T, sizeof(float))};
-    st_engine_set_route_observer(e, on_route, &cal);
+    st_engine_set_route_observer(e, on_route, &cal, true);
     int slot;
     st_seq_chunk_t ch = {.n_tokens = T, .tokens = toks};
     CHECK(st_engine_seq_open(e, &slot) == ST_OK, "slot");
@@ -85,6 +85,15 @@ int main(void) {
     CHECK(st_engine_step(e, &ch, 1, lg) == ST_OK, "calibration step: %s", st_err_last());
     st_engine_seq_close(e, slot);
     CHECK(cal.scored == n_moe, "calibration: scores at every MoE layer (%d)", cal.scored);
+    obs_t lean = {.first = first, .n = n}; /* an observer without scores: none copied back, NULL given */
+    st_engine_set_route_observer(e, on_route, &lean, false);
+    CHECK(st_engine_seq_open(e, &slot) == ST_OK, "slot");
+    ch.slot = slot;
+    CHECK(st_engine_step(e, &ch, 1, lg) == ST_OK, "step without scores: %s", st_err_last());
+    st_engine_seq_close(e, slot);
+    CHECK(lean.null_scores == n_moe && lean.scored == 0, "an observer without scores gets NULL at every layer (%d)",
+          lean.null_scores);
+    st_engine_set_route_observer(e, on_route, &cal, true);
     for (int l = 0; l < L; l++)
         for (int j = 0; j < n; j++) {
             size_t i = (size_t)l * n + j;
@@ -98,7 +107,7 @@ int main(void) {
     st_engine_set_probes(e, rho);
     for (int pass = 0; pass < 3; pass++) { /* 0: st_engine_step; 1: a micro-batch (hand-off path); 2: host routing */
         obs_t o = {.first = first, .n = n, .cnt = calloc(cells, sizeof(uint32_t))};
-        st_engine_set_route_observer(e, on_route, &o);
+        st_engine_set_route_observer(e, on_route, &o, true);
         st_engine_set_count_observer(e, on_count, &o);
         CHECK(st_engine_seq_open(e, &slot) == ST_OK, "slot");
         ch.slot = slot;

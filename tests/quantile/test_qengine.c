@@ -107,9 +107,15 @@ static void test_engine_paths(void) {
     size_t cells = (size_t)L * n;
     float *tau = malloc(sizeof(float) * cells), *rho = malloc(sizeof(float) * cells);
     obs_t cal = {.first = first, .T = T, .cal = calloc(cells * T, sizeof(float))};
-    st_engine_set_route_observer(e, on_route, &cal);
+    st_engine_set_route_observer(e, on_route, &cal, true);
     run(e, toks, T);
     CHECK(cal.scored == n_moe, "calibration saw every MoE layer (%d)", cal.scored);
+    obs_t lean = {.first = first}; /* an observer set without scores (the worker in top-k mode) */
+    st_engine_set_route_observer(e, on_route, &lean, false);
+    run(e, toks, T);
+    CHECK(lean.null_scores == n_moe && lean.scored == 0, "an observer without scores gets NULL at every layer (%d)",
+          lean.null_scores);
+    st_engine_set_route_observer(e, on_route, &cal, true);
     for (int l = 0; l < L; l++)
         for (int j = 0; j < n; j++) {
             size_t i = (size_t)l * n + j;
@@ -132,7 +138,7 @@ static void test_engine_paths(void) {
         CHECK(st_qsum_create((uint32_t)n_moe, (uint32_t)n, (uint32_t)cfg->top_k, T, &b[p]) == ST_OK, "qsum create");
         CHECK(st_qsum_begin(b[p], buf[p], cap, 3, 1, &tab) == ST_OK, "qsum begin");
         o[p].b = b[p];
-        st_engine_set_route_observer(e, on_route, &o[p]);
+        st_engine_set_route_observer(e, on_route, &o[p], true);
         st_engine_set_count_observer(e, p ? on_count : NULL, &o[p]);
         run(e, toks, T);
         CHECK(st_qsum_finish(b[p], &len[p]) == ST_OK, "qsum finish");
@@ -158,7 +164,7 @@ static void test_engine_paths(void) {
     tab.rho = nan_rho + (size_t)first * n;
     CHECK(st_qsum_begin(b[1], buf[1], cap, 3, 2, &tab) == ST_OK, "qsum begin");
     q.b = b[1];
-    st_engine_set_route_observer(e, on_route, &q);
+    st_engine_set_route_observer(e, on_route, &q, true);
     st_engine_set_count_observer(e, on_count, &q);
     run(e, toks, T);
     CHECK(st_qsum_finish(b[1], &len[1]) == ST_OK && q.bad == 0 && q.banded == 0 && q.counted == n_moe - 1,

@@ -103,11 +103,13 @@ void st_engine_set_route_hook(st_engine_t *e, st_route_hook_t fn, void *ctx);
  * the GPU engine route on the device without a host round trip: there the observer of a
  * micro-batch's layer runs inside st_engine_mb_collect, once the hand-off copies have landed (the
  * scores come back with them); st_engine_step calls it right after routing. The worker counts
- * expert load and builds its threshold summaries this way. scores is NULL on a layer the count
- * observer (below) received counts for: those scores are not copied back. */
+ * expert load and builds its threshold summaries this way. scores is NULL when the observer was set
+ * without them (want_scores false: a GPU engine then copies only the sets back, T × n_experts fp32
+ * less per layer) and on a layer the count observer (below) received counts for: those scores are
+ * not copied back. */
 typedef void (*st_route_observer_t)(void *ctx, int layer, int T, int n_experts, const float *scores,
                                     const int *ids, const int *cnt, int kmax);
-void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx);
+void st_engine_set_route_observer(st_engine_t *e, st_route_observer_t fn, void *ctx, bool want_scores);
 /* Threshold counts (the router's epilogue; docs/quantile.md, the counting estimator): with a count
  * observer set, at every MoE layer that routes by its thresholds (quantile mode, τ row set), the
  * engine counts over the layer's σ scores cnt[j] = #{t : s_tj ≥ τ_j} and, when the layer's probe row
