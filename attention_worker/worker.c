@@ -615,8 +615,9 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 }
 
 /* Waits (until the monotonic time `until`) for the reply to pd, a dispatch sent through a same-host
- * channel, and settles pd like am_done / on_srv_lost / a timeout do for UCX. Compute thread. */
-static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double until) {
+ * channel, and settles pd like am_done / on_srv_lost / a timeout do for UCX. t_wait: when this thread
+ * began waiting for the plan. Compute thread. */
+static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double t_wait, double until) {
     const srv_t *sv = &aw->srv[pd->s];
     double left = (until - st_time_sec()) * 1e3;
     st_xfer_msg_t m;
@@ -636,7 +637,10 @@ static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double until) {
             pd->recv.hdr_len = m.hdr_len;
             pd->rview = m.payload;
             pd->rlen = m.len;
-            pd->t_recv = (double)m.sent_ns * 1e-9; /* when it was answered, not when this thread came to it */
+            /* received when answered if this thread was busy elsewhere then (not the transport's), else
+             * when it saw the answer (its wake-up is the transport's) */
+            double sent = (double)m.sent_ns * 1e-9;
+            pd->t_recv = sent < t_wait ? sent : st_time_sec();
             pd->state = P_DONE;
         } else if (rc == ST_OK) {
             snprintf(pd->err, sizeof pd->err, "expert server %s: bad reply", sv->name);
@@ -669,7 +673,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pthread_mutex_lock(&aw->mu);
         st_xfer_chan_t *ch = pd->state == P_SENT ? pd->chan : NULL; /* the loop frees none a sent pend names */
         pthread_mutex_unlock(&aw->mu);
-        if (ch) shm_wait(aw, pd, ch, t_wait + aw->o.expert_timeout_ms * 1e-3);
+        if (ch) shm_wait(aw, pd, ch, t_wait, t_wait + aw->o.expert_timeout_ms * 1e-3);
     }
     pthread_mutex_lock(&aw->mu);
     for (;;) {

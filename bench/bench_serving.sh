@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmark on the CPU backend: a local cluster (coordinator, 2 expert servers, 1 attention
+# Serving benchmark on the CPU backend: a local cluster (coordinator, EXPERTS expert servers, 1 attention
 # worker over UCX on loopback) per preset under a decode load. Prints the per-step time split
 # (attention, dispatch, network, expert compute, combine, thresholds, coordinator merge) and the
 # dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
@@ -7,12 +7,13 @@
 # side sees per MoE layer. Ends with `RESULT goodput_decode_pct N` and `RESULT goodput_prefill_pct N`
 # (the last preset's; every preset's as RESULT goodput_<load>_pct_<preset>).
 # usage: bench/bench_serving.sh [presets (default "tiny small")] ; env: STRATA_BIN (default build/bin),
-#        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile)
+#        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile), EXPERTS (expert servers, 2)
 set -euo pipefail
 BIN=${STRATA_BIN:-$(cd "$(dirname "$0")/.." && pwd)/build/bin}
 presets=${1:-tiny small}
 conc=${CONC:-8}
 routing=${ROUTING:-quantile}
+experts=${EXPERTS:-2}
 export UCX_TLS=${UCX_TLS:-tcp}
 work=$(mktemp -d /tmp/strata-bench.XXXXXX)
 export STRATA_STATE=$work/state
@@ -69,7 +70,7 @@ printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' pre
 results=()
 for p in $presets; do
   case $p in tiny) long=1024; short=16; gen=64 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
-  "$BIN/strata" up --preset "$p" --experts 2 --workers 1 --routing "$routing" --max-seqs "$conc" \
+  "$BIN/strata" up --preset "$p" --experts "$experts" --workers 1 --routing "$routing" --max-seqs "$conc" \
       --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
   for load in prefill decode; do

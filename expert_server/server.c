@@ -336,6 +336,7 @@ typedef struct shm_link {
     uint8_t handle[ST_XFER_HANDLE_BYTES];
     uint32_t magic;     /* the OFFER's header */
     slot_t slot;        /* compute_one's view of the request being served (thread only) */
+    uint64_t done_ns;   /* when the thread answered its last request (thread only) */
     int refs;           /* under mu */
     struct shm_link *next;
 } shm_link_t;
@@ -360,7 +361,11 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
     slot_t *s = &l->slot;
     s->in = (uint8_t *)m->payload; /* NOTE: the request slot, read in place (the worker waits for our reply) */
     s->out = st_xfer_chan_rep_buf(l->ch, k);
-    s->t_arrive = st_time_ns();
+    /* time at the server starts when the worker posted it (one clock on one host) if this thread was
+     * still serving the previous request then (that wait is the server's), else when this thread saw it
+     * (its wake-up is the transport's) */
+    uint64_t now = st_time_ns();
+    s->t_arrive = m->sent_ns < l->done_ns ? m->sent_ns : now;
     s->result = ST_OK;
     if (m->hdr_len != sizeof(st_wire_header_t) ||
         st_wire_header_decode(m->hdr, m->hdr_len, m->len, &s->info) != ST_OK || s->info.kind != ST_WIRE_KIND_DISPATCH) {
@@ -389,6 +394,7 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
         st_log_warn("expert %s: no reply to a same-host dispatch: %s", es->o.name, st_err_last());
     __atomic_add_fetch(&es->served, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&es->rows, s->result == ST_OK ? s->info.token_count : 0, __ATOMIC_RELAXED);
+    l->done_ns = st_time_ns();
 }
 
 static void *link_main(void *arg) {
