@@ -5,14 +5,27 @@
  * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → the tree sums into output rows (st_cuda_moe_tree_reduce) → fp32
  * rows D2H straight into the caller's reply buffer (the server pins its slot buffers, so neither
- * side is staged through another host copy). No I/O. */
+ * side is staged through another host copy). A decode-size dispatch (per-row FFN) whose shape and
+ * buffers repeat replays those copies and launches as one CUDA graph (ST_TUN_CUDA_GRAPHS). No I/O. */
 #include "compute.h"
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "compute_gpu.h"
 #include "strata/gpu.h"
 #include "strata/kernels_cuda.h"
+
+/* What a dispatch's queued copies and launches depend on besides the pinned tables' contents: a
+ * graph captured for one key replays for any dispatch with that key (per-row FFN only: the grouped
+ * path plans its launches from the offsets' values). */
+typedef struct {
+    uint32_t n, n_exp, n_in, n_out;
+    bool bf16, span;                /* bf16 rows; the wire span copied as one */
+    const void *src, *rows, *out;   /* the host memory the copies read and write */
+} gkey_t;
+#define ES_GRAPHS 16 /* a server's decode shapes × its request slots */
+#define ES_SEEN 8    /* recent keys: a key among them is captured when it comes again */
 
 struct st_es_gpu {
     const st_ckpt_t *ck;
@@ -45,6 +58,18 @@ struct st_es_gpu {
     /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
     uint8_t *d_mx;
     size_t mx_bytes;
+    /* dispatch graphs: a key among the ES_SEEN most recent ones is captured when it comes again (a
+     * worker's micro-batches alternate between request slots); the least recently used graph goes */
+    bool graphs;
+    struct {
+        gkey_t k;
+        void *exec;
+        uint64_t used;
+    } gr[ES_GRAPHS];
+    gkey_t seen[ES_SEEN];
+    int seen_at;
+    uint64_t tick;
+    uint64_t replays; /* dispatches served by a graph (st_es_gpu_graph_replays) */
 };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -63,6 +88,7 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
     g->ew = st_config_expert_width(g->c);
     g->mi = g->c->moe_inter;
     g->max_rows = max_rows;
+    g->graphs = st_tun_int(ST_TUN_CUDA_GRAPHS) != 0;
     st_status_t s;
     if (g->ew % 32 || g->mi % 32 || g->n_experts <= 0) {
         s = ST_FAIL(ST_ERR_CONFIG, "expert gpu: expert width %d and moe_inter %d must be multiples of 32", g->ew, g->mi);
@@ -116,9 +142,20 @@ err:
     return s;
 }
 
+void st_es_gpu_forget(st_es_gpu_t *g) {
+    for (int i = 0; i < ES_GRAPHS; i++) {
+        st_gpu_graph_destroy(g->gr[i].exec);
+        memset(&g->gr[i], 0, sizeof g->gr[i]);
+    }
+    memset(g->seen, 0, sizeof g->seen);
+}
+
+uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g) { return g->replays; }
+
 void st_es_gpu_destroy(st_es_gpu_t *g) {
     if (!g) return;
     st_gpu_init(g->dev);
+    st_es_gpu_forget(g);
     size_t nw = (size_t)g->n_layers * (size_t)g->n_experts;
     for (size_t i = 0; g->w && i < nw; i++) st_gpu_free(g->w[i]);
     free(g->w);
@@ -189,9 +226,90 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e) {
 
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        if ((s = (call)) != ST_OK) return s;                                                                           \
+    } while (0)
+
+/* Queue one dispatch's copies and launches on g->s (the host tables filled; plain or captured):
+ * the pinned block up, the rows as carried (with the sources in the same copy when k->span), the
+ * expansion into bf16 grouped rows, the FFN (per row when rows_ffn), the tree into output rows, and
+ * the rows down into k->out. */
+static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, size_t lead, bool rows_ffn) {
+    const st_config_t *c = g->c;
+    size_t n = k->n, ew = (size_t)g->ew, no = k->n_out;
+    size_t rows_bytes = (size_t)k->n_in * ew * (k->bf16 ? sizeof(st_bf16_t) : sizeof(float));
+    st_status_t s;
+    /* the offsets, the weight table and the leaf table: one copy of the pinned block */
+    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
+                           ST_GPU_COPY_H2D));
+    const void *d_rows = g->d_in;
+    const uint32_t *d_srcs = g->d_src;
+    if (k->span) {
+        CK(st_gpu_memcpy_async(&g->s, g->d_pay, k->src, lead + rows_bytes, ST_GPU_COPY_H2D));
+        d_srcs = (const uint32_t *)g->d_pay;
+        d_rows = g->d_pay + lead;
+    } else {
+        /* bf16 rows without sources are the FFN's input as they are */
+        CK(st_gpu_memcpy_async(&g->s, !k->src && k->bf16 ? (void *)g->d_in_bf : (void *)g->d_in, k->rows, rows_bytes,
+                               ST_GPU_COPY_H2D));
+        if (k->src) CK(st_gpu_memcpy_async(&g->s, g->d_src, k->src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
+    }
+    if (k->src) CK(st_cuda_moe_expand(&g->s, g->d_in_bf, d_rows, k->bf16, d_srcs, (int)n, (int)k->n_in, g->ew));
+    else if (!k->bf16) CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
+    bool situ = c->act == ST_ACT_SITU;
+    if (rows_ffn) /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
+        CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)k->n_exp,
+                                      (int)n, g->d_tab, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2));
+    else
+        CK(st_cuda_moe_ffn_table(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)k->n_exp, 0, g->d_tab, g->ew,
+                                 g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
+    /* the output rows into d_in (free now: the FFN read the bf16 copy) */
+    const uint32_t *dl = g->d_leaf;
+    CK(st_cuda_moe_tree_reduce(&g->s, g->d_in, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
+                               (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew));
+    CK(st_gpu_memcpy_async(&g->s, (void *)k->out, g->d_in, no * ew * sizeof(float), ST_GPU_COPY_D2H));
+    return ST_OK;
+}
+
+/* The cached graph of key k (marked used), or NULL. */
+static void *graph_find(st_es_gpu_t *g, const gkey_t *k) {
+    for (int i = 0; i < ES_GRAPHS; i++)
+        if (g->gr[i].exec && !memcmp(&g->gr[i].k, k, sizeof *k)) {
+            g->gr[i].used = ++g->tick;
+            return g->gr[i].exec;
+        }
+    return NULL;
+}
+
+/* Capture k's dispatch into the least recently used entry; NULL when capture failed (graphs are then
+ * off for this server, with a warning: the dispatch runs plainly). */
+static void *graph_capture(st_es_gpu_t *g, const gkey_t *k, size_t lead) {
+    void *exec = NULL;
+    st_status_t s = st_gpu_capture_begin(&g->s);
+    if (s == ST_OK) {
+        st_status_t q = enqueue(g, k, lead, true);
+        s = st_gpu_capture_end(&g->s, &exec);
+        if (s == ST_OK) s = q;
+    }
+    if (s != ST_OK) {
+        st_gpu_graph_destroy(exec);
+        g->graphs = false;
+        st_log_warn("expert gpu: dispatch graphs switched off, a capture failed: %s", st_err_last());
+        return NULL;
+    }
+    int v = 0;
+    for (int i = 1; i < ES_GRAPHS; i++)
+        if (g->gr[i].used < g->gr[v].used) v = i;
+    st_gpu_graph_destroy(g->gr[v].exec);
+    g->gr[v].k = *k;
+    g->gr[v].exec = exec;
+    g->gr[v].used = ++g->tick;
+    return exec;
+}
+
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
                           uint32_t slots, float *out) {
-    const st_config_t *c = g->c;
     const uint32_t *expert_ids = d->expert_ids, *offsets = d->offsets, *src = d->src;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
     if (n_exp > (uint32_t)g->n_experts)
@@ -223,51 +341,39 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
         const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
         g->h_tab[3 * k] = w, g->h_tab[3 * k + 1] = w + me, g->h_tab[3 * k + 2] = w + 2 * me;
     }
-#define CK(call)                                                                                                       \
-    do {                                                                                                               \
-        if ((s = (call)) != ST_OK) return s;                                                                           \
-    } while (0)
-    /* the offsets, the weight table and the leaf table: one copy of the pinned block */
-    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
-                           ST_GPU_COPY_H2D));
     /* the rows as carried (fp32, or bf16 as a GPU worker sends them), straight from the caller's buffer
-     * (pinned in the server: an async DMA), with the sources in the same copy when they lie before the
-     * rows as the wire lays them out; distinct rows expanded into the grouped order on the device */
+     * (pinned in the server: an async DMA), with the sources in the same copy (the span) when they lie
+     * before the rows as the wire lays them out; distinct rows expanded into the grouped order on the
+     * device */
     size_t rows_bytes = (size_t)n_in * ew * (d->bf16 ? sizeof(st_bf16_t) : sizeof(float));
     size_t rows_pad = (rows_bytes + ST_WIRE_ALIGN - 1) / ST_WIRE_ALIGN * ST_WIRE_ALIGN;
     size_t lead = src ? (size_t)((const uint8_t *)d->rows - (const uint8_t *)src) : 0;
-    const void *d_rows = g->d_in;
-    const uint32_t *d_srcs = g->d_src;
-    if (src && (const uint8_t *)d->rows > (const uint8_t *)src &&
-        lead + rows_pad == st_wire_dispatch_bytes((uint32_t)n, n_exp, (uint32_t)ew, n_in, d->bf16) -
-                               st_wire_table_bytes(n_exp) &&
-        lead + rows_bytes <= g->pay_bytes && lead % 16 == 0) {
-        CK(st_gpu_memcpy_async(&g->s, g->d_pay, src, lead + rows_bytes, ST_GPU_COPY_H2D));
-        d_srcs = (const uint32_t *)g->d_pay;
-        d_rows = g->d_pay + lead;
-    } else {
-        /* bf16 rows without sources are the FFN's input as they are */
-        CK(st_gpu_memcpy_async(&g->s, !src && d->bf16 ? (void *)g->d_in_bf : (void *)g->d_in, d->rows, rows_bytes,
-                               ST_GPU_COPY_H2D));
-        if (src) CK(st_gpu_memcpy_async(&g->s, g->d_src, src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
-    }
-    if (src) CK(st_cuda_moe_expand(&g->s, g->d_in_bf, d_rows, d->bf16, d_srcs, (int)n, (int)n_in, g->ew));
-    else if (!d->bf16) CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
-    bool situ = c->act == ST_ACT_SITU;
+    bool span = src && (const uint8_t *)d->rows > (const uint8_t *)src &&
+                lead + rows_pad == st_wire_dispatch_bytes((uint32_t)n, n_exp, (uint32_t)ew, n_in, d->bf16) -
+                                       st_wire_table_bytes(n_exp) &&
+                lead + rows_bytes <= g->pay_bytes && lead % 16 == 0;
+    gkey_t key;
+    memset(&key, 0, sizeof key); /* compared with memcmp: the padding too */
+    key.n = (uint32_t)n, key.n_exp = n_exp, key.n_in = n_in, key.n_out = (uint32_t)no, key.bf16 = d->bf16;
+    key.span = span, key.src = src, key.rows = d->rows, key.out = out;
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
-    if (st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi))
-        /* h in the first bytes of the FFN workspace (its h [max_rows, mi] region) */
-        CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)n_exp,
-                                             (int)n, g->d_tab, g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2));
-    else
-        CK(st_cuda_moe_ffn_table(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)n_exp, 0, g->d_tab,
-                                        g->ew, g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    /* the output rows into d_in (free now: the FFN read the bf16 copy) */
-    const uint32_t *dl = g->d_leaf;
-    CK(st_cuda_moe_tree_reduce(&g->s, g->d_in, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
-                               (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew));
-    CK(st_gpu_memcpy_async(&g->s, out, g->d_in, no * ew * sizeof(float), ST_GPU_COPY_D2H));
+    bool rows_ffn = st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi);
+    void *exec = NULL;
+    if (rows_ffn && g->graphs) {
+        exec = graph_find(g, &key);
+        bool again = false; /* seen recently (steady decode), its host buffers pinned (graph copies need that) */
+        for (int i = 0; i < ES_SEEN && !exec && !again; i++) again = !memcmp(&g->seen[i], &key, sizeof key);
+        if (again && st_gpu_host_pinned(src ? (const void *)src : d->rows) && st_gpu_host_pinned(out))
+            exec = graph_capture(g, &key, lead);
+        if (!exec && !again) g->seen[g->seen_at++ % ES_SEEN] = key;
+    }
+    if (exec) {
+        CK(st_gpu_graph_launch(exec, &g->s));
+        g->replays++;
+    } else {
+        CK(enqueue(g, &key, lead, rows_ffn));
+    }
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
     return ST_OK;

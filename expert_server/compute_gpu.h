@@ -38,6 +38,14 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
  * come back as ST_ERR_DEVICE with the CUDA text in st_err_last(). */
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
                           uint32_t slots, float *out);
+/* Decode-size dispatches (per-row FFN) replay their copies and launches as a CUDA graph once their
+ * shape and host buffers (the key: pairs, experts, rows, output rows, row type, the request's and the
+ * reply's addresses) repeat, buffers pinned, and ST_TUN_CUDA_GRAPHS on. The graphs name those host
+ * addresses: st_es_gpu_forget drops them all before such memory is unmapped or unpinned (a
+ * same-host channel closing). Not concurrently with st_es_gpu_run. */
+void st_es_gpu_forget(st_es_gpu_t *g);
+/* Dispatches served by a graph replay so far (tests, status). */
+uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);
 

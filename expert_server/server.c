@@ -355,6 +355,20 @@ static void link_put(shm_link_t *l) {
     if (last) free(l);
 }
 
+/* The compute resources, taken by a link thread (it waits while another thread computes). */
+static void busy_take(es_t *es) {
+    pthread_mutex_lock(&es->mu);
+    while (es->busy) pthread_cond_wait(&es->cv, &es->mu); /* whoever clears busy broadcasts */
+    es->busy = 1;
+    pthread_mutex_unlock(&es->mu);
+}
+static void busy_give(es_t *es) {
+    pthread_mutex_lock(&es->mu);
+    es->busy = 0;
+    pthread_cond_broadcast(&es->cv);
+    pthread_mutex_unlock(&es->mu);
+}
+
 /* Serve one request of slot k in place and answer it. */
 static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
     es_t *es = l->es;
@@ -378,15 +392,9 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
         snprintf(s->err, sizeof s->err, "row width %u, this model's experts work at %d", s->info.row_width,
                  st_config_expert_width(st_ckpt_config(es->ck)));
     } else {
-        pthread_mutex_lock(&es->mu);
-        while (es->busy) pthread_cond_wait(&es->cv, &es->mu); /* whoever clears busy broadcasts */
-        es->busy = 1;
-        pthread_mutex_unlock(&es->mu);
+        busy_take(es);
         compute_one(es, s);
-        pthread_mutex_lock(&es->mu);
-        es->busy = 0;
-        pthread_cond_broadcast(&es->cv);
-        pthread_mutex_unlock(&es->mu);
+        busy_give(es);
     }
     st_wire_header_t h;
     size_t len = 0;
@@ -408,6 +416,13 @@ static void *link_main(void *arg) {
         if (rc != ST_OK) break;             /* aborted, the worker exited, or it broke the channel (logged) */
         link_serve(l, k, &m);
     }
+#ifdef STRATA_WITH_CUDA
+    if (es->gpu) { /* its cached dispatch graphs may name the channel's memory */
+        busy_take(es);
+        st_es_gpu_forget(es->gpu);
+        busy_give(es);
+    }
+#endif
     pthread_mutex_lock(&es->mu);
     st_xfer_chan_t *ch = l->ch;
     l->ch = NULL;

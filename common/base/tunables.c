@@ -47,7 +47,8 @@ static const tun_field_t g_fields[] = {
                                "expert server: compute dispatches up to this size on the receiving thread "
                                "(-1: 512 on a GPU, 0 on the CPU; 0: always queue)"},
     [ST_TUN_CUDA_GRAPHS] = {"CUDA_GRAPHS", TUN_BOOL, "1", 0, 1, NULL, "", 0,
-                            "GPU engine: replay decode steps as CUDA graphs (0: plain launches; diagnosis)"},
+                            "GPU roles: replay decode steps (engine) and decode-size dispatches (expert server) as CUDA graphs "
+                            "(0: plain launches; diagnosis)"},
     [ST_TUN_HOST_ROUTE] = {"HOST_ROUTE", TUN_BOOL, "0", 0, 1, NULL, "", 0,
                            "GPU engine: quantile routing on the host, one sync per MoE layer (diagnosis)"},
     [ST_TUN_XFER_SPIN_US] = {"XFER_SPIN_US", TUN_INT, "-1", -1, 10000000, NULL, "us", 0,

@@ -196,6 +196,14 @@ st_status_t st_gpu_host_register(void *p, size_t bytes, void **dev) {
 void st_gpu_host_unregister(void *p) {
     if (p && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
 }
+bool st_gpu_host_pinned(const void *p) {
+    struct cudaPointerAttributes a;
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
 
 st_status_t st_gpu_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes,
                                 st_gpu_copy_t kind) {

@@ -9,7 +9,7 @@
  * the wire, st_es_gpu_run, st_dispatch_finish) equal bit for bit the summation tree over what the
  * worker's own GPU engine computes for those slots (the per-slot kernel or the grouped FFN, as
  * st_cuda_moe_ffn_slots_pick says for T·kc), with every expert on one server or the experts split
- * over two. */
+ * over two. And decode-size dispatches replayed as CUDA graphs give the same bits (graph_case). */
 #include <math.h>
 #include <unistd.h>
 
@@ -252,6 +252,74 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         free(fill), free(eng);
 }
 
+/* Decode-size dispatches replayed as CUDA graphs (compute_gpu.c): a wire-layout dispatch in pinned
+ * memory (one token on 4 experts, then 2 tokens sharing 3), fp32 and bf16 rows, served 6 times;
+ * from the second sighting on a graph serves it (st_es_gpu_graph_replays), and every result equals
+ * bit for bit the same dispatch from pageable memory (never graphed); the same shape on another
+ * layer, and new row values in place, replay with the new tables and rows; st_es_gpu_forget drops
+ * the graphs (no replay on the next sighting, one again after). */
+static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_rng_t *r) {
+    const st_config_t *c = st_ckpt_config(ck);
+    const int ew = st_config_expert_width(c), l0 = c->first_k_dense, l1 = c->n_layers - 1;
+    for (int shape = 0; shape < 4; shape++) {
+        bool bf = shape >= 2;
+        /* shape 0/2: token 0 on experts 1 3 6 9 (one output row); 1/3: tokens 0, 1 on 2 5 11 */
+        uint32_t ids0[] = {1, 3, 6, 9}, ids1[] = {2, 5, 11};
+        uint32_t n_exp = shape % 2 ? 3 : 4, *ids = shape % 2 ? ids1 : ids0, n_in = shape % 2 ? 2 : 1;
+        uint32_t off[5], src[8], orow[8], n = 0;
+        float wts[8];
+        off[0] = 0;
+        for (uint32_t k = 0; k < n_exp; k++) {
+            for (uint32_t t = 0; t < n_in; t++) src[n] = t, orow[n] = t, wts[n] = 0.125f + 0.25f * (float)(n % 3), n++;
+            off[k + 1] = n;
+        }
+        CHECK(st_cuda_moe_ffn_slots_pick((int)n, c->n_experts, ew, c->moe_inter), "%s: %u slots pick the per-row FFN",
+              tag, n);
+        st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = n, .expert_count = n_exp,
+                               .row_width = (uint32_t)ew, .unique = n_in, .slots = n, .bf16_rows = bf};
+        info.payload_bytes = st_wire_dispatch_bytes(n, n_exp, (uint32_t)ew, n_in, bf);
+        uint8_t *pin = NULL, *page = gt_xmalloc(info.payload_bytes + 16);
+        float *out_pin = NULL, *out_ref = gt_xmalloc(sizeof(float) * n_in * ew);
+        GT_OK(st_gpu_host_alloc((void **)&pin, info.payload_bytes));
+        GT_OK(st_gpu_host_alloc((void **)&out_pin, sizeof(float) * n_in * ew));
+        st_wire_dispatch_t v, dp, dg;
+        GT_OK(st_wire_dispatch_encode(pin, &info, ids, off, &v));
+        memcpy((uint32_t *)v.src, src, 4 * n), memcpy((uint32_t *)v.orow, orow, 4 * n), memcpy((float *)v.wts, wts, 4 * n);
+        for (int layer = l0; layer <= l1; layer += l1 - l0 ? l1 - l0 : 1)
+            for (uint32_t k = 0; k < n_exp; k++) GT_OK(st_es_gpu_bind(g, layer, (int)ids[k]));
+        uint64_t before = st_es_gpu_graph_replays(g);
+        int runs = 0, same = 0;
+        for (int round = 0; round < 10; round++) {
+            int layer = round >= 6 && round < 8 ? l1 : l0;
+            if (round == 0 || round == 4) /* new row values in place */
+                for (size_t i = 0; i < (size_t)n_in * ew; i++) {
+                    float x = st_rng_normal(r);
+                    if (bf) ((uint16_t *)v.rows)[i] = st_f32_to_bf16(x);
+                    else ((float *)v.rows)[i] = x;
+                }
+            if (round == 8) st_es_gpu_forget(g);
+            memcpy(page, pin, info.payload_bytes);
+            GT_OK(st_wire_dispatch_decode(pin, &info, &dg));
+            GT_OK(st_wire_dispatch_decode(page, &info, &dp));
+            for (size_t i = 0; i < (size_t)n_in * ew; i++) out_ref[i] = out_pin[i] = NAN;
+            GT_OK(st_es_gpu_run(g, layer, n_exp, &dp, n_in, n, out_ref));
+            uint64_t r0 = st_es_gpu_graph_replays(g);
+            GT_OK(st_es_gpu_run(g, layer, n_exp, &dg, n_in, n, out_pin));
+            bool replayed = st_es_gpu_graph_replays(g) > r0;
+            /* round 0 is the first sighting; after forget (round 8) the next one is a first sighting again */
+            CHECK(replayed == (round != 0 && round != 8), "%s shape %d round %d: %s", tag, shape, round,
+                  replayed ? "replayed where it should not" : "not replayed");
+            runs++;
+            same += !memcmp(out_ref, out_pin, sizeof(float) * n_in * ew);
+        }
+        CHECK(same == runs, "%s shape %d (%s rows): %d of %d graph results equal the plain ones bit for bit", tag, shape,
+              bf ? "bf16" : "fp32", same, runs);
+        CHECK(st_es_gpu_graph_replays(g) - before == 8, "%s shape %d: 8 replays (%llu)", tag, shape,
+              (unsigned long long)(st_es_gpu_graph_replays(g) - before));
+        st_gpu_host_free(pin), st_gpu_host_free(out_pin), free(page), free(out_ref);
+    }
+}
+
 static void variant(const char *name, bool mxfp4) {
     char dir[512];
     const char *tmp = getenv("STRATA_TEST_TMP");
@@ -311,6 +379,7 @@ static void variant(const char *name, bool mxfp4) {
     /* micro-batches on both sides of st_cuda_moe_ffn_slots_pick (tiny: 16 experts, 4 per token) */
     static const int Ts[] = {1, 2, 3, 17, 70};
     for (size_t i = 0; i < ST_ARRAY_LEN(Ts); i++) engine_case(name, g, ck, i % 2 ? l1 : l0, Ts[i], &r);
+    graph_case(name, g, ck, &r);
     printf("%s: %.2f MiB of expert weights on the device\n", name, (double)st_es_gpu_weight_bytes(g) / (1 << 20));
 
     st_es_gpu_destroy(g);

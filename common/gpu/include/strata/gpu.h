@@ -72,6 +72,9 @@ st_status_t st_gpu_ipc_open(const uint8_t handle[ST_GPU_IPC_HANDLE_BYTES], void 
 void st_gpu_ipc_close(void *ptr);
 st_status_t st_gpu_host_register(void *p, size_t bytes, void **dev);
 void st_gpu_host_unregister(void *p);
+/* Whether p is page-locked host memory the driver knows (st_gpu_host_alloc, a pinned arena,
+ * st_gpu_host_register): copies from and to it can be captured in a graph. */
+bool st_gpu_host_pinned(const void *p);
 
 /* Stream-ordered copies and memset (queued on s, no host wait; 0 bytes: nothing queued). A copy
  * from or to pageable host memory is staged by the driver and may return only once the host side
