@@ -809,7 +809,7 @@ static bool replies_in(aw_t *aw, int mb) {
 }
 
 /* Micro-batch mb's replies → its work item's combined rows u (failed tokens +0), then its next
- * layers launched. */
+ * layers released (queued at its collect: st_engine_mb_launch releases, then finds them launched). */
 static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
     remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
     st_dispatch_finish(&aw->plan[mb], &w[mb], aw->plan[mb].head, aw->tok_failed[mb]);
@@ -823,6 +823,9 @@ static int mb_collect(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256], int 
     aw->hook_mb = mb;
     if (st_engine_mb_collect(aw->mbs[mb], &w[mb])) {
         remote_dispatch(aw, mb, &w[mb], why[mb], sizeof why[mb]);
+        /* the next layers queued now, behind a wait for the release (mb_resume): the device starts
+         * them the moment the rows are in, not a launch later */
+        st_engine_mb_launch_early(aw->mbs[mb]);
         live[mb] = MB_AT_EXPERTS;
         return 0;
     }
@@ -1084,11 +1087,16 @@ static void step(aw_t *aw) {
     post_report(aw, nmb);
     /* sample, stream, finish */
     for (int m = 0; m < nmb; m++) {
-        /* per-sequence failure: any of its tokens failed at any MoE layer */
+        /* per-sequence failure: any of its tokens failed at any MoE layer, or the device step failed */
+        st_status_t es = count[m] ? st_engine_mb_status(aw->mbs[m]) : ST_OK;
+        if (es != ST_OK) {
+            snprintf(why[m], sizeof why[m], "worker %s: the device step failed (%s)", aw->o.name, st_status_str(es));
+            st_log_every(ST_LOG_ERROR, 5.0, "%s", why[m]);
+        }
         int off = 0;
         for (int j = 0; j < count[m]; j++) {
             seq_t *q = &aw->seqs[idx[first[m] + j]];
-            int n = ch[first[m] + j].n_tokens, bad = 0;
+            int n = ch[first[m] + j].n_tokens, bad = es != ST_OK;
             for (int t = 0; t < n; t++) bad |= aw->tok_failed[m][off + t];
             off += n;
             float *lg = aw->logits[m] + (size_t)j * aw->c->vocab;
@@ -2006,6 +2014,8 @@ int st_aw_run(const st_aw_opts_t *opts) {
     eo.k_max = aw->o.k_max;
     eo.remote_experts = true;
     eo.device = aw->o.device;
+    /* the host releases every hand-off within a plan's wait and its retry round */
+    eo.handoff_timeout_ms = (int)ST_MIN(2ull * aw->o.expert_timeout_ms + 5000u, (unsigned long long)INT_MAX);
     st_xfer_set_spin(aw->o.device >= 0);
     if (st_engine_create(&aw->e, aw->ck, &eo) != ST_OK) goto out_ck;
     if (alloc_buffers(aw) != ST_OK) goto out_engine;

@@ -161,6 +161,11 @@ typedef struct {
      * the layer in flight was counted, banded: with the band */
     uint32_t *qc, *qc_h;
     bool counted, banded;
+    /* the release of hand-offs (engine.h, st_engine_mb_launch_early), mapped pinned words: [0] the last
+     * released hand-off (host), [1] the one the next combine waits for (host, at collect), [2] the
+     * wait's watchdog error (device); hand: hand-offs collected */
+    uint32_t *rel;
+    uint32_t hand;
     /* step */
     int n_rows;
     int *d_tok, *d_tok_ent, *d_tok_pos, *d_rows, *d_cu, *d_slot, *d_len, *d_btab; /* into meta_d */
@@ -600,6 +605,7 @@ static void mb_free(st_engine_mb_t *fm) {
     if (!fm->internal) {
         st_gpu_events_destroy(&mb->ev, 1);
         st_gpu_stream_destroy(&mb->own);
+        st_gpu_host_free(mb->rel);
     }
     st_gpu_arena_cleanup(&mb->dev);
     st_gpu_arena_cleanup(&mb->pin);
@@ -620,11 +626,16 @@ static st_status_t mb_init(st_engine_mb_t *fm) {
     if (!fm->internal) {
         s = st_gpu_stream_create(&mb->own);
         if (s == ST_OK && (s = st_gpu_event_create(&mb->ev)) != ST_OK) st_gpu_stream_destroy(&mb->own);
+        if (s == ST_OK && (s = st_gpu_host_alloc((void **)&mb->rel, 64)) != ST_OK) {
+            st_gpu_events_destroy(&mb->ev, 1);
+            st_gpu_stream_destroy(&mb->own);
+        }
         if (s != ST_OK) {
             free(mb);
             fm->bk = NULL;
             return s;
         }
+        memset(mb->rel, 0, 64);
         mb->s = &mb->own;
     }
     mb->need = calloc((size_t)g->e->o.max_batch_tokens + 1, 1);
@@ -636,6 +647,7 @@ static st_status_t mb_init(st_engine_mb_t *fm) {
         if (!fm->internal) {
             st_gpu_events_destroy(&mb->ev, 1);
             st_gpu_stream_destroy(&mb->own);
+            st_gpu_host_free(mb->rel);
         }
         free(mb->need);
         free(mb);
@@ -1124,6 +1136,10 @@ static void moe_finish(st_engine_mb_t *fm, int l) {
     const float *yg = mb->local_done && !mb->slot_order ? mb->yg : NULL;
     const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
     const float *wts = remote ? NULL : mb->wts;
+    if ((remote || !mb->local_done) && mb->rel) { /* the executor's rows: once the host released them */
+        int ms = g->e->o.handoff_timeout_ms > 0 ? g->e->o.handoff_timeout_ms : 60000;
+        CK(st_cuda_flag_wait(s, &mb->rel[0], 0, &mb->rel[1], (uint64_t)ms * 1000000u, &mb->rel[2]));
+    }
     if (remote) CK(st_gpu_memcpy_async(s, mb->eout, mb->u_h, (size_t)T * ew * sizeof(float), ST_GPU_COPY_H2D));
     else if (!mb->local_done)
         CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
@@ -1150,13 +1166,32 @@ static void launch_end(st_engine_mb_t *fm) {
 
 static bool ready(st_engine_mb_t *fm) { return st_gpu_event_done(CMB(fm)->ev); }
 
-/* The hand-off copies landed; the observer reads the scores and sets that came back with them. */
+/* After the device work up to a sync point: a combine that waited in vain for its release fails the
+ * step (its rows were not the executor's). */
+static void release_check(cmb_t *mb) {
+    if (!mb->rel || !__atomic_load_n(&mb->rel[2], __ATOMIC_ACQUIRE)) return;
+    __atomic_store_n(&mb->rel[2], 0u, __ATOMIC_RELEASE);
+    st_engine_mb_t *fm = mb->fm;
+    st_status_t s = ST_FAIL(ST_ERR_TIMEOUT, "engine: a micro-batch's expert results were not released within %d ms",
+                            fm->e->o.handoff_timeout_ms > 0 ? fm->e->o.handoff_timeout_ms : 60000);
+    if (fm->err == ST_OK) fm->err = s;
+}
+
+/* The hand-off copies landed; the observer reads the scores and sets that came back with them. The
+ * next combine waits for this hand-off's release. */
 static void handoff_wait(st_engine_mb_t *fm) {
     cmb_t *mb = CMB(fm);
     st_engine_t *e = fm->e;
     if (st_gpu_init(e->o.device) != ST_OK && fm->err == ST_OK) fm->err = ST_ERR_INTERNAL;
     CK(st_gpu_event_sync(mb->ev));
+    release_check(mb);
+    __atomic_store_n(&mb->rel[1], ++mb->hand, __ATOMIC_RELEASE);
     deliver(mb, fm->l);
+}
+
+static void release(st_engine_mb_t *fm) {
+    cmb_t *mb = CMB(fm);
+    __atomic_store_n(&mb->rel[0], mb->hand, __ATOMIC_RELEASE);
 }
 
 /* The sampling entries' parameters for the head's row chunks of LR rows: list k in head-row order,
@@ -1243,6 +1278,7 @@ static void head(st_engine_mb_t *fm) {
         CK(st_gpu_memcpy_async(s, mb->stlp_h, mb->stlp_d, nt * sizeof(float), ST_GPU_COPY_D2H));
     }
     CK(st_gpu_stream_sync(s));
+    release_check(mb);
     for (int i = 0, r = 0, k = 0; i < fm->n_seqs; i++) {
         const st_seq_chunk_t *q = &fm->seqs[i];
         r += q->all_logits ? q->n_tokens : 1;
@@ -1471,6 +1507,7 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .moe_finish = moe_finish,
     .launch_end = launch_end,
     .wait = handoff_wait,
+    .release = release,
     .ready = ready,
     .head = head,
     .step = graph_step,

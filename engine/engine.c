@@ -23,6 +23,7 @@ void st_engine_opts_default(st_engine_opts_t *o) {
     o->device = -1;
     o->cuda_graphs = st_tun_int(ST_TUN_CUDA_GRAPHS) != 0; /* defaults live in the configuration table */
     o->host_route = st_tun_int(ST_TUN_HOST_ROUTE) != 0;
+    o->handoff_timeout_ms = 60000;
 }
 
 static st_status_t mb_create(st_engine_t *e, st_engine_mb_t **out, bool internal);
@@ -311,6 +312,7 @@ st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out) { return m
 
 void st_engine_mb_destroy(st_engine_mb_t *mb) {
     if (!mb) return;
+    st_engine_mb_release(mb); /* device work queued behind an unreleased hand-off drains */
     mb->e->be->mb_free(mb);
     free(mb->ents);
     free(mb);
@@ -367,6 +369,7 @@ static void grow_pages(st_engine_t *e, const st_ent_t *en) {
 st_status_t st_engine_mb_begin(st_engine_mb_t *mb, const st_seq_chunk_t *seqs, int n_seqs, float *logits) {
     st_engine_t *e = mb->e;
     if (mb->busy) return ST_FAIL(ST_ERR_INVALID_ARG, "micro-batch is still in flight");
+    st_engine_mb_release(mb);
     st_status_t s = e->be->use ? e->be->use(e) : ST_OK;
     int T = 0;
     if (s == ST_OK) s = validate(e, seqs, n_seqs, mb->ents, &T);
@@ -477,9 +480,22 @@ static void finish(st_engine_mb_t *mb) {
 
 bool st_engine_async(const st_engine_t *e) { return e->be->async; }
 
-void st_engine_mb_launch(st_engine_mb_t *mb) {
+void st_engine_mb_release(st_engine_mb_t *mb) {
+    if (!mb->held) return;
+    mb->held = false;
+    if (mb->e->be->release) mb->e->be->release(mb);
+}
+
+void st_engine_mb_launch_early(st_engine_mb_t *mb) {
     if (mb->e->be->async) walk(mb);
 }
+
+void st_engine_mb_launch(st_engine_mb_t *mb) {
+    st_engine_mb_release(mb);
+    st_engine_mb_launch_early(mb);
+}
+
+st_status_t st_engine_mb_status(const st_engine_mb_t *mb) { return mb->err; }
 
 bool st_engine_mb_ready(st_engine_mb_t *mb) {
     const st_engine_backend_t *be = mb->e->be;
@@ -489,7 +505,10 @@ bool st_engine_mb_ready(st_engine_mb_t *mb) {
 int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work) {
     st_engine_t *e = mb->e;
     if (!mb->busy) return 0;
-    if (!mb->pend) walk(mb);
+    if (!mb->pend) {
+        st_engine_mb_release(mb);
+        walk(mb);
+    }
     int p = mb->pend;
     mb->pend = 0;
     if (p == 2) {
@@ -497,6 +516,7 @@ int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work) {
         return 0;
     }
     if (e->be->wait) e->be->wait(mb);
+    mb->held = true;
     *work = mb->work;
     mb->ts = st_time_sec();
     return 1;

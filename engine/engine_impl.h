@@ -113,6 +113,7 @@ struct st_engine_mb {
     float *logits;
     int l, nb;          /* next layer; completed AttnRes blocks */
     bool waiting, busy; /* waiting: the experts of layer l are outstanding */
+    bool held;          /* a collected hand-off not released yet (st_engine_mb_release) */
     int pend;           /* launched, not collected: 0 none, 1 a hand-off, 2 the layers (the head runs in collect) */
     st_moe_work_t work; /* the hand-off launch queued */
     st_status_t err;    /* the first error of an asynchronous backend's step (reported at its end) */
@@ -166,6 +167,7 @@ struct st_engine_backend {
     void (*moe_finish)(st_engine_mb_t *mb, int l); /* combine, up-projection, shared experts into partial */
     void (*launch_end)(st_engine_mb_t *mb);   /* after the last layer */
     void (*wait)(st_engine_mb_t *mb);         /* the hand-off landed (then the observer) */
+    void (*release)(st_engine_mb_t *mb);      /* the executor wrote the hand-off's results (engine.h) */
     bool (*ready)(st_engine_mb_t *mb);        /* the hand-off or layers are done (a poll) */
     void (*head)(st_engine_mb_t *mb);         /* final norm, lm_head, logits / argmax to the caller */
     /* the entries' sampling (st_seq_chunk_t.sample) over the head's rows; a backend whose head works

@@ -364,10 +364,35 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     CHECK(bf16_handoff, "the GPU engine hands z over as bf16 (zb), not fp32");
     CHECK(rounds == c->n_layers - c->first_k_dense, "one hand-off per MoE layer (%d)", rounds);
     CHECK(st_engine_seq_len(eg, slot) == np, "length advanced");
+    CHECK(st_engine_mb_status(mb) == ST_OK, "hand-off step status: %s", st_status_str(st_engine_mb_status(mb)));
     int nf = 0, rows = 0;
     double worst = 0, sum = 0;
     e2e_rows("hand-off (host fp32 experts) vs device bf16 experts", lg, ref, 0, np, V, &worst, &sum, &rows, &nf);
     printf("hand-off: routing flips %ld of %ld\n", hr.flips, hr.tokens);
+    /* the same, driven as the worker drives it: the next layers queued at each collect, waiting on the
+     * device for the release that follows the host's experts; the same logits bit for bit */
+    float *le = malloc((size_t)np * V * sizeof(float));
+    hr.pos = 0; /* the same forced routing again */
+    int es;
+    CHECK(st_engine_seq_open(eg, &es) == ST_OK, "seq open");
+    st_seq_chunk_t ech = {.slot = es, .n_tokens = np, .tokens = toks, .all_logits = true};
+    CHECK(st_engine_mb_begin(mb, &ech, 1, le) == ST_OK, "mb begin (early): %s", st_err_last());
+    for (int more = st_engine_mb_advance(mb, &w); more; more = st_engine_mb_collect(mb, &w)) {
+        st_engine_mb_launch_early(mb);
+        for (size_t i = 0; i < (size_t)w.T * w.ew; i++) zf[i] = st_bf16_to_f32(w.zb[i]);
+        for (int t = 0; t < w.T; t++)
+            for (int i = 0; i < w.cnt[t]; i++) {
+                st_expert_weights_t x;
+                if (st_ckpt_expert(ck, w.layer, w.ids[(size_t)t * w.kc + i], &x) != ST_OK) continue;
+                st_ffn(w.out + ((size_t)t * w.kc + i) * w.ew, zf + (size_t)t * w.ew, 1, &x.gate, &x.up, &x.down, c->act,
+                       c->situ_beta1, c->situ_beta2, ws);
+            }
+        st_engine_mb_release(mb);
+    }
+    CHECK(st_engine_mb_status(mb) == ST_OK && memcmp(le, lg, (size_t)np * V * sizeof(float)) == 0,
+          "early launch + release: the same logits bit for bit (status %s)", st_status_str(st_engine_mb_status(mb)));
+    st_engine_seq_close(eg, es);
+    free(le);
     st_engine_set_route_hook(eg, NULL, NULL);
     for (int i = 0; i < hr.n; i++) free(hr.calls[i].ids), free(hr.calls[i].cnt);
     /* the expert sublayer computed on the CPU's side (fp32) and everything else on the GPU: an end to
@@ -382,6 +407,53 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     free(zf);
     free(lg);
     free(ref);
+}
+
+/* An early launch never released: its device work waits opts.handoff_timeout_ms (300 ms here), then
+ * drains; the step fails with ST_ERR_TIMEOUT instead of hanging, and the next step is fine. */
+static void test_release_watchdog(const st_ckpt_t *ck, const int *toks, int np, int V) {
+    st_engine_opts_t o;
+    st_engine_opts_default(&o);
+    o.max_seqs = 1, o.max_batch_tokens = np, o.max_ctx = 2 * np + 8, o.device = 0, o.handoff_timeout_ms = 300;
+    st_engine_t *e = NULL;
+    CHECK(st_engine_create(&e, ck, &o) == ST_OK, "watchdog engine: %s", st_err_last());
+    if (!e) return;
+    st_engine_mb_t *mb = NULL;
+    CHECK(st_engine_mb_create(e, &mb) == ST_OK, "mb create: %s", st_err_last());
+    float *lg = malloc((size_t)np * V * sizeof(float));
+    int slot;
+    CHECK(st_engine_seq_open(e, &slot) == ST_OK, "seq open");
+    st_seq_chunk_t ch = {.slot = slot, .n_tokens = np, .tokens = toks, .all_logits = true};
+    st_moe_work_t w;
+    for (int round = 0; round < 2 && mb; round++) {
+        CHECK(st_engine_mb_begin(mb, &ch, 1, lg) == ST_OK, "begin: %s", st_err_last());
+        int more = st_engine_mb_advance(mb, &w), first = 1;
+        double t0 = st_time_sec(), waited = 0;
+        while (more) {
+            memset(w.out, 0, (size_t)w.T * w.kc * w.ew * sizeof(float));
+            if (round == 0 && first) { /* launched early, never released: the device waits, then drains */
+                st_engine_mb_launch_early(mb);
+                t0 = st_time_sec();
+                more = st_engine_mb_collect(mb, &w);
+                waited = st_time_sec() - t0;
+                first = 0;
+                continue;
+            }
+            more = st_engine_mb_advance(mb, &w); /* released by the launch */
+        }
+        if (round == 0)
+            CHECK(st_engine_mb_status(mb) == ST_ERR_TIMEOUT && waited >= 0.25 && waited < 10,
+                  "an unreleased hand-off fails the step after %.2f s (status %s)", waited,
+                  st_status_str(st_engine_mb_status(mb)));
+        else
+            CHECK(st_engine_mb_status(mb) == ST_OK, "the next step is fine (%s)", st_status_str(st_engine_mb_status(mb)));
+        st_engine_seq_close(e, slot);
+        CHECK(st_engine_seq_open(e, &slot) == ST_OK, "seq open");
+        ch.slot = slot;
+    }
+    st_engine_mb_destroy(mb);
+    st_engine_destroy(e);
+    free(lg);
 }
 
 /* ---- overlapped micro-batches and routing on the device ----
@@ -712,6 +784,7 @@ static void run_preset(const char *preset, int np, int steps) {
     printf("RESULT %s_gpu_prefill_tok_s %.1f (prompt %d)\n", preset, np / gp, np);
     printf("RESULT %s_gpu_decode_tok_s %.1f (batch 1)\n", preset, steps / gd);
     test_handoff(eg, ck, toks, np, V);
+    test_release_watchdog(ck, toks, np, V);
     test_overlap(ck, toks, np, steps, V);
 out:
     st_engine_destroy(eg);

@@ -81,7 +81,9 @@ int main(void) {
     st_moe_work_t w;
     int layers = 0, round_trip_ok = 1;
     bool failed[32] = {false};
-    while (st_engine_mb_advance(mb, &w)) {
+    /* driven as the worker drives it: the next launch queued before the rows are in, then released */
+    for (int more = st_engine_mb_advance(mb, &w); more; more = st_engine_mb_collect(mb, &w)) {
+        st_engine_mb_launch_early(mb);
         layers++;
         st_dispatch_plan_build(&plan, &w, server_of, failed);
         for (int s = 0; s < S; s++) {
@@ -141,7 +143,9 @@ int main(void) {
             st_dispatch_unpack(&plan, s, &w, rep, plan.head);
         }
         st_dispatch_finish(&plan, &w, plan.head, failed);
+        st_engine_mb_release(mb);
     }
+    CHECK(st_engine_mb_status(mb) == ST_OK, "the step's status: %s", st_status_str(st_engine_mb_status(mb)));
     int anyfail = 0;
     for (int t = 0; t < N0 + N1; t++) anyfail |= failed[t];
     CHECK(!anyfail, "no token failed");

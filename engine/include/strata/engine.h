@@ -33,6 +33,8 @@ typedef struct {
     bool cuda_graphs;     /* decode steps of st_engine_step replayed as CUDA graphs (default: the table's CUDA_GRAPHS) */
     bool host_route;      /* quantile routing on the host (one sync per MoE layer) instead of the device
                            * (default: HOST_ROUTE; the sets are the same) */
+    int handoff_timeout_ms; /* how long an early-launched micro-batch's device work waits for its
+                             * release (st_engine_mb_launch_early) before it fails (0 = 60000) */
 } st_engine_opts_t;
 
 void st_engine_opts_default(st_engine_opts_t *o);
@@ -195,6 +197,20 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work);
  * without a launch launches first. */
 void st_engine_mb_launch(st_engine_mb_t *mb);
 int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work);
+/* Early launch: after a collect that returned work, queue the next launch before the executor has
+ * written work->out / u, so the device has it queued when they arrive; the device work waits on the
+ * host (the GPU engine: a flag in pinned memory, polled by one thread on the device) until
+ * st_engine_mb_release says they are written. A plain launch releases first, so callers that fill
+ * the work before launching need neither. Every hand-off must be released (st_engine_mb_destroy and
+ * the next begin release an abandoned one); one not released within opts.handoff_timeout_ms fails
+ * the step (st_engine_mb_status ST_ERR_TIMEOUT) instead of hanging the device. The work buffers stay
+ * the caller's until the release. The CPU engine computes in collect: both are no-ops there. */
+void st_engine_mb_launch_early(st_engine_mb_t *mb);
+void st_engine_mb_release(st_engine_mb_t *mb);
+/* The first error of the micro-batch's current (or last finished) step: ST_OK, or a device error /
+ * a release timeout of the GPU engine (whose launches cannot fail on the spot). Read it after the
+ * collect that finishes the step: the logits of a failed step are not to be used. */
+st_status_t st_engine_mb_status(const st_engine_mb_t *mb);
 bool st_engine_async(const st_engine_t *e);
 /* Whether collect would return without waiting for the device (a poll; always true on the CPU). */
 bool st_engine_mb_ready(st_engine_mb_t *mb);
