@@ -163,33 +163,4 @@ out("wire", {
 })
 
 
-# ---- quantile: byte 0 even = a summary for st_qstate_merge (3 layers, 8 experts, k 2), odd = builder ----
-def summary(sections, version=0, layers=3, experts=8, k=2):
-    body = b""
-    for layer, T, recs in sections:
-        rb = b""
-        for j, cut, n_at, scores, explicit in recs:
-            rb += struct.pack("<HH", j | (0x8000 if explicit else 0), len(scores))
-            if explicit:
-                rb += struct.pack("<fI", cut, n_at)
-            rb += struct.pack("<%df" % len(scores), *scores)
-        body += struct.pack("<IIII", layer, T, len(recs), 16 + len(rb)) + rb
-    total = 48 + len(body)
-    hdr = struct.pack("<IHHIIIIQIIQ", 0x53515453, 1, 48, total, layers, experts, k, version, 5, len(sections), 3)
-    return b"\x00" + hdr + body
-
-
-def all_explicit(layer, T):
-    return (layer, T, [(j, 0.1 * j, 1, [0.99 - 0.01 * j, 0.95 - 0.01 * j], True) for j in range(8)])
-
-
-out("quantile", {
-    "explicit_v0.bin": summary([all_explicit(l, 8) for l in range(3)]),
-    "explicit_v1.bin": summary([all_explicit(2, 4), all_explicit(0, 4)], version=1),
-    "implicit_v1.bin": summary([(1, 6, [(3, 0, 0, [0.99, 0.98], False)])], version=1),
-    "no_sections.bin": summary([]),
-    "truncated.bin": summary([all_explicit(0, 8)])[:70],
-    "build_table_T32.bin": b"\x01" + bytes([31, 0x87]) + bytes((i * 37) % 256 for i in range(1536)),
-    "build_no_table_T1.bin": b"\x01" + bytes([0, 0x07]) + bytes(range(48)),
-    "build_ties.bin": b"\x01" + bytes([15, 0x85]) + bytes(512),
-})
+# ---- quantile: written by make_quantile_seeds.c (real format-2 summaries need the quantile library) ----
