@@ -31,7 +31,7 @@ typedef struct {
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
     int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */
-    uint8_t *head;     /* [max_rows] slot holds a node value in w->out (st_dispatch_unpack) */
+    const float **at;  /* [max_rows] slot → its node value (st_dispatch_unpack), NULL when none */
     uint32_t *tid;     /* [max_rows] scratch of st_dispatch_finish */
 } st_dispatch_plan_t;
 
@@ -50,12 +50,17 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
  * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS) */
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
                       float *wts, void *rows);
-/* Server s's reply rows [n_out[s], ew] → the node values in w->out (row t*kc + i: the node whose first
- * leaf is slot i), marked in head [T*kc] (the first plan's head, also for its retry plan's replies:
- * a retried node replaces one that never arrived, so the slots never clash). */
-void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, uint8_t *head);
-/* Each token's tree finished from its node values (w->out rows marked in head, ascending by first
- * leaf) → w->u [T, ew]; a flagged token, or one without experts, gets +0 rows. w->out is scratch. */
-void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, const uint8_t *head, const bool *tok_failed);
+/* Server s's reply rows [n_out[s], ew] → at [T*kc]: slot i of token t points at the row of the node
+ * whose first leaf it is (the first plan's at, also for its retry plan's replies: a retried node
+ * replaces one that never arrived, so the slots never clash). Pointers, not copies: rows must stay
+ * as they are until st_dispatch_finish, or st_dispatch_settle before they are reused. */
+void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, const float **at);
+/* The node rows at points to, copied into w->out (row t*kc + i) and pointed to there: before the reply
+ * buffers they lie in are reused (a retry round sends on the same channels). */
+void st_dispatch_settle(const st_moe_work_t *w, const float **at);
+/* Each token's tree finished from its node values (at, ascending by first leaf) → w->u [T, ew]: one
+ * node is copied, several are gathered into the token's rows of w->out (scratch) and summed by the
+ * tree; a flagged token, or one without experts, gets +0 rows. */
+void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, const float **at, const bool *tok_failed);
 
 #endif

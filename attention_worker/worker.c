@@ -654,9 +654,9 @@ static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double t_wait, do
     pthread_mutex_unlock(&aw->mu);
 }
 
-/* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, marked in head),
+/* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, pointed to in at),
  * return a mask of failed servers (count in *n_failed) and their errors in pend[].err. */
-static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, uint8_t *head, int *failed_mask,
+static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, const float **at, int *failed_mask,
                       int *n_failed) {
     double t_wait = st_time_sec(), slowest_net = 0;
     uint32_t slowest_us = 0;
@@ -704,7 +704,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                      info.kind == ST_WIRE_KIND_COMBINE && info.seq == pd->seq &&
                      info.token_count == (uint32_t)p->n_out[s] && info.row_width == (uint32_t)w->ew;
             if (ok) {
-                st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), head);
+                st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), at);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -759,9 +759,10 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
  * failed servers. Tokens left without an answer are flagged. */
 static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
     int failed[MAX_SERVERS] = {0}, nf = 0;
-    uint8_t *head = aw->plan[mb].head;
-    wait_plan(aw, mb, &aw->plan[mb], w, head, failed, &nf);
+    const float **at = aw->plan[mb].at;
+    wait_plan(aw, mb, &aw->plan[mb], w, at, failed, &nf);
     if (nf == 0) return;
+    st_dispatch_settle(w, at); /* the retry round reuses the reply buffers the node values lie in */
     for (int s = 0; s < aw->n_srv; s++)
         if (failed[s]) {
             snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -781,7 +782,7 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
     send_plan(aw, mb, &aw->plan2, w);
     int failed2[MAX_SERVERS] = {0}, nf2 = 0;
-    wait_plan(aw, mb, &aw->plan2, w, head, failed2, &nf2);
+    wait_plan(aw, mb, &aw->plan2, w, at, failed2, &nf2);
     for (int s = 0; s < aw->n_srv; s++) {
         if (!failed2[s]) continue;
         snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -812,7 +813,7 @@ static bool replies_in(aw_t *aw, int mb) {
  * layers released (queued at its collect: st_engine_mb_launch releases, then finds them launched). */
 static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
     remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
-    st_dispatch_finish(&aw->plan[mb], &w[mb], aw->plan[mb].head, aw->tok_failed[mb]);
+    st_dispatch_finish(&aw->plan[mb], &w[mb], aw->plan[mb].at, aw->tok_failed[mb]);
     aw->hook_mb = mb;
     st_engine_mb_launch(aw->mbs[mb]);
 }

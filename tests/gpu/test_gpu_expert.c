@@ -232,11 +232,12 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
             float *rows = gt_xmalloc(sizeof(float) * ((size_t)d.n_out * l + 1));
             for (size_t i = 0; i < (size_t)d.n_out * l; i++) rows[i] = NAN;
             GT_OK(st_es_gpu_run(g, layer, info.expert_count, &d, info.unique, (uint32_t)S, rows));
-            st_dispatch_unpack(&plan, sv, &wk, rows, plan.head);
+            st_dispatch_unpack(&plan, sv, &wk, rows, plan.at);
+            st_dispatch_settle(&wk, plan.at); /* rows is freed next */
             sent += plan.n_rows[sv];
             free(rows), free(msg);
         }
-        st_dispatch_finish(&plan, &wk, plan.head, failed);
+        st_dispatch_finish(&plan, &wk, plan.at, failed);
         size_t differ = 0;
         for (int t = 0; t < T; t++) differ += memcmp(u + (size_t)t * l, uref + (size_t)t * l, sizeof(float) * l) != 0;
         CHECK(differ == 0 && sent == N, "%s layer %d T=%d (%d slots, %s, %s rows): %zu of %d combined rows differ "

@@ -140,9 +140,10 @@ int main(void) {
                 CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d, plain ? rep4 : rep3) == ST_OK, "run bf16");
             }
             bf16_ok &= !memcmp(rep3, rep4, sizeof(float) * d.n_out * ew);
-            st_dispatch_unpack(&plan, s, &w, rep, plan.head);
+            st_dispatch_unpack(&plan, s, &w, rep, plan.at);
+            st_dispatch_settle(&w, plan.at); /* rep is the next server's too */
         }
-        st_dispatch_finish(&plan, &w, plan.head, failed);
+        st_dispatch_finish(&plan, &w, plan.at, failed);
         st_engine_mb_release(mb);
     }
     CHECK(st_engine_mb_status(mb) == ST_OK, "the step's status: %s", st_status_str(st_engine_mb_status(mb)));

@@ -2,7 +2,8 @@
  * between expert servers: random tokens (0 to kc experts, weights and rows with ±0, cancellations
  * and wide magnitudes) over random placements on 1–5 servers (scattered experts, replicas picked at
  * random, a retry round after a lost server) give, after the plan, the wire, each server's output
- * rows and the worker's finish, the one-process combine's u bit for bit. Also: the rule as written
+ * rows and the worker's finish (node values read where the replies lie, or settled into the work's rows
+ * first), the one-process combine's u bit for bit. Also: the rule as written
  * (a recursion over the complete binary tree) == st_moe_tree_rows == the per-column stack form of
  * strata/moe_tree.h == st_moe_combine; a malformed output row is refused. No checkpoint needed: an
  * expert's "output" for a token is a fixed random row. */
@@ -87,7 +88,7 @@ static int serve(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, flo
 
 int main(void) {
     static uint8_t buf[1 << 20];
-    static float rows_out[MAXT * MAXK * MAXW];
+    static float rows_all[MAXS][MAXT * MAXK * MAXW]; /* each server's reply rows, or all in [0] */
     st_dispatch_plan_t plan, plan2;
     CHECK(st_dispatch_plan_init(&plan, MAXS, MAXE, MAXT * MAXK) == ST_OK, "plan");
     CHECK(st_dispatch_plan_init(&plan2, MAXS, MAXE, MAXT * MAXK) == ST_OK, "plan2");
@@ -165,10 +166,15 @@ int main(void) {
         for (int t = 0; t < n_tok; t++)
             for (int i = 0; i < cnt[t]; i++) split_ok &= covered[t * kc + i] == 1;
         int lost = S > 1 && trial % 3 == 0 ? rint_(S) : -1; /* a server whose reply never comes */
+        /* odd trials: each reply in its own buffer, the node values read from there (pointers); even:
+         * one buffer for all, settled after each (as the worker settles before reusing its buffers) */
+        bool own = trial % 2;
         for (int s = 0; s < S; s++) {
             if (!plan.n_rows[s] || s == lost) continue;
+            float *rows_out = rows_all[own ? s : 0];
             server_ok &= serve(&plan, s, &w, rows_out, buf);
-            st_dispatch_unpack(&plan, s, &w, rows_out, plan.head);
+            st_dispatch_unpack(&plan, s, &w, rows_out, plan.at);
+            if (!own) st_dispatch_settle(&w, plan.at);
         }
         if (lost >= 0 && plan.n_rows[lost]) { /* retry: its experts on another holder, or none */
             retries++;
@@ -180,13 +186,16 @@ int main(void) {
                     if (holders[e][r] != lost) so2[e] = holders[e][r];
             }
             st_dispatch_plan_build(&plan2, &w, so2, failed);
+            st_dispatch_settle(&w, plan.at); /* the retry's replies land in the same buffers */
             for (int s = 0; s < S; s++) {
                 if (!plan2.n_rows[s]) continue;
+                float *rows_out = rows_all[own ? s : 0];
                 server_ok &= serve(&plan2, s, &w, rows_out, buf);
-                st_dispatch_unpack(&plan2, s, &w, rows_out, plan.head);
+                st_dispatch_unpack(&plan2, s, &w, rows_out, plan.at);
+                if (!own) st_dispatch_settle(&w, plan.at);
             }
         }
-        st_dispatch_finish(&plan, &w, plan.head, failed);
+        st_dispatch_finish(&plan, &w, plan.at, failed);
         for (int t = 0; t < n_tok; t++) {
             bool stranded = false; /* a leaf of the lost server without another holder */
             for (int i = 0; i < cnt[t] && lost >= 0; i++)
