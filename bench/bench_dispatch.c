@@ -39,12 +39,14 @@ static void run(const shape_t *sh, int T) {
     st_rng_t r = {.s = 7 + (uint64_t)T};
     float *z = malloc(sizeof(float) * (size_t)T * ew), *wts = malloc(sizeof(float) * (size_t)P);
     uint16_t *zb = malloc(sizeof(uint16_t) * (size_t)T * ew);
-    int *ids = malloc(sizeof(int) * (size_t)P), *cnt = malloc(sizeof(int) * (size_t)T), *ent = calloc((size_t)T, sizeof(int));
+    int *ids = malloc(sizeof(int) * (size_t)P), *cnt = malloc(sizeof(int) * (size_t)T),
+        *ent = calloc((size_t)T, sizeof(int));
     float *out = malloc(sizeof(float) * (size_t)P * ew), *u = malloc(sizeof(float) * (size_t)T * ew);
     int *server_of = malloc(sizeof(int) * (size_t)E);
     bool *failed = calloc((size_t)T, sizeof(bool));
     uint8_t *mark = calloc((size_t)E, 1);
-    for (size_t i = 0; i < (size_t)T * ew; i++) z[i] = st_rng_normal(&r), zb[i] = st_f32_to_bf16(z[i]);
+    for (size_t i = 0; i < (size_t)T * ew; i++)
+        z[i] = st_rng_normal(&r), zb[i] = st_f32_to_bf16(z[i]);
     for (int t = 0; t < T; t++) { /* kc distinct experts, ascending */
         memset(mark, 0, (size_t)E);
         for (int i = 0; i < kc;) {
@@ -55,9 +57,19 @@ static void run(const shape_t *sh, int T) {
             if (mark[e]) ids[t * kc + i] = e, wts[t * kc + i] = (float)st_rng_uniform(&r), i++;
         cnt[t] = kc;
     }
-    for (int e = 0; e < E; e++) server_of[e] = (int)((long)e * S / E);
-    st_moe_work_t w = {.layer = 1, .T = T, .kc = kc, .ew = ew, .z = z, .ids = ids, .cnt = cnt, .wts = wts,
-                       .tok_ent = ent, .out = out, .u = u};
+    for (int e = 0; e < E; e++)
+        server_of[e] = (int)((long)e * S / E);
+    st_moe_work_t w = {.layer = 1,
+                       .T = T,
+                       .kc = kc,
+                       .ew = ew,
+                       .z = z,
+                       .ids = ids,
+                       .cnt = cnt,
+                       .wts = wts,
+                       .tok_ent = ent,
+                       .out = out,
+                       .u = u};
     st_dispatch_plan_t p;
     if (st_dispatch_plan_init(&p, S, E, P) != ST_OK) {
         fprintf(stderr, "bench_dispatch: %s\n", st_err_last());
@@ -76,7 +88,8 @@ static void run(const shape_t *sh, int T) {
     float **rep = malloc(sizeof(float *) * (size_t)S); /* each server's reply rows */
     for (int s = 0; s < S; s++) {
         rep[s] = malloc(sizeof(float) * max_out * ew);
-        for (size_t i = 0; i < (size_t)p.n_out[s] * ew; i++) rep[s][i] = st_rng_normal(&r);
+        for (size_t i = 0; i < (size_t)p.n_out[s] * ew; i++)
+            rep[s][i] = st_rng_normal(&r);
     }
     double t_plan, t_pack32, t_pack16, t_unpack, t_finish, t_copy;
     TIME_IT(t_plan, st_dispatch_plan_build(&p, &w, server_of, failed));
@@ -85,7 +98,7 @@ static void run(const shape_t *sh, int T) {
         w.z = (zsrc), w.zb = (zbsrc);                                                                                  \
         for (int s = 0; s < S; s++) {                                                                                  \
             uint32_t *sr = (uint32_t *)msg[s], *orow = sr + P;                                                         \
-            st_dispatch_pack(&p, s, &w, sr, orow, (float *)(orow + P), orow + 2 * P);                                   \
+            st_dispatch_pack(&p, s, &w, sr, orow, (float *)(orow + P), orow + 2 * P);                                  \
         }                                                                                                              \
     } while (0)
     TIME_IT(t_pack32, PACK(z, NULL));
@@ -95,7 +108,8 @@ static void run(const shape_t *sh, int T) {
     /* finish gathers the node rows of tokens with several into w->out: unpack again before each */
     double t_both;
     TIME_IT(t_both, {
-        for (int s = 0; s < S; s++) st_dispatch_unpack(&p, s, &w, rep[s], p.at);
+        for (int s = 0; s < S; s++)
+            st_dispatch_unpack(&p, s, &w, rep[s], p.at);
         st_dispatch_finish(&p, &w, p.at, failed);
     });
     t_finish = t_both - t_unpack;
@@ -105,7 +119,8 @@ static void run(const shape_t *sh, int T) {
     memset(a, 1, bytes), memset(b, 2, bytes);
     TIME_IT(t_copy, memcpy(b, a, bytes); a[0] ^= b[bytes - 1]);
     int pairs = 0, outs = 0, uniq = 0;
-    for (int s = 0; s < S; s++) pairs += p.n_rows[s], outs += p.n_out[s], uniq += p.n_uniq[s];
+    for (int s = 0; s < S; s++)
+        pairs += p.n_rows[s], outs += p.n_out[s], uniq += p.n_uniq[s];
     double host = t_plan + t_pack16 + t_unpack + t_finish;
     printf("%-6s %4d %3d %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f %7.2f\n", sh->name, T, S, pairs, uniq,
            outs, 1e6 * t_plan, 1e6 * t_pack32, 1e6 * t_pack16, 1e6 * t_unpack, 1e6 * t_finish, 1e6 * t_copy,
@@ -113,7 +128,8 @@ static void run(const shape_t *sh, int T) {
     printf("RESULT dispatch_host_us_%s_b%d %.1f\n", sh->name, T, 1e6 * host);
     printf("RESULT dispatch_host_vs_memcpy_%s_b%d %.2f\n", sh->name, T, host / t_copy);
     st_dispatch_plan_cleanup(&p);
-    for (int s = 0; s < S; s++) free(msg[s]), free(rep[s]);
+    for (int s = 0; s < S; s++)
+        free(msg[s]), free(rep[s]);
     free(msg), free(rep), free(a), free(b), free(z), free(zb), free(wts), free(ids), free(cnt), free(ent), free(out),
         free(u), free(server_of), free(failed), free(mark);
 }
@@ -133,7 +149,8 @@ int main(void) {
            "plan", "pack32", "pack16", "unpack", "finish", "memcpy", "MiB", "×memcpy");
     for (size_t i = 0; i < ST_ARRAY_LEN(shapes); i++) {
         static const int Ts[] = {1, 32, 256};
-        for (size_t j = 0; j < ST_ARRAY_LEN(Ts); j++) run(&shapes[i], Ts[j]);
+        for (size_t j = 0; j < ST_ARRAY_LEN(Ts); j++)
+            run(&shapes[i], Ts[j]);
     }
     return 0;
 }
