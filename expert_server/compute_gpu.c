@@ -150,7 +150,7 @@ void st_es_gpu_forget(st_es_gpu_t *g) {
     memset(g->seen, 0, sizeof g->seen);
 }
 
-uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g) { return g->replays; }
+uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g) { return __atomic_load_n(&g->replays, __ATOMIC_RELAXED); }
 
 void st_es_gpu_destroy(st_es_gpu_t *g) {
     if (!g) return;
@@ -370,7 +370,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     }
     if (exec) {
         CK(st_gpu_graph_launch(exec, &g->s));
-        g->replays++;
+        __atomic_add_fetch(&g->replays, 1, __ATOMIC_RELAXED);
     } else {
         CK(enqueue(g, &key, lead, rows_ffn));
     }

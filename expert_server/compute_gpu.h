@@ -44,7 +44,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
  * addresses: st_es_gpu_forget drops them all before such memory is unmapped or unpinned (a
  * same-host channel closing). Not concurrently with st_es_gpu_run. */
 void st_es_gpu_forget(st_es_gpu_t *g);
-/* Dispatches served by a graph replay so far (tests, status). */
+/* Dispatches served by a graph replay so far (tests, the server's log; any thread). */
 uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);

@@ -567,8 +567,12 @@ static void on_member_stopped(void *arg) {
 static void on_signal(uv_signal_t *h, int sig) {
     es_t *es = h->data;
     if (es->stop) return;
-    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served)", es->o.name, sig,
-                (unsigned long long)es->served, (unsigned long long)es->rows);
+    unsigned long long replays = 0;
+#ifdef STRATA_WITH_CUDA
+    if (es->gpu) replays = (unsigned long long)st_es_gpu_graph_replays(es->gpu);
+#endif
+    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay)", es->o.name,
+                sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;
     for (shm_link_t *l = es->links; l; l = l->next)

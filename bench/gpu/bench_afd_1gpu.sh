@@ -72,3 +72,5 @@ done
   for f in $STRATA_STATE/*.log; do echo "== $f: warnings"; grep -E "WARN|ERROR" "$f" | tail -8; echo "== $f: last lines"; tail -4 "$f"; done
 } >> "$OUT/afd$TAG.txt"; rm -f "$OUT/load$TAG.err"
 timeout 30 $B/strata down
+# the expert server's dispatches served by a CUDA graph replay (its stop line)
+grep -h "by a graph replay" $STRATA_STATE/*.log | sed 's/^.*stopping/expert server: stopping/' >> "$OUT/afd$TAG.txt" || true
