@@ -82,8 +82,7 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
     memset(p->n_rows, 0, sizeof(int) * (size_t)S);
     memset(p->n_exp, 0, sizeof(int) * (size_t)S);
     memset(p->n_out, 0, sizeof(int) * (size_t)S);
-    for (int k = 0; k < w->T * kc; k++) p->at[k] = NULL;
-    for (int k = 0; k < w->T * kc; k++) p->slot_row[k] = -1;
+    for (int k = 0; k < w->T * kc; k++) p->at[k] = NULL, p->slot_row[k] = -1;
     /* each token's leaves cut into the largest tree nodes one server holds: its output rows */
     uint32_t *id = p->tid;
     for (int t = 0; t < w->T; t++) {

@@ -719,13 +719,18 @@ static void chain_record(cmb_t *mb) {
     if (!mb->fm->internal && !mb->capturing) CK(st_gpu_event_record(mb->g->chain_ev, mb->s));
 }
 
+/* A micro-batch's stream waits for the state resets of seq_reset (queued on the engine's stream). */
+static void wait_open(cmb_t *mb) {
+    cu_t *g = mb->g;
+    if (mb->s == &g->s) return;
+    CK(st_gpu_event_record(g->open_ev, &g->s));
+    CK(st_gpu_stream_wait(mb->s, g->open_ev));
+}
+
 /* The start of a step's device work (in launch, so that a graph captures it): metadata up, embed. */
 static void queue_begin(cmb_t *mb) {
     cu_t *g = mb->g;
-    if (mb->s != &g->s && !mb->capturing) { /* after the state resets of seq_reset */
-        CK(st_gpu_event_record(g->open_ev, &g->s));
-        CK(st_gpu_stream_wait(mb->s, g->open_ev));
-    }
+    if (!mb->capturing) wait_open(mb);
     CK(st_gpu_memcpy_async(mb->s, mb->meta_d, mb->meta_h, mb->words * sizeof(int), ST_GPU_COPY_H2D));
     chain_wait(mb);
     CK(st_cuda_embed(mb->s, mb->partial, g->embed, mb->d_tok, mb->fm->T, g->e->c.d));
@@ -1137,8 +1142,8 @@ static void moe_finish(st_engine_mb_t *fm, int l) {
     const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
     const float *wts = remote ? NULL : mb->wts;
     if ((remote || !mb->local_done) && mb->rel) { /* the executor's rows: once the host released them */
-        int ms = g->e->o.handoff_timeout_ms > 0 ? g->e->o.handoff_timeout_ms : 60000;
-        CK(st_cuda_flag_wait(s, &mb->rel[0], 0, &mb->rel[1], (uint64_t)ms * 1000000u, &mb->rel[2]));
+        uint64_t ns = (uint64_t)g->e->o.handoff_timeout_ms * 1000000u;
+        CK(st_cuda_flag_wait(s, &mb->rel[0], 0, &mb->rel[1], ns, &mb->rel[2]));
     }
     if (remote) CK(st_gpu_memcpy_async(s, mb->eout, mb->u_h, (size_t)T * ew * sizeof(float), ST_GPU_COPY_H2D));
     else if (!mb->local_done)
@@ -1173,7 +1178,7 @@ static void release_check(cmb_t *mb) {
     __atomic_store_n(&mb->rel[2], 0u, __ATOMIC_RELEASE);
     st_engine_mb_t *fm = mb->fm;
     st_status_t s = ST_FAIL(ST_ERR_TIMEOUT, "engine: a micro-batch's expert results were not released within %d ms",
-                            fm->e->o.handoff_timeout_ms > 0 ? fm->e->o.handoff_timeout_ms : 60000);
+                            fm->e->o.handoff_timeout_ms);
     if (fm->err == ST_OK) fm->err = s;
 }
 
@@ -1393,11 +1398,7 @@ static int seg_find(const cu_t *g, const cmb_t *mb) {
  * state resets (first launch of a step) and for the previous micro-batch's compute (chain_wait)
  * before; the chain and the collect event after. */
 static void seg_before(cmb_t *mb, bool fresh) {
-    cu_t *g = mb->g;
-    if (fresh && mb->s != &g->s) {
-        CK(st_gpu_event_record(g->open_ev, &g->s));
-        CK(st_gpu_stream_wait(mb->s, g->open_ev));
-    }
+    if (fresh) wait_open(mb);
     chain_wait(mb);
 }
 static void seg_after(cmb_t *mb) {

@@ -23,7 +23,6 @@ void st_engine_opts_default(st_engine_opts_t *o) {
     o->device = -1;
     o->cuda_graphs = st_tun_int(ST_TUN_CUDA_GRAPHS) != 0; /* defaults live in the configuration table */
     o->host_route = st_tun_int(ST_TUN_HOST_ROUTE) != 0;
-    o->handoff_timeout_ms = 60000;
 }
 
 static st_status_t mb_create(st_engine_t *e, st_engine_mb_t **out, bool internal);
@@ -113,6 +112,7 @@ static void free_tables(st_engine_t *e) {
 static st_status_t check_opts(st_engine_t *e) {
     const st_config_t *c = &e->c;
     if (e->o.kv_page_size <= 0) e->o.kv_page_size = 64;
+    if (e->o.handoff_timeout_ms <= 0) e->o.handoff_timeout_ms = 60000;
     if (e->o.max_seqs <= 0 || e->o.max_batch_tokens <= 0 || e->o.max_ctx <= 0)
         return ST_FAIL(ST_ERR_INVALID_ARG, "engine: max_seqs, max_batch_tokens and max_ctx must be positive");
     if (c->kda_heads > 0 && c->kda_head_dim <= 0) return ST_FAIL(ST_ERR_CONFIG, "engine: KDA head_dim must be positive");

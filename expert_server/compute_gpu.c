@@ -235,7 +235,7 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
  * the pinned block up, the rows as carried (with the sources in the same copy when k->span), the
  * expansion into bf16 grouped rows, the FFN (per row when rows_ffn), the tree into output rows, and
  * the rows down into k->out. */
-static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, size_t lead, bool rows_ffn) {
+static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
     const st_config_t *c = g->c;
     size_t n = k->n, ew = (size_t)g->ew, no = k->n_out;
     size_t rows_bytes = (size_t)k->n_in * ew * (k->bf16 ? sizeof(st_bf16_t) : sizeof(float));
@@ -246,6 +246,7 @@ static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, size_t lead, bool ro
     const void *d_rows = g->d_in;
     const uint32_t *d_srcs = g->d_src;
     if (k->span) {
+        size_t lead = (size_t)((const uint8_t *)k->rows - (const uint8_t *)k->src);
         CK(st_gpu_memcpy_async(&g->s, g->d_pay, k->src, lead + rows_bytes, ST_GPU_COPY_H2D));
         d_srcs = (const uint32_t *)g->d_pay;
         d_rows = g->d_pay + lead;
@@ -284,11 +285,11 @@ static void *graph_find(st_es_gpu_t *g, const gkey_t *k) {
 
 /* Capture k's dispatch into the least recently used entry; NULL when capture failed (graphs are then
  * off for this server, with a warning: the dispatch runs plainly). */
-static void *graph_capture(st_es_gpu_t *g, const gkey_t *k, size_t lead) {
+static void *graph_capture(st_es_gpu_t *g, const gkey_t *k) {
     void *exec = NULL;
     st_status_t s = st_gpu_capture_begin(&g->s);
     if (s == ST_OK) {
-        st_status_t q = enqueue(g, k, lead, true);
+        st_status_t q = enqueue(g, k, true);
         s = st_gpu_capture_end(&g->s, &exec);
         if (s == ST_OK) s = q;
     }
@@ -365,14 +366,14 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
         bool again = false; /* seen recently (steady decode), its host buffers pinned (graph copies need that) */
         for (int i = 0; i < ES_SEEN && !exec && !again; i++) again = !memcmp(&g->seen[i], &key, sizeof key);
         if (again && st_gpu_host_pinned(src ? (const void *)src : d->rows) && st_gpu_host_pinned(out))
-            exec = graph_capture(g, &key, lead);
+            exec = graph_capture(g, &key);
         if (!exec && !again) g->seen[g->seen_at++ % ES_SEEN] = key;
     }
     if (exec) {
         CK(st_gpu_graph_launch(exec, &g->s));
         __atomic_add_fetch(&g->replays, 1, __ATOMIC_RELAXED);
     } else {
-        CK(enqueue(g, &key, lead, rows_ffn));
+        CK(enqueue(g, &key, rows_ffn));
     }
     CK(st_gpu_stream_sync(&g->s));
 #undef CK

@@ -37,15 +37,14 @@ static size_t src_bytes(uint32_t tokens) { return pad16((size_t)tokens * sizeof(
 /* output rows and weights of the pairs, padded together */
 static size_t pair_bytes(uint32_t tokens) { return pad16((size_t)tokens * 2 * sizeof(uint32_t)); }
 
-/* input rows, padded */
-static size_t rows_bytes(uint32_t rows, uint32_t width, bool bf16) {
-    return pad16((size_t)rows * width * (bf16 ? sizeof(uint16_t) : sizeof(float)));
+/* the input rows (distinct ones, or one per pair) without their padding */
+static size_t rows_used(uint32_t tokens, uint32_t unique, uint32_t width, bool bf16) {
+    return (size_t)(unique ? unique : tokens) * width * (bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 /* NOTE: the bounds keep tokens * width * 4 below 2^40, so no overflow on 64-bit size_t. */
 static size_t dispatch_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique, bool bf16) {
-    size_t b = st_wire_table_bytes(experts) + pair_bytes(tokens);
-    if (unique) return b + src_bytes(tokens) + rows_bytes(unique, width, bf16);
-    return b + rows_bytes(tokens, width, bf16);
+    size_t b = st_wire_table_bytes(experts) + pair_bytes(tokens) + pad16(rows_used(tokens, unique, width, bf16));
+    return unique ? b + src_bytes(tokens) : b;
 }
 static size_t combine_of(uint32_t rows, uint32_t width) { return (size_t)rows * width * sizeof(float); }
 
@@ -179,11 +178,6 @@ static const char *table_problem(uint32_t n, const uint32_t *ids, const uint32_t
     return NULL;
 }
 
-/* bytes of the input rows without their padding */
-static size_t rows_used(uint32_t tokens, uint32_t unique, uint32_t width, bool bf16) {
-    return (size_t)(unique ? unique : tokens) * width * (bf16 ? sizeof(uint16_t) : sizeof(float));
-}
-
 st_status_t st_wire_dispatch_encode(void *payload, const st_wire_info_t *info, const uint32_t *expert_ids,
                                     const uint32_t *offsets, st_wire_dispatch_t *out) {
     uint32_t expert_count = info->expert_count, token_count = info->token_count, unique = info->unique;
@@ -208,7 +202,7 @@ st_status_t st_wire_dispatch_encode(void *payload, const st_wire_info_t *info, c
     v.wts = (const float *)(p + (size_t)token_count * 4);
     p += pair_bytes(token_count);
     used = rows_used(token_count, unique, info->row_width, info->bf16_rows);
-    memset(p + used, 0, rows_bytes(unique ? unique : token_count, info->row_width, info->bf16_rows) - used);
+    memset(p + used, 0, pad16(used) - used);
     v.rows = p;
     v.bf16 = info->bf16_rows;
     *out = v;

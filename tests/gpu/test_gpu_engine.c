@@ -313,6 +313,25 @@ static int greedy_rule(const char *what, const float *gpu, const float *cpu, int
     return -1;
 }
 
+/* The experts of a hand-off on the host, fp32, from its rows (zb widened into zf [T, ew]) into w->out
+ * (row t*kc + i); *ws grows on first use. */
+static void host_experts(const st_ckpt_t *ck, const st_moe_work_t *w, float *zf, float **ws) {
+    const st_config_t *c = st_ckpt_config(ck);
+    const float *z = w->z;
+    if (w->zb) {
+        for (size_t i = 0; i < (size_t)w->T * w->ew; i++) zf[i] = st_bf16_to_f32(w->zb[i]);
+        z = zf;
+    }
+    for (int t = 0; t < w->T; t++)
+        for (int i = 0; i < w->cnt[t]; i++) {
+            st_expert_weights_t x;
+            if (st_ckpt_expert(ck, w->layer, w->ids[(size_t)t * w->kc + i], &x) != ST_OK) continue;
+            if (!*ws) *ws = malloc(st_ffn_ws_floats(1, &x.gate, &x.up, &x.down) * sizeof(float));
+            st_ffn(w->out + ((size_t)t * w->kc + i) * w->ew, z + (size_t)t * w->ew, 1, &x.gate, &x.up, &x.down, c->act,
+                   c->situ_beta1, c->situ_beta2, *ws);
+        }
+}
+
 /* The micro-batch hand-off on the GPU: experts computed on the host from work->zb (the GPU engine
  * hands z over as bf16, as it holds it), written to work->out (the remote path), against
  * st_engine_step on the same engine. */
@@ -347,19 +366,7 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     while (st_engine_mb_advance(mb, &w)) {
         rounds++;
         bf16_handoff &= w.zb != NULL && w.z == NULL;
-        const float *z = w.z;
-        if (w.zb) {
-            for (size_t i = 0; i < (size_t)w.T * w.ew; i++) zf[i] = st_bf16_to_f32(w.zb[i]);
-            z = zf;
-        }
-        for (int t = 0; t < w.T; t++)
-            for (int i = 0; i < w.cnt[t]; i++) {
-                st_expert_weights_t x;
-                if (st_ckpt_expert(ck, w.layer, w.ids[(size_t)t * w.kc + i], &x) != ST_OK) continue;
-                if (!ws) ws = malloc(st_ffn_ws_floats(1, &x.gate, &x.up, &x.down) * sizeof(float));
-                st_ffn(w.out + ((size_t)t * w.kc + i) * w.ew, z + (size_t)t * w.ew, 1, &x.gate, &x.up, &x.down,
-                       c->act, c->situ_beta1, c->situ_beta2, ws);
-            }
+        host_experts(ck, &w, zf, &ws);
     }
     CHECK(bf16_handoff, "the GPU engine hands z over as bf16 (zb), not fp32");
     CHECK(rounds == c->n_layers - c->first_k_dense, "one hand-off per MoE layer (%d)", rounds);
@@ -379,14 +386,7 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     CHECK(st_engine_mb_begin(mb, &ech, 1, le) == ST_OK, "mb begin (early): %s", st_err_last());
     for (int more = st_engine_mb_advance(mb, &w); more; more = st_engine_mb_collect(mb, &w)) {
         st_engine_mb_launch_early(mb);
-        for (size_t i = 0; i < (size_t)w.T * w.ew; i++) zf[i] = st_bf16_to_f32(w.zb[i]);
-        for (int t = 0; t < w.T; t++)
-            for (int i = 0; i < w.cnt[t]; i++) {
-                st_expert_weights_t x;
-                if (st_ckpt_expert(ck, w.layer, w.ids[(size_t)t * w.kc + i], &x) != ST_OK) continue;
-                st_ffn(w.out + ((size_t)t * w.kc + i) * w.ew, zf + (size_t)t * w.ew, 1, &x.gate, &x.up, &x.down, c->act,
-                       c->situ_beta1, c->situ_beta2, ws);
-            }
+        host_experts(ck, &w, zf, &ws);
         st_engine_mb_release(mb);
     }
     CHECK(st_engine_mb_status(mb) == ST_OK && memcmp(le, lg, (size_t)np * V * sizeof(float)) == 0,

@@ -86,6 +86,9 @@ int main(void) {
         st_engine_mb_launch_early(mb);
         layers++;
         st_dispatch_plan_build(&plan, &w, server_of, failed);
+        for (size_t i = 0; i < (size_t)w.T * ew; i++) zb[i] = st_f32_to_bf16(w.z[i]), zr[i] = st_bf16_to_f32(zb[i]);
+        st_moe_work_t wb = w, wr = w;
+        wb.z = NULL, wb.zb = zb, wr.z = zr;
         for (int s = 0; s < S; s++) {
             if (!plan.n_rows[s]) continue;
             uint32_t N = (uint32_t)plan.n_rows[s], nx = (uint32_t)plan.n_exp[s], nu = (uint32_t)plan.n_uniq[s];
@@ -124,10 +127,7 @@ int main(void) {
             CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d, rep) == ST_OK, "run");
             CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d2, rep2) == ST_OK, "run, expanded rows");
             CHECK(!memcmp(rep, rep2, sizeof(float) * d.n_out * ew), "distinct rows == expanded rows");
-            /* bf16 rows: the work as a GPU engine hands it over (zb), against fp32 rows of the same values */
-            for (size_t i = 0; i < (size_t)w.T * ew; i++) zb[i] = st_f32_to_bf16(w.z[i]), zr[i] = st_bf16_to_f32(zb[i]);
-            st_moe_work_t wb = w, wr = w;
-            wb.z = NULL, wb.zb = zb, wr.z = zr;
+            /* bf16 rows (wb: the work as a GPU engine hands it over) against fp32 rows of the same values (wr) */
             for (int plain = 0; plain < 2; plain++) {
                 st_wire_info_t i3 = info;
                 i3.bf16_rows = !plain;
