@@ -10,7 +10,7 @@ static void usage_to(FILE *out) {
     fprintf(out,
             "usage: strata-attn --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
             "                   [--max-seqs N] [--max-batch-tokens N] [--max-ctx N] [--routing topk|quantile]\n"
-            "                   [--k-max N] [--micro-batches 1|2] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
+            "                   [--k-max N] [--micro-batches 1..4] [--min-mb-tokens N] [--expert-timeout-ms MS]\n"
             "                   [--device cpu|cuda:N] [--drain-timeout-s S]\n"
             "       " ST_SEC_USAGE "\n"
             "  HOST may be a name (localhost) or an address. --help, --version.\n");

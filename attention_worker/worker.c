@@ -30,6 +30,7 @@
 #include <uv.h>
 
 #include "dispatch.h"
+#include "mbtune.h"
 #include "strata/member.h"
 #include "strata/proto.h"
 #include "strata/quantile.h"
@@ -43,7 +44,7 @@
  * reused once the compute thread has moved past it), and only servers that hold experts in the
  * current placement take one, so no flood of registrations fills it for good. */
 #define MAX_SERVERS 64
-#define MAX_MB 4 /* micro-batches in flight per step (--micro-batches) */
+#define MAX_MB ST_MBT_MAX /* micro-batches in flight per step (--micro-batches) */
 /* One step's ReportScores stays under 64 KB (issue 16): the summaries share ST_QSUM_DEFAULT_BUDGET,
  * the loads take what is left after REPORT_FIXED bytes of the other fields and framing. */
 #define REPORT_BUDGET 65536u
@@ -218,6 +219,7 @@ struct aw {
     uint64_t dispatch_bytes, reply_bytes, messages;
     double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
     double t_step;                 /* when this step's micro-batches began */
+    st_mbtune_t mbt;               /* micro-batches per step, by measurement */
     st_engine_stats_t est;         /* engine stats at the step's start */
     int reports_inflight;        /* loop thread */
 };
@@ -965,6 +967,20 @@ static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
     return 0;
 }
 
+/* A size class's fastest micro-batch count changed: say so, with what was measured. */
+static void mbt_log(const aw_t *aw, int tokens, int best) {
+    int c = st_mbtune_class(tokens), lo, hi, k = 0;
+    const st_mbt_class_t *m = &aw->mbt.cls[c];
+    char costs[160];
+    costs[0] = 0;
+    for (int i = 1; i <= ST_MBT_MAX; i++)
+        if (m->n[i] && k < (int)sizeof costs)
+            k += snprintf(costs + k, sizeof costs - (size_t)k, "%s%d: %.2f us/token", k ? ", " : "", i, 1e6 * m->cost[i]);
+    st_mbtune_class_range(c, &lo, &hi);
+    st_log_info("worker %s: steps of %d-%d tokens now run as %d micro-batch%s (measured %s)", aw->o.name, lo, hi, best,
+                best > 1 ? "es" : "", costs);
+}
+
 /* One scheduler step over every admitted sequence. */
 static void step(aw_t *aw) {
     int ns = 0, budget = aw->o.max_batch_tokens;
@@ -996,13 +1012,9 @@ static void step(aw_t *aw) {
                                     .token = &q->tok, .logprob = &q->lp, .top_ids = q->top_ids, .top_logprobs = q->top_lp};
     }
     if (ns == 0) return;
-    /* micro-batches: contiguous groups of about equal tokens, as many as --micro-batches allows
-     * while each keeps at least --min-mb-tokens (small batches gain nothing from splitting) */
-    int total = aw->o.max_batch_tokens - budget, nmb = 1;
-    if (aw->o.micro_batches > 1 && ns >= 2) {
-        nmb = ST_MIN(ST_MIN(aw->o.micro_batches, ns), ST_MAX(1, total / aw->o.min_mb_tokens));
-        nmb = ST_MIN(nmb, MAX_MB);
-    }
+    /* micro-batches: contiguous groups of about equal tokens, as many as the measurement says are
+     * fastest for a step of this size (mbtune.h), each of at least --min-mb-tokens */
+    int total = aw->o.max_batch_tokens - budget, nmb = st_mbtune_pick(&aw->mbt, total, ns);
     int first[MAX_MB] = {0}, count[MAX_MB] = {0}, live[MAX_MB] = {0};
     for (int m = 0, j = 0, acc = 0; m < nmb; m++) {
         first[m] = j;
@@ -1085,6 +1097,8 @@ static void step(aw_t *aw) {
             rr = (m + 1) % nmb;
         }
     }
+    int b = st_mbtune_done(&aw->mbt, total, nmb, st_time_sec() - aw->t_step);
+    if (b) mbt_log(aw, total, b);
     post_report(aw, nmb);
     /* sample, stream, finish */
     for (int m = 0; m < nmb; m++) {
@@ -1993,7 +2007,8 @@ int st_aw_run(const st_aw_opts_t *opts) {
     if (aw->o.max_ctx < 2) aw->o.max_ctx = 2; /* a prompt token and a generated one */
     if (aw->o.micro_batches <= 0) aw->o.micro_batches = 2;
     if (aw->o.micro_batches > MAX_MB) aw->o.micro_batches = MAX_MB;
-    if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 64;
+    if (aw->o.min_mb_tokens <= 0) aw->o.min_mb_tokens = 16;
+    st_mbtune_init(&aw->mbt, aw->o.micro_batches, aw->o.min_mb_tokens);
     aw->sync_mb = st_tun_int(ST_TUN_WORKER_SYNC) != 0;
     if (!aw->o.expert_timeout_ms) aw->o.expert_timeout_ms = 5000;
     if (aw->o.drain_timeout_s < 0) aw->o.drain_timeout_s = 30;

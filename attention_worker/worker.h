@@ -19,8 +19,9 @@ typedef struct {
     int max_seqs, max_batch_tokens, max_ctx;
     st_route_mode_t routing;
     int k_max;
-    int micro_batches;         /* 1 or 2 (default 2: ping-pong when the batch is large enough) */
-    int min_mb_tokens;         /* split only when each micro-batch gets at least this many tokens */
+    int micro_batches;         /* at most this many ping-pong micro-batches per step, 1..4 (default 2); the
+                                * count each step size runs is measured (mbtune.h) */
+    int min_mb_tokens;         /* split only when each micro-batch gets at least this many tokens (default 16) */
     uint32_t expert_timeout_ms;/* bound on every wait for an expert server (default 5000) */
     int device;                /* -1 = CPU engine; N = the GPU engine on cuda:N */
     int drain_timeout_s;       /* SIGTERM: finish in-flight requests for at most this long (< 0: 30) */

@@ -186,10 +186,10 @@ static void tail_logs(const char *state) {
 int st_cmd_up(int argc, char **argv) {
     const char *preset = NULL, *ckpt = NULL, *state_arg = NULL, *routing = "topk";
     const char *attn_dev = NULL, *expert_dev = NULL; /* passed through as --device (cpu|cuda:N) */
-    int experts = 2, workers = 1, replicas = 1, max_seqs = 16, max_batch = 2048, max_ctx = 4096, mbs = 0;
+    int experts = 2, workers = 1, replicas = 1, max_seqs = 16, max_batch = 2048, max_ctx = 4096, mbs = 2;
     uint64_t seed = 1;
     float skew = 0;
-    const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "64";
+    const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "16";
     const char *api_key = NULL, *max_queue = NULL;
     enum { MAX_COORD_ARGS = 32 };
     char *coord_args[MAX_COORD_ARGS]; /* --coordinator-arg: passed on to strata-coordinator as they are */
@@ -226,10 +226,6 @@ int st_cmd_up(int argc, char **argv) {
         else { fprintf(stderr, "strata up: unknown option %s\n", argv[i]); return 2; }
     }
     if (!preset && !ckpt) preset = "tiny";
-    /* NOTE: two roles on one GPU share its SMs, so a second micro-batch has no idle unit to fill
-     * (measured slower at batch 32 and 256: docs/perf.md); elsewhere two overlap compute and transfers */
-    if (mbs == 0)
-        mbs = attn_dev && expert_dev && !strncmp(attn_dev, "cuda", 4) && !strcmp(attn_dev, expert_dev) ? 1 : 2;
     if ((preset && ckpt) || experts < 1 || experts > 32 || workers < 1 || workers > 32 || replicas < 1 || replicas > 8 ||
         (strcmp(routing, "topk") && strcmp(routing, "quantile"))) {
         fprintf(stderr, "strata up: one of --preset/--ckpt; --experts 1..32, --workers 1..32, --replicas 1..8, --routing topk|quantile\n");

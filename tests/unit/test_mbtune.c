@@ -1,0 +1,89 @@
+/* The micro-batch count chosen by measurement (attention_worker/mbtune.h), against synthetic steps
+ * whose cost per count is known: it settles on the fastest count of each size class, keeps the
+ * classes apart, follows a change of which count is fastest, spends few steps on the others, never
+ * picks a count the step does not allow, and ignores the first step of a new shape. */
+#include "harness.h"
+#include "mbtune.h"
+
+/* seconds of a step of `tokens` run as m micro-batches: per-token cost cost[m] (+ noise) */
+static uint64_t rng = 12345;
+static double noise(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return 1.0 + 0.05 * ((double)(rng >> 40) / (double)(1ull << 24) - 0.5); /* ±2.5% */
+}
+
+/* run n steps; returns how many ran with count `want` */
+static int run(st_mbtune_t *t, int n, int tokens, int seqs, const double *cost, int want) {
+    int hits = 0;
+    for (int i = 0; i < n; i++) {
+        int m = st_mbtune_pick(t, tokens, seqs);
+        hits += m == want;
+        st_mbtune_done(t, tokens, m, tokens * cost[m] * noise());
+    }
+    return hits;
+}
+
+int main(void) {
+    st_mbtune_t t;
+    /* classes: four per octave, ranges cover every size once */
+    int prev_hi = 0, ok_ranges = 1;
+    for (int c = 0; c < 4 * 13; c++) {
+        int lo, hi;
+        st_mbtune_class_range(c, &lo, &hi);
+        if (hi < lo) continue; /* empty (below 4 tokens) */
+        ok_ranges &= lo == prev_hi + 1 && st_mbtune_class(lo) == c && st_mbtune_class(hi) == c;
+        prev_hi = hi;
+    }
+    CHECK(ok_ranges && prev_hi == 8191, "size classes tile 1..8191 (up to %d)", prev_hi);
+    CHECK(st_mbtune_class(32) != st_mbtune_class(256) && st_mbtune_class(32) == st_mbtune_class(33), "32 vs 256 tokens");
+
+    /* what a step may take */
+    st_mbtune_init(&t, 2, 16);
+    CHECK(st_mbtune_allowed(&t, 1, 1) == 1 && st_mbtune_pick(&t, 1, 1) == 1, "batch 1: one micro-batch");
+    CHECK(st_mbtune_allowed(&t, 31, 31) == 1, "31 tokens with a floor of 16: one");
+    CHECK(st_mbtune_allowed(&t, 32, 32) == 2 && st_mbtune_allowed(&t, 256, 1) == 1, "32 tokens: two; one sequence: one");
+    st_mbtune_init(&t, 9, 1);
+    CHECK(t.max_mb == ST_MBT_MAX && st_mbtune_allowed(&t, 3, 3) == 3, "the maximum is clamped to %d", ST_MBT_MAX);
+
+    /* two is faster: settles on two, the other count gets a few percent of the steps */
+    const double two_wins[ST_MBT_MAX + 1] = {0, 10e-6, 7e-6, 9e-6, 12e-6};
+    st_mbtune_init(&t, 4, 8);
+    run(&t, 100, 256, 64, two_wins, 2);
+    int hits = run(&t, 1000, 256, 64, two_wins, 2);
+    CHECK(hits >= 900, "two micro-batches faster: picked in %d of 1000 steps", hits);
+    CHECK(hits < 1000, "and the others are still tried now and then (%d of 1000)", hits);
+    CHECK(t.cls[st_mbtune_class(256)].best == 2, "the class's best is 2 (%d)", t.cls[st_mbtune_class(256)].best);
+
+    /* one is faster in another class, at the same time: the classes do not mix */
+    const double one_wins[ST_MBT_MAX + 1] = {0, 5e-6, 8e-6, 9e-6, 12e-6};
+    run(&t, 100, 32, 32, one_wins, 1);
+    hits = run(&t, 500, 32, 32, one_wins, 1);
+    CHECK(hits >= 450, "one micro-batch faster at 32 tokens: %d of 500", hits);
+    hits = run(&t, 500, 256, 64, two_wins, 2);
+    CHECK(hits >= 450, "and 256 tokens still runs two: %d of 500", hits);
+
+    /* the fastest changes (a neighbour takes the GPU): follows within a few exploration periods */
+    const double three_wins[ST_MBT_MAX + 1] = {0, 10e-6, 9e-6, 6e-6, 12e-6};
+    run(&t, 4 * ST_MBT_EXPLORE * 3, 256, 64, three_wins, 3);
+    hits = run(&t, 500, 256, 64, three_wins, 3);
+    CHECK(hits >= 450, "after the change three is picked: %d of 500", hits);
+
+    /* never more than the step allows, whatever was learnt */
+    int over = 0;
+    for (int i = 0; i < 300; i++) {
+        int seqs = 1 + i % 3, m = st_mbtune_pick(&t, 256, seqs);
+        over += m > seqs;
+        st_mbtune_done(&t, 256, m, 256 * three_wins[m]);
+    }
+    CHECK(over == 0, "counts beyond the sequences: %d", over);
+
+    /* the first step of a shape (a CUDA graph capture) is not measured */
+    st_mbtune_init(&t, 2, 1);
+    st_mbtune_done(&t, 64, 1, 1.0); /* first: a capture, slow */
+    int c = st_mbtune_class(64);
+    CHECK(t.cls[c].n[1] == 0, "a step after another shape is not measured (%d)", t.cls[c].n[1]);
+    st_mbtune_done(&t, 64, 1, 64e-6);
+    CHECK(t.cls[c].n[1] == 1 && t.cls[c].cost[1] < 2e-6f, "the next one is (%d, %g)", t.cls[c].n[1], t.cls[c].cost[1]);
+    CHECK(st_mbtune_done(&t, 64, 1, -1.0) == 0 && t.cls[c].n[1] == 1, "a negative time is ignored");
+    return st_test_done();
+}
