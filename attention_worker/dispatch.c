@@ -98,7 +98,9 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
             tok_failed[t] = true;
             continue;
         }
-        split(p, id, p->tag, 0, c, 32, t * kc);
+        /* from the smallest node holding them all: the bit length of where the first and last differ */
+        uint32_t x = id[0] ^ id[c - 1];
+        split(p, id, p->tag, 0, c, x ? 32 - __builtin_clz(x) : 0, t * kc);
     }
     /* experts ascending; for each expert its tokens ascending: a counting sort of the sent leaves
      * by expert (stable in slot order, which is token order) */
@@ -174,15 +176,20 @@ void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, con
     for (int t = 0; t < w->T; t++) {
         float *v = w->out + (size_t)t * kc * ew, *u = w->u + (size_t)t * ew;
         const float *const *a = at + (size_t)t * kc;
-        int m = 0, last = -1;
+        int m = 0, first = -1, last = -1;
         for (int i = 0; i < w->cnt[t] && !tok_failed[t]; i++)
-            if (a[i]) p->tid[m++] = (uint32_t)w->ids[(size_t)t * kc + i], last = i;
+            if (a[i]) p->tid[m++] = (uint32_t)w->ids[(size_t)t * kc + i], first = first < 0 ? i : first, last = i;
         if (m == 0) {
             memset(u, 0, rb);
             continue;
         }
         if (m == 1) { /* the tree over one node is that node */
             memcpy(u, a[last], rb);
+            continue;
+        }
+        if (m == 2) { /* two nodes meet at their lowest common node: one sum */
+            const float *x = a[first], *y = a[last];
+            for (int c = 0; c < ew; c++) u[c] = x[c] + y[c];
             continue;
         }
         /* the node values packed in leaf order: row j ≤ its slot i, so a row settled into this token's

@@ -59,8 +59,8 @@ void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t 
  * buffers they lie in are reused (a retry round sends on the same channels). */
 void st_dispatch_settle(const st_moe_work_t *w, const float **at);
 /* Each token's tree finished from its node values (at, ascending by first leaf) → w->u [T, ew]: one
- * node is copied, several are gathered into the token's rows of w->out (scratch) and summed by the
- * tree; a flagged token, or one without experts, gets +0 rows. */
+ * node is copied, two are added, more are gathered into the token's rows of w->out (scratch) and
+ * summed by the tree; a flagged token, or one without experts, gets +0 rows. */
 void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, const float **at, const bool *tok_failed);
 
 #endif
