@@ -7,7 +7,6 @@ void st_mbtune_init(st_mbtune_t *t, int max_mb, int min_tokens) {
     memset(t, 0, sizeof *t);
     t->max_mb = max_mb < 1 ? 1 : max_mb > ST_MBT_MAX ? ST_MBT_MAX : max_mb;
     t->min_tokens = min_tokens < 1 ? 1 : min_tokens;
-    t->last_cls = -1;
 }
 
 int st_mbtune_allowed(const st_mbtune_t *t, int tokens, int n_seqs) {
@@ -39,44 +38,56 @@ static int fastest(const st_mbt_class_t *k, int a) {
     return b;
 }
 
-static int trial(st_mbtune_t *t, int c, int m) {
-    t->run_cls = c, t->run_m = m, t->run_left = ST_MBT_RUN - 1;
+static int trial(st_mbt_class_t *k, int m) {
+    k->run_m = (uint8_t)m, k->run_left = ST_MBT_RUN - 1, k->run_n = 0, k->run_sum = 0;
     return m;
 }
 
-int st_mbtune_pick(st_mbtune_t *t, int tokens, int n_seqs) {
-    int a = st_mbtune_allowed(t, tokens, n_seqs), c = st_mbtune_class(tokens);
+/* Class k's trial is over: a challenger that beat the current count takes over. */
+static int conclude(st_mbt_class_t *k) {
+    int m = k->run_m, b = k->best;
+    k->run_m = 0;
+    if (!b || m == b || k->run_n == 0) return 0;
+    if (k->run_sum / (float)k->run_n >= k->cost[b] * (1.0f - ST_MBT_MARGIN)) return 0;
+    k->best = (uint8_t)m;
+    return m;
+}
+
+int st_mbtune_pick(st_mbtune_t *t, int tokens, int n_seqs, int *changed) {
+    int a = st_mbtune_allowed(t, tokens, n_seqs);
+    *changed = 0;
     if (a == 1) return 1;
-    st_mbt_class_t *k = &t->cls[c];
-    if (t->run_left > 0 && t->run_cls == c && t->run_m <= a) {
-        t->run_left--;
-        return t->run_m;
+    st_mbt_class_t *k = &t->cls[st_mbtune_class(tokens)];
+    if (k->run_m && k->run_m <= a) {
+        if (k->run_left > 0) {
+            k->run_left--;
+            return k->run_m;
+        }
+        *changed = conclude(k);
     }
-    t->run_left = 0;
-    for (int m = 1; m <= a; m++)
-        if (k->n[m] < ST_MBT_SAMPLES) return trial(t, c, m);
-    int b = fastest(k, a);
+    k->run_m = 0;
+    for (int m = 1; m <= a; m++) /* every count first */
+        if (k->n[m] < ST_MBT_SAMPLES) return trial(k, m);
+    if (!k->best) *changed = k->best = (uint8_t)fastest(k, a);
+    int b = k->best;
+    if (b > a) return fastest(k, a); /* fewer sequences than usual: the best the step allows */
     if (++k->steps < ST_MBT_EXPLORE) return b;
     k->steps = 0;
     int m = k->next_try;
     do m = m % a + 1; while (m == b);
     k->next_try = (uint8_t)m;
-    return trial(t, c, m);
+    return trial(k, m);
 }
 
-int st_mbtune_done(st_mbtune_t *t, int tokens, int m, double seconds) {
-    int c = st_mbtune_class(tokens);
-    int steady = c == t->last_cls && m == t->last_m;
-    t->last_cls = c, t->last_m = m;
-    if (!steady || m < 1 || m > ST_MBT_MAX || tokens < 1 || !(seconds >= 0)) return 0;
-    st_mbt_class_t *k = &t->cls[c];
+void st_mbtune_done(st_mbtune_t *t, int tokens, int m, double seconds) {
+    int steady = m == t->last_m;
+    t->last_m = m;
+    if (!steady || m < 1 || m > ST_MBT_MAX || tokens < 1 || !(seconds >= 0)) return;
+    st_mbt_class_t *k = &t->cls[st_mbtune_class(tokens)];
     float v = (float)(seconds / tokens);
     /* the mean of the first samples, then a running mean over about the last four */
     float w = k->n[m] < 4 ? 1.0f / (float)(k->n[m] + 1) : 0.25f;
     k->cost[m] += w * (v - k->cost[m]);
     if (k->n[m] < UINT16_MAX) k->n[m]++;
-    int b = fastest(k, ST_MBT_MAX);
-    if (!b || b == k->best) return 0;
-    k->best = (uint8_t)b;
-    return b;
+    if (k->run_m == m) k->run_sum += v, k->run_n++;
 }

@@ -2,10 +2,11 @@
  * condition m ≥ 2(1 + T_comm/T_compute) depends on the link, the server, the batch and what shares the
  * device, so it is measured, not assumed). Per size class of the step (its tokens, four classes per
  * octave), a running mean of the step's seconds per token for each count; a class first runs every
- * count it allows for a few steps, then takes the fastest, and tries another count for a few steps
- * every ST_MBT_EXPLORE steps so a change (load, placement, a neighbour on the GPU) is seen. Only a
- * step whose count and class equal the previous step's is measured (the first step of a new shape
- * captures CUDA graphs, or warms caches). Pure logic: the worker feeds it its steps. */
+ * count it allows for a few steps and takes the fastest, then every ST_MBT_EXPLORE steps runs another
+ * count for a few steps and moves to it when it beat the current count's running mean (measured up to
+ * the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. A step that runs
+ * another count than the step before it is not measured (its micro-batches have new shapes: the GPU
+ * engine captures their CUDA graphs). Pure logic: the worker feeds it its steps. */
 #ifndef STRATA_AW_MBTUNE_H
 #define STRATA_AW_MBTUNE_H
 
@@ -16,31 +17,34 @@
 #define ST_MBT_RUN 4       /* steps of one trial (its first is not measured) */
 #define ST_MBT_SAMPLES 3   /* measured steps a count needs in a class before the class compares */
 #define ST_MBT_EXPLORE 100 /* a class's steps between two trials of a count that is not its best */
+#define ST_MBT_MARGIN 0.02f /* how much faster a trial must be to take over */
 
 typedef struct {
     float cost[ST_MBT_MAX + 1]; /* running mean of seconds per token, per count */
     uint16_t n[ST_MBT_MAX + 1]; /* measured steps, per count (saturates) */
     uint8_t best;               /* the count the class runs (0: not yet chosen) */
     uint8_t next_try;           /* the count the next trial takes, in rotation */
+    uint8_t run_m, run_left;    /* the class's trial (run_m 0: none): its count, steps still to pick */
+    uint16_t run_n;             /* its measured steps */
+    float run_sum;              /* their seconds per token, summed */
     uint32_t steps;             /* steps run since the last trial */
 } st_mbt_class_t;
 
 typedef struct {
-    int max_mb, min_tokens;        /* --micro-batches, --min-mb-tokens */
+    int max_mb, min_tokens; /* --micro-batches, --min-mb-tokens */
+    int last_m;             /* the previous step's count, to tell a measured step */
     st_mbt_class_t cls[ST_MBT_CLASSES];
-    int run_cls, run_m, run_left;  /* the trial under way (run_left 0: none) */
-    int last_cls, last_m;          /* the previous step's, to tell a measured step */
 } st_mbtune_t;
 
 void st_mbtune_init(st_mbtune_t *t, int max_mb, int min_tokens);
 /* The counts a step of `tokens` over `n_seqs` sequences may take: 1..this (1 when the step is too
  * small to give each micro-batch min_tokens, or has one sequence). */
 int st_mbtune_allowed(const st_mbtune_t *t, int tokens, int n_seqs);
-/* The count for the next step. */
-int st_mbtune_pick(st_mbtune_t *t, int tokens, int n_seqs);
-/* The step picked last ran `m` micro-batches over `tokens` in `seconds`. Returns the class's best
- * count when this step changed it (for a log line), else 0. */
-int st_mbtune_done(st_mbtune_t *t, int tokens, int m, double seconds);
+/* The count for the next step. *changed: the class's best count when this call changed it (for a
+ * log line), else 0. */
+int st_mbtune_pick(st_mbtune_t *t, int tokens, int n_seqs, int *changed);
+/* The step picked last ran `m` micro-batches over `tokens` in `seconds`. */
+void st_mbtune_done(st_mbtune_t *t, int tokens, int m, double seconds);
 /* The size class of a step (for log lines: its tokens are [lo, hi]). */
 int st_mbtune_class(int tokens);
 void st_mbtune_class_range(int cls, int *lo, int *hi);

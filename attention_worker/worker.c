@@ -975,9 +975,9 @@ static void mbt_log(const aw_t *aw, int tokens, int best) {
     costs[0] = 0;
     for (int i = 1; i <= ST_MBT_MAX; i++)
         if (m->n[i] && k < (int)sizeof costs)
-            k += snprintf(costs + k, sizeof costs - (size_t)k, "%s%d: %.2f us/token", k ? ", " : "", i, 1e6 * m->cost[i]);
+            k += snprintf(costs + k, sizeof costs - (size_t)k, "%s%d: %.1f us", k ? ", " : "", i, 1e6 * m->cost[i]);
     st_mbtune_class_range(c, &lo, &hi);
-    st_log_info("worker %s: steps of %d-%d tokens now run as %d micro-batch%s (measured %s)", aw->o.name, lo, hi, best,
+    st_log_info("worker %s: steps of %d-%d tokens now run as %d micro-batch%s (measured per token: %s)", aw->o.name, lo, hi, best,
                 best > 1 ? "es" : "", costs);
 }
 
@@ -1014,7 +1014,8 @@ static void step(aw_t *aw) {
     if (ns == 0) return;
     /* micro-batches: contiguous groups of about equal tokens, as many as the measurement says are
      * fastest for a step of this size (mbtune.h), each of at least --min-mb-tokens */
-    int total = aw->o.max_batch_tokens - budget, nmb = st_mbtune_pick(&aw->mbt, total, ns);
+    int total = aw->o.max_batch_tokens - budget, best = 0, nmb = st_mbtune_pick(&aw->mbt, total, ns, &best);
+    if (best) mbt_log(aw, total, best);
     int first[MAX_MB] = {0}, count[MAX_MB] = {0}, live[MAX_MB] = {0};
     for (int m = 0, j = 0, acc = 0; m < nmb; m++) {
         first[m] = j;
@@ -1097,8 +1098,7 @@ static void step(aw_t *aw) {
             rr = (m + 1) % nmb;
         }
     }
-    int b = st_mbtune_done(&aw->mbt, total, nmb, st_time_sec() - aw->t_step);
-    if (b) mbt_log(aw, total, b);
+    st_mbtune_done(&aw->mbt, total, nmb, st_time_sec() - aw->t_step);
     post_report(aw, nmb);
     /* sample, stream, finish */
     for (int m = 0; m < nmb; m++) {

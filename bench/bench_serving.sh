@@ -84,6 +84,8 @@ for p in $presets; do
     printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
       "$wait_lyr" "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
+  # the micro-batch counts the worker measured fastest, per step size (attention_worker/mbtune.h)
+  grep -ho 'steps of .*' "$STRATA_STATE"/attn-*.log | sed "s/^/$p: /"
   "$BIN/strata" down >/dev/null 2>&1
 done
 echo "per step: wait = blocked on replies after the other micro-batches' attention (wait/lyr: the same per MoE layer,"
