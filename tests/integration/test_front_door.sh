@@ -60,7 +60,8 @@ AUTH=(-H "Authorization: Bearer $KEY")
 # post BODY [curl args...]: prints the HTTP status; the body lands in $TMP/body
 post() { local b=$1; shift; curl -s -o "$TMP/body" -D "$TMP/hdr" -w '%{http_code}' "$@" "http://$H/v1/completions" -d "$b"; }
 # settle: until /status shows attn-0, expert-0 and expert-1 alive and serving (after a freeze, a member
-# that was dropped re-registers, and placement moves back), at most 15 s
+# that was dropped re-registers, and placement moves back) and a short request completes (the worker
+# has the new map too), at most 15 s
 settle() {
   for _ in $(seq 150); do
     curl -s "${AUTH[@]}" "http://$H/status" | py '
@@ -69,7 +70,9 @@ j = json.load(sys.stdin)
 live = {m["name"] for m in j["members"] if m["alive"]}
 ok = j["ready"] and j["placement"]["complete"] and {"attn-0", "expert-0", "expert-1"} <= live
 ok = ok and all(m.get("experts_held", 1) > 0 for m in j["members"] if m["alive"])
-sys.exit(0 if ok else 1)' 2>/dev/null && return 0
+sys.exit(0 if ok else 1)' 2>/dev/null &&
+      [ "$(curl -s -o /dev/null -w '%{http_code}' "${AUTH[@]}" "http://$H/v1/completions" -d '{"prompt":[3],"max_tokens":2}')" = 200 ] &&
+      return 0
     sleep 0.1
   done
   return 1
