@@ -967,6 +967,18 @@ static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
     return 0;
 }
 
+/* Spin (up to the data path's spin) until a micro-batch at the experts has its replies or one on the
+ * device is done; false when neither happened. */
+static bool poll_either(aw_t *aw, int nmb, const int *live) {
+    uint64_t t0 = st_time_ns(), spin = st_xfer_spin_ns();
+    do
+        for (int m = 0; m < nmb; m++)
+            if ((live[m] == MB_AT_EXPERTS && replies_in(aw, m)) || (live[m] == MB_LAUNCHED && st_engine_mb_ready(aw->mbs[m])))
+                return true;
+    while (st_time_ns() - t0 < spin);
+    return false;
+}
+
 /* A size class's fastest micro-batch count changed: say so, with what was measured. */
 static void mbt_log(const aw_t *aw, int tokens, int best) {
     int c = st_mbtune_class(tokens), lo, hi, k = 0;
@@ -1084,7 +1096,10 @@ static void step(aw_t *aw) {
         if (live[m] != MB_AT_EXPERTS) { /* only device work outstanding: wait for the first */
             for (m = 0; live[m] != MB_LAUNCHED; m++) {}
             left -= mb_collect(aw, m, w, why, live);
-        } else if (gpu_busy) { /* both kinds outstanding: a short wait for replies, then poll the device */
+        } else if (gpu_busy) { /* both kinds outstanding: poll both for the spin the data path's waits
+                                * use (a role driving a GPU has a core for it), then a short sleep
+                                * (a reply through the loop thread wakes it) */
+            if (poll_either(aw, nmb, live)) continue;
             pthread_mutex_lock(&aw->mu);
             struct timespec dl;
             clock_gettime(CLOCK_REALTIME, &dl);

@@ -387,6 +387,8 @@ void st_xfer_set_spin(bool gpu_role) {
     g_spin_ns = (uint64_t)(us >= 0 ? us : gpu_role ? 2000 : 30) * 1000u;
 }
 
+uint64_t st_xfer_spin_ns(void) { return g_spin_ns; }
+
 st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms) {
     return st_xfer__wait_host(r, flag_off, seq, timeout_ms, false);
 }

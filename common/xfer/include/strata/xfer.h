@@ -80,6 +80,8 @@ st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq
  * through the gap between two layers, so a hand-off costs no kernel wake-up) and 30 µs otherwise
  * (also before any call). Called once at a role's start, before its threads. */
 void st_xfer_set_spin(bool gpu_role);
+/* That spin, in ns: for a caller that polls several things at once (the worker's ping-pong). */
+uint64_t st_xfer_spin_ns(void);
 /* Non-blocking: true when the flag at flag_off reached seq now. */
 bool st_xfer_test_host(const st_xfer_region_t *r, size_t flag_off, uint32_t seq);
 
