@@ -1,5 +1,6 @@
 /* Dispatch / combine bookkeeping (see dispatch.h). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "dispatch.h"
 
@@ -23,11 +24,10 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
     p->mark = malloc(M * sizeof(int));
     p->slot_row = malloc(M * sizeof(int));
     p->tag = malloc(M * sizeof(int));
-    p->at = calloc(M, sizeof *p->at);
     p->tid = malloc(M * sizeof(uint32_t));
     p->ecur = malloc((size_t)(n_experts > 0 ? n_experts : 1) * sizeof(int));
     if (!p->ecur || !p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out || !p->node ||
-        !p->n_uniq || !p->src || !p->utok || !p->mark || !p->slot_row || !p->tag || !p->at || !p->tid) {
+        !p->n_uniq || !p->src || !p->utok || !p->mark || !p->slot_row || !p->tag || !p->tid) {
         st_dispatch_plan_cleanup(p);
         return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch plan for %d servers × %d rows", n_servers, max_rows);
     }
@@ -50,7 +50,6 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
     free(p->mark);
     free(p->slot_row);
     free(p->tag);
-    free(p->at);
     free(p->tid);
     free(p->ecur);
     memset(p, 0, sizeof *p);
@@ -82,7 +81,7 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
     memset(p->n_rows, 0, sizeof(int) * (size_t)S);
     memset(p->n_exp, 0, sizeof(int) * (size_t)S);
     memset(p->n_out, 0, sizeof(int) * (size_t)S);
-    for (int k = 0; k < w->T * kc; k++) p->at[k] = NULL, p->slot_row[k] = -1;
+    for (int k = 0; k < w->T * kc; k++) p->slot_row[k] = -1;
     /* each token's leaves cut into the largest tree nodes one server holds: its output rows */
     uint32_t *id = p->tid;
     for (int t = 0; t < w->T; t++) {
@@ -156,50 +155,26 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
     for (int u = 0; u < p->n_uniq[s]; u++) memcpy((uint8_t *)rows + (size_t)u * rb, z + (size_t)ut[u] * rb, rb);
 }
 
-void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, const float **at) {
+void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, bool copy) {
     const int *nd = p->node + (size_t)s * p->max_rows;
-    for (int o = 0; o < p->n_out[s]; o++) at[nd[o]] = rows + (size_t)o * w->ew;
+    size_t ew = (size_t)w->ew;
+    for (int o = 0; o < p->n_out[s]; o++) {
+        const float *r = rows + (size_t)o * ew;
+        if (copy) r = memcpy(w->out + (size_t)nd[o] * ew, r, sizeof(float) * ew);
+        w->at[nd[o]] = r;
+    }
 }
 
-void st_dispatch_settle(const st_moe_work_t *w, const float **at) {
+void st_dispatch_settle(const st_moe_work_t *w) {
     for (int k = 0; k < w->T * w->kc; k++) {
         float *v = w->out + (size_t)k * w->ew;
-        if (!at[k] || at[k] == v) continue;
-        memcpy(v, at[k], sizeof(float) * (size_t)w->ew);
-        at[k] = v;
+        if (!w->at[k] || w->at[k] == v) continue;
+        memcpy(v, w->at[k], sizeof(float) * (size_t)w->ew);
+        w->at[k] = v;
     }
 }
 
-void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, const float **at, const bool *tok_failed) {
-    int kc = w->kc, ew = w->ew;
-    size_t rb = sizeof(float) * (size_t)ew;
-    for (int t = 0; t < w->T; t++) {
-        float *v = w->out + (size_t)t * kc * ew, *u = w->u + (size_t)t * ew;
-        const float *const *a = at + (size_t)t * kc;
-        int m = 0, first = -1, last = -1;
-        for (int i = 0; i < w->cnt[t] && !tok_failed[t]; i++)
-            if (a[i]) p->tid[m++] = (uint32_t)w->ids[(size_t)t * kc + i], first = first < 0 ? i : first, last = i;
-        if (m == 0) {
-            memset(u, 0, rb);
-            continue;
-        }
-        if (m == 1) { /* the tree over one node is that node */
-            memcpy(u, a[last], rb);
-            continue;
-        }
-        if (m == 2) { /* two nodes meet at their lowest common node: one sum */
-            const float *x = a[first], *y = a[last];
-            for (int c = 0; c < ew; c++) u[c] = x[c] + y[c];
-            continue;
-        }
-        /* the node values packed in leaf order: row j ≤ its slot i, so a row settled into this token's
-         * slots of w->out is read before it is overwritten */
-        for (int i = 0, j = 0; i < w->cnt[t]; i++) {
-            if (!a[i]) continue;
-            if (a[i] != v + (size_t)j * ew) memcpy(v + (size_t)j * ew, a[i], rb);
-            j++;
-        }
-        st_moe_tree_rows(v, p->tid, m, ew);
-        memcpy(u, v, rb);
-    }
+void st_dispatch_drop_failed(const st_moe_work_t *w, const bool *tok_failed) {
+    for (int t = 0; t < w->T; t++)
+        if (tok_failed[t]) memset(w->at + (size_t)t * w->kc, 0, sizeof *w->at * (size_t)w->kc);
 }

@@ -4,8 +4,8 @@
  * ST_WIRE_FLAG_UNIQUE_ROWS), and the summation tree split between the servers: each token's experts
  * cut into the largest nodes of the tree over expert ids that one server holds entirely
  * (docs/architecture.md, "Bit-exact expert results"), each such node one output row of that server,
- * and the worker finishing each token's tree from the node values. Pure logic over preallocated
- * tables; the transport moves the bytes. */
+ * whose value the engine reads where the reply lies (st_moe_work_t.at) to finish each token's tree.
+ * Pure logic over preallocated tables; the transport moves the bytes. */
 #ifndef STRATA_AW_DISPATCH_H
 #define STRATA_AW_DISPATCH_H
 
@@ -31,8 +31,7 @@ typedef struct {
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
     int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */
-    const float **at;  /* [max_rows] slot → its node value (st_dispatch_unpack), NULL when none */
-    uint32_t *tid;     /* [max_rows] scratch of st_dispatch_finish */
+    uint32_t *tid;     /* [max_rows] scratch: a token's expert ids */
 } st_dispatch_plan_t;
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
@@ -50,17 +49,16 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
  * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS) */
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
                       float *wts, void *rows);
-/* Server s's reply rows [n_out[s], ew] → at [T*kc]: slot i of token t points at the row of the node
- * whose first leaf it is (the first plan's at, also for its retry plan's replies: a retried node
- * replaces one that never arrived, so the slots never clash). Pointers, not copies: rows must stay
- * as they are until st_dispatch_finish, or st_dispatch_settle before they are reused. */
-void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, const float **at);
-/* The node rows at points to, copied into w->out (row t*kc + i) and pointed to there: before the reply
- * buffers they lie in are reused (a retry round sends on the same channels). */
-void st_dispatch_settle(const st_moe_work_t *w, const float **at);
-/* Each token's tree finished from its node values (at, ascending by first leaf) → w->u [T, ew]: one
- * node is copied, two are added, more are gathered into the token's rows of w->out (scratch) and
- * summed by the tree; a flagged token, or one without experts, gets +0 rows. */
-void st_dispatch_finish(const st_dispatch_plan_t *p, const st_moe_work_t *w, const float **at, const bool *tok_failed);
+/* Server s's reply rows [n_out[s], ew] → w->at [T*kc]: slot i of token t points at the row of the node
+ * whose first leaf it is (also for a retry plan's replies: a retried node replaces one that never
+ * arrived, so the slots never clash). Pointers, not copies, unless copy (rows in memory the engine's
+ * device cannot read): then each row goes to w->out's row of its slot and is pointed to there. Rows
+ * pointed to must stay as they are until the engine has read them (engine.h), or be settled first. */
+void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, bool copy);
+/* The node rows w->at points to, copied into w->out (row t*kc + i) and pointed to there: before the
+ * reply buffers they lie in are reused (a retry round sends on the same channels). */
+void st_dispatch_settle(const st_moe_work_t *w);
+/* A flagged token's node values dropped: the engine gives it +0 rows. */
+void st_dispatch_drop_failed(const st_moe_work_t *w, const bool *tok_failed);
 
 #endif

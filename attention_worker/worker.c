@@ -70,6 +70,7 @@ typedef struct {
     /* same host: the channel (set and freed by the loop under mu, used by the compute thread while a
      * pend names it) and the loop thread's records of the hello / offer exchange */
     st_xfer_chan_t *chan;
+    bool chan_read;    /* the engine's device reads replies in the channel where they lie (st_engine_host_map) */
     st_tp_send_req_t hello;
     st_tp_recv_t offer;
     int hello_busy, offer_busy;
@@ -82,6 +83,8 @@ typedef struct {
     uint64_t seq;
     st_wire_header_t hdr;
     uint8_t *sbuf, *rbuf;
+    bool rbuf_read; /* rbuf: the engine's device reads replies there in place (st_engine_host_alloc) */
+    bool rcopy;     /* the reply's rows are to be copied into the work's rows (set with the dispatch) */
     size_t slen, cap;
     size_t rlen;
     st_tp_send_req_t send;
@@ -220,6 +223,10 @@ struct aw {
     double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
     double t_step;                 /* when this step's micro-batches began */
     st_mbtune_t mbt;               /* micro-batches per step, by measurement */
+    /* channels of servers that are gone, freed by the compute thread between steps (the engine may
+     * still read replies in them until the step's end); under mu */
+    struct dead_chan { st_xfer_chan_t *ch; bool read; } *chan_dead;
+    int n_dead, cap_dead;
     st_engine_stats_t est;         /* engine stats at the step's start */
     int reports_inflight;        /* loop thread */
 };
@@ -564,6 +571,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         st_xfer_chan_t *ch = aw->srv[s].alive ? aw->srv[s].chan : NULL;
         pd->chan = ch;
         pd->rview = NULL;
+        pd->rcopy = ch ? !aw->srv[s].chan_read : !pd->rbuf_read;
         if (ch) pd->state = P_QUEUED;
         pthread_mutex_unlock(&aw->mu);
         uint8_t *buf = ch ? st_xfer_chan_req_buf(ch, (uint32_t)mb) : pd->sbuf;
@@ -656,10 +664,9 @@ static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double t_wait, do
     pthread_mutex_unlock(&aw->mu);
 }
 
-/* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, pointed to in at),
+/* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, pointed to in w->at),
  * return a mask of failed servers (count in *n_failed) and their errors in pend[].err. */
-static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, const float **at, int *failed_mask,
-                      int *n_failed) {
+static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
     double t_wait = st_time_sec(), slowest_net = 0;
     uint32_t slowest_us = 0;
     struct timespec dl;
@@ -706,7 +713,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                      info.kind == ST_WIRE_KIND_COMBINE && info.seq == pd->seq &&
                      info.token_count == (uint32_t)p->n_out[s] && info.row_width == (uint32_t)w->ew;
             if (ok) {
-                st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), at);
+                st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), pd->rcopy);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -761,10 +768,9 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
  * failed servers. Tokens left without an answer are flagged. */
 static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
     int failed[MAX_SERVERS] = {0}, nf = 0;
-    const float **at = aw->plan[mb].at;
-    wait_plan(aw, mb, &aw->plan[mb], w, at, failed, &nf);
+    wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
     if (nf == 0) return;
-    st_dispatch_settle(w, at); /* the retry round reuses the reply buffers the node values lie in */
+    st_dispatch_settle(w); /* the retry round reuses the reply buffers the node values lie in */
     for (int s = 0; s < aw->n_srv; s++)
         if (failed[s]) {
             snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -784,7 +790,7 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
     send_plan(aw, mb, &aw->plan2, w);
     int failed2[MAX_SERVERS] = {0}, nf2 = 0;
-    wait_plan(aw, mb, &aw->plan2, w, at, failed2, &nf2);
+    wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
     for (int s = 0; s < aw->n_srv; s++) {
         if (!failed2[s]) continue;
         snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -811,11 +817,12 @@ static bool replies_in(aw_t *aw, int mb) {
     return in;
 }
 
-/* Micro-batch mb's replies → its work item's combined rows u (failed tokens +0), then its next
- * layers released (queued at its collect: st_engine_mb_launch releases, then finds them launched). */
+/* Micro-batch mb's replies → its work item's node values (failed tokens none: +0), then its next
+ * layers released (queued at its collect: st_engine_mb_launch releases, then finds them launched);
+ * the engine finishes each token's tree reading the rows where they lie. */
 static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
     remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
-    st_dispatch_finish(&aw->plan[mb], &w[mb], aw->plan[mb].at, aw->tok_failed[mb]);
+    st_dispatch_drop_failed(&w[mb], aw->tok_failed[mb]);
     aw->hook_mb = mb;
     st_engine_mb_launch(aw->mbs[mb]);
 }
@@ -1178,17 +1185,21 @@ static int placement_wait(aw_t *aw) {
     return 0;
 }
 
+static void chan_bury(aw_t *aw);
+
 static void *compute_main(void *arg) {
     aw_t *aw = arg;
     for (;;) {
         pthread_mutex_lock(&aw->mu);
         /* idle until work, a stop, or a new map (copied at once: the loop reuses retired server
          * slots only after that) */
-        while (!aw->stop && !aw->draining && !aw->in_head && aw->active == 0 && aw->place_gen == aw->place_applied)
+        while (!aw->stop && !aw->draining && !aw->in_head && aw->active == 0 && aw->place_gen == aw->place_applied &&
+               aw->n_dead == 0)
             pthread_cond_wait(&aw->cv, &aw->mu);
         /* draining: stop once the requests in flight are done or the grace period is over */
         int stop = aw->stop || (aw->draining && (aw->active == 0 || st_time_sec() >= aw->drain_deadline));
         pthread_mutex_unlock(&aw->mu);
+        chan_bury(aw);
         if (stop) break;
         drain_inbox(aw, 1);
         sync_placement(aw);
@@ -1384,6 +1395,45 @@ static void srv_retire(aw_t *aw, int s, uint64_t gen, const char *why) {
     st_log_debug("worker %s: expert server %s (%s) %s", aw->o.name, sv->name, sv->endpoint, why);
 }
 
+/* A channel's region unmapped for the engine's device and freed. */
+static void chan_free(aw_t *aw, st_xfer_chan_t *ch, bool read) {
+    if (!ch) return;
+    if (read) {
+        void *mem;
+        size_t bytes;
+        st_xfer_chan_memory(ch, &mem, &bytes);
+        st_engine_host_unmap(aw->e, mem);
+    }
+    st_xfer_chan_destroy(ch);
+}
+
+/* Loop thread: a channel no dispatch names any more, for the compute thread to free between steps
+ * (the engine may read a reply in it until its step ends). Here at once when it cannot be queued. */
+static void chan_retire(aw_t *aw, st_xfer_chan_t *ch, bool read) {
+    pthread_mutex_lock(&aw->mu);
+    if (aw->n_dead == aw->cap_dead) {
+        int cap = aw->cap_dead ? 2 * aw->cap_dead : 8;
+        void *p = realloc(aw->chan_dead, sizeof *aw->chan_dead * (size_t)cap);
+        if (p) aw->chan_dead = p, aw->cap_dead = cap;
+    }
+    bool queued = aw->n_dead < aw->cap_dead;
+    if (queued) aw->chan_dead[aw->n_dead++] = (struct dead_chan){ch, read};
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+    if (!queued) chan_free(aw, ch, read); /* out of memory for the list: now */
+}
+
+/* Compute thread, between steps (and at the end): free the retired channels. */
+static void chan_bury(aw_t *aw) {
+    for (;;) {
+        pthread_mutex_lock(&aw->mu);
+        struct dead_chan d = aw->n_dead ? aw->chan_dead[--aw->n_dead] : (struct dead_chan){0};
+        pthread_mutex_unlock(&aw->mu);
+        if (!d.ch) return;
+        chan_free(aw, d.ch, d.read);
+    }
+}
+
 /* Whether server s's channel can be freed: the slot is being freed or its connection was lost (a
  * server that only timed out keeps it for when it is back), and no dispatch names the channel. Under mu. */
 static int chan_unused(const aw_t *aw, int s, int idle) {
@@ -1418,9 +1468,9 @@ static int srv_reap(aw_t *aw) {
             sv->state = SRV_FREE;
         }
         pthread_mutex_unlock(&aw->mu);
-        if (ch) { /* a dead or departed server's region: unmapped and freed */
+        if (ch) { /* a dead or departed server's region: freed by the compute thread between steps */
             st_log_info("worker %s: shared-memory channel of expert server %s freed", aw->o.name, sv->name);
-            st_xfer_chan_destroy(ch);
+            chan_retire(aw, ch, sv->chan_read);
         }
         if (!idle) continue;
         if (ep) st_tp_ep_close(ep); /* NOTE: outside mu (nothing is in flight on it: slot_idle) */
@@ -1487,12 +1537,18 @@ static void offer_done(void *arg, st_tp_recv_t *r) {
     char label[sizeof sv->name + sizeof sv->endpoint + 32];
     snprintf(label, sizeof label, "expert server %s (%s)", sv->name, sv->endpoint);
     st_xfer_chan_label(ch, label);
+    /* replies read in place by the engine's device (else copied into the work's rows) */
+    void *mem;
+    size_t bytes;
+    st_xfer_chan_memory(ch, &mem, &bytes);
+    bool read = st_engine_host_map(aw->e, mem, bytes) == ST_OK;
+    if (!read) st_log_info("worker %s: replies of %s are copied once more: %s", aw->o.name, sv->name, st_err_last());
     pthread_mutex_lock(&aw->mu);
     int ok = sv->alive && !sv->chan;
-    if (ok) sv->chan = ch;
+    if (ok) sv->chan = ch, sv->chan_read = read;
     pthread_mutex_unlock(&aw->mu);
     if (!ok) {
-        st_xfer_chan_destroy(ch);
+        chan_free(aw, ch, read);
         return;
     }
     st_log_info("worker %s: expert server %s is on this host: dispatches go through shared memory", aw->o.name, sv->name);
@@ -2003,7 +2059,10 @@ static st_status_t alloc_pend(aw_t *aw, int s) {
         pd->s = s;
         pd->cap = aw->pay_cap + ST_WIRE_MAX_ERROR_TEXT;
         pd->sbuf = malloc(aw->pay_cap);
-        pd->rbuf = malloc(pd->cap);
+        /* replies land where the engine's device reads them (else each row is copied once more) */
+        pd->rbuf = st_engine_host_alloc(aw->e, pd->cap);
+        pd->rbuf_read = pd->rbuf != NULL;
+        if (!pd->rbuf) pd->rbuf = malloc(pd->cap);
         if (!pd->sbuf || !pd->rbuf) return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch buffers");
     }
     return ST_OK;
@@ -2148,10 +2207,14 @@ out_engine:
     free(aw->tau_in); free(aw->rho_in); free(aw->tau_cur); free(aw->rho_cur); free(aw->load);
     for (int m = 0; m < MAX_MB; m++)
         for (int s = 0; s < MAX_SERVERS; s++) {
-            free(aw->pend[m][s].sbuf);
-            free(aw->pend[m][s].rbuf);
+            pend_t *pd = &aw->pend[m][s];
+            free(pd->sbuf);
+            if (pd->rbuf_read) st_engine_host_free(aw->e, pd->rbuf);
+            else free(pd->rbuf);
         }
-    for (int s = 0; s < MAX_SERVERS; s++) st_xfer_chan_destroy(aw->srv[s].chan); /* the compute thread is gone */
+    for (int s = 0; s < MAX_SERVERS; s++) chan_free(aw, aw->srv[s].chan, aw->srv[s].chan_read); /* the compute thread is gone */
+    chan_bury(aw);
+    free(aw->chan_dead);
     st_engine_destroy(aw->e);
 out_ck:
     st_ckpt_close(aw->ck);

@@ -1,14 +1,16 @@
 /* The attention worker's host work per MoE layer on the data path (attention_worker/dispatch.c):
  * the plan (each token's leaves cut into tree nodes per server, grouped by expert), the pack of each
  * server's dispatch (sources, pairs, distinct rows: fp32 as the CPU engine hands them over, bf16 as
- * the GPU engine does), the unpack of the replies' node rows and the finish of each token's tree.
- * Shapes: `small` (2 servers), and K3's widths (d 7168 → ℓ 3584, 896 experts, top-16, 16 expert
- * servers) at batch 1, 32 and 256; random top-k routing, experts placed in contiguous blocks. Each
- * figure is the mean of repeats over at least 0.2 s; the yardstick is memcpy of the same bytes in the
- * same run (one thread: the worker's compute thread does this work alone).
- * Prints a table and `RESULT dispatch_host_us_<shape>_b<T> <µs per layer>` (bf16 pack) and
- * `RESULT dispatch_host_vs_memcpy_<shape>_b<T> <ratio>` (that time over memcpy of the bytes packed and
- * unpacked). usage: bench_dispatch */
+ * the GPU engine does) and the unpack of the replies (node rows pointed to where they lie); and,
+ * apart, the CPU engine's finish of each token's tree from those rows (st_moe_finish_nodes; a GPU
+ * engine finishes on the device). Shapes: `small` (2 servers), and K3's widths (d 7168 → ℓ 3584, 896
+ * experts, top-16, 16 expert servers) at batch 1, 32 and 256; random top-k routing, experts placed in
+ * contiguous blocks. Each figure is the mean of repeats over at least 0.2 s; the yardstick is memcpy
+ * of the bytes the worker moves (the bf16 rows packed) in the same run, one thread (the worker's
+ * compute thread does this work alone).
+ * Prints a table and `RESULT dispatch_host_us_<shape>_b<T> <µs per layer>` (plan + bf16 pack + unpack)
+ * and `RESULT dispatch_host_vs_memcpy_<shape>_b<T> <ratio>` (that time over memcpy of the rows packed).
+ * usage: bench_dispatch */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,8 @@ static void run(const shape_t *sh, int T) {
     int *ids = malloc(sizeof(int) * (size_t)P), *cnt = malloc(sizeof(int) * (size_t)T),
         *ent = calloc((size_t)T, sizeof(int));
     float *out = malloc(sizeof(float) * (size_t)P * ew), *u = malloc(sizeof(float) * (size_t)T * ew);
+    const float **at = calloc((size_t)P, sizeof *at);
+    uint32_t *tid = malloc(sizeof(uint32_t) * (size_t)kc);
     int *server_of = malloc(sizeof(int) * (size_t)E);
     bool *failed = calloc((size_t)T, sizeof(bool));
     uint8_t *mark = calloc((size_t)E, 1);
@@ -69,7 +73,7 @@ static void run(const shape_t *sh, int T) {
                        .wts = wts,
                        .tok_ent = ent,
                        .out = out,
-                       .u = u};
+                       .at = at};
     st_dispatch_plan_t p;
     if (st_dispatch_plan_init(&p, S, E, P) != ST_OK) {
         fprintf(stderr, "bench_dispatch: %s\n", st_err_last());
@@ -78,12 +82,11 @@ static void run(const shape_t *sh, int T) {
     st_dispatch_plan_build(&p, &w, server_of, failed);
     /* each server's message: sources, pairs, rows (fp32 room, bf16 fits) */
     uint8_t **msg = malloc(sizeof(uint8_t *) * (size_t)S);
-    size_t max_out = 1, rows16 = 0, rows32 = 0, reply = 0;
+    size_t max_out = 1, rows16 = 0, rows32 = 0;
     for (int s = 0; s < S; s++) {
         msg[s] = malloc(16 * ((size_t)P + 1) + sizeof(float) * (size_t)p.n_uniq[s] * ew + 64);
         max_out = ST_MAX(max_out, (size_t)p.n_out[s]);
         rows16 += (size_t)p.n_uniq[s] * ew * 2, rows32 += (size_t)p.n_uniq[s] * ew * 4;
-        reply += (size_t)p.n_out[s] * ew * 4;
     }
     float **rep = malloc(sizeof(float *) * (size_t)S); /* each server's reply rows */
     for (int s = 0; s < S; s++) {
@@ -104,24 +107,25 @@ static void run(const shape_t *sh, int T) {
     TIME_IT(t_pack32, PACK(z, NULL));
     TIME_IT(t_pack16, PACK(NULL, zb));
     w.z = z, w.zb = NULL;
-    TIME_IT(t_unpack, for (int s = 0; s < S; s++) st_dispatch_unpack(&p, s, &w, rep[s], p.at));
-    /* finish gathers the node rows of tokens with several into w->out: unpack again before each */
+    TIME_IT(t_unpack, for (int s = 0; s < S; s++) st_dispatch_unpack(&p, s, &w, rep[s], false));
+    /* the CPU engine's finish gathers the node rows of tokens with three or more into w->out: unpack
+     * again before each */
     double t_both;
     TIME_IT(t_both, {
         for (int s = 0; s < S; s++)
-            st_dispatch_unpack(&p, s, &w, rep[s], p.at);
-        st_dispatch_finish(&p, &w, p.at, failed);
+            st_dispatch_unpack(&p, s, &w, rep[s], false);
+        st_moe_finish_nodes(u, at, ids, cnt, T, kc, ew, out, tid);
     });
     t_finish = t_both - t_unpack;
-    /* the yardstick: memcpy of the bytes the bf16 pack and the unpack move */
-    size_t bytes = rows16 + reply;
+    /* the yardstick: memcpy of the bytes the bf16 pack moves */
+    size_t bytes = rows16;
     uint8_t *a = malloc(bytes + 64), *b = malloc(bytes + 64);
     memset(a, 1, bytes), memset(b, 2, bytes);
     TIME_IT(t_copy, memcpy(b, a, bytes); a[0] ^= b[bytes - 1]);
     int pairs = 0, outs = 0, uniq = 0;
     for (int s = 0; s < S; s++)
         pairs += p.n_rows[s], outs += p.n_out[s], uniq += p.n_uniq[s];
-    double host = t_plan + t_pack16 + t_unpack + t_finish;
+    double host = t_plan + t_pack16 + t_unpack; /* the worker's; the finish is the engine's (on a GPU: the device's) */
     printf("%-6s %4d %3d %6d %6d %6d %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f %7.2f\n", sh->name, T, S, pairs, uniq,
            outs, 1e6 * t_plan, 1e6 * t_pack32, 1e6 * t_pack16, 1e6 * t_unpack, 1e6 * t_finish, 1e6 * t_copy,
            (double)bytes / (1 << 20), host / t_copy);
@@ -131,7 +135,7 @@ static void run(const shape_t *sh, int T) {
     for (int s = 0; s < S; s++)
         free(msg[s]), free(rep[s]);
     free(msg), free(rep), free(a), free(b), free(z), free(zb), free(wts), free(ids), free(cnt), free(ent), free(out),
-        free(u), free(server_of), free(failed), free(mark);
+        free(u), free(server_of), free(failed), free(mark), free(at), free(tid);
 }
 
 int main(void) {
@@ -144,7 +148,7 @@ int main(void) {
         {"small", small.n_experts, small.top_k, st_config_expert_width(&small), 2},
         {"k3", 896, 16, 3584, 16},
     };
-    printf("per MoE layer, µs (one thread); memcpy: the bf16 rows packed plus the reply rows unpacked\n");
+    printf("per MoE layer, µs (one thread); finish: the CPU engine's (not the worker's); memcpy: the bf16 rows packed\n");
     printf("%-6s %4s %3s %6s %6s %6s %9s %9s %9s %9s %9s %9s %9s %7s\n", "shape", "T", "S", "pairs", "rows", "nodes",
            "plan", "pack32", "pack16", "unpack", "finish", "memcpy", "MiB", "×memcpy");
     for (size_t i = 0; i < ST_ARRAY_LEN(shapes); i++) {

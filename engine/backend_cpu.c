@@ -45,6 +45,7 @@ typedef struct {
     float *cq, *ckv, *qabs, *olat, *cctx, *kvfull, *K, *V, *attn_ws, *kda_ws;
     float *scores, *wts, *z, *zin, *eout, *u, *ffn_ws, *sh;
     int *ids, *ids_tmp, *cnt, *grp_off, *grp_tok, *tok_ent;
+    const float **at;       /* [T, kc] remote experts: the node values (st_moe_work_t.at) */
     uint32_t *qcnt, *qband; /* [n] threshold counts (count observer) */
     float *lin;
 } st_bufs_t;
@@ -95,6 +96,7 @@ static size_t carve_bufs(st_engine_t *e, uint8_t *base, st_bufs_t *b) {
     size_t n = (size_t)ST_MAX(c->n_experts, 1), kc = (size_t)e->kcap, ew = (size_t)st_config_expert_width(c);
     CF(scores, T * n); CF(wts, T * kc); CI(ids, T * kc); CI(ids_tmp, T * kc); CI(cnt, T);
     CI(grp_off, n + 1); CI(grp_tok, T * kc); CI(tok_ent, T);
+    b->at = carve(base, &off, T * kc * sizeof *b->at);
     b->qcnt = carve(base, &off, n * sizeof(uint32_t)); b->qband = carve(base, &off, n * sizeof(uint32_t));
     CF(z, T * ew); CF(zin, 2 * T * ew); CF(eout, T * kc * ew); CF(u, T * ew); CF(sh, T * d);
     /* FFN workspace: the largest of dense, shared and expert FFNs at T (experts: T·kcap rows max) */
@@ -296,17 +298,19 @@ static void moe_begin(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bu
         z = b->z;
     }
     ST_ENGINE_TRACE(e, l, ST_TRACE_MOE_Z, (float *)z, T, st_config_expert_width(c));
+    memset(b->at, 0, sizeof *b->at * (size_t)T * (size_t)e->kcap);
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = e->kcap, .ew = st_config_expert_width(c), .z = z,
                          .ids = b->ids, .cnt = b->cnt, .wts = b->wts, .tok_ent = b->tok_ent, .out = b->eout,
-                         .u = b->u};
+                         .at = b->at};
 }
 
 static void moe_finish(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bufs_t *b) {
     const st_config_t *c = &e->c;
     int kc = e->kcap, ew = st_config_expert_width(c), d = c->d;
     /* the tree combine (docs/architecture.md, "Bit-exact expert results"), each token's leaves
-     * fl(p·y) + 0 weighted in place; remote experts: the worker wrote u (engine.h) */
+     * fl(p·y) + 0 weighted in place; remote experts: finished from the executor's node values */
     uint32_t *tid = (uint32_t *)b->ids_tmp;
+    if (e->o.remote_experts) st_moe_finish_nodes(b->u, b->at, b->ids, b->cnt, T, kc, ew, b->eout, tid);
     for (int t = 0; t < T && !e->o.remote_experts; t++) {
         float *u = b->u + (size_t)t * ew, *y = b->eout + (size_t)t * kc * ew;
         for (int i = 0; i < b->cnt[t]; i++) {

@@ -156,7 +156,8 @@ typedef struct {
     int *meta_h, *ids_h, *cnt_h;
     st_bf16_t *zb_h; /* hand-off: z [T, ew] out */
     float *out_h, *scores_h, *wq_h; /* wq_h: the host quantile routing's weights (discarded) */
-    float *wts_h, *u_h; /* hand-off: the routing weights [T, kc] out, the combined rows [T, ew] back (remote) */
+    float *wts_h; /* hand-off: the routing weights [T, kc] out */
+    const float **at_h; /* hand-off, remote experts: the node values' pointers [T, kc] back (read in place) */
     /* threshold counts (count observer): cnt | band, [2, n] uint32 on the device and pinned; counted:
      * the layer in flight was counted, banded: with the band */
     uint32_t *qc, *qc_h;
@@ -479,6 +480,25 @@ static st_status_t cu_init(st_engine_t *e) {
  * compute thread, so every entry point that touches the device selects it first (cheap). */
 static st_status_t cu_use(st_engine_t *e) { return st_gpu_init(e->o.device); }
 
+/* Host memory the device reads in place: page-locked and mapped, at the same address (unified
+ * addressing, x86-64 Linux); elsewhere the caller copies into the hand-off's pinned rows. */
+static void *host_alloc(st_engine_t *e, size_t n) {
+    void *p = NULL;
+    return st_gpu_init(e->o.device) == ST_OK && st_gpu_host_alloc(&p, n) == ST_OK ? p : NULL;
+}
+static void host_free(st_engine_t *e, void *p) { st_gpu_host_free(p); }
+static st_status_t host_map(st_engine_t *e, void *p, size_t n) {
+    void *dev = NULL;
+    TRY(st_gpu_init(e->o.device));
+    TRY(st_gpu_host_register(p, n, &dev));
+    if (dev == p) return ST_OK;
+    st_gpu_host_unregister(p);
+    return ST_FAIL(ST_ERR_UNSUPPORTED, "engine: registered host memory has another address on the device");
+}
+static void host_unmap(st_engine_t *e, void *p) {
+    if (st_gpu_init(e->o.device) == ST_OK) st_gpu_host_unregister(p);
+}
+
 static st_status_t seq_reset(st_engine_t *e, int i) {
     cu_t *g = CU(e);
     int M = e->o.max_seqs;
@@ -593,7 +613,7 @@ static void mb_carve(cmb_t *mb, size_t *dneed, size_t *pneed) {
     PC(srow_h, T * sizeof(st_sample_row_t)); PC(sbid_h, SB * 4); PC(sbv_h, SB * F);
     PC(sid_h, T * 4); PC(slp_h, T * F); PC(stid_h, ST * 4); PC(stlp_h, ST * F);
     if (!mb->fm->internal && c->n_experts > 0) {
-        PC(zb_h, T * ew * B2); PC(out_h, T * kc * ew * F); PC(wts_h, T * kc * F); PC(u_h, T * ew * F);
+        PC(zb_h, T * ew * B2); PC(out_h, T * kc * ew * F); PC(wts_h, T * kc * F); PC(at_h, T * kc * sizeof(float *));
     }
 #undef PC
 }
@@ -1040,7 +1060,7 @@ static void handoff(st_engine_mb_t *fm, int l, st_moe_work_t *w) {
     CK(st_gpu_memcpy_async(s, mb->wts_h, mb->wts, (size_t)T * kc * sizeof(float), ST_GPU_COPY_D2H));
     if (!mb->capturing) CK(st_gpu_event_record(mb->ev, s)); /* collect waits for this, not for the whole stream */
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = kc, .ew = ew, .zb = mb->zb_h, .ids = mb->ids_h, .cnt = mb->cnt_h,
-                         .wts = mb->wts_h, .tok_ent = mb->meta_h + T, .out = mb->out_h, .u = mb->u_h};
+                         .wts = mb->wts_h, .tok_ent = mb->meta_h + T, .out = mb->out_h, .at = mb->at_h};
 }
 
 /* ------------------------------------------------------------------ the walk's ops */
@@ -1136,26 +1156,26 @@ static void moe_finish(st_engine_mb_t *fm, int l) {
     const gl_t *G = &g->L[l];
     int T = fm->T, kc = g->e->kcap, ew = st_config_expert_width(c), d = c->d;
     /* the combine reads expert rows through row_of (grouped), or in slot order (handed-off rows, or
-     * slots); remote experts: u combined by the worker, the epilogue only (engine.h) */
+     * slots); remote experts: the executor's node values, where they lie in host memory (engine.h) */
     bool remote = g->e->o.remote_experts;
     const float *yg = mb->local_done && !mb->slot_order ? mb->yg : NULL;
-    const float *yf = !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
+    const float *yf = remote ? NULL : !mb->local_done ? mb->eout : mb->slot_order ? mb->yg : NULL;
+    const float *const *at = remote ? mb->at_h : NULL;
     const float *wts = remote ? NULL : mb->wts;
     if ((remote || !mb->local_done) && mb->rel) { /* the executor's rows: once the host released them */
         uint64_t ns = (uint64_t)g->e->o.handoff_timeout_ms * 1000000u;
         CK(st_cuda_flag_wait(s, &mb->rel[0], 0, &mb->rel[1], ns, &mb->rel[2]));
     }
-    if (remote) CK(st_gpu_memcpy_async(s, mb->eout, mb->u_h, (size_t)T * ew * sizeof(float), ST_GPU_COPY_H2D));
-    else if (!mb->local_done)
+    if (!remote && !mb->local_done)
         CK(st_gpu_memcpy_async(s, mb->eout, mb->out_h, (size_t)T * kc * ew * sizeof(float), ST_GPU_COPY_H2D));
     chain_wait(mb);
     if (c->latent > 0) {
-        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, mb->row_of, wts, mb->ids, mb->cnt, G->lat_norm, T, kc,
+        CK(st_cuda_moe_combine(s, mb->un, NULL, NULL, yg, yf, at, mb->row_of, wts, mb->ids, mb->cnt, G->lat_norm, T, kc,
                                ew, c->rms_eps));
         gtrace(mb, l, ST_TRACE_MOE_U, mb->un, true, ew, ew, false);
         CK(lin(mb, mb->partial, d, 1.f, mb->un, ew, G->lat_up, T, d, ew));
     } else {
-        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, mb->row_of, wts, mb->ids, mb->cnt, NULL, T, kc, ew,
+        CK(st_cuda_moe_combine(s, NULL, NULL, mb->partial, yg, yf, at, mb->row_of, wts, mb->ids, mb->cnt, NULL, T, kc, ew,
                                c->rms_eps));
     }
     if (c->n_shared > 0) ffn_add(mb, G->sh_gu, G->sh_down, c->n_shared * c->moe_inter, moe_fused(g));
@@ -1190,6 +1210,8 @@ static void handoff_wait(st_engine_mb_t *fm) {
     if (st_gpu_init(e->o.device) != ST_OK && fm->err == ST_OK) fm->err = ST_ERR_INTERNAL;
     CK(st_gpu_event_sync(mb->ev));
     release_check(mb);
+    /* the previous combine read the table (it ran before this hand-off's copies): the executor's now */
+    if (mb->at_h) memset(mb->at_h, 0, sizeof *mb->at_h * (size_t)fm->T * (size_t)e->kcap);
     __atomic_store_n(&mb->rel[1], ++mb->hand, __ATOMIC_RELEASE);
     deliver(mb, fm->l);
 }
@@ -1494,6 +1516,10 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .set_thresholds = set_thresholds,
     .set_probes = set_probes,
     .set_trace = set_trace,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .host_map = host_map,
+    .host_unmap = host_unmap,
     .begin = begin,
     .launch_begin = launch_begin,
     .attn_norm = attn_norm,

@@ -527,6 +527,28 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
     return st_engine_mb_collect(mb, work);
 }
 
+#define HOST_PAGE 4096u
+
+void *st_engine_host_alloc(st_engine_t *e, size_t n) {
+    if (e->be->host_alloc) return e->be->host_alloc(e, n);
+    void *p = NULL;
+    return posix_memalign(&p, HOST_PAGE, (n + HOST_PAGE - 1) / HOST_PAGE * HOST_PAGE) ? NULL : p;
+}
+
+void st_engine_host_free(st_engine_t *e, void *p) {
+    if (!p) return;
+    if (e->be->host_free) e->be->host_free(e, p);
+    else free(p);
+}
+
+st_status_t st_engine_host_map(st_engine_t *e, void *p, size_t n) {
+    return e->be->host_map ? e->be->host_map(e, p, n) : ST_OK;
+}
+
+void st_engine_host_unmap(st_engine_t *e, void *p) {
+    if (p && e->be->host_unmap) e->be->host_unmap(e, p);
+}
+
 void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *w) {
     st_engine_t *e = mb->e;
     if (e->o.remote_experts || !mb->waiting) return;

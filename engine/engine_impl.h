@@ -152,6 +152,11 @@ struct st_engine_backend {
     st_status_t (*set_thresholds)(st_engine_t *e, const float *tau); /* device copy of τ */
     st_status_t (*set_probes)(st_engine_t *e, const float *rho);     /* device copy of ρ */
     st_status_t (*set_trace)(st_engine_t *e, bool on);    /* trace staging buffers */
+    /* host memory the device reads in place (engine.h st_engine_host_*); NULL: plain memory will do */
+    void *(*host_alloc)(st_engine_t *e, size_t n);
+    void (*host_free)(st_engine_t *e, void *p);
+    st_status_t (*host_map)(st_engine_t *e, void *p, size_t n);
+    void (*host_unmap)(st_engine_t *e, void *p);
     /* ---- a step ---- */
     void (*begin)(st_engine_mb_t *mb);        /* after validation and page growth: tokens, metadata */
     void (*launch_begin)(st_engine_mb_t *mb); /* each launch: what begin deferred (upload, embedding) */

@@ -66,14 +66,21 @@ void st_moe_tree_reduce(float *out, const float *y, const uint32_t *off, const u
         }
 }
 
-void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
-                    const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps) {
+void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const float *const *at, const int *row_of,
+                    const float *p, const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps) {
     st_moe_tree_t s;
     for (int t = 0; t < T; t++) {
         float *ut = u ? u + (size_t)t * l : NULL;
         for (int c = 0; c < l; c++) {
             float a;
-            if (!p) {
+            if (!p && at) {
+                st_moe_tree_init(&s);
+                for (int i = 0; i < cnt[t]; i++) {
+                    size_t k = (size_t)t * kc + i;
+                    if (at[k]) st_moe_tree_push(&s, (uint32_t)ids[k], at[k][c]);
+                }
+                a = st_moe_tree_end(&s);
+            } else if (!p) {
                 a = yf[(size_t)t * l + c];
             } else {
                 st_moe_tree_init(&s);
@@ -88,5 +95,35 @@ void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, 
             else partial[(size_t)t * l + c] += a;
         }
         if (ut && norm_w) st_rmsnorm(ut, ut, norm_w, 1, l, eps);
+    }
+}
+
+void st_moe_finish_nodes(float *u, const float *const *at, const int *ids, const int *cnt, int T, int kc, int l,
+                         float *scratch, uint32_t *tid) {
+    size_t rb = sizeof(float) * (size_t)l;
+    for (int t = 0; t < T; t++) {
+        float *v = scratch + (size_t)t * kc * l, *ut = u + (size_t)t * l;
+        const float *const *a = at + (size_t)t * kc;
+        int m = 0, first = -1, last = -1;
+        for (int i = 0; i < cnt[t]; i++)
+            if (a[i]) tid[m++] = (uint32_t)ids[(size_t)t * kc + i], first = first < 0 ? i : first, last = i;
+        if (m == 0) {
+            memset(ut, 0, rb);
+        } else if (m == 1) { /* the tree over one node is that node */
+            memcpy(ut, a[last], rb);
+        } else if (m == 2) { /* two nodes meet at their lowest common node: one sum */
+            const float *x = a[first], *y = a[last];
+            for (int c = 0; c < l; c++) ut[c] = x[c] + y[c];
+        } else {
+            /* packed in leaf order: row j ≤ its slot i, so a row that lies in this token's rows of
+             * scratch is read before it is overwritten */
+            for (int i = 0, j = 0; i < cnt[t]; i++) {
+                if (!a[i]) continue;
+                if (a[i] != v + (size_t)j * l) memcpy(v + (size_t)j * l, a[i], rb);
+                j++;
+            }
+            st_moe_tree_rows(v, tid, m, l);
+            memcpy(ut, v, rb);
+        }
     }
 }

@@ -214,23 +214,29 @@ extern "C" st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *d
     return ST_OK;
 }
 
-/* one block per token; smem u [l] fp32, then the token's weights, source rows and leaf ids [kc]
- * each (read once, so the rows' loads do not wait on them slot by slot). Each thread sums its
- * columns by the tree (strata/moe_tree.h; its stack lives in local memory, ≤ 33 entries). */
-__global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf, const int *row_of,
-                                   const float *p, const int *ids, const int *cnt, const float *nw, int kc, int l, float eps) {
+/* one block per token; smem: the token's node-row pointers [kc] (node mode), u [l] fp32, then its
+ * weights, source rows and leaf ids [kc] each (read once, so the rows' loads do not wait on them slot
+ * by slot). Each thread sums its columns by the tree (strata/moe_tree.h; its stack lives in local
+ * memory, ≤ 33 entries). Node rows and their pointers may lie in mapped host memory written by the
+ * host just before this kernel (behind a flag wait): read with ld.cv, never from a stale cache line. */
+__global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg, const float *yf,
+                                   const float *const *at, const int *row_of, const float *p, const int *ids,
+                                   const int *cnt, const float *nw, int kc, int l, float eps) {
     st_pdl_trigger(); /* the GEMM that reads this output may start loading its weights */
-    extern __shared__ float u[];
+    extern __shared__ __align__(16) unsigned char sm[];
     __shared__ float red[32];
+    const float **ap = reinterpret_cast<const float **>(sm);
+    float *u = reinterpret_cast<float *>(ap + kc);
     float *ps = u + l;
     int *rs = reinterpret_cast<int *>(ps + kc);
     uint32_t *is = reinterpret_cast<uint32_t *>(rs + kc);
-    const int t = blockIdx.x, c_ = p ? cnt[t] : 0;
+    const int t = blockIdx.x, c_ = p || at ? cnt[t] : 0;
     const float *Y = yg ? yg : yf;
     for (int i = threadIdx.x; i < c_; i += blockDim.x) {
-        ps[i] = p[(size_t)t * kc + i];
-        rs[i] = yg ? row_of[(size_t)t * kc + i] : t * kc + i;
-        is[i] = (uint32_t)ids[(size_t)t * kc + i];
+        const size_t k = (size_t)t * kc + i;
+        if (p) ps[i] = p[k], rs[i] = yg ? row_of[k] : (int)k;
+        else ap[i] = reinterpret_cast<const float *>(__ldcv(reinterpret_cast<const unsigned long long *>(at + k)));
+        is[i] = (uint32_t)ids[k];
     }
     __syncthreads();
     if (p) {
@@ -238,6 +244,14 @@ __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial
         for (int c = threadIdx.x; c < l; c += blockDim.x) {
             st_moe_tree_init(&st);
             for (int i = 0; i < c_; i++) st_moe_tree_push(&st, is[i], __fadd_rn(__fmul_rn(ps[i], Y[(size_t)rs[i] * l + c]), 0.f));
+            u[c] = st_moe_tree_end(&st);
+        }
+    } else if (at) { /* node values: the servers' partial trees */
+        st_moe_tree_t st;
+        for (int c = threadIdx.x; c < l; c += blockDim.x) {
+            st_moe_tree_init(&st);
+            for (int i = 0; i < c_; i++)
+                if (ap[i]) st_moe_tree_push(&st, is[i], __ldcv(ap[i] + c));
             u[c] = st_moe_tree_end(&st);
         }
     } else { /* u combined elsewhere */
@@ -259,11 +273,11 @@ __global__ void moe_combine_kernel(st_bf16_t *un, st_bf16_t *ulo, float *partial
         un[(size_t)t * l + c] = st_split_bf(nw ? u[c] * r * nw[c] : u[c], ulo ? ulo + (size_t)t * l + c : NULL);
 }
 extern "C" st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial, const float *yg,
-                                      const float *yf, const int *row_of, const float *p, const int *ids, const int *cnt,
-                                      const float *norm_w, int T, int kc, int l, float eps) {
+                                      const float *yf, const float *const *at, const int *row_of, const float *p, const int *ids,
+                                      const int *cnt, const float *norm_w, int T, int kc, int l, float eps) {
     if (T <= 0) return ST_OK;
-    moe_combine_kernel<<<T, 256, ((size_t)l + 3 * (size_t)kc) * sizeof(float), ST_STREAM(s)>>>(
-        un, ulo, partial, yg, yf, row_of, p, ids, cnt, norm_w, kc, l, eps);
+    const size_t smem = (size_t)kc * sizeof(float *) + ((size_t)l + 3 * (size_t)kc) * sizeof(float);
+    moe_combine_kernel<<<T, 256, smem, ST_STREAM(s)>>>(un, ulo, partial, yg, yf, at, row_of, p, ids, cnt, norm_w, kc, l, eps);
     return ST_LAUNCH_OK("moe_combine_kernel");
 }
 

@@ -90,7 +90,7 @@ static void bench_dispatch(int T, int k, int E, int l) {
     double gb = (double)(rows + T) * l * 2;
     printf("RESULT moe_gather T=%d l=%d (%ld rows): %.1f us, %.0f GB/s\n", T, l, rows, ms * 1e3, gb / (ms * 1e6));
     /* the full-width form: partial (u) += the tree of p·y over fp32 grouped rows */
-    BTIME(ms, 10, st_cuda_moe_combine(&bs, NULL, NULL, u, yg, NULL, row, p, ids, cnt, NULL, T, k, l, 1e-5f));
+    BTIME(ms, 10, st_cuda_moe_combine(&bs, NULL, NULL, u, yg, NULL, NULL, row, p, ids, cnt, NULL, T, k, l, 1e-5f));
     gb = (double)rows * l * 4 + (double)T * l * 8;
     printf("RESULT moe_combine T=%d l=%d (%ld rows): %.1f us, %.0f GB/s\n", T, l, rows, ms * 1e3, gb / (ms * 1e6));
     free(hc);

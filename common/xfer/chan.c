@@ -185,6 +185,11 @@ bool st_xfer_chan_reply_in(const st_xfer_chan_t *c, uint32_t slot) {
     return slot >= c->n || !c->pending[slot] || st_xfer_test_host(c->r, rep_flag(slot), c->count[slot]);
 }
 
+void st_xfer_chan_memory(const st_xfer_chan_t *c, void **p, size_t *n) {
+    *p = c->r->map;
+    *n = c->r->map_bytes;
+}
+
 #ifdef STRATA_XFER_GPU
 st_status_t st_xfer_chan_gpu_map(st_xfer_chan_t *c) { return st_xfer_region_gpu_map(c->r); }
 #endif

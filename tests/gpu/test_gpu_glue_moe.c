@@ -108,9 +108,9 @@ static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
         const float *dYg = src ? NULL : dyg, *dYf = src ? dyf : NULL;
         /* partial += u: bit-exact */
         memcpy(part, part0, 4 * (size_t)T * l);
-        st_moe_combine(NULL, part, src ? NULL : yg, src ? yf : NULL, grow, p, ids, cnt, NULL, T, kc, l, 1e-5f);
+        st_moe_combine(NULL, part, src ? NULL : yg, src ? yf : NULL, NULL, grow, p, ids, cnt, NULL, T, kc, l, 1e-5f);
         GT_OK(st_gpu_memcpy_h2d(dpart, part0, 4 * (size_t)T * l));
-        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, dYg, dYf, drow, dp, did, dcnt, NULL, T, kc, l, 1e-5f));
+        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, dYg, dYf, NULL, drow, dp, did, dcnt, NULL, T, kc, l, 1e-5f));
         if (T) {
             float *gp = gl_down_f32(dpart, (size_t)T * l);
             CHECK(memcmp(gp, part, 4 * (size_t)T * l) == 0, "moe_combine partial += u T=%d kc=%d l=%d %s: not bit-exact", T,
@@ -119,8 +119,8 @@ static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
         }
         /* u as bf16, then RMSNorm'd u split */
         for (int norm = 0; norm < 2; norm++) {
-            st_moe_combine(u, NULL, src ? NULL : yg, src ? yf : NULL, grow, p, ids, cnt, norm ? nw : NULL, T, kc, l, 1e-5f);
-            GT_OK(st_cuda_moe_combine(&gt_stream, dun, norm ? dulo : NULL, NULL, dYg, dYf, drow, dp, did, dcnt,
+            st_moe_combine(u, NULL, src ? NULL : yg, src ? yf : NULL, NULL, grow, p, ids, cnt, norm ? nw : NULL, T, kc, l, 1e-5f);
+            GT_OK(st_cuda_moe_combine(&gt_stream, dun, norm ? dulo : NULL, NULL, dYg, dYf, NULL, drow, dp, did, dcnt,
                                       norm ? dnw : NULL, T, kc, l, 1e-5f));
             snprintf(what, sizeof what, "moe_combine T=%d kc=%d l=%d %s%s", T, kc, l, src ? "yf" : "yg",
                      norm ? " rmsnorm" : "");
@@ -131,17 +131,41 @@ static void dispatch_case(int T, int kc, int E, int l, uint64_t seed) {
     if (T) {
         float *uin = gl_randn((size_t)T * l, 1.f, &r), *duin = gt_up(uin, 4 * (size_t)T * l);
         memcpy(part, part0, 4 * (size_t)T * l);
-        st_moe_combine(NULL, part, NULL, uin, NULL, NULL, ids, cnt, NULL, T, kc, l, 1e-5f);
+        st_moe_combine(NULL, part, NULL, uin, NULL, NULL, NULL, ids, cnt, NULL, T, kc, l, 1e-5f);
         GT_OK(st_gpu_memcpy_h2d(dpart, part0, 4 * (size_t)T * l));
-        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, NULL, duin, NULL, NULL, did, dcnt, NULL, T, kc, l, 1e-5f));
+        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, NULL, duin, NULL, NULL, NULL, did, dcnt, NULL, T, kc, l, 1e-5f));
         float *gp = gl_down_f32(dpart, (size_t)T * l);
         CHECK(memcmp(gp, part, 4 * (size_t)T * l) == 0, "moe_combine u given T=%d l=%d: partial += u not bit-exact", T, l);
-        st_moe_combine(u, NULL, NULL, uin, NULL, NULL, ids, cnt, nw, T, kc, l, 1e-5f);
-        GT_OK(st_cuda_moe_combine(&gt_stream, dun, dulo, NULL, NULL, duin, NULL, NULL, did, dcnt, dnw, T, kc, l, 1e-5f));
+        st_moe_combine(u, NULL, NULL, uin, NULL, NULL, NULL, ids, cnt, nw, T, kc, l, 1e-5f);
+        GT_OK(st_cuda_moe_combine(&gt_stream, dun, dulo, NULL, NULL, duin, NULL, NULL, NULL, did, dcnt, dnw, T, kc, l, 1e-5f));
         snprintf(what, sizeof what, "moe_combine T=%d l=%d u given, rmsnorm", T, l);
         gl_check_split(what, dun, dulo, u, (size_t)T * l);
         st_gpu_free(duin);
         free(uin), free(gp);
+    }
+    /* node values (an attention worker's finish): the rows and their pointer table in pinned host
+     * memory, some slots starting no node; partial += u bit-exact against both C forms */
+    if (T) {
+        float *nodes = NULL, *fin = gt_xmalloc(4 * (size_t)T * l), *scr = gt_xmalloc(4 * S * l + 4);
+        const float **at = NULL;
+        uint32_t tid[64];
+        GT_OK(st_gpu_host_alloc((void **)&nodes, 4 * S * l + 4));
+        GT_OK(st_gpu_host_alloc((void **)&at, sizeof *at * S + 8));
+        for (size_t i = 0; i < S * l; i++) nodes[i] = (float)st_rng_normal(&r);
+        for (size_t k = 0; k < S; k++) at[k] = st_rng_next(&r) % 3 ? nodes + (st_rng_next(&r) % S) * l : NULL;
+        memcpy(part, part0, 4 * (size_t)T * l);
+        st_moe_combine(NULL, part, NULL, NULL, at, NULL, NULL, ids, cnt, NULL, T, kc, l, 1e-5f);
+        st_moe_finish_nodes(fin, at, ids, cnt, T, kc, l, scr, tid);
+        int rows_ok = 1;
+        for (size_t i = 0; i < (size_t)T * l; i++) rows_ok &= part[i] == part0[i] + fin[i];
+        CHECK(kc <= 64 && rows_ok, "moe_combine node values T=%d kc=%d l=%d: the stack form != the rows form", T, kc, l);
+        GT_OK(st_gpu_memcpy_h2d(dpart, part0, 4 * (size_t)T * l));
+        GT_OK(st_cuda_moe_combine(&gt_stream, NULL, NULL, dpart, NULL, NULL, at, NULL, NULL, did, dcnt, NULL, T, kc, l, 1e-5f));
+        float *gp = gl_down_f32(dpart, (size_t)T * l);
+        CHECK(memcmp(gp, part, 4 * (size_t)T * l) == 0, "moe_combine node values from host memory T=%d kc=%d l=%d: not bit-exact",
+              T, kc, l);
+        st_gpu_host_free(nodes), st_gpu_host_free((void *)at);
+        free(gp), free(fin), free(scr);
     }
     st_gpu_free(did), st_gpu_free(dcnt), st_gpu_free(doff), st_gpu_free(drow), st_gpu_free(dz), st_gpu_free(dxg),
         st_gpu_free(dyg), st_gpu_free(dyf), st_gpu_free(dp), st_gpu_free(dnw), st_gpu_free(dpart), st_gpu_free(dun),

@@ -140,10 +140,12 @@ int main(void) {
                 CHECK(st_es_compute_run(&srv[s], w.layer, nx, &d, plain ? rep4 : rep3) == ST_OK, "run bf16");
             }
             bf16_ok &= !memcmp(rep3, rep4, sizeof(float) * d.n_out * ew);
-            st_dispatch_unpack(&plan, s, &w, rep, plan.at);
-            st_dispatch_settle(&w, plan.at); /* rep is the next server's too */
+            /* rep is the next server's too: every other server copied (as a worker does for rows the
+             * engine cannot read where they lie), the rest settled before rep is reused */
+            st_dispatch_unpack(&plan, s, &w, rep, s % 2 == 1);
+            st_dispatch_settle(&w);
         }
-        st_dispatch_finish(&plan, &w, plan.at, failed);
+        st_dispatch_drop_failed(&w, failed);
         st_engine_mb_release(mb);
     }
     CHECK(st_engine_mb_status(mb) == ST_OK, "the step's status: %s", st_status_str(st_engine_mb_status(mb)));

@@ -2,8 +2,9 @@
  * between expert servers: random tokens (0 to kc experts, weights and rows with ±0, cancellations
  * and wide magnitudes) over random placements on 1–5 servers (scattered experts, replicas picked at
  * random, a retry round after a lost server) give, after the plan, the wire, each server's output
- * rows and the worker's finish (node values read where the replies lie, or settled into the work's rows
- * first), the one-process combine's u bit for bit. Also: the rule as written
+ * rows and the engine's finish from the node values (read where the replies lie, copied at the unpack,
+ * or settled into the work's rows first; both C forms of the finish), the one-process combine's u bit
+ * for bit. Also: the rule as written
  * (a recursion over the complete binary tree) == st_moe_tree_rows == the per-column stack form of
  * strata/moe_tree.h == st_moe_combine; a malformed output row is refused. No checkpoint needed: an
  * expert's "output" for a token is a fixed random row. */
@@ -92,7 +93,7 @@ int main(void) {
     st_dispatch_plan_t plan, plan2;
     CHECK(st_dispatch_plan_init(&plan, MAXS, MAXE, MAXT * MAXK) == ST_OK, "plan");
     CHECK(st_dispatch_plan_init(&plan2, MAXS, MAXE, MAXT * MAXK) == ST_OK, "plan2");
-    int rule_ok = 1, stack_ok = 1, twin_ok = 1, server_ok = 1, split_ok = 1, retry_ok = 1, zero_ok = 1, retries = 0;
+    int rule_ok = 1, stack_ok = 1, twin_ok = 1, nodes_twin_ok = 1, server_ok = 1, split_ok = 1, retry_ok = 1, zero_ok = 1, retries = 0;
     int sizes_ok = 1, nodes_seen = 0, pairs_seen = 0;
     for (int trial = 0; trial < 400; trial++) {
         E = 1 + rint_(trial % 4 == 0 ? MAXE : 20);
@@ -136,7 +137,7 @@ int main(void) {
             if (cnt[t]) rule_ok &= !memcmp(v, ref + t * ew, sizeof(float) * ew);
             for (int q = 0; q < ew && !cnt[t]; q++) zero_ok &= ref[t * ew + q] == 0.0f && !signbit(ref[t * ew + q]);
         }
-        st_moe_combine(twin, NULL, NULL, yf, NULL, wts, ids, cnt, NULL, n_tok, kc, ew, 0.f);
+        st_moe_combine(twin, NULL, NULL, yf, NULL, NULL, wts, ids, cnt, NULL, n_tok, kc, ew, 0.f);
         twin_ok &= !memcmp(twin, ref, sizeof(float) * n_tok * ew);
 
         /* the cluster: 1–5 servers, each expert on 1–3 of them (the worker takes one holder) */
@@ -148,8 +149,10 @@ int main(void) {
             for (int r = 0; r < nh[e]; r++) holders[e][r] = (first + r) % S;
             server_of[e] = holders[e][rint_(nh[e])];
         }
+        static const float *at[MAXT * MAXK];
+        memset(at, 0, sizeof at);
         st_moe_work_t w = {.layer = 0, .T = n_tok, .kc = kc, .ew = ew, .z = z, .ids = ids, .cnt = cnt, .wts = wts,
-                           .out = out, .u = u};
+                           .out = out, .at = at};
         memset(failed, 0, sizeof failed);
         st_dispatch_plan_build(&plan, &w, server_of, failed);
         /* the cut: every routed leaf in exactly one node of its server, nodes = output rows */
@@ -167,14 +170,15 @@ int main(void) {
             for (int i = 0; i < cnt[t]; i++) split_ok &= covered[t * kc + i] == 1;
         int lost = S > 1 && trial % 3 == 0 ? rint_(S) : -1; /* a server whose reply never comes */
         /* odd trials: each reply in its own buffer, the node values read from there (pointers); even:
-         * one buffer for all, settled after each (as the worker settles before reusing its buffers) */
-        bool own = trial % 2;
+         * one buffer for all, settled after each (as the worker settles before reusing its buffers);
+         * every fourth: copied at the unpack (rows the engine's device cannot read where they lie) */
+        bool own = trial % 2, copy = trial % 4 == 1;
         for (int s = 0; s < S; s++) {
             if (!plan.n_rows[s] || s == lost) continue;
             float *rows_out = rows_all[own ? s : 0];
             server_ok &= serve(&plan, s, &w, rows_out, buf);
-            st_dispatch_unpack(&plan, s, &w, rows_out, plan.at);
-            if (!own) st_dispatch_settle(&w, plan.at);
+            st_dispatch_unpack(&plan, s, &w, rows_out, copy);
+            if (!own) st_dispatch_settle(&w);
         }
         if (lost >= 0 && plan.n_rows[lost]) { /* retry: its experts on another holder, or none */
             retries++;
@@ -186,16 +190,21 @@ int main(void) {
                     if (holders[e][r] != lost) so2[e] = holders[e][r];
             }
             st_dispatch_plan_build(&plan2, &w, so2, failed);
-            st_dispatch_settle(&w, plan.at); /* the retry's replies land in the same buffers */
+            st_dispatch_settle(&w); /* the retry's replies land in the same buffers */
             for (int s = 0; s < S; s++) {
                 if (!plan2.n_rows[s]) continue;
                 float *rows_out = rows_all[own ? s : 0];
                 server_ok &= serve(&plan2, s, &w, rows_out, buf);
-                st_dispatch_unpack(&plan2, s, &w, rows_out, plan.at);
-                if (!own) st_dispatch_settle(&w, plan.at);
+                st_dispatch_unpack(&plan2, s, &w, rows_out, copy);
+                if (!own) st_dispatch_settle(&w);
             }
         }
-        st_dispatch_finish(&plan, &w, plan.at, failed);
+        /* the engine's finish: the stack form (C twin of the GPU combine) first, then the rows form
+         * (the CPU engine's, which may overwrite rows settled into out) */
+        st_dispatch_drop_failed(&w, failed);
+        st_moe_combine(twin, NULL, NULL, NULL, at, NULL, NULL, ids, cnt, NULL, n_tok, kc, ew, 0.f);
+        st_moe_finish_nodes(u, at, ids, cnt, n_tok, kc, ew, out, tid);
+        nodes_twin_ok &= !memcmp(twin, u, sizeof(float) * n_tok * ew);
         for (int t = 0; t < n_tok; t++) {
             bool stranded = false; /* a leaf of the lost server without another holder */
             for (int i = 0; i < cnt[t] && lost >= 0; i++)
@@ -221,6 +230,7 @@ int main(void) {
     CHECK(rule_ok, "st_moe_tree_rows == the rule as written (recursion over the complete binary tree)");
     CHECK(stack_ok, "the stack form (strata/moe_tree.h, the CUDA kernels' form) == the rows form, bit for bit");
     CHECK(twin_ok, "st_moe_combine (C twin of st_cuda_moe_combine) == the rows form, bit for bit");
+    CHECK(nodes_twin_ok, "the finish from node values: st_moe_combine's node mode == st_moe_finish_nodes, bit for bit");
     CHECK(split_ok, "the plan sends each routed leaf once, to its server, into one of that server's output rows");
     CHECK(server_ok, "node values per server, finished at the worker == the one-process tree (memcmp), over the wire; "
                      "st_moe_tree_reduce == the server's rows form");

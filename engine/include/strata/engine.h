@@ -174,10 +174,14 @@ typedef struct {
      * micro-batch of T*kc slots, as the engine's own experts do):
      * - local experts (st_engine_mb_run_local, or a test standing in for it): out, row t*kc+i =
      *   E_{ids[t*kc+i]}(z_t); the engine combines them by the summation tree;
-     * - remote_experts: u, row t = the tree over token t's experts of fl(p·E_j(z_t)) + 0 (+0 for a
-     *   token without experts); the engine skips its combine. out is then the executor's scratch. */
+     * - remote_experts: at. Token t's experts cut into tree nodes (that section, rule 1), at[t*kc+i]
+     *   points at the value [ew] fp32 of the node whose first leaf is slot i (the tree over its
+     *   leaves of fl(p·E_j(z_t)) + 0), NULL where no node starts; the engine finishes each token's
+     *   tree from them (+0 for a token without any). at comes all NULL. The rows stay where they
+     *   are, unchanged, until the micro-batch's next collect returns, in memory the engine's device
+     *   reads: out's rows (the executor's scratch then), st_engine_host_alloc'd or _map'ped memory. */
     float *out;         /* [T*kc, ew] */
-    float *u;           /* [T, ew] */
+    const float **at;   /* [T*kc] */
 } st_moe_work_t;
 
 st_status_t st_engine_mb_create(st_engine_t *e, st_engine_mb_t **out);
@@ -214,6 +218,15 @@ st_status_t st_engine_mb_status(const st_engine_mb_t *mb);
 bool st_engine_async(const st_engine_t *e);
 /* Whether collect would return without waiting for the device (a poll; always true on the CPU). */
 bool st_engine_mb_ready(st_engine_mb_t *mb);
+/* Host memory the engine's device reads where it lies (st_moe_work_t.at's rows). alloc: page-aligned,
+ * page-locked and mapped into the device at the same address on a GPU engine, plain on the CPU; NULL
+ * when that fails. map: the same for [p, p + n) allocated elsewhere (page-aligned, e.g. a shared
+ * mapping); an error means rows there must be copied into work->out instead. unmap before the memory
+ * goes; free takes what alloc gave (NULL is fine). Any thread. */
+void *st_engine_host_alloc(st_engine_t *e, size_t n);
+void st_engine_host_free(st_engine_t *e, void *p);
+st_status_t st_engine_host_map(st_engine_t *e, void *p, size_t n);
+void st_engine_host_unmap(st_engine_t *e, void *p);
 /* Run one work item on the locally bound experts (not with remote_experts). */
 void st_engine_mb_run_local(st_engine_mb_t *mb, const st_moe_work_t *work);
 

@@ -183,11 +183,20 @@ void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l);
 void st_moe_tree_reduce(float *out, const float *y, const uint32_t *off, const uint32_t *row, const uint32_t *id,
                         const float *p, int n_out, int l);
 /* u_t = the tree over token t's slots i < cnt[t] (leaf id ids[t, i], ascending) of fl(p[t, i] · y_i) + 0,
- * y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i]; p == NULL: yf [T, l] is u already (combined
- * elsewhere: an attention worker's expert servers), only the epilogue runs. u != NULL: u [T, l] = u_t,
- * RMSNorm'd (norm_w, eps) when norm_w != NULL; else partial [T, l] += u_t. */
-void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const int *row_of, const float *p,
-                    const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
+ * y_i = yg[row_of[t, i]] (yg != NULL) or yf[t·kc + i]. p == NULL: the expert servers combined (an
+ * attention worker's): with at (p, yg, yf NULL), u_t = the tree over the node values at[t·kc + i]
+ * (rows [l] fp32; a slot whose pointer is NULL starts no node) with ids ids[t, i] (+0 without any),
+ * else yf [T, l] is u already; only the epilogue runs. u != NULL: u [T, l] = u_t, RMSNorm'd (norm_w,
+ * eps) when norm_w != NULL; else partial [T, l] += u_t. */
+void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, const float *const *at, const int *row_of,
+                    const float *p, const int *ids, const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
+/* st_moe_combine's node-value mode in the rows form (the CPU engine's: whole rows, a node copied, two
+ * added): u [T, l] = each token's tree over its node values at[t·kc + i] (ids ids[t, i]), the same
+ * bits. scratch [T·kc, l]: token t's node rows are gathered into its rows t·kc... when it has three
+ * or more; at may point into those rows of the same token (read before they are overwritten). tid
+ * [kc] scratch. */
+void st_moe_finish_nodes(float *u, const float *const *at, const int *ids, const int *cnt, int T, int kc, int l,
+                         float *scratch, uint32_t *tid);
 
 /* ---------------- sampling (SPEC §9) ---------------- */
 /* Index of the largest of x[0..V) (ties → the lower index: greedy decoding). */

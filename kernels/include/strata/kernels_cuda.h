@@ -340,12 +340,15 @@ st_status_t st_cuda_moe_expand(const st_gpu_stream_t *s, st_bf16_t *dst, const v
  * thread per column, strata/moe_tree.h), fp32, no FMA contraction: u = the tree over slots
  * i < cnt[t] (leaf id ids[t, i], ascending; ids/p [T, kc]) of fl(p[t, i] · y_i) + 0, with y_i =
  * yg[row_of[t, i]] (fp32 [rows, l], grouped) when yg != NULL, else yf[t·kc + i] (fp32 [T·kc, l], slot
- * order); p == NULL: yf [T, l] fp32 is u already (the expert servers combined it), only the
- * epilogue runs. Then: norm_w != NULL → un [T, l] bf16 (+ ulo) = RMSNorm(u; norm_w, eps); un == NULL
- * → partial [T, l] fp32 += u; otherwise un = u as bf16. C: st_moe_combine. */
+ * order). p == NULL: the expert servers combined: with at (yg, yf NULL; the pointer table [T·kc] and
+ * the rows it names may be mapped host memory, read uncached), u = the tree over the node values
+ * at[t·kc + i] (fp32 [l]; NULL: no node starts at that slot) with ids ids[t, i]; else yf [T, l] fp32 is
+ * u already; only the epilogue runs. Then: norm_w != NULL → un [T, l] bf16 (+ ulo) = RMSNorm(u;
+ * norm_w, eps); un == NULL → partial [T, l] fp32 += u; otherwise un = u as bf16. C: st_moe_combine. */
 st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16_t *ulo, float *partial,
-                                const float *yg, const float *yf, const int *row_of, const float *p, const int *ids,
-                                const int *cnt, const float *norm_w, int T, int kc, int l, float eps);
+                                const float *yg, const float *yf, const float *const *at, const int *row_of,
+                                const float *p, const int *ids, const int *cnt, const float *norm_w, int T, int kc,
+                                int l, float eps);
 /* An expert server's weighted tree sums into its output rows, all device memory: out [n_out, l] fp32,
  * row o = the tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0, ids id[k] strictly
  * ascending within a row; y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]] (uint32, fp32).

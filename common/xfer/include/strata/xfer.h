@@ -114,6 +114,8 @@ void st_xfer_chan_destroy(st_xfer_chan_t *c); /* NULL is fine; no wait may be ru
 void st_xfer_chan_label(st_xfer_chan_t *c, const char *label);
 /* Any thread (a transport's loss callback, a stop): present and future waits end with ST_ERR_PEER. */
 void st_xfer_chan_abort(st_xfer_chan_t *c, const char *why);
+/* The channel's whole mapping in this process (page-aligned), e.g. for a device to read replies in place. */
+void st_xfer_chan_memory(const st_xfer_chan_t *c, void **p, size_t *n);
 uint32_t st_xfer_chan_slots(const st_xfer_chan_t *c);
 size_t st_xfer_chan_req_cap(const st_xfer_chan_t *c);
 size_t st_xfer_chan_rep_cap(const st_xfer_chan_t *c);
