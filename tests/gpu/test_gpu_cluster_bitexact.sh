@@ -2,8 +2,9 @@
 # The GPU cluster (attention worker and expert servers on cuda:0) against the one-process GPU engine
 # (`strata run --device cuda:0`), with 1 and 3 expert servers: the rule of docs/architecture.md
 # ("Bit-exact expert results") end to end: the servers weight and sum their experts' rows into tree
-# nodes (st_cuda_moe_tree_reduce), the worker finishes each token's summation tree, and the engine,
-# which sums the whole tree itself in one process, gets the same bits. Prompts of 1 and 2 tokens prefill per row, longer ones
+# nodes (st_cuda_moe_tree_reduce), the worker's engine finishes each token's summation tree from those
+# rows where they lie (mapped reply slots, read by its combine kernel), and the engine, which sums
+# the whole tree itself in one process, gets the same bits. Prompts of 1 and 2 tokens prefill per row, longer ones
 # grouped; every decode step runs per row (tiny: 16 experts, 4 per token). Requests run one at a time
 # (the GPU engine's GEMMs are not batch-invariant), and the rows compared are the generated tokens'
 # logits: the prefill row differs in how many logit rows share its lm_head GEMM (all prompt rows in

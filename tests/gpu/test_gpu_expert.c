@@ -5,8 +5,8 @@
  * weighted tree sums of several experts per output row; the same rows sent as distinct rows with
  * sources; plus the error paths (unbound expert, too many rows, fewer slots than rows). And the rule
  * of docs/architecture.md ("Bit-exact expert results"): for a micro-batch of T tokens routed kc ways,
- * the combined rows u that the worker finishes from the servers' tree-node rows (the dispatch plan,
- * the wire, st_es_gpu_run, st_dispatch_finish) equal bit for bit the summation tree over what the
+ * the combined rows u that the engine finishes from the servers' tree-node rows (the dispatch plan,
+ * the wire, st_es_gpu_run, st_moe_finish_nodes) equal bit for bit the summation tree over what the
  * worker's own GPU engine computes for those slots (the per-slot kernel or the grouped FFN, as
  * st_cuda_moe_ffn_slots_pick says for T·kc), with every expert on one server or the experts split
  * over two. And decode-size dispatches replayed as CUDA graphs give the same bits (graph_case). */
@@ -201,9 +201,10 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
     /* servers: all experts on one (n_srv 1), then the even and the odd experts apart (2): the plan,
      * the wire, each server's tree-node rows, the worker's finish */
     float *wout = gt_xmalloc(sizeof(float) * (size_t)S * l), *u = gt_xmalloc(sizeof(float) * (size_t)T * l);
+    const float **at = calloc((size_t)S, sizeof *at);
     bool failed[128] = {false};
     st_moe_work_t wk = {.layer = layer, .T = T, .kc = kc, .ew = l, .z = zf, .ids = ids, .cnt = cnt, .wts = p,
-                        .out = wout, .u = u};
+                        .out = wout, .at = at};
     /* fp32 rows (a CPU worker), then bf16 rows (a GPU worker's hand-off: ST_WIRE_FLAG_BF16_ROWS) */
     for (int run = 0; run < 4; run++) {
         int n_srv = 1 + run % 2;
@@ -214,6 +215,7 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         st_dispatch_plan_t plan;
         GT_OK(st_dispatch_plan_init(&plan, n_srv, E, S));
         st_dispatch_plan_build(&plan, &wk, server_of, failed);
+        memset(at, 0, sizeof *at * (size_t)S);
         int sent = 0;
         for (int sv = 0; sv < n_srv; sv++) {
             if (!plan.n_rows[sv]) continue;
@@ -232,12 +234,12 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
             float *rows = gt_xmalloc(sizeof(float) * ((size_t)d.n_out * l + 1));
             for (size_t i = 0; i < (size_t)d.n_out * l; i++) rows[i] = NAN;
             GT_OK(st_es_gpu_run(g, layer, info.expert_count, &d, info.unique, (uint32_t)S, rows));
-            st_dispatch_unpack(&plan, sv, &wk, rows, plan.at);
-            st_dispatch_settle(&wk, plan.at); /* rows is freed next */
+            st_dispatch_unpack(&plan, sv, &wk, rows, false);
+            st_dispatch_settle(&wk); /* rows is freed next */
             sent += plan.n_rows[sv];
             free(rows), free(msg);
         }
-        st_dispatch_finish(&plan, &wk, plan.at, failed);
+        st_moe_finish_nodes(u, at, ids, cnt, T, kc, l, wout, tid); /* the CPU engine's finish */
         size_t differ = 0;
         for (int t = 0; t < T; t++) differ += memcmp(u + (size_t)t * l, uref + (size_t)t * l, sizeof(float) * l) != 0;
         CHECK(differ == 0 && sent == N, "%s layer %d T=%d (%d slots, %s, %s rows): %zu of %d combined rows differ "
@@ -245,7 +247,7 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
               n_srv == 1 ? "one server" : "even and odd experts on two");
         st_dispatch_plan_cleanup(&plan);
     }
-    free(p), free(uref), free(lv), free(wout), free(u);
+    free(p), free(uref), free(lv), free(wout), free(u), free(at);
     printf("ok   %s layer %d T=%d: %d slots, %s, %d pairs: the combined rows equal the engine's bit for bit on 1 and "
            "2 servers, fp32 and bf16 rows\n", tag, layer, T, S, slots ? "per row" : "grouped", N);
     st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_z);
