@@ -85,7 +85,7 @@ for p in $presets; do
       "$wait_lyr" "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
   # the micro-batch counts the worker measured fastest, per step size (attention_worker/mbtune.h)
-  grep -ho 'steps of .*' "$STRATA_STATE"/attn-*.log | sed "s/^/$p: /"
+  { grep -ho 'steps of .*' "$STRATA_STATE"/attn-*.log || true; } | sed "s/^/$p: /"
   "$BIN/strata" down >/dev/null 2>&1
 done
 echo "per step: wait = blocked on replies after the other micro-batches' attention (wait/lyr: the same per MoE layer,"
