@@ -298,7 +298,6 @@ static void moe_begin(st_engine_t *e, const st_layer_w_t *L, int l, int T, st_bu
         z = b->z;
     }
     ST_ENGINE_TRACE(e, l, ST_TRACE_MOE_Z, (float *)z, T, st_config_expert_width(c));
-    memset(b->at, 0, sizeof *b->at * (size_t)T * (size_t)e->kcap);
     *w = (st_moe_work_t){.layer = l, .T = T, .kc = e->kcap, .ew = st_config_expert_width(c), .z = z,
                          .ids = b->ids, .cnt = b->cnt, .wts = b->wts, .tok_ent = b->tok_ent, .out = b->eout,
                          .at = b->at};

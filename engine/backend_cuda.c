@@ -1210,8 +1210,6 @@ static void handoff_wait(st_engine_mb_t *fm) {
     if (st_gpu_init(e->o.device) != ST_OK && fm->err == ST_OK) fm->err = ST_ERR_INTERNAL;
     CK(st_gpu_event_sync(mb->ev));
     release_check(mb);
-    /* the previous combine read the table (it ran before this hand-off's copies): the executor's now */
-    if (mb->at_h) memset(mb->at_h, 0, sizeof *mb->at_h * (size_t)fm->T * (size_t)e->kcap);
     __atomic_store_n(&mb->rel[1], ++mb->hand, __ATOMIC_RELEASE);
     deliver(mb, fm->l);
 }

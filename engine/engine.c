@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine_impl.h"
 
@@ -516,6 +517,8 @@ int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work) {
         return 0;
     }
     if (e->be->wait) e->be->wait(mb);
+    /* the node-value table is the executor's now: the previous combine has read it (engine.h) */
+    if (mb->work.at) memset(mb->work.at, 0, sizeof *mb->work.at * (size_t)mb->work.T * (size_t)mb->work.kc);
     mb->held = true;
     *work = mb->work;
     mb->ts = st_time_sec();
@@ -527,12 +530,11 @@ int st_engine_mb_advance(st_engine_mb_t *mb, st_moe_work_t *work) {
     return st_engine_mb_collect(mb, work);
 }
 
-#define HOST_PAGE 4096u
-
 void *st_engine_host_alloc(st_engine_t *e, size_t n) {
     if (e->be->host_alloc) return e->be->host_alloc(e, n);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
     void *p = NULL;
-    return posix_memalign(&p, HOST_PAGE, (n + HOST_PAGE - 1) / HOST_PAGE * HOST_PAGE) ? NULL : p;
+    return posix_memalign(&p, pg, (n + pg - 1) / pg * pg) ? NULL : p;
 }
 
 void st_engine_host_free(st_engine_t *e, void *p) {
