@@ -972,7 +972,7 @@ static void moe_pre(cmb_t *mb, const gl_t *G) {
  * not opts.host_route, and the routing stride is k_max. */
 static bool device_quantile(const cu_t *g, int l) {
     const st_engine_t *e = g->e;
-    return st_engine_route_quantile(e, l) && !e->hook && !e->o.host_route && e->kcap == e->o.k_max;
+    return st_engine_route_quantile(e, l) && !e->hook && !st_engine_host_routes(e);
 }
 
 static void route(cmb_t *mb, const gl_t *G, int l) {
@@ -1347,8 +1347,7 @@ static void graph_step(st_engine_mb_t *fm) {
     cmb_t *mb = CMB(fm);
     cu_t *g = mb->g;
     st_engine_t *e = g->e;
-    bool host_route = e->o.routing == ST_ROUTE_QUANTILE && e->tau_set && (e->o.host_route || e->kcap != e->o.k_max);
-    if (!g->graphs || !mb->all_decode || e->hook || e->obs || e->cobs || e->trace || host_route) return;
+    if (!g->graphs || !mb->all_decode || e->hook || e->obs || e->cobs || e->trace || st_engine_host_routes(e)) return;
     int hit = -1, victim = 0;
     for (int i = 0; i < EGPU_GRAPHS; i++) {
         if (g->gr[i].exec && g->gr[i].T == fm->T && g->gr[i].lb == mb->max_len) hit = i;

@@ -271,6 +271,10 @@ bool st_engine_route_quantile(const st_engine_t *e, int l) {
     return e->o.routing == ST_ROUTE_QUANTILE && e->tau_set && !isnan(e->tau[(size_t)l * e->c.n_experts]);
 }
 
+bool st_engine_host_routes(const st_engine_t *e) {
+    return e->o.routing == ST_ROUTE_QUANTILE && e->tau_set && (e->o.host_route || e->kcap != e->o.k_max);
+}
+
 bool st_engine_counted(const st_engine_t *e, int l) { return e->cobs && st_engine_route_quantile(e, l); }
 
 const float *st_engine_probe_row(const st_engine_t *e, int l) {
@@ -487,8 +491,12 @@ void st_engine_mb_release(st_engine_mb_t *mb) {
     if (mb->e->be->release) mb->e->be->release(mb);
 }
 
+/* An early launch queues the walk behind the release; a walk that waits for its own device work on
+ * the host (a hook or trace reading rows, routing on the host) would wait for that release, which
+ * comes after it: such a walk is left to the collect that follows the release. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb) {
-    if (mb->e->be->async) walk(mb);
+    const st_engine_t *e = mb->e;
+    if (e->be->async && !e->hook && !e->trace && !st_engine_host_routes(e)) walk(mb);
 }
 
 void st_engine_mb_launch(st_engine_mb_t *mb) {

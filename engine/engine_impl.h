@@ -125,6 +125,9 @@ struct st_engine_mb {
  * into the scratch wq [T, k_max]) when the thresholds apply, else ids/cnt as given (top-k); then
  * the route hook, which may rewrite the sets. */
 bool st_engine_route_quantile(const st_engine_t *e, int l);
+/* quantile routing on the host (opts.host_route, or a routing stride other than k_max): a device
+ * backend then reads the scores back in the walk, one sync per MoE layer */
+bool st_engine_host_routes(const st_engine_t *e);
 /* Whether layer l's threshold counts go to the count observer (engine.h), and its probe row (ρ of
  * layer l, or NULL: no band counts). */
 bool st_engine_counted(const st_engine_t *e, int l);

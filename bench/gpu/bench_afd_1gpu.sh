@@ -73,4 +73,5 @@ done
 } >> "$OUT/afd$TAG.txt"; rm -f "$OUT/load$TAG.err"
 timeout 30 $B/strata down
 # the expert server's dispatches served by a CUDA graph replay (its stop line)
+grep -h "now run as" $STRATA_STATE/*.log | sed "s/^/micro-batches: /" >> "$OUT/afd$TAG.txt" || true
 grep -h "by a graph replay" $STRATA_STATE/*.log | sed 's/^.*stopping/expert server: stopping/' >> "$OUT/afd$TAG.txt" || true

@@ -335,6 +335,24 @@ static void host_experts(const st_ckpt_t *ck, const st_moe_work_t *w, float *zf,
 /* The micro-batch hand-off on the GPU: experts computed on the host from work->zb (the GPU engine
  * hands z over as bf16, as it holds it), written to work->out (the remote path), against
  * st_engine_step on the same engine. */
+/* One prompt through micro-batch mb with the host's experts at every hand-off: the next layers
+ * launched early (queued at the collect, released after the experts) or plainly (advance). */
+static void handoff_run(st_engine_t *e, st_engine_mb_t *mb, const st_ckpt_t *ck, const int *toks, int np, float *lg,
+                        bool early, float *zf, float **ws) {
+    int slot;
+    CHECK(st_engine_seq_open(e, &slot) == ST_OK, "seq open");
+    st_seq_chunk_t ch = {.slot = slot, .n_tokens = np, .tokens = toks, .all_logits = true};
+    CHECK(st_engine_mb_begin(mb, &ch, 1, lg) == ST_OK, "mb begin: %s", st_err_last());
+    st_moe_work_t w;
+    for (int more = st_engine_mb_advance(mb, &w); more;) {
+        if (early) st_engine_mb_launch_early(mb);
+        host_experts(ck, &w, zf, ws);
+        if (early) st_engine_mb_release(mb);
+        more = early ? st_engine_mb_collect(mb, &w) : st_engine_mb_advance(mb, &w);
+    }
+    st_engine_seq_close(e, slot);
+}
+
 static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, int np, int V) {
     const st_config_t *c = st_ckpt_config(ck);
     /* reference: the same prompt through st_engine_step (experts on the device, own routing,
@@ -377,23 +395,24 @@ static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, 
     e2e_rows("hand-off (host fp32 experts) vs device bf16 experts", lg, ref, 0, np, V, &worst, &sum, &rows, &nf);
     printf("hand-off: routing flips %ld of %ld\n", hr.flips, hr.tokens);
     /* the same, driven as the worker drives it: the next layers queued at each collect, waiting on the
-     * device for the release that follows the host's experts; the same logits bit for bit */
-    float *le = malloc((size_t)np * V * sizeof(float));
+     * device for the release that follows the host's experts; the same logits bit for bit. With the
+     * hook the walk synchronises on the host, so the early launch leaves it to the collect; without
+     * it the next layers really wait on the device: against plain launches, both routed on the GPU. */
+    float *le = malloc((size_t)np * V * sizeof(float)), *lp = malloc((size_t)np * V * sizeof(float));
     hr.pos = 0; /* the same forced routing again */
-    int es;
-    CHECK(st_engine_seq_open(eg, &es) == ST_OK, "seq open");
-    st_seq_chunk_t ech = {.slot = es, .n_tokens = np, .tokens = toks, .all_logits = true};
-    CHECK(st_engine_mb_begin(mb, &ech, 1, le) == ST_OK, "mb begin (early): %s", st_err_last());
-    for (int more = st_engine_mb_advance(mb, &w); more; more = st_engine_mb_collect(mb, &w)) {
-        st_engine_mb_launch_early(mb);
-        host_experts(ck, &w, zf, &ws);
-        st_engine_mb_release(mb);
-    }
+    handoff_run(eg, mb, ck, toks, np, le, true, zf, &ws);
     CHECK(st_engine_mb_status(mb) == ST_OK && memcmp(le, lg, (size_t)np * V * sizeof(float)) == 0,
-          "early launch + release: the same logits bit for bit (status %s)", st_status_str(st_engine_mb_status(mb)));
-    st_engine_seq_close(eg, es);
-    free(le);
+          "early launch (hook: a plain launch) + release: the same logits bit for bit (status %s)",
+          st_status_str(st_engine_mb_status(mb)));
     st_engine_set_route_hook(eg, NULL, NULL);
+    handoff_run(eg, mb, ck, toks, np, lp, false, zf, &ws);
+    CHECK(st_engine_mb_status(mb) == ST_OK, "plain hand-offs, GPU routing: %s", st_status_str(st_engine_mb_status(mb)));
+    double t0 = st_time_sec();
+    handoff_run(eg, mb, ck, toks, np, le, true, zf, &ws);
+    CHECK(st_engine_mb_status(mb) == ST_OK && memcmp(le, lp, (size_t)np * V * sizeof(float)) == 0,
+          "early launch + release, GPU routing: the same logits as plain launches, bit for bit, in %.3f s (status %s)",
+          st_time_sec() - t0, st_status_str(st_engine_mb_status(mb)));
+    free(le), free(lp);
     for (int i = 0; i < hr.n; i++) free(hr.calls[i].ids), free(hr.calls[i].cnt);
     /* the expert sublayer computed on the CPU's side (fp32) and everything else on the GPU: an end to
      * end GPU-vs-CPU difference with routing forced, so SPEC §8's end-to-end bounds (a wrong row or

@@ -208,7 +208,9 @@ int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work);
  * the work before launching need neither. Every hand-off must be released (st_engine_mb_destroy and
  * the next begin release an abandoned one); one not released within opts.handoff_timeout_ms fails
  * the step (st_engine_mb_status ST_ERR_TIMEOUT) instead of hanging the device. The work buffers stay
- * the caller's until the release. The CPU engine computes in collect: both are no-ops there. */
+ * the caller's until the release. A walk that synchronises on the host (route hook, trace, quantile
+ * routing on the host) is not launched early: the collect after the release launches it. The CPU
+ * engine computes in collect: both are no-ops there. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb);
 void st_engine_mb_release(st_engine_mb_t *mb);
 /* The first error of the micro-batch's current (or last finished) step: ST_OK, or a device error /
