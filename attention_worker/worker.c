@@ -74,6 +74,7 @@ typedef struct {
     st_tp_send_req_t hello;
     st_tp_recv_t offer;
     int hello_busy, offer_busy;
+    uint64_t conn;     /* this slot's connections so far (under mu): an attach made for an earlier one is dropped */
     uint8_t offer_buf[ST_XFER_HANDLE_BYTES];
 } srv_t;
 
@@ -222,11 +223,15 @@ struct aw {
     uint64_t dispatch_bytes, reply_bytes, messages;
     double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
     double t_step;                 /* when this step's micro-batches began */
+    double t_plan[MAX_MB];         /* when each micro-batch's last plan was sent: its replies' deadline
+                                    * runs from there, not from when the wait begins (so a micro-batch
+                                    * waited for after another's timeout is released in time) */
     st_mbtune_t mbt;               /* micro-batches per step, by measurement */
     /* channels of servers that are gone, freed by the compute thread between steps (the engine may
      * still read replies in them until the step's end); under mu */
     struct dead_chan { st_xfer_chan_t *ch; bool read; } *chan_dead;
     int n_dead, cap_dead;
+    int n_attach; /* channel_attach threads running (under mu; the teardown waits for them) */
     st_engine_stats_t est;         /* engine stats at the step's start */
     int reports_inflight;        /* loop thread */
 };
@@ -553,6 +558,7 @@ static void choose_servers(aw_t *aw, int layer, int *server_of, const int *avoid
 /* Pack and post the dispatches of plan p for micro-batch mb. */
 static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w) {
     double t0 = st_time_sec();
+    aw->t_plan[mb] = t0;
     for (int s = 0; s < aw->n_srv && s < p->n_servers; s++) {
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
@@ -667,11 +673,11 @@ static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double t_wait, do
 /* Wait (bounded) for every dispatch of plan p; unpack the good ones (node values, pointed to in w->at),
  * return a mask of failed servers (count in *n_failed) and their errors in pend[].err. */
 static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
-    double t_wait = st_time_sec(), slowest_net = 0;
+    double t_wait = st_time_sec(), slowest_net = 0, until = aw->t_plan[mb] + aw->o.expert_timeout_ms * 1e-3;
     uint32_t slowest_us = 0;
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)aw->o.expert_timeout_ms * 1000000ull;
+    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)(until > t_wait ? (until - t_wait) * 1e9 : 0);
     dl.tv_sec += (time_t)(ns / 1000000000ull);
     dl.tv_nsec = (long)(ns % 1000000000ull);
     *n_failed = 0;
@@ -682,7 +688,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pthread_mutex_lock(&aw->mu);
         st_xfer_chan_t *ch = pd->state == P_SENT ? pd->chan : NULL; /* the loop frees none a sent pend names */
         pthread_mutex_unlock(&aw->mu);
-        if (ch) shm_wait(aw, pd, ch, t_wait, t_wait + aw->o.expert_timeout_ms * 1e-3);
+        if (ch) shm_wait(aw, pd, ch, t_wait, until);
     }
     pthread_mutex_lock(&aw->mu);
     for (;;) {
@@ -1510,6 +1516,64 @@ static st_tp_recv_t *offer_begin(void *arg, st_tp_ep_t *ep, const void *hdr, siz
     return &sv->offer;
 }
 
+/* A server's offered channel, opened, checked and mapped for the engine's device by a thread of its
+ * own: page-locking hundreds of MB takes about a second, which neither the loop thread (its
+ * heartbeats would stop) nor the compute thread (a step would stall) can spend. */
+typedef struct {
+    aw_t *aw;
+    int s;
+    uint64_t conn;
+    uint32_t capacity;
+    char name[64], label[sizeof ((srv_t *)0)->name + sizeof ((srv_t *)0)->endpoint + 32];
+    uint8_t handle[ST_XFER_HANDLE_BYTES];
+} attach_t;
+
+static void *channel_attach(void *arg) {
+    attach_t *at = arg;
+    aw_t *aw = at->aw;
+    srv_t *sv = &aw->srv[at->s];
+    st_xfer_chan_t *ch = NULL;
+    bool read = false, ok = false;
+    if (st_xfer_chan_open(at->handle, sizeof at->handle, &ch) != ST_OK) {
+        st_log_info("worker %s: expert server %s stays on UCX: %s", aw->o.name, at->name, st_err_last());
+        goto out;
+    }
+    /* our largest dispatch to it: within our buffers and its --max-rows (send_plan refuses more) */
+    size_t need = aw->pay_cap;
+    if (at->capacity)
+        need = ST_MIN(need, st_wire_dispatch_bytes(at->capacity, (uint32_t)aw->c->n_experts,
+                                                   (uint32_t)st_config_expert_width(aw->c), at->capacity, false));
+    if (st_xfer_chan_slots(ch) < (uint32_t)aw->o.micro_batches || st_xfer_chan_req_cap(ch) < need) {
+        st_log_warn("worker %s: expert server %s offered a channel too small (%u slots of %zu bytes); it stays on UCX",
+                    aw->o.name, at->name, st_xfer_chan_slots(ch), st_xfer_chan_req_cap(ch));
+        st_xfer_chan_destroy(ch);
+        goto out;
+    }
+    st_xfer_chan_label(ch, at->label);
+    /* replies read in place by the engine's device (else copied into the work's rows) */
+    void *mem;
+    size_t bytes;
+    st_xfer_chan_memory(ch, &mem, &bytes);
+    read = st_engine_host_map(aw->e, mem, bytes) == ST_OK;
+    if (!read) st_log_info("worker %s: replies of %s are copied once more: %s", aw->o.name, at->name, st_err_last());
+    pthread_mutex_lock(&aw->mu);
+    ok = sv->conn == at->conn && sv->alive && !sv->chan;
+    if (ok) sv->chan = ch, sv->chan_read = read;
+    pthread_mutex_unlock(&aw->mu);
+    if (ok)
+        st_log_info("worker %s: expert server %s is on this host: dispatches go through shared memory", aw->o.name,
+                    at->name);
+    else
+        chan_retire(aw, ch, read); /* the connection it was for is gone: freed between steps */
+out:
+    free(at);
+    pthread_mutex_lock(&aw->mu);
+    aw->n_attach--;
+    pthread_cond_broadcast(&aw->cv);
+    pthread_mutex_unlock(&aw->mu);
+    return NULL;
+}
+
 static void offer_done(void *arg, st_tp_recv_t *r) {
     aw_t *aw = arg;
     srv_t *sv = r->user;
@@ -1518,40 +1582,24 @@ static void offer_done(void *arg, st_tp_recv_t *r) {
     if (r->hdr_len == sizeof magic) memcpy(&magic, r->hdr, sizeof magic);
     if (r->status != ST_OK || r->len != ST_XFER_HANDLE_BYTES || magic != ST_XFER_HELLO_MAGIC || !r->ep || r->ep != sv->ep)
         return;
-    st_xfer_chan_t *ch = NULL;
-    if (st_xfer_chan_open(sv->offer_buf, r->len, &ch) != ST_OK) {
-        st_log_info("worker %s: expert server %s stays on UCX: %s", aw->o.name, sv->name, st_err_last());
-        return;
-    }
-    /* our largest dispatch to it: within our buffers and its --max-rows (send_plan refuses more) */
-    size_t need = aw->pay_cap;
-    if (sv->capacity)
-        need = ST_MIN(need, st_wire_dispatch_bytes(sv->capacity, (uint32_t)aw->c->n_experts,
-                                                   (uint32_t)st_config_expert_width(aw->c), sv->capacity, false));
-    if (st_xfer_chan_slots(ch) < (uint32_t)aw->o.micro_batches || st_xfer_chan_req_cap(ch) < need) {
-        st_log_warn("worker %s: expert server %s offered a channel too small (%u slots of %zu bytes); it stays on UCX",
-                    aw->o.name, sv->name, st_xfer_chan_slots(ch), st_xfer_chan_req_cap(ch));
-        st_xfer_chan_destroy(ch);
-        return;
-    }
-    char label[sizeof sv->name + sizeof sv->endpoint + 32];
-    snprintf(label, sizeof label, "expert server %s (%s)", sv->name, sv->endpoint);
-    st_xfer_chan_label(ch, label);
-    /* replies read in place by the engine's device (else copied into the work's rows) */
-    void *mem;
-    size_t bytes;
-    st_xfer_chan_memory(ch, &mem, &bytes);
-    bool read = st_engine_host_map(aw->e, mem, bytes) == ST_OK;
-    if (!read) st_log_info("worker %s: replies of %s are copied once more: %s", aw->o.name, sv->name, st_err_last());
+    attach_t *at = malloc(sizeof *at);
+    if (!at) return; /* it stays on UCX */
+    at->aw = aw;
+    at->s = (int)(sv - aw->srv);
+    at->capacity = sv->capacity;
+    snprintf(at->name, sizeof at->name, "%s", sv->name);
+    snprintf(at->label, sizeof at->label, "expert server %s (%s)", sv->name, sv->endpoint);
+    memcpy(at->handle, sv->offer_buf, sizeof at->handle);
     pthread_mutex_lock(&aw->mu);
-    int ok = sv->alive && !sv->chan;
-    if (ok) sv->chan = ch, sv->chan_read = read;
-    pthread_mutex_unlock(&aw->mu);
-    if (!ok) {
-        chan_free(aw, ch, read);
-        return;
+    at->conn = sv->conn;
+    pthread_t th;
+    int ok = pthread_create(&th, NULL, channel_attach, at) == 0;
+    if (ok) {
+        pthread_detach(th);
+        aw->n_attach++;
     }
-    st_log_info("worker %s: expert server %s is on this host: dispatches go through shared memory", aw->o.name, sv->name);
+    pthread_mutex_unlock(&aw->mu);
+    if (!ok) free(at);
 }
 
 /* Connect free slot s to member mm. ST_OK: the slot is in use. */
@@ -1577,6 +1625,7 @@ static st_status_t srv_connect(aw_t *aw, int s, const st_proto_member_t *mm) {
     sv->ep = ep;
     sv->alive = 1;
     sv->state = SRV_USED;
+    sv->conn++;
     for (int m = 0; m < MAX_MB; m++)
         aw->pend[m][s].state = P_IDLE;
     if (s == aw->n_srv) aw->n_srv++;
@@ -2069,6 +2118,7 @@ static st_status_t alloc_pend(aw_t *aw, int s) {
 }
 
 int st_aw_run(const st_aw_opts_t *opts) {
+    st_engine_process_init(); /* before CUDA starts: the compute thread launches early */
     aw_t *aw = calloc(1, sizeof *aw);
     if (!aw) return 1;
     aw->o = *opts;
@@ -2191,6 +2241,9 @@ out_loop:
     uv_close((uv_handle_t *)&aw->flush_timer, NULL);
     uv_run(&aw->loop, UV_RUN_DEFAULT);
 out_closed:
+    pthread_mutex_lock(&aw->mu); /* channel_attach threads end within their open and map */
+    while (aw->n_attach > 0) pthread_cond_wait(&aw->cv, &aw->mu);
+    pthread_mutex_unlock(&aw->mu);
     uv_loop_close(&aw->loop);
 out_engine:
     for (int m = 0; m < MAX_MB; m++) {

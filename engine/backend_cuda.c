@@ -466,6 +466,12 @@ static st_status_t cu_init(st_engine_t *e) {
         cu_free(e);
         return s;
     }
+    /* early launch queues walks behind a host release: with lazily loaded kernels a launch would wait
+     * for that release (st_gpu_loads_eagerly) */
+    e->early = st_gpu_loads_eagerly();
+    if (!e->early && e->o.remote_experts)
+        st_log_warn("gpu engine: kernels load lazily (CUDA_MODULE_LOADING): no early launches; a process that "
+                    "hands off to remote experts calls st_engine_process_init before CUDA starts");
     char dev[256];
     st_gpu_describe(dev, sizeof dev);
     st_log_info("gpu engine on %s: %d layers (%d KDA, %d MLA), %d seqs × %d ctx, %d tokens/step, state %.1f MiB, "

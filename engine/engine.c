@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include "engine_impl.h"
+#ifdef STRATA_WITH_CUDA
+#include "strata/gpu.h"
+#endif
 
 /* ------------------------------------------------------------------ create / destroy */
 
@@ -496,7 +499,15 @@ void st_engine_mb_release(st_engine_mb_t *mb) {
  * comes after it: such a walk is left to the collect that follows the release. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb) {
     const st_engine_t *e = mb->e;
-    if (e->be->async && !e->hook && !e->trace && !st_engine_host_routes(e)) walk(mb);
+    if (st_engine_launches_early(e) && !e->hook && !e->trace && !st_engine_host_routes(e)) walk(mb);
+}
+
+bool st_engine_launches_early(const st_engine_t *e) { return e->be->async && e->early; }
+
+void st_engine_process_init(void) {
+#ifdef STRATA_WITH_CUDA
+    st_gpu_load_eagerly();
+#endif
 }
 
 void st_engine_mb_launch(st_engine_mb_t *mb) {

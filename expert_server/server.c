@@ -192,27 +192,24 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
     slot_free(s);
 }
 
-/* The reply to s (COMBINE or ERROR) into h; its payload bytes (s->out) in *len. false: nothing to send. */
+/* The reply to s (COMBINE or ERROR) into h; its payload bytes (s->out) in *len. A COMBINE that cannot
+ * be encoded (our bug) goes out as an ERROR saying why, so the worker fails those tokens at once
+ * instead of waiting out its timeout; false: not even that could be encoded. */
 static bool reply_header(slot_t *s, st_wire_header_t *h, size_t *len) {
-    st_wire_info_t r = s->info;
-    r.unique = r.slots = 0; /* replies carry output rows only: no table, no batch shape */
     if (s->result == ST_OK) {
-        r.kind = ST_WIRE_KIND_COMBINE;
-        r.status = ST_OK;
-        r.token_count = s->n_out;
-        r.expert_count = 0;
+        st_wire_info_t r = st_wire_reply_info(&s->info, ST_OK, s->n_out, 0);
         uint64_t us = (st_time_ns() - s->t_arrive) / 1000; /* queued + computed */
         r.compute_us = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
-        *len = st_wire_combine_bytes(r.token_count, r.row_width);
-    } else {
-        r.kind = ST_WIRE_KIND_ERROR;
-        r.status = s->result;
-        r.token_count = r.expert_count = 0;
-        *len = strlen(s->err);
-        if (*len > ST_WIRE_MAX_ERROR_TEXT) *len = ST_WIRE_MAX_ERROR_TEXT;
-        memcpy(s->out, s->err, *len);
+        *len = r.payload_bytes;
+        if (st_wire_header_encode(&r, h) == ST_OK) return true;
+        s->result = ST_ERR_INTERNAL;
+        snprintf(s->err, sizeof s->err, "expert server: %s", st_err_last());
+        st_log_every(ST_LOG_ERROR, 10.0, "%s", s->err);
     }
-    r.payload_bytes = *len;
+    *len = strlen(s->err);
+    if (*len > ST_WIRE_MAX_ERROR_TEXT) *len = ST_WIRE_MAX_ERROR_TEXT;
+    memcpy(s->out, s->err, *len);
+    st_wire_info_t r = st_wire_reply_info(&s->info, s->result, 0, *len);
     return st_wire_header_encode(&r, h) == ST_OK;
 }
 
@@ -231,8 +228,11 @@ static void send_reply(es_t *es, slot_t *s) {
     __atomic_add_fetch(&es->rows, s->result == ST_OK ? s->info.token_count : 0, __ATOMIC_RELAXED); /* pairs */
 }
 
+static void offers_send(es_t *es);
+
 static void on_async(uv_async_t *a) {
     es_t *es = a->data;
+    offers_send(es);
     for (;;) {
         pthread_mutex_lock(&es->mu);
         if (es->q_out_n == 0) {
@@ -326,12 +326,18 @@ static void am_done(void *arg, st_tp_recv_t *r) {
 
 /* ---------------------------------------------------------------- same-host links */
 
-/* One same-host worker's channel and the thread that serves it. Freed when its three holders let go:
- * the thread (once it left), the OFFER send (its callback) and the UCX endpoint (its loss callback, or
- * the server's teardown). */
+/* One same-host worker's channel and the thread that makes and serves it. Freed when its three holders
+ * let go: the thread (once it left), the OFFER (its send's callback, or the loop when there is none
+ * to send) and the UCX endpoint (its loss callback, or the server's teardown). */
 typedef struct shm_link {
     es_t *es;
-    st_xfer_chan_t *ch; /* the thread's; NULL once it destroyed it (under mu) */
+    st_xfer_chan_t *ch; /* the thread's; NULL until it made it and once it destroyed it (under mu) */
+    st_tp_ep_t *ep;     /* the worker's connection; NULL once lost (loop thread) */
+    uint32_t n_slots;   /* the channel asked for */
+    size_t req, rep;
+    int ready;          /* the thread made the channel (1) or could not (-1); under mu */
+    int offered;        /* the loop took the ready link (loop thread) */
+    int lost;           /* the worker's connection is gone (under mu) */
     st_tp_send_req_t offer;
     uint8_t handle[ST_XFER_HANDLE_BYTES];
     uint32_t magic;     /* the OFFER's header */
@@ -405,30 +411,63 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
     l->done_ns = st_time_ns();
 }
 
+/* The channel a worker asked for (link_main, before it serves): making and page-locking hundreds of
+ * MB takes about a second, which the loop thread cannot spend (its heartbeats would stop). */
+static st_status_t link_make(shm_link_t *l) {
+    es_t *es = l->es;
+    st_xfer_chan_t *ch = NULL;
+    st_status_t rc = st_xfer_chan_create(l->n_slots, l->req, l->rep, &ch);
+#if defined(STRATA_WITH_CUDA) && defined(STRATA_XFER_GPU)
+    /* rows go between the slots and the device by DMA, as from the pinned UCX slots */
+    if (rc == ST_OK && es->gpu && st_xfer_chan_gpu_map(ch) != ST_OK)
+        st_log_warn("expert %s: a same-host channel is not page-locked (copies stay synchronous): %s", es->o.name,
+                    st_err_last());
+#endif
+    if (rc == ST_OK) {
+        st_xfer_chan_label(ch, "a same-host attention worker");
+        rc = st_xfer_chan_export(ch, l->handle);
+    }
+    if (rc != ST_OK) {
+        st_log_warn("expert %s: no same-host channel for a worker (it stays on UCX): %s", es->o.name, st_err_last());
+        st_xfer_chan_destroy(ch);
+        ch = NULL;
+    }
+    pthread_mutex_lock(&es->mu);
+    l->ch = ch;
+    l->ready = ch ? 1 : -1;
+    if (ch && (l->lost || es->stop))
+        st_xfer_chan_abort(ch, l->lost ? "the worker's connection was lost" : "the expert server is stopping");
+    pthread_mutex_unlock(&es->mu);
+    uv_async_send(&es->async); /* the loop sends the offer (on_async) */
+    return ch ? ST_OK : ST_ERR_NO_MEMORY;
+}
+
 static void *link_main(void *arg) {
     shm_link_t *l = arg;
     es_t *es = l->es;
-    for (;;) {
-        uint32_t k;
-        st_xfer_msg_t m;
-        st_status_t rc = st_xfer_chan_next(l->ch, 200, &k, &m);
-        if (rc == ST_ERR_TIMEOUT) continue; /* idle; a stop or the worker's loss aborts the channel */
-        if (rc != ST_OK) break;             /* aborted, the worker exited, or it broke the channel (logged) */
-        link_serve(l, k, &m);
-    }
+    if (link_make(l) == ST_OK) {
+        for (;;) {
+            uint32_t k;
+            st_xfer_msg_t m;
+            st_status_t rc = st_xfer_chan_next(l->ch, 200, &k, &m);
+            if (rc == ST_ERR_TIMEOUT) continue; /* idle; a stop or the worker's loss aborts the channel */
+            if (rc != ST_OK) break;             /* aborted, the worker exited, or it broke the channel (logged) */
+            link_serve(l, k, &m);
+        }
 #ifdef STRATA_WITH_CUDA
-    if (es->gpu) { /* its cached dispatch graphs may name the channel's memory */
-        busy_take(es);
-        st_es_gpu_forget(es->gpu);
-        busy_give(es);
-    }
+        if (es->gpu) { /* its cached dispatch graphs may name the channel's memory */
+            busy_take(es);
+            st_es_gpu_forget(es->gpu);
+            busy_give(es);
+        }
 #endif
-    pthread_mutex_lock(&es->mu);
-    st_xfer_chan_t *ch = l->ch;
-    l->ch = NULL;
-    pthread_mutex_unlock(&es->mu);
-    st_xfer_chan_destroy(ch); /* unmapped; the name was unlinked when the worker opened it (or now) */
-    st_log_info("expert %s: same-host link to a worker closed: %s", es->o.name, st_err_last());
+        pthread_mutex_lock(&es->mu);
+        st_xfer_chan_t *ch = l->ch;
+        l->ch = NULL;
+        pthread_mutex_unlock(&es->mu);
+        st_xfer_chan_destroy(ch); /* unmapped; the name was unlinked when the worker opened it (or now) */
+        st_log_info("expert %s: same-host link to a worker closed: %s", es->o.name, st_err_last());
+    }
     link_put(l);
     pthread_mutex_lock(&es->mu);
     es->n_link_threads--;
@@ -462,56 +501,63 @@ static st_tp_recv_t *hello_begin(void *arg, st_tp_ep_t *ep, const void *hdr, siz
 }
 
 /* A worker asks for the same-host path: on this host, a channel (a slot per micro-batch, requests as
- * large as both sides allow, replies as large as ours) and its thread; the handle goes back. */
+ * large as both sides allow, replies as large as ours), made by its own thread (link_make), whose
+ * handle the loop sends back once it exists (offers_send). */
 static void hello_done(void *arg, st_tp_recv_t *r) {
     es_t *es = arg;
     es->hello_busy[(int)(intptr_t)r->user] = 0;
     st_xfer_hello_t h;
     if (r->status != ST_OK || !r->ep || es->stop || st_tp_ep_user(r->ep)) return;
-    st_status_t rc = st_xfer_hello_check(r->hdr, r->hdr_len, &h);
-    if (rc != ST_OK) {
+    if (st_xfer_hello_check(r->hdr, r->hdr_len, &h) != ST_OK) {
         st_log_info("expert %s: a worker stays on UCX: %s", es->o.name, st_err_last());
         return;
     }
     shm_link_t *l = calloc(1, sizeof *l);
     if (!l) return;
-    *l = (shm_link_t){.es = es, .magic = ST_XFER_HELLO_MAGIC, .slot = {.es = es, .idx = -1}, .refs = 3};
-    size_t req = h.req_bytes < es->cap ? (size_t)h.req_bytes : es->cap;
-    rc = st_xfer_chan_create(h.n_slots, req, es->cap + ST_WIRE_MAX_ERROR_TEXT, &l->ch);
-#if defined(STRATA_WITH_CUDA) && defined(STRATA_XFER_GPU)
-    /* rows go between the slots and the device by DMA, as from the pinned UCX slots */
-    if (rc == ST_OK && es->gpu && st_xfer_chan_gpu_map(l->ch) != ST_OK)
-        st_log_warn("expert %s: a same-host channel is not page-locked (copies stay synchronous): %s", es->o.name,
-                    st_err_last());
-#endif
-    if (rc == ST_OK) {
-        st_xfer_chan_label(l->ch, "a same-host attention worker");
-        rc = st_xfer_chan_export(l->ch, l->handle);
-    }
+    *l = (shm_link_t){.es = es, .ep = r->ep, .n_slots = h.n_slots, .magic = ST_XFER_HELLO_MAGIC,
+                      .slot = {.es = es, .idx = -1}, .refs = 3};
+    l->req = h.req_bytes < es->cap ? (size_t)h.req_bytes : es->cap;
+    l->rep = es->cap + ST_WIRE_MAX_ERROR_TEXT;
     pthread_t th;
     pthread_mutex_lock(&es->mu);
-    if (rc == ST_OK && pthread_create(&th, NULL, link_main, l) != 0) rc = ST_FAIL(ST_ERR_NO_MEMORY, "link thread");
-    if (rc == ST_OK) {
+    int ok = pthread_create(&th, NULL, link_main, l) == 0;
+    if (ok) {
         pthread_detach(th);
         es->n_link_threads++;
         l->next = es->links;
         es->links = l;
     }
     pthread_mutex_unlock(&es->mu);
-    if (rc != ST_OK) {
-        st_log_warn("expert %s: no same-host channel for a worker (it stays on UCX): %s", es->o.name, st_err_last());
-        st_xfer_chan_destroy(l->ch);
+    if (!ok) {
+        st_log_warn("expert %s: no same-host channel for a worker (it stays on UCX): no link thread", es->o.name);
         free(l);
         return;
     }
     st_tp_ep_set_user(r->ep, l);
-    l->offer.cb = offer_sent;
-    l->offer.user = l;
-    if (st_tp_send(r->ep, ST_WIRE_AM_SHM_OFFER, &l->magic, sizeof l->magic, l->handle, sizeof l->handle, &l->offer) !=
-        ST_OK)
-        offer_sent(&l->offer, ST_ERR_PEER);
-    st_log_info("expert %s: a worker on this host gets a shared-memory channel (%u slots of %zu + %zu bytes)", es->o.name,
-                h.n_slots, req, es->cap + ST_WIRE_MAX_ERROR_TEXT);
+}
+
+/* Loop thread: the offers of the links whose channel is made (or could not be: nothing to send). */
+static void offers_send(es_t *es) {
+    for (;;) {
+        shm_link_t *l;
+        pthread_mutex_lock(&es->mu);
+        for (l = es->links; l && (l->offered || !l->ready); l = l->next) {}
+        if (l) l->offered = 1;
+        pthread_mutex_unlock(&es->mu);
+        if (!l) return;
+        if (l->ready < 0 || !l->ep) { /* no channel, or no worker to offer it to */
+            link_put(l);
+            continue;
+        }
+        l->offer.cb = offer_sent;
+        l->offer.user = l;
+        if (st_tp_send(l->ep, ST_WIRE_AM_SHM_OFFER, &l->magic, sizeof l->magic, l->handle, sizeof l->handle, &l->offer) !=
+            ST_OK)
+            offer_sent(&l->offer, ST_ERR_PEER);
+        else
+            st_log_info("expert %s: a worker on this host gets a shared-memory channel (%u slots of %zu + %zu bytes)",
+                        es->o.name, l->n_slots, l->req, l->rep);
+    }
 }
 
 static void on_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
@@ -525,7 +571,9 @@ static void on_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
     st_log_info("expert: attention worker disconnected (%s); %d replies dropped", st_status_str(why), n);
     shm_link_t *l = st_tp_ep_user(ep);
     if (l) {
+        l->ep = NULL;
         pthread_mutex_lock(&es->mu);
+        l->lost = 1;
         if (l->ch) st_xfer_chan_abort(l->ch, "the worker's connection was lost");
         pthread_mutex_unlock(&es->mu);
         link_put(l);

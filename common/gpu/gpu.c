@@ -36,6 +36,22 @@ int st_gpu_device_count(void) {
 
 st_status_t st_gpu_init(int dev) { return ST_CUDA_CHECK(cudaSetDevice(dev)); }
 
+void st_gpu_load_eagerly(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+
+bool st_gpu_loads_eagerly(void) {
+    /* cuModuleGetLoadingMode (driver API, CUDA 11.7+), reached through the runtime */
+    typedef int (*mode_fn)(int *);
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    int mode = 0;
+    if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn || ((mode_fn)fn)(&mode) != 0) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return mode == 1; /* CU_MODULE_EAGER_LOADING */
+}
+
 void st_gpu_describe(char *buf, size_t n) {
     int dev = 0;
     struct cudaDeviceProp p;

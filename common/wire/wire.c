@@ -97,6 +97,21 @@ static const char *info_problem(const st_wire_info_t *in) {
     return "unknown kind";
 }
 
+st_wire_info_t st_wire_reply_info(const st_wire_info_t *req, st_status_t status, uint32_t rows, size_t text_len) {
+    st_wire_info_t r = {.step = req->step, .layer = req->layer, .micro_batch = req->micro_batch,
+                        .source_id = req->source_id, .seq = req->seq, .status = status};
+    if (status == ST_OK) {
+        r.kind = ST_WIRE_KIND_COMBINE;
+        r.token_count = rows;
+        r.row_width = req->row_width;
+        r.payload_bytes = st_wire_combine_bytes(rows, req->row_width);
+    } else {
+        r.kind = ST_WIRE_KIND_ERROR;
+        r.payload_bytes = text_len;
+    }
+    return r;
+}
+
 st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *out) {
     const char *why = info_problem(info);
     if (why)

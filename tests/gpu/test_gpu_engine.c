@@ -355,6 +355,7 @@ static void handoff_run(st_engine_t *e, st_engine_mb_t *mb, const st_ckpt_t *ck,
 
 static void test_handoff(st_engine_t *eg, const st_ckpt_t *ck, const int *toks, int np, int V) {
     const st_config_t *c = st_ckpt_config(ck);
+    CHECK(st_engine_launches_early(eg), "the GPU engine launches early (kernels load eagerly)");
     /* reference: the same prompt through st_engine_step (experts on the device, own routing,
      * recorded); the hand-off run replays that routing, since host fp32 experts against device
      * bf16 ones flip near-tie choices downstream (SPEC §8) */
@@ -821,6 +822,7 @@ out:
  * every sublayer is as close as on small (5e-3, no token over 1.7e-2) but its random layers amplify
  * that to an end-to-end 1.6e-1 worst / 3.2e-2 mean (H200, 2026-12-02), over §8's bounds set on small. */
 int main(int argc, char **argv) {
+    st_engine_process_init(); /* before any CUDA call: the early launches below need eager loading */
     if (st_gpu_device_count() <= 0) {
         printf("test_gpu_engine: no CUDA device, skipped\n");
         return 77;

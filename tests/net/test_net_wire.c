@@ -252,5 +252,21 @@ int main(void) {
     bp[bf.payload_bytes - 1] = 0;
     CHECK(st_wire_dispatch_decode(bp, &bf, &d) == ST_OK, "restored");
     free(bp);
+
+    /* the reply to that dispatch (distinct bf16 rows, slots): a COMBINE of its output rows, and an
+     * ERROR, both encodable (a reply once kept the request's bf16 flag: every GPU server's reply
+     * failed to encode) */
+    bf.slots = 12, bf.seq = 99, bf.micro_batch = 1;
+    st_wire_info_t ri = st_wire_reply_info(&bf, ST_OK, 4, 0);
+    CHECK(st_wire_header_encode(&ri, &h) == ST_OK, "a COMBINE reply to a bf16 distinct-rows dispatch encodes");
+    CHECK(st_wire_header_decode(&h, 64, st_wire_combine_bytes(4, 5), &out) == ST_OK && out.kind == ST_WIRE_KIND_COMBINE &&
+              out.token_count == 4 && out.row_width == 5 && out.seq == 99 && out.micro_batch == 1 &&
+              out.layer == bf.layer && out.step == bf.step && !out.bf16_rows && !out.unique && !out.slots,
+          "it carries the request's identity and output rows, none of its shape");
+    ri = st_wire_reply_info(&bf, ST_ERR_NOT_FOUND, 0, 7);
+    CHECK(st_wire_header_encode(&ri, &h) == ST_OK, "an ERROR reply to it encodes");
+    CHECK(st_wire_header_decode(&h, 64, 7, &out) == ST_OK && out.kind == ST_WIRE_KIND_ERROR &&
+              out.status == ST_ERR_NOT_FOUND && out.seq == 99,
+          "the ERROR reply decodes with its status");
     return st_test_done();
 }

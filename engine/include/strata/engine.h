@@ -213,6 +213,12 @@ int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work);
  * engine computes in collect: both are no-ops there. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb);
 void st_engine_mb_release(st_engine_mb_t *mb);
+/* Whether st_engine_mb_launch_early queues anything on this engine: a GPU engine whose context loads
+ * kernels eagerly. A lazily loaded kernel's first launch waits for all the process's device work,
+ * a walk waiting for its release included, and the release would never come: call
+ * st_engine_process_init first thing in a process that launches early (before any CUDA call). */
+bool st_engine_launches_early(const st_engine_t *e);
+void st_engine_process_init(void);
 /* The first error of the micro-batch's current (or last finished) step: ST_OK, or a device error /
  * a release timeout of the GPU engine (whose launches cannot fail on the spot). Read it after the
  * collect that finishes the step: the logits of a failed step are not to be used. */
@@ -224,7 +230,9 @@ bool st_engine_mb_ready(st_engine_mb_t *mb);
  * page-locked and mapped into the device at the same address on a GPU engine, plain on the CPU; NULL
  * when that fails. map: the same for [p, p + n) allocated elsewhere (page-aligned, e.g. a shared
  * mapping); an error means rows there must be copied into work->out instead. unmap before the memory
- * goes; free takes what alloc gave (NULL is fine). Any thread. */
+ * goes; free takes what alloc gave (NULL is fine). Any thread; on a GPU engine unmap and free wait for
+ * all device work queued (CUDA's page-locked frees do): not on the thread that releases a hand-off
+ * launched early, while it is not released. */
 void *st_engine_host_alloc(st_engine_t *e, size_t n);
 void st_engine_host_free(st_engine_t *e, void *p);
 st_status_t st_engine_host_map(st_engine_t *e, void *p, size_t n);

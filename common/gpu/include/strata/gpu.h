@@ -20,6 +20,14 @@ extern "C" {
 int st_gpu_device_count(void);
 /* Select device dev for the calling thread. */
 st_status_t st_gpu_init(int dev);
+/* Kernels load when the process's CUDA context is made (CUDA_MODULE_LOADING=EAGER), unless the
+ * process was started with its own choice. Effective only before the process's first CUDA call. */
+void st_gpu_load_eagerly(void);
+/* Whether this process's context loads kernels eagerly. With lazy loading a kernel's first launch
+ * (ours or a library's, e.g. a cuBLAS GEMM of a new shape) waits for all device work the process
+ * queued, on every stream (kernels/dev/sync_probe.cu): device work that waits for the host would
+ * hold that launch until it is released. */
+bool st_gpu_loads_eagerly(void);
 /* Human-readable device line ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") into buf. */
 void st_gpu_describe(char *buf, size_t n);
 /* Marks the range an external profiler records (`ncu --profile-from-start off`): start, then stop. */

@@ -145,6 +145,12 @@ size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint3
 /* The same for a COMBINE of `rows` output rows. */
 size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width);
 
+/* The header fields of the reply to the request `req`: its step, layer, micro-batch, source, seq and
+ * row width; a COMBINE of `rows` output rows (status ST_OK) or, with status < 0, an ERROR carrying
+ * `text_len` bytes of text. Nothing of the request's shape (expert table, distinct rows, bf16 rows,
+ * slots) is carried over: those describe a dispatch. */
+st_wire_info_t st_wire_reply_info(const st_wire_info_t *req, st_status_t status, uint32_t rows, size_t text_len);
+
 /* Fill *out from info (payload_bytes included). Checks kind and bounds, and for DISPATCH/COMBINE
  * that payload_bytes equals st_wire_dispatch_bytes() / st_wire_combine_bytes(). */
 st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *out);
