@@ -67,8 +67,8 @@ typedef struct {
     int alive;         /* under mu */
     int state;         /* SRV_*; changed on the loop thread under mu */
     uint64_t retired_gen; /* SRV_RETIRED: reusable once the compute thread applied this placement */
-    /* same host: the channel (set and freed by the loop under mu, used by the compute thread while a
-     * pend names it) and the loop thread's records of the hello / offer exchange */
+    /* same host: the channel (set by channel_attach and taken away by the loop, under mu; used by the
+     * compute thread while a pend names it) and the loop thread's records of the hello / offer exchange */
     st_xfer_chan_t *chan;
     bool chan_read;    /* the engine's device reads replies in the channel where they lie (st_engine_host_map) */
     st_tp_send_req_t hello;
@@ -1489,7 +1489,7 @@ static int srv_reap(aw_t *aw) {
     return waiting;
 }
 
-/* ---- the same-host path: hello → offer → channel (loop thread) */
+/* ---- the same-host path: hello → offer (loop thread) → channel (channel_attach, its own thread) */
 
 static void hello_sent(st_tp_send_req_t *req, st_status_t st) {
     srv_t *sv = req->user;
