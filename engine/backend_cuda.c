@@ -470,7 +470,7 @@ static st_status_t cu_init(st_engine_t *e) {
      * for that release (st_gpu_loads_eagerly) */
     e->early = st_gpu_loads_eagerly();
     if (!e->early && e->o.remote_experts)
-        st_log_warn("gpu engine: kernels load lazily (CUDA_MODULE_LOADING): no early launches; a process that "
+        st_log_info("gpu engine: kernels load lazily (CUDA_MODULE_LOADING): no early launches; a process that "
                     "hands off to remote experts calls st_engine_process_init before CUDA starts");
     char dev[256];
     st_gpu_describe(dev, sizeof dev);
