@@ -839,11 +839,11 @@ static int mb_collect(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256], int 
     aw->hook_mb = mb;
     if (st_engine_mb_collect(aw->mbs[mb], &w[mb])) {
         remote_dispatch(aw, mb, &w[mb], why[mb], sizeof why[mb]);
-        /* NOTE: the next layers are launched at mb_resume, after the replies. Queued here behind a
-         * device wait for the release (st_engine_mb_launch_early), the worker's steps timed out on the
-         * H200 (2026-12-03: the first request and 40-token prompts of test_gpu_cluster_bitexact, every
-         * decode step of bench_afd_1gpu) while test_gpu_engine's early launches pass; not used until
-         * that is understood (docs/perf.md) */
+        /* NOTE: the next layers are launched at mb_resume, after the replies, not queued here behind
+         * a device wait for the release (st_engine_mb_launch_early). With an expert server on the same
+         * GPU (MPS) that wait holds an SM while the server's fused FFN, a cooperative grid of one
+         * block per SM whose down tiles wait on other blocks' GLU tiles, needs every SM: the server
+         * stalls until the wait's watchdog (measured 2026-12-03, docs/perf.md). */
         live[mb] = MB_AT_EXPERTS;
         return 0;
     }

@@ -91,14 +91,15 @@ static st_status_t alloc_tables(st_engine_t *e) {
     e->n_pages = e->o.kv_pages > 0 ? e->o.kv_pages : M * e->n_mla * e->pps;
     e->seq_used = calloc((size_t)M, sizeof(bool));
     e->seq_busy = calloc((size_t)M, sizeof(bool));
+    e->walked = calloc((size_t)e->o.max_batch_tokens + 1, sizeof(bool));
     e->seq_len = calloc((size_t)M, sizeof(int));
     e->free_pages = malloc((size_t)e->n_pages * sizeof(int) + 4);
     e->seq_npages = calloc((size_t)M * (size_t)e->n_mla + 1, sizeof(int));
     e->seq_pageid = calloc((size_t)M * (size_t)e->n_mla * (size_t)e->pps + 1, sizeof(int));
     e->tau = calloc((size_t)c->n_layers * (size_t)ST_MAX(c->n_experts, 1), sizeof(float));
     e->rho = calloc((size_t)c->n_layers * (size_t)ST_MAX(c->n_experts, 1), sizeof(float));
-    if (!e->seq_used || !e->seq_busy || !e->seq_len || !e->free_pages || !e->seq_npages || !e->seq_pageid || !e->tau ||
-        !e->rho)
+    if (!e->seq_used || !e->seq_busy || !e->walked || !e->seq_len || !e->free_pages || !e->seq_npages ||
+        !e->seq_pageid || !e->tau || !e->rho)
         return ST_FAIL(ST_ERR_NO_MEMORY, "engine tables for %d sequences × %d tokens", M, e->o.max_ctx);
     for (int i = 0; i < e->n_pages; i++) e->free_pages[i] = e->n_pages - 1 - i;
     e->n_free = e->n_pages;
@@ -106,6 +107,7 @@ static st_status_t alloc_tables(st_engine_t *e) {
 }
 
 static void free_tables(st_engine_t *e) {
+    free(e->walked);
     free(e->seq_used), free(e->seq_busy), free(e->seq_len), free(e->free_pages), free(e->seq_npages);
     free(e->seq_pageid), free(e->tau), free(e->rho);
     if (e->bq)
@@ -481,6 +483,7 @@ static void finish(st_engine_mb_t *mb) {
     }
     e->stats.steps++;
     e->stats.tokens += (uint64_t)mb->T;
+    if (mb->err == ST_OK) e->walked[mb->T] = true;
     if (e->be->async) e->stats.attention += st_time_sec() - mb->t0; /* NOTE: device work is asynchronous */
     else stage(mb, &e->stats.head);
     mb->busy = false;
@@ -496,10 +499,14 @@ void st_engine_mb_release(st_engine_mb_t *mb) {
 
 /* An early launch queues the walk behind the release; a walk that waits for its own device work on
  * the host (a hook or trace reading rows, routing on the host) would wait for that release, which
- * comes after it: such a walk is left to the collect that follows the release. */
+ * comes after it: such a walk is left to the collect that follows the release. So is a walk of a
+ * token count no step has finished with yet: its GEMMs may take library kernels not loaded yet
+ * (cuBLAS loads its own lazily, whatever CUDA_MODULE_LOADING says), and such a first launch waits
+ * for all the device's work, the release included. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb) {
     const st_engine_t *e = mb->e;
-    if (st_engine_launches_early(e) && !e->hook && !e->trace && !st_engine_host_routes(e)) walk(mb);
+    if (st_engine_launches_early(e) && e->walked[mb->T] && !e->hook && !e->trace && !st_engine_host_routes(e))
+        walk(mb);
 }
 
 bool st_engine_launches_early(const st_engine_t *e) { return e->be->async && e->early; }

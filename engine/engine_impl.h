@@ -73,6 +73,7 @@ struct st_engine {
     st_engine_w_t W; /* bound weights (mmap views, fp32 vectors); unbound after init unless be->keep_weights */
     int kcap;        /* routing stride per token: max(k, k_max) */
     bool early;      /* the backend may queue work behind a host release (st_engine_mb_launch_early) */
+    bool *walked;    /* [max_batch_tokens + 1]: a step of this many tokens finished without error */
     int n_kda, n_mla, *layer_slot; /* index of a layer among its kind */
     /* AttnRes bookkeeping (SPEC §5) */
     int n_blocks, Qmax;

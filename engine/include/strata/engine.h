@@ -209,7 +209,9 @@ int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work);
  * the next begin release an abandoned one); one not released within opts.handoff_timeout_ms fails
  * the step (st_engine_mb_status ST_ERR_TIMEOUT) instead of hanging the device. The work buffers stay
  * the caller's until the release. A walk that synchronises on the host (route hook, trace, quantile
- * routing on the host) is not launched early: the collect after the release launches it. The CPU
+ * routing on the host) is not launched early, nor is one of a token count no step of this engine has
+ * finished with (its library kernels may not be loaded; a first launch waits for the release): the
+ * collect after the release launches it. The CPU
  * engine computes in collect: both are no-ops there. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb);
 void st_engine_mb_release(st_engine_mb_t *mb);
