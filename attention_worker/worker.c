@@ -2120,7 +2120,7 @@ static st_status_t alloc_pend(aw_t *aw, int s) {
 }
 
 int st_aw_run(const st_aw_opts_t *opts) {
-    st_engine_process_init(); /* before CUDA starts: kernels load at start-up, not at a first launch mid-step */
+    st_engine_process_init(); /* before CUDA starts: our kernels load at start-up, not mid-step */
     aw_t *aw = calloc(1, sizeof *aw);
     if (!aw) return 1;
     aw->o = *opts;

@@ -500,9 +500,10 @@ void st_engine_mb_release(st_engine_mb_t *mb) {
 /* An early launch queues the walk behind the release; a walk that waits for its own device work on
  * the host (a hook or trace reading rows, routing on the host) would wait for that release, which
  * comes after it: such a walk is left to the collect that follows the release. So is a walk of a
- * token count no step has finished with yet: its GEMMs may take library kernels not loaded yet
- * (cuBLAS loads its own lazily, whatever CUDA_MODULE_LOADING says), and such a first launch waits
- * for all the device's work, the release included. */
+ * token count no step has finished with yet: its GEMMs may take library kernels not loaded yet (on
+ * the H200 such walks timed out with eager loading on: cuBLAS's kernels still load at first use,
+ * inferred, docs/perf.md), and such a first launch waits for all the device's work, the release
+ * included. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb) {
     const st_engine_t *e = mb->e;
     if (st_engine_launches_early(e) && e->walked[mb->T] && !e->hook && !e->trace && !st_engine_host_routes(e))
