@@ -709,6 +709,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         }
     }
     pthread_mutex_unlock(&aw->mu);
+    double t_unpack = st_time_sec();
     for (int s = 0; s < aw->n_srv; s++) {
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
@@ -737,7 +738,8 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     }
     aw->stage[ST_PROTO_STAGE_EXPERT] += slowest_us * 1e-6;
     aw->stage[ST_PROTO_STAGE_NETWORK] += slowest_net;
-    aw->stage[ST_PROTO_STAGE_WAIT] += st_time_sec() - t_wait;
+    aw->stage[ST_PROTO_STAGE_WAIT] += t_unpack - t_wait;
+    aw->stage[ST_PROTO_STAGE_UNPACK] += st_time_sec() - t_unpack;
 }
 
 /* Run one work item on the expert servers: dispatch, wait, and one retry round on replicas for
@@ -745,6 +747,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 /* Send one work item to the expert servers (the wait comes later, after the other micro-batches'
  * attention has run: ping-pong). Tokens whose experts have no live holder are flagged now. */
 static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
+    double t0 = st_time_sec();
     int *so = aw->server_of[mb];
     choose_servers(aw, w->layer, so, NULL);
     st_dispatch_plan_build(&aw->plan[mb], w, so, aw->tok_failed[mb]);
@@ -767,6 +770,7 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
                          full[0] ? full : "none placed");
             }
         }
+    aw->stage[ST_PROTO_STAGE_PLAN] += st_time_sec() - t0;
     send_plan(aw, mb, &aw->plan[mb], w);
 }
 
@@ -788,12 +792,14 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     /* retry: only experts that were on failed servers, on another live holder. The failed nodes
      * are cut again for their new servers and their values join the good ones: any cut into tree
      * nodes finishes to the same sum (docs/architecture.md, "Bit-exact expert results") */
+    double t0 = st_time_sec();
     choose_servers(aw, w->layer, aw->server_of2, failed);
     for (int e = 0; e < aw->c->n_experts; e++) {
         int s0 = aw->server_of[mb][e];
         if (s0 < 0 || !failed[s0]) aw->server_of2[e] = ST_DISPATCH_SKIP;
     }
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
+    aw->stage[ST_PROTO_STAGE_PLAN] += st_time_sec() - t0;
     send_plan(aw, mb, &aw->plan2, w);
     int failed2[MAX_SERVERS] = {0}, nf2 = 0;
     wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
@@ -828,16 +834,24 @@ static bool replies_in(aw_t *aw, int mb) {
  * the engine finishes each token's tree reading the rows where they lie. */
 static void mb_resume(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256]) {
     remote_finish(aw, mb, &w[mb], why[mb], sizeof why[mb]);
+    double t0 = st_time_sec();
     st_dispatch_drop_failed(&w[mb], aw->tok_failed[mb]);
     aw->hook_mb = mb;
+    double t1 = st_time_sec();
     st_engine_mb_launch(aw->mbs[mb]);
+    aw->stage[ST_PROTO_STAGE_UNPACK] += t1 - t0;
+    aw->stage[ST_PROTO_STAGE_LAUNCH] += st_time_sec() - t1;
 }
 
 /* Collect micro-batch mb (waits for its device work) and dispatch its hand-off; returns 1 when its
  * step is done. */
 static int mb_collect(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256], int *live) {
     aw->hook_mb = mb;
-    if (st_engine_mb_collect(aw->mbs[mb], &w[mb])) {
+    /* the worker's own layers: less the hooks' summaries, which count as thresholds */
+    double t0 = st_time_sec(), thr0 = aw->stage[ST_PROTO_STAGE_THRESHOLDS];
+    int more = st_engine_mb_collect(aw->mbs[mb], &w[mb]);
+    aw->stage[ST_PROTO_STAGE_ATTENTION] += st_time_sec() - t0 - (aw->stage[ST_PROTO_STAGE_THRESHOLDS] - thr0);
+    if (more) {
         remote_dispatch(aw, mb, &w[mb], why[mb], sizeof why[mb]);
         /* NOTE: the next layers are launched at mb_resume, after the replies, not queued here behind
          * a device wait for the release (st_engine_mb_launch_early). With an expert server on the same
@@ -942,12 +956,16 @@ static void post_report(aw_t *aw, int nmb) {
     pick_load_layers(aw, room, &r);
     st_engine_stats_t now;
     st_engine_get_stats(aw->e, &now);
-    aw->stage[ST_PROTO_STAGE_COMBINE] = now.combine - aw->est.combine;
-    /* the rest of the step's wall time: the worker's own compute (on a GPU, its waits for the device
-     * too). Not the engine's per-micro-batch times: overlapped micro-batches each span the step. */
-    double att = st_time_sec() - aw->t_step - aw->stage[ST_PROTO_STAGE_DISPATCH] - aw->stage[ST_PROTO_STAGE_WAIT] -
-                 aw->stage[ST_PROTO_STAGE_COMBINE] - aw->stage[ST_PROTO_STAGE_THRESHOLDS];
-    aw->stage[ST_PROTO_STAGE_ATTENTION] = att > 0 ? att : 0;
+    /* the CPU engine combines inside collect: that part of attention is the combine */
+    double comb = now.combine - aw->est.combine, *st = aw->stage;
+    st[ST_PROTO_STAGE_COMBINE] = comb;
+    st[ST_PROTO_STAGE_ATTENTION] = st[ST_PROTO_STAGE_ATTENTION] > comb ? st[ST_PROTO_STAGE_ATTENTION] - comb : 0;
+    /* the rest of the step's wall time. Not the engine's per-micro-batch times: overlapped
+     * micro-batches each span the step. */
+    double other = st_time_sec() - aw->t_step;
+    for (int k = 0; k < ST_PROTO_STAGE_OTHER; k++)
+        if (k != ST_PROTO_STAGE_EXPERT && k != ST_PROTO_STAGE_NETWORK) other -= st[k];
+    st[ST_PROTO_STAGE_OTHER] = other > 0 ? other : 0;
     r.summaries = sums;
     r.summary_lens = lens;
     r.reply_bytes = aw->reply_bytes;
@@ -1079,7 +1097,9 @@ static void step(aw_t *aw) {
             count[m] = 0;
             continue;
         }
+        double t0 = st_time_sec();
         st_engine_mb_launch(aw->mbs[m]);
+        aw->stage[ST_PROTO_STAGE_LAUNCH] += st_time_sec() - t0;
         live[m] = MB_LAUNCHED;
     }
     /* ping-pong, event-driven: a micro-batch's tokens are at the experts while the others' layers run.

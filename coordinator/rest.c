@@ -238,9 +238,13 @@ char *st_coord_status_json(coord_t *co) {
     json_object_set_new(root, "auth", json_pack("{s:b, s:b}", "api_key", co->o.api_key != NULL, "all_endpoints", co->o.auth_all));
     /* where a worker step's time goes (means over the reported steps, all workers) */
     double n = co->stage_steps ? (double)co->stage_steps : 1.0;
-    static const char *names[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds", "network"};
     json_t *split = json_object();
-    for (int k = 0; k < ST_PROTO_STAGES; k++) json_object_set_new(split, names[k], jnum(1e3 * co->stage_s[k] / n));
+    double step = 0;
+    for (int k = 0; k < ST_PROTO_STAGES; k++) {
+        json_object_set_new(split, st_proto_stage_names[k], jnum(1e3 * co->stage_s[k] / n));
+        if (k != ST_PROTO_STAGE_EXPERT && k != ST_PROTO_STAGE_NETWORK) step += co->stage_s[k]; /* parts of wait */
+    }
+    json_object_set_new(split, "step", jnum(1e3 * step / n));
     json_object_set_new(split, "coordinator_merge", jnum(co->merges ? 1e3 * co->merge_s / (double)co->merges : 0));
     json_object_set_new(split, "steps", json_integer((json_int_t)co->stage_steps));
     json_object_set_new(split, "dispatch_bytes", json_integer((json_int_t)co->dispatch_bytes));
@@ -412,10 +416,9 @@ char *st_coord_metrics_text(coord_t *co, size_t *len) {
             for (int i = 0; i < co->n_members; i++) n += (int)co->members[i].role == r && co->members[i].alive == a;
             bprintf(&b, "strata_members{role=\"%s\",alive=\"%d\"} %d\n", role_name((st_proto_role_t)r), a, n);
         }
-    static const char *stages[ST_PROTO_STAGES] = {"attention", "dispatch", "wait", "expert", "combine", "thresholds", "network"};
     bprintf(&b, "# HELP strata_step_stage_seconds_total Worker step time by stage.\n# TYPE strata_step_stage_seconds_total counter\n");
     for (int k = 0; k < ST_PROTO_STAGES; k++)
-        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", stages[k], prom_num(nb, co->stage_s[k]));
+        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", st_proto_stage_names[k], prom_num(nb, co->stage_s[k]));
     bprintf(&b, "# HELP strata_reply_bytes_total Bytes expert servers sent back.\n# TYPE strata_reply_bytes_total counter\n"
                 "strata_reply_bytes_total %llu\n", (unsigned long long)co->reply_bytes);
     expert_load_metrics(co, &b);

@@ -8,6 +8,10 @@
 
 #include "strata.pb-c.h"
 
+const char *const st_proto_stage_names[ST_PROTO_STAGES] = {"attention", "dispatch", "wait",   "expert",
+                                                           "combine",   "thresholds", "network", "launch",
+                                                           "plan",      "unpack",   "other"};
+
 /* ---- helpers ---- */
 
 static st_status_t pack_msg(const ProtobufCMessage *m, const char *what, uint8_t **out, size_t *len) {

@@ -28,7 +28,7 @@ snap() { python3 - "$http" <<'PY'
 import json, sys, urllib.request
 s = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/status"))["step_ms"]
 n = s["steps"]
-print(n, *(s[k] * n for k in ("attention", "dispatch", "wait", "network", "expert", "combine", "thresholds")))
+print(n, *(s.get(k, 0) * n for k in ("step", "dispatch", "wait", "network", "expert", "combine", "thresholds")))
 PY
 }
 toks() { python3 -c "import random; random.seed($1); print(','.join(str(random.randrange(32768)) for _ in range($2)))"; }
@@ -49,8 +49,7 @@ lab, n, p, g = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 wall = float(sys.argv[6]) - float(sys.argv[5])
 b = list(map(float, sys.argv[7].split())); a = list(map(float, sys.argv[8].split()))
 d = [x - y for x, y in zip(a, b)]
-steps = max(d[0], 1); att, dis, wait, net, exp, comb, thr = (v / steps for v in d[1:8])
-step = att + dis + wait + comb + thr
+steps = max(d[0], 1); step, dis, wait, net, exp, comb, thr = (v / steps for v in d[1:8])
 tok = n * (p + g) if g <= 1 else n * g
 print(f"RESULT cluster2gpu {lab}: {tok / wall:.0f} tok/s by wall ({n}x({p}+{g}) tokens in {wall:.2f} s), "
       f"{steps:.0f} steps, mean step {step:.3f} ms" + (f" -> {n / step * 1e3:.0f} tok/s by step" if g > 1 else "") +

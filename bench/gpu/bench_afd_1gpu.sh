@@ -5,8 +5,9 @@
 #   two process : strata up --preset small --attn-device cuda:0 --expert-device cuda:0, the same loads,
 #                 mean step from the coordinator's /status (what the worker reports per step)
 # Prints RESULT afd_1gpu_step_ratio_b1 / _b32 / _b256 / _prefill8k (two processes / one process) and
-# per MoE layer (small: 11 of its 12 layers): send (pack + post), wait (all of it), of which server
-# compute and transfer, and the worker's combine, in µs.
+# where the worker's step goes (/status step_ms): per MoE layer (small: 11 of its 12 layers) plan, send
+# (pack + post), wait (all of it; of which server compute and transfer) and unpack in µs; per step its
+# own layers (the host's wait for the device), the launches and the rest, in ms.
 # usage (device machine, slim build carried as in scripts/gpu-run.sh): bench/gpu/bench_afd_1gpu.sh BUILD OUTDIR
 # Env: MB=n (--micro-batches), GEN (decode tokens per request, default 64), MPS=1 (both processes
 # under the CUDA MPS daemon: one GPU context, no time-slicing between them), E2E_LOG=FILE (reuse the
@@ -36,7 +37,8 @@ snap() { python3 - "$http" <<'PY'
 import json, sys, urllib.request
 s = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/status"))["step_ms"]
 n = s["steps"]
-print(n, *(s[k] * n for k in ("attention", "dispatch", "wait", "network", "expert", "combine", "thresholds")))
+print(n, *(s.get(k, 0) * n for k in ("step", "attention", "dispatch", "wait", "network", "expert", "combine", "thresholds",
+                                     "launch", "plan", "unpack", "other")))
 PY
 }
 # $1 key, $2 concurrent requests, $3 prompt tokens, $4 generated tokens, $5 one-process ms (step or prefill);
@@ -51,13 +53,13 @@ import sys
 key, one, L = sys.argv[1], sys.argv[2], int(sys.argv[3])
 b = list(map(float, sys.argv[4].split())); a = list(map(float, sys.argv[5].split()))
 d = [x - y for x, y in zip(a, b)]
-steps = max(d[0], 1); att, dis, wait, net, exp, comb, thr = (v / steps for v in d[1:8])
-step = att + dis + wait + comb + thr
+steps = max(d[0], 1); step, att, dis, wait, net, exp, comb, thr, lau, plan, unp, oth = (v / steps for v in d[1:13])
 prefill = key.endswith("prefill8k")
 two = step * steps if prefill else step  # prefill: all steps of the one prompt
 us = lambda v: 1e3 * v / L
-print(f"afd {key}: two processes {two:.3f} ms ({steps:.0f} steps), per MoE layer: send {us(dis):.1f} us, wait {us(wait):.1f} us "
-      f"(server compute {us(exp):.1f}, transfer {us(net):.1f}), combine {us(comb):.1f} us; attention {att:.3f} ms/step")
+print(f"afd {key}: two processes {two:.3f} ms ({steps:.0f} steps), per MoE layer: plan {us(plan):.1f} us, send {us(dis):.1f} us, "
+      f"wait {us(wait):.1f} us (server compute {us(exp):.1f}, transfer {us(net):.1f}), unpack {us(unp):.1f} us; per step: "
+      f"own layers (device wait) {att:.3f} ms, launches {lau:.3f} ms, other {oth:.3f} ms, thresholds {thr:.3f} ms")
 if one:  # warm-up loads pass none
     print(f"RESULT afd_1gpu_step_ratio_{key} {two / float(one):.2f} (two processes {two:.3f} ms / one process {float(one):.3f} ms)")
 PY

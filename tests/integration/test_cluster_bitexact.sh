@@ -64,6 +64,8 @@ for cfg in "1 1 1 0" "3 2 3 512"; do
     check "GET /healthz" "[ \$(curl -s -o /dev/null -w '%{http_code}' http://$h/healthz) = 200 ]"
     check "GET /status shows 3 live expert servers and 2 workers" \
       "curl -s http://$h/status | python3 -c 'import sys,json; j=json.load(sys.stdin); m=j[\"members\"]; assert sum(1 for x in m if x[\"alive\"] and x[\"role\"]==\"expert\")==3 and sum(1 for x in m if x[\"alive\"] and x[\"role\"]==\"attention\")==2 and j[\"placement\"][\"complete\"]'"
+    check "GET /status splits the workers' steps: own layers, plan, dispatch, wait, unpack, launch, other add up to the step" \
+      "curl -s http://$h/status | python3 -c 'import sys,json; s=json.load(sys.stdin)[\"step_ms\"]; parts=[s[k] for k in (\"attention\",\"dispatch\",\"wait\",\"combine\",\"thresholds\",\"launch\",\"plan\",\"unpack\",\"other\")]; assert s[\"steps\"]>0 and min(parts)>=0 and s[\"attention\"]>0 and s[\"plan\"]>0 and s[\"dispatch\"]>0 and s[\"wait\"]>0 and abs(sum(parts)-s[\"step\"])<=1e-6*s[\"step\"]+1e-9, s'"
     check "GET /metrics has counters and TTFT histogram" "curl -s http://$h/metrics | grep -q 'strata:time_to_first_token_seconds_bucket' && curl -s http://$h/metrics | grep -q '^strata:generation_tokens_total{model_name=\"ck\"} [1-9]'"
     check "strata status prints the summary" "\"$S\" status | grep -q READY"
   fi

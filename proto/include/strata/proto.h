@@ -120,12 +120,26 @@ typedef struct {
     st_proto_member_t *members;
 } st_proto_placement_t;
 
-/* Worker step stages (seconds): attention; dispatch (pack + post); wait (blocked on replies, after
- * the other micro-batches' attention overlapped them); expert (time at the servers, queue + compute,
- * slowest server per layer); combine; thresholds (summaries); network (per layer, the slowest
- * server's round trip minus its time at the server: the transport both ways). */
+/* Worker step stages (seconds), each host time of the step's driving thread unless said:
+ *   attention   the worker's own layers: its wait for the device's walks (GPU) or their computation (CPU)
+ *   dispatch    pack + post of the dispatches
+ *   wait        blocked on replies (after the other micro-batches' layers overlapped them)
+ *   expert      time at the servers, queue + compute, slowest server per layer (part of the round trip)
+ *   combine     the CPU engine's combine of the expert rows
+ *   thresholds  quantile summaries and counts
+ *   network     per layer, the slowest server's round trip minus its time at the server (the transport
+ *               both ways; part of the round trip)
+ *   launch      queueing the next layers' walks (GPU: kernel and graph launches)
+ *   plan        the dispatch plan: which rows go to which server, the tree cut
+ *   unpack      reply rows to where the combine reads them
+ *   other       the rest of the step: scheduling, polling, sampling bookkeeping
+ * The step is the sum of all but expert and network. Appended in this order: a report from an older
+ * worker lacks the last ones (0). */
 enum { ST_PROTO_STAGE_ATTENTION = 0, ST_PROTO_STAGE_DISPATCH, ST_PROTO_STAGE_WAIT, ST_PROTO_STAGE_EXPERT,
-       ST_PROTO_STAGE_COMBINE, ST_PROTO_STAGE_THRESHOLDS, ST_PROTO_STAGE_NETWORK, ST_PROTO_STAGES };
+       ST_PROTO_STAGE_COMBINE, ST_PROTO_STAGE_THRESHOLDS, ST_PROTO_STAGE_NETWORK, ST_PROTO_STAGE_LAUNCH,
+       ST_PROTO_STAGE_PLAN, ST_PROTO_STAGE_UNPACK, ST_PROTO_STAGE_OTHER, ST_PROTO_STAGES };
+/* their names in /status and /metrics */
+extern const char *const st_proto_stage_names[ST_PROTO_STAGES];
 
 /* One worker's step (see strata.proto ScoreSummary): score summaries in common/quantile's byte
  * format (one per micro-batch), and per-expert loads of whole layers from load_first_layer on:
