@@ -22,7 +22,7 @@
 
 
 /* Tile table: one entry per (expert, 128-row tile), map [bound, 2] = (expert, first row); entries
- * past the total are (−1, 0) so surplus blocks exit; map[2·bound] = the number of entries; cnt [bound]
+ * past the total are (−1, 0) so surplus blocks exit; map[2·bound] = the number of entries; cnt [bound + 1]
  * zeroed (the fused ping-pong kernel's counters). One block of 1024 threads. */
 #define FFN_MAP_INTS(N) (2 * ((N + FB_M - 1) / FB_M + 1 + 4096)) /* ints of ws for the map */
 __global__ void ffn_tile_map_kernel(int *map, int *cnt, const int *offsets, int E, int bound, int big) {
@@ -44,7 +44,7 @@ __global__ void ffn_tile_map_kernel(int *map, int *cnt, const int *offsets, int 
         __syncthreads();
     }
     for (int i = carry + threadIdx.x; i < bound; i += blockDim.x) map[2 * i] = -1, map[2 * i + 1] = 0;
-    for (int i = threadIdx.x; i < bound; i += blockDim.x) cnt[i] = 0;
+    for (int i = threadIdx.x; i <= bound; i += blockDim.x) cnt[i] = 0;
     if (threadIdx.x == 0) map[2 * bound] = carry < bound ? carry : bound;
 }
 
@@ -488,13 +488,19 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
  * Down: 128 output columns of w2_e. Both GEMMs run in one persistent launch: every GLU tile first,
  * then every down tile; a down tile's producer waits until all GLU tiles of its tile-map entry are
  * stored (cnt[entry] == GLU column tiles; the GLU epilogue counts with a release after its stores).
+ * The blocks claim tiles in that order from one counter (the producer, one atomic a tile; it queues
+ * each claimed tile for the consumers in shared memory), so a down tile waits only on GLU tiles that
+ * running blocks hold: the launch needs no co-residency and finishes on whatever SMs it gets (another
+ * process's kernels under MPS, a walk waiting on the host: a grid that waited on blocks not yet
+ * resident could wait forever).
  * Everything else (tile map, rows past the expert's end, table mode's per-expert tensor maps) as
  * ffn_wg_kernel. (Round 3 also measured these kernels as two launches, and a hybrid of gate/up on
  * ffn_wg_kernel + down on these, in two launches or fused: none won anywhere, so removed.) */
 #define FP_ST 6
 #define FP_A_BYTES (128 * FW_BK * 2) /* 16 KB */
 #define FP_B_BYTES (128 * FW_BK * 2) /* 16 KB */
-#define FP_SMEM (1024 + FP_ST * (FP_A_BYTES + FP_B_BYTES) + (2 * FP_ST + 2) * 8)
+#define FP_Q 16 /* the claimed-tile queue (entries > FP_ST + 1: the ring's waits keep its reuse safe) */
+#define FP_SMEM (1024 + FP_ST * (FP_A_BYTES + FP_B_BYTES) + (2 * FP_ST + 2 + FP_Q) * 8 + FP_Q * 8)
 #if FW_ARCH
 /* d[64 × 128] += A[64 × 16] · B[16 × 128], both K-major in 128-byte-swizzled shared memory */
 __device__ __forceinline__ void fw_wgmma_n128(float d[16][4], uint64_t da, uint64_t db) {
@@ -513,15 +519,15 @@ struct fwp_args {
     st_bf16_t *h;      /* [N, w] bf16: GLU output, down input */
     void *y;           /* [N, l] TC: down output */
     const int *offsets, *map; /* map[2·bound]: the number of entries */
-    int *cnt;          /* [bound] zeroed by ffn_tile_map_kernel */
+    int *cnt;          /* [bound + 1] zeroed by ffn_tile_map_kernel: per-entry GLU tiles stored, the tile claims */
     int bound, l, w, situ;
     float b1, b2;
     const CUtensorMap *tmt; /* table mode: per-expert maps [E][3] (w1_e, w3_e, w2_e) */
     int flags;
 };
 
-/* grid: min(tiles, SMs) blocks of FW_THREADS threads, FP_SMEM bytes, a cooperative launch (so all
- * blocks are resident: a down tile waits on GLU tiles of other blocks). tmX: x [N, l], tmH: h [N, w]
+/* grid: min(tiles, SMs) blocks of FW_THREADS threads, FP_SMEM bytes; any number of them resident at a
+ * time (tiles are claimed in order: see above). tmX: x [N, l], tmH: h [N, w]
  * (boxes 64 × 128); tmW1, tmW3: w1, w3 [E·w, l] (boxes 64 × 64); tmW2: w2 [E·l, w] (box 64 × 128). */
 template <typename TC>
 __global__ void __launch_bounds__(FW_THREADS, 1)
@@ -533,7 +539,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const unsigned base0 = (unsigned)__cvta_generic_to_shared(fw_raw);
     const unsigned sbase = (base0 + 1023) & ~1023u; /* the swizzle repeats every 1024 B */
     const unsigned sA = sbase, sB = sbase + FP_ST * FP_A_BYTES, sbar = sB + FP_ST * FP_B_BYTES;
-    /* full[s] at sbar + 8s, empty[s] at sbar + 8(FP_ST + s), turn[c] at sbar + 8(2·FP_ST + c) */
+    /* full[s] at sbar + 8s, empty[s] at sbar + 8(FP_ST + s), turn[c] at sbar + 8(2·FP_ST + c), the queue's
+     * qfull[j] at qbar + 8j and its entries (unit, first ring step; unit −1: no more) after them */
+    const unsigned qbar = sbar + 8 * (2 * FP_ST + 2);
+    int2 *const qent = reinterpret_cast<int2 *>(fw_raw + (qbar + 8 * FP_Q - base0));
     const int l = P.l, w = P.w, bound = P.bound;
     const int nct1 = (w + 63) / 64, nct2 = (l + 127) / 128; /* column tiles: GLU (64 h columns), down */
     const int kt1 = (l + FW_BK - 1) / FW_BK, kt2 = (w + FW_BK - 1) / FW_BK;
@@ -547,24 +556,21 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
         st_mbar_init(sbar + 8 * (2 * FP_ST), 1);
         st_mbar_init(sbar + 8 * (2 * FP_ST + 1), 1);
+        for (int j = 0; j < FP_Q; j++) st_mbar_init(qbar + 8 * j, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     /* (the launcher passes FW_F_VEC only: the PDL flags are inert here) */
     if (P.flags & FW_F_PDL_TRIG) st_pdl_trigger();
     if (P.flags & FW_F_PDL_WAIT) st_pdl_wait(); /* h (the A operand) is the previous grid's output */
-    /* units [0, nglu) GLU tiles (entry-major), [nglu, ntot) down tiles; ng: this block's GLU tiles */
-    unsigned nglu = 0, ntot = 0, ng = 0;
+    /* units [0, nglu) GLU tiles (entry-major), [nglu, ntot) down tiles, claimed in that order */
+    unsigned nglu = 0, ntot = 0;
     {
         const unsigned nent = (unsigned)map[2 * bound];
         nglu = nent * (unsigned)nct1, ntot = nglu + nent * (unsigned)nct2;
-        ng = nglu > blockIdx.x ? (nglu - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     }
-    /* the block's tile i → (entry q, column tile ct, expert e, GLU or down); false past the last one */
-    auto tile = [&](unsigned i, int &q, int &ct, int &e, bool &glu) -> bool {
-        unsigned u = blockIdx.x + i * gridDim.x;
-        glu = false; /* NOTE: this and the block above keep the PTX identical to the build measured */
-        if (u >= ntot) return false;
+    /* unit u → (entry q, column tile ct, expert e, GLU or down); false where no expert is */
+    auto unit = [&](unsigned u, int &q, int &ct, int &e, bool &glu) -> bool {
         glu = u < nglu;
         if (!glu) u -= nglu;
         const int nct = glu ? nct1 : nct2;
@@ -574,17 +580,25 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         e = map[2 * q];
         return e >= 0;
     };
-    /* first ring step of the block's tile i (tiles before it: GLU ones of kt1 steps, then kt2) */
-    auto step0 = [&](unsigned i) -> int {
-        return i < ng ? (int)i * kt1 : (int)ng * kt1 + (int)(i - ng) * kt2;
-    };
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (threadIdx.x == 0) {
-            int it = 0, q, ct, e, key_prev = -1, q_ready = -1;
-            bool glu;
+            int it = 0, q = 0, ct = 0, e = 0, key_prev = -1, q_ready = -1;
+            bool glu = false;
             const CUtensorMap *pB1 = nullptr, *pB3 = nullptr;
-            for (unsigned i = 0; tile(i, q, ct, e, glu); i++) {
+            unsigned *const claim = reinterpret_cast<unsigned *>(P.cnt + bound);
+            for (unsigned i = 0;; i++) {
+                unsigned u;
+                do
+                    u = atomicAdd(claim, 1u);
+                while (u < ntot && !unit(u, q, ct, e, glu));
+                /* NOTE: entry i's slot was read: the ring waits below saw tile i − FP_ST − 1 started */
+                if (u >= ntot) { /* no more: both warpgroups' next entries say so */
+                    qent[i % FP_Q] = make_int2(-1, 0), fw_bar_arrive(qbar + 8 * (i % FP_Q));
+                    qent[(i + 1) % FP_Q] = make_int2(-1, 0), fw_bar_arrive(qbar + 8 * ((i + 1) % FP_Q));
+                    break;
+                }
+                qent[i % FP_Q] = make_int2((int)u, it), fw_bar_arrive(qbar + 8 * (i % FP_Q));
                 const int m0 = map[2 * q + 1];
                 if (tmt) { /* table mode: the expert's own maps [Nout, K] */
                     if (2 * e + (int)glu != key_prev) {
@@ -633,17 +647,22 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const unsigned turn_me = sbar + 8 * (2 * FP_ST + c), turn_other = sbar + 8 * (2 * FP_ST + (c ^ 1));
     const int situ = P.situ;
     const float b1 = P.b1, b2 = P.b2, ib1 = 1.f / b1, ib2 = 1.f / b2;
-    int q, ct, e;
-    bool glu;
+    int q = 0, ct = 0, e = 0;
+    bool glu = false;
     float acc[32][4]; /* rows 16hf + jj: half hf of the 128-row tile */
-    for (unsigned i = (unsigned)c, j = 0; tile(i, q, ct, e, glu); i += 2, j++) {
+    for (unsigned i = (unsigned)c, j = 0;; i += 2, j++) {
+        fw_bar_wait(qbar + 8 * (i % FP_Q), (i / FP_Q) & 1);
+        const volatile int *qv = reinterpret_cast<volatile int *>(&qent[i % FP_Q]);
+        const int2 ent = make_int2(qv[0], qv[1]);
+        if (ent.x < 0) break;
+        unit((unsigned)ent.x, q, ct, e, glu);
         const int m0 = map[2 * q + 1], m_end = P.offsets[e + 1];
         /* my turn: the other warpgroup has seen every stage of tile i − 1 full (its j-th or (j−1)-th
          * signal: warpgroup 0 waits for tile 2j − 1, warpgroup 1 for tile 2j) */
         if (i > 0) fw_bar_wait(turn_me, c ? (j & 1) : ((j - 1) & 1));
 #pragma unroll
         for (int jj = 0; jj < 32; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
-        int it = step0(i);
+        int it = ent.y;
         const int kts = glu ? kt1 : kt2;
         for (int kt = 0; kt < kts; kt++, it++) {
             const int s = it % FP_ST;
@@ -800,19 +819,16 @@ static st_status_t fw_gemm(cudaStream_t cs, const CUtensorMap &tA, const CUtenso
     return ST_LAUNCH_OK(GLU ? "ffn_wg_kernel<glu>" : "ffn_wg_kernel<down>");
 }
 
-/* both GEMMs on the fused ping-pong kernel: min(tiles, SMs) persistent blocks, launched cooperatively
- * (all blocks resident: its down tiles wait on other blocks' GLU tiles) */
+/* both GEMMs on the fused ping-pong kernel: min(tiles, SMs) persistent blocks (tiles claimed in order:
+ * no co-residency needed) */
 template <typename TC>
 static st_status_t fw_gemm_pp(cudaStream_t cs, const CUtensorMap &tX, const CUtensorMap &tW1, const CUtensorMap &tW3,
                               const CUtensorMap &tH, const CUtensorMap &tW2, const fwp_args &P) {
     const long t = (long)P.bound * ((P.w + 63) / 64 + (P.l + 127) / 128);
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeCooperative;
-    at[0].val.cooperative = 1;
     cfg.gridDim = dim3((unsigned)(t < fw_sms ? t : fw_sms));
     cfg.blockDim = dim3(FW_THREADS), cfg.dynamicSmemBytes = FP_SMEM;
-    cfg.stream = cs, cfg.attrs = at, cfg.numAttrs = 1;
+    cfg.stream = cs;
     st_status_t rc = ST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, ffn_wgp_kernel<TC>, tX, tW1, tW3, tH, tW2, P));
     if (rc) return rc;
     return ST_LAUNCH_OK("ffn_wgp_kernel");
