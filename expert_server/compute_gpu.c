@@ -26,6 +26,8 @@ typedef struct {
 } gkey_t;
 #define ES_GRAPHS 16 /* a server's decode shapes × its request slots */
 #define ES_SEEN 8    /* recent keys: a key among them is captured when it comes again */
+#define ES_CLASSES 3 /* dispatch sizes in the split: ≤ 64 pairs, ≤ 4096, more */
+static const uint32_t es_class_max[ES_CLASSES - 1] = {64, 4096};
 
 struct st_es_gpu {
     const st_ckpt_t *ck;
@@ -70,6 +72,9 @@ struct st_es_gpu {
     int seen_at;
     uint64_t tick;
     uint64_t replays; /* dispatches served by a graph (st_es_gpu_graph_replays) */
+    /* where a dispatch's time goes, per size class (st_es_gpu_split): seconds and counts */
+    double t_prep[ES_CLASSES], t_launch[ES_CLASSES], t_dev[ES_CLASSES];
+    uint64_t n_cls[ES_CLASSES];
 };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -151,6 +156,23 @@ void st_es_gpu_forget(st_es_gpu_t *g) {
 }
 
 uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g) { return __atomic_load_n(&g->replays, __ATOMIC_RELAXED); }
+
+void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int c = 0; c < ES_CLASSES && k < cap; c++) {
+        if (!g->n_cls[c]) continue;
+        double n = (double)g->n_cls[c];
+        uint32_t lo = c ? es_class_max[c - 1] + 1 : 1;
+        char hi[16] = "";
+        if (c < ES_CLASSES - 1) snprintf(hi, sizeof hi, "%u", es_class_max[c]);
+        int w = snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f / %.1f / %.1f us", k ? "; " : "", lo, hi,
+                         (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->t_launch[c] / n,
+                         1e6 * g->t_dev[c] / n);
+        if (w < 0) break;
+        k += (size_t)w;
+    }
+}
 
 void st_es_gpu_destroy(st_es_gpu_t *g) {
     if (!g) return;
@@ -328,6 +350,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
         if (offsets[k + 1] < offsets[k]) return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch offsets decrease at %u", k);
     }
     /* the leaf table on the host (pinned), packed for one copy up: loff [n_out + 1] | lrow | lid | lp [n] */
+    double t0 = st_time_sec();
     size_t n = offsets[n_exp], ew = (size_t)g->ew, me = (size_t)g->mi * g->ew, no = d->n_out;
     uint32_t *loff = g->h_leaf, *lrow = loff + no + 1, *lid = lrow + n;
     float *lp = (float *)(lid + n);
@@ -369,13 +392,19 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
             exec = graph_capture(g, &key);
         if (!exec && !again) g->seen[g->seen_at++ % ES_SEEN] = key;
     }
+    double t1 = st_time_sec();
     if (exec) {
         CK(st_gpu_graph_launch(exec, &g->s));
         __atomic_add_fetch(&g->replays, 1, __ATOMIC_RELAXED);
     } else {
         CK(enqueue(g, &key, rows_ffn));
     }
+    double t2 = st_time_sec();
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
+    int c = 0;
+    while (c < ES_CLASSES - 1 && n > es_class_max[c]) c++;
+    g->t_prep[c] += t1 - t0, g->t_launch[c] += t2 - t1, g->t_dev[c] += st_time_sec() - t2;
+    g->n_cls[c]++;
     return ST_OK;
 }

@@ -616,11 +616,23 @@ static void on_signal(uv_signal_t *h, int sig) {
     es_t *es = h->data;
     if (es->stop) return;
     unsigned long long replays = 0;
+    char split[320] = "";
 #ifdef STRATA_WITH_CUDA
-    if (es->gpu) replays = (unsigned long long)st_es_gpu_graph_replays(es->gpu);
+    if (es->gpu) {
+        replays = (unsigned long long)st_es_gpu_graph_replays(es->gpu);
+        pthread_mutex_lock(&es->mu); /* the split is the compute's: read between dispatches, never waiting */
+        int idle = !es->busy;
+        es->busy |= idle;
+        pthread_mutex_unlock(&es->mu);
+        if (idle) {
+            st_es_gpu_split(es->gpu, split, sizeof split);
+            busy_give(es);
+        }
+    }
 #endif
-    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay)", es->o.name,
-                sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays);
+    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay)%s%s", es->o.name,
+                sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays,
+                split[0] ? "; per dispatch, host tables / launches / device: " : "", split);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;
     for (shm_link_t *l = es->links; l; l = l->next)
