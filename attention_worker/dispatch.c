@@ -21,7 +21,7 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
     p->n_uniq = calloc(S, sizeof(int));
     p->src = calloc(S * M, sizeof(uint32_t));
     p->utok = calloc(S * M, sizeof(int));
-    p->mark = malloc(M * sizeof(int));
+    p->mark = malloc((size_t)(n_servers > 0 ? n_servers : 1) * sizeof(int));
     p->slot_row = malloc(M * sizeof(int));
     p->tag = malloc(M * sizeof(int));
     p->tid = malloc(M * sizeof(uint32_t));
@@ -31,7 +31,6 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
         st_dispatch_plan_cleanup(p);
         return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch plan for %d servers × %d rows", n_servers, max_rows);
     }
-    for (int i = 0; i < max_rows; i++) p->mark[i] = -1;
     return ST_OK;
 }
 
@@ -120,27 +119,20 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
         p->n_rows[s] = start + c;
         ec[e] = start; /* now the expert's next row */
     }
+    /* each pair into its expert's next row; each server's distinct tokens in ascending order (the
+     * tokens come in order: a token is new to a server when it is not the server's last one) */
+    int *last = p->mark;
+    for (int s = 0; s < S; s++) last[s] = -1, p->n_uniq[s] = 0;
     for (int t = 0; t < w->T; t++)
         for (int i = 0; i < w->cnt[t]; i++) {
             int k = t * kc + i, e = w->ids[k], s;
             if (p->slot_row[k] < 0 || (s = server_of[e]) < 0) continue;
-            size_t r = (size_t)s * p->max_rows + (size_t)ec[e]++;
+            size_t base = (size_t)s * p->max_rows, r = base + (size_t)ec[e]++;
+            if (last[s] != t) last[s] = t, p->utok[base + (size_t)p->n_uniq[s]++] = t;
             p->pair[r] = k;
             p->orow[r] = (uint32_t)p->slot_row[k];
+            p->src[r] = (uint32_t)(p->n_uniq[s] - 1);
         }
-    /* each server's distinct tokens, in order of first use */
-    for (int s = 0; s < S; s++) {
-        const int *pr = p->pair + (size_t)s * p->max_rows;
-        uint32_t *src = p->src + (size_t)s * p->max_rows;
-        int *ut = p->utok + (size_t)s * p->max_rows, u = 0;
-        for (int r = 0; r < p->n_rows[s]; r++) {
-            int t = pr[r] / kc;
-            if (p->mark[t] < 0) p->mark[t] = u, ut[u++] = t;
-            src[r] = (uint32_t)p->mark[t];
-        }
-        for (int i = 0; i < u; i++) p->mark[ut[i]] = -1;
-        p->n_uniq[s] = u;
-    }
 }
 
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
@@ -152,7 +144,8 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
     for (int r = 0; r < p->n_rows[s]; r++) wts[r] = w->wts[p->pair[base + r]];
     size_t rb = (w->zb ? sizeof *w->zb : sizeof *w->z) * (size_t)w->ew; /* a row's bytes, as the engine holds it */
     const uint8_t *z = w->zb ? (const uint8_t *)w->zb : (const uint8_t *)w->z;
-    for (int u = 0; u < p->n_uniq[s]; u++) memcpy((uint8_t *)rows + (size_t)u * rb, z + (size_t)ut[u] * rb, rb);
+    if (rows)
+        for (int u = 0; u < p->n_uniq[s]; u++) memcpy((uint8_t *)rows + (size_t)u * rb, z + (size_t)ut[u] * rb, rb);
 }
 
 void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, bool copy) {

@@ -1,6 +1,6 @@
 /* Dispatch / combine bookkeeping of one MoE work item: which (token, expert) pairs go to which
  * expert server (grouped by expert, experts ascending, tokens ascending within an expert), the
- * distinct tokens each server gets (a token routed to several of its experts travels once: wire.h
+ * distinct tokens each server gets, ascending (a token routed to several of its experts travels once: wire.h
  * ST_WIRE_FLAG_UNIQUE_ROWS), and the summation tree split between the servers: each token's experts
  * cut into the largest nodes of the tree over expert ids that one server holds entirely
  * (docs/architecture.md, "Bit-exact expert results"), each such node one output row of that server,
@@ -26,8 +26,8 @@ typedef struct {
     int *node;         /* [S][max_rows] output row → slot t*kc + i of its node's first leaf */
     int *n_uniq;       /* [S] distinct tokens for server s */
     uint32_t *src;     /* [S][max_rows] pair → its distinct token's index */
-    int *utok;         /* [S][max_rows] distinct token index → token t */
-    int *mark;         /* [max_rows] scratch (−1 between builds) */
+    int *utok;         /* [S][max_rows] distinct token index → token t, ascending */
+    int *mark;         /* [S] scratch: each server's last token */
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
     int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */
@@ -46,7 +46,7 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
 /* server s's parts of its dispatch: row sources → src [n_rows[s]], each pair's output row → orow and
  * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew], in the work's type (bf16
- * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS) */
+ * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS); rows NULL: the caller copies them */
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
                       float *wts, void *rows);
 /* Server s's reply rows [n_out[s], ew] → w->at [T*kc]: slot i of token t points at the row of the node

@@ -3,8 +3,9 @@
  * server's dispatch (sources, pairs, distinct rows: fp32 as the CPU engine hands them over, bf16 as
  * the GPU engine does) and the unpack of the replies (node rows pointed to where they lie); and,
  * apart, the CPU engine's finish of each token's tree from those rows (st_moe_finish_nodes; a GPU
- * engine finishes on the device). Shapes: `small` (2 servers), and K3's widths (d 7168 → ℓ 3584, 896
- * experts, top-16, 16 expert servers) at batch 1, 32 and 256; random top-k routing, experts placed in
+ * engine finishes on the device). Shapes: `small` (2 servers, and 1 as bench_afd_1gpu runs it) at batch
+ * 1, 32, 256 and an 8K prefill, and K3's widths (d 7168 → ℓ 3584, 896 experts, top-16, 16 expert
+ * servers) at batch 1, 32 and 256; random top-k routing, experts placed in
  * contiguous blocks. Each figure is the mean of repeats over at least 0.2 s; the yardstick is memcpy
  * of the bytes the worker moves (the bf16 rows packed) in the same run, one thread (the worker's
  * compute thread does this work alone).
@@ -21,7 +22,7 @@
 
 typedef struct {
     const char *name;
-    int n_experts, kc, ew, servers;
+    int n_experts, kc, ew, servers, max_T; /* max_T: the largest batch measured */
 } shape_t;
 
 /* mean seconds of fn over repeats adding up to at least 0.2 s */
@@ -145,15 +146,16 @@ int main(void) {
         return 1;
     }
     shape_t shapes[] = {
-        {"small", small.n_experts, small.top_k, st_config_expert_width(&small), 2},
-        {"k3", 896, 16, 3584, 16},
+        {"small", small.n_experts, small.top_k, st_config_expert_width(&small), 2, 8192},
+        {"small1", small.n_experts, small.top_k, st_config_expert_width(&small), 1, 8192}, /* bench_afd_1gpu's */
+        {"k3", 896, 16, 3584, 16, 256},
     };
     printf("per MoE layer, µs (one thread); finish: the CPU engine's (not the worker's); memcpy: the bf16 rows packed\n");
     printf("%-6s %4s %3s %6s %6s %6s %9s %9s %9s %9s %9s %9s %9s %7s\n", "shape", "T", "S", "pairs", "rows", "nodes",
            "plan", "pack32", "pack16", "unpack", "finish", "memcpy", "MiB", "×memcpy");
     for (size_t i = 0; i < ST_ARRAY_LEN(shapes); i++) {
-        static const int Ts[] = {1, 32, 256};
-        for (size_t j = 0; j < ST_ARRAY_LEN(Ts); j++)
+        static const int Ts[] = {1, 32, 256, 8192}; /* decode batches; one 8K prefill */
+        for (size_t j = 0; j < ST_ARRAY_LEN(Ts) && Ts[j] <= shapes[i].max_T; j++)
             run(&shapes[i], Ts[j]);
     }
     return 0;

@@ -1225,6 +1225,19 @@ static void release(st_engine_mb_t *fm) {
     __atomic_store_n(&mb->rel[0], mb->hand, __ATOMIC_RELEASE);
 }
 
+/* The hand-off's z rows by the copy engine (nothing is queued behind the hand-off: engine.c checks) */
+static st_status_t copy_z(st_engine_mb_t *fm, const int *first, const int *count, void *const *dst, int n) {
+    cmb_t *mb = CMB(fm);
+    size_t ew = (size_t)st_config_expert_width(&fm->e->c);
+    st_status_t s = st_gpu_init(fm->e->o.device);
+    for (int i = 0; i < n && s == ST_OK; i++)
+        if (count[i])
+            s = st_gpu_memcpy_async(mb->s, dst[i], mb->z + (size_t)first[i] * ew, (size_t)count[i] * ew * sizeof(st_bf16_t),
+                                    ST_GPU_COPY_D2H);
+    if (s == ST_OK) s = st_gpu_stream_sync(mb->s);
+    return s;
+}
+
 /* The sampling entries' parameters for the head's row chunks of LR rows: list k in head-row order,
  * row relative to its chunk; returns how many, *lp whether any wants logprobs. */
 static int sample_rows(cmb_t *mb, int LR, bool *lp) {
@@ -1538,6 +1551,7 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .launch_end = launch_end,
     .wait = handoff_wait,
     .release = release,
+    .copy_z = copy_z,
     .ready = ready,
     .head = head,
     .step = graph_step,

@@ -178,6 +178,9 @@ struct st_engine_backend {
     void (*launch_end)(st_engine_mb_t *mb);   /* after the last layer */
     void (*wait)(st_engine_mb_t *mb);         /* the hand-off landed (then the observer) */
     void (*release)(st_engine_mb_t *mb);      /* the executor wrote the hand-off's results (engine.h) */
+    /* the hand-off's z rows, runs of them, into host memory (engine.h st_engine_mb_copy_z); NULL: not
+     * a bf16 hand-off */
+    st_status_t (*copy_z)(st_engine_mb_t *mb, const int *first, const int *count, void *const *dst, int n);
     bool (*ready)(st_engine_mb_t *mb);        /* the hand-off or layers are done (a poll) */
     void (*head)(st_engine_mb_t *mb);         /* final norm, lm_head, logits / argmax to the caller */
     /* the entries' sampling (st_seq_chunk_t.sample) over the head's rows; a backend whose head works

@@ -332,6 +332,26 @@ static void host_experts(const st_ckpt_t *ck, const st_moe_work_t *w, float *zf,
         }
 }
 
+/* st_engine_mb_copy_z at a hand-off: z's rows in two runs (the second half first, into the first
+ * half of a registered buffer) equal to work->zb's; a run past the tokens is refused. */
+static void copy_z_check(st_engine_t *e, st_engine_mb_t *mb, const st_moe_work_t *w) {
+    size_t rb = (size_t)w->ew * sizeof(uint16_t);
+    uint8_t *buf = st_engine_host_alloc(e, (size_t)w->T * rb);
+    CHECK(buf != NULL, "host alloc for the copied rows");
+    if (!buf) return;
+    int h = w->T / 2, first[2] = {h, 0}, count[2] = {w->T - h, h};
+    void *dst[2] = {buf, buf + (size_t)(w->T - h) * rb};
+    CHECK(st_engine_mb_copy_z(mb, first, count, dst, 2) == ST_OK, "copy_z: %s", st_err_last());
+    CHECK(!memcmp(buf, (const uint8_t *)w->zb + (size_t)h * rb, (size_t)(w->T - h) * rb) &&
+              !memcmp(buf + (size_t)(w->T - h) * rb, w->zb, (size_t)h * rb),
+          "copy_z rows equal the hand-off's zb (layer %d, %d tokens)", w->layer, w->T);
+    int bad_first = w->T - 1, bad_count = 2;
+    void *bad_dst = buf;
+    CHECK(st_engine_mb_copy_z(mb, &bad_first, &bad_count, &bad_dst, 1) == ST_ERR_INVALID_ARG,
+          "copy_z refuses rows past the hand-off's tokens");
+    st_engine_host_free(e, buf);
+}
+
 /* The micro-batch hand-off on the GPU: experts computed on the host from work->zb (the GPU engine
  * hands z over as bf16, as it holds it), written to work->out (the remote path), against
  * st_engine_step on the same engine. */
@@ -345,6 +365,7 @@ static void handoff_run(st_engine_t *e, st_engine_mb_t *mb, const st_ckpt_t *ck,
     CHECK(st_engine_mb_begin(mb, &ch, 1, lg) == ST_OK, "mb begin: %s", st_err_last());
     st_moe_work_t w;
     for (int more = st_engine_mb_advance(mb, &w); more;) {
+        if (!early) copy_z_check(e, mb, &w);
         if (early) st_engine_mb_launch_early(mb);
         host_experts(ck, &w, zf, ws);
         if (early) st_engine_mb_release(mb);

@@ -215,6 +215,14 @@ int st_engine_mb_collect(st_engine_mb_t *mb, st_moe_work_t *work);
  * engine computes in collect: both are no-ops there. */
 void st_engine_mb_launch_early(st_engine_mb_t *mb);
 void st_engine_mb_release(st_engine_mb_t *mb);
+/* The collected hand-off's latent rows (bf16, as work->zb holds them) copied straight from the
+ * device: run i = rows [first[i], first[i] + count[i]) into dst[i], and returns once they are there.
+ * For packing large dispatches without the host copying each row: with dst in host memory the engine
+ * registered (st_engine_host_alloc / _map) the device's copy engine writes it. Only between a collect
+ * that returned work and the next launch (nothing queued behind the hand-off yet). ST_ERR_UNSUPPORTED
+ * on an engine that hands over fp32 rows (the CPU one: copy work->z); device errors as
+ * st_engine_mb_status's. */
+st_status_t st_engine_mb_copy_z(st_engine_mb_t *mb, const int *first, const int *count, void *const *dst, int n_runs);
 /* Whether st_engine_mb_launch_early queues anything on this engine: a GPU engine whose context loads
  * kernels eagerly. A lazily loaded kernel's first launch waits for all the process's device work,
  * a walk waiting for its release included, and the release would never come: call
