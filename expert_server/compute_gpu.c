@@ -5,8 +5,9 @@
  * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → the tree sums into output rows (st_cuda_moe_tree_reduce) → fp32
  * rows D2H straight into the caller's reply buffer (the server pins its slot buffers, so neither
- * side is staged through another host copy). A decode-size dispatch (per-row FFN) whose shape and
- * buffers repeat replays those copies and launches as one CUDA graph (ST_TUN_CUDA_GRAPHS). No I/O. */
+ * side is staged through another host copy). A dispatch whose shape and buffers repeat replays those
+ * copies and launches as one CUDA graph (ST_TUN_CUDA_GRAPHS): per-row FFNs, and grouped ones whose
+ * launches the key fixes (st_cuda_moe_ffn_table_fixed). No I/O. */
 #include "compute.h"
 #include <limits.h>
 #include <stdlib.h>
@@ -17,11 +18,11 @@
 #include "strata/kernels_cuda.h"
 
 /* What a dispatch's queued copies and launches depend on besides the pinned tables' contents: a
- * graph captured for one key replays for any dispatch with that key (per-row FFN only: the grouped
- * path plans its launches from the offsets' values). */
+ * graph captured for one key replays for any dispatch with that key. */
 typedef struct {
     uint32_t n, n_exp, n_in, n_out;
-    bool bf16, span;                /* bf16 rows; the wire span copied as one */
+    uint32_t tiles;                 /* grouped FFN: ⌈largest expert's rows / 128⌉ (its tile map); per row: 0 */
+    bool bf16, span, rows_ffn;      /* bf16 rows; the wire span copied as one; the per-row FFN */
     const void *src, *rows, *out;   /* the host memory the copies read and write */
 } gkey_t;
 #define ES_GRAPHS 16 /* a server's decode shapes × its request slots */
@@ -311,7 +312,7 @@ static void *graph_capture(st_es_gpu_t *g, const gkey_t *k) {
     void *exec = NULL;
     st_status_t s = st_gpu_capture_begin(&g->s);
     if (s == ST_OK) {
-        st_status_t q = enqueue(g, k, true);
+        st_status_t q = enqueue(g, k, k->rows_ffn);
         s = st_gpu_capture_end(&g->s, &exec);
         if (s == ST_OK) s = q;
     }
@@ -383,8 +384,13 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
     bool rows_ffn = st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi);
+    uint32_t maxc = 0;
+    for (uint32_t k = 0; k < n_exp; k++) maxc = ST_MAX(maxc, offsets[k + 1] - offsets[k]);
+    key.rows_ffn = rows_ffn, key.tiles = rows_ffn ? 0 : (maxc + 127) / 128;
+    bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
+    double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */
     void *exec = NULL;
-    if (rows_ffn && g->graphs) {
+    if (fixed && g->graphs) {
         exec = graph_find(g, &key);
         bool again = false; /* seen recently (steady decode), its host buffers pinned (graph copies need that) */
         for (int i = 0; i < ES_SEEN && !exec && !again; i++) again = !memcmp(&g->seen[i], &key, sizeof key);
@@ -392,7 +398,6 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
             exec = graph_capture(g, &key);
         if (!exec && !again) g->seen[g->seen_at++ % ES_SEEN] = key;
     }
-    double t1 = st_time_sec();
     if (exec) {
         CK(st_gpu_graph_launch(exec, &g->s));
         __atomic_add_fetch(&g->replays, 1, __ATOMIC_RELAXED);

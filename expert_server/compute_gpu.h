@@ -38,16 +38,17 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
  * come back as ST_ERR_DEVICE with the CUDA text in st_err_last(). */
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
                           uint32_t slots, float *out);
-/* Decode-size dispatches (per-row FFN) replay their copies and launches as a CUDA graph once their
- * shape and host buffers (the key: pairs, experts, rows, output rows, row type, the request's and the
- * reply's addresses) repeat, buffers pinned, and ST_TUN_CUDA_GRAPHS on. The graphs name those host
+/* Dispatches replay their copies and launches as a CUDA graph once their shape and host buffers (the
+ * key: pairs, experts, rows, output rows, row type, the FFN's path and, grouped, its tile count per
+ * expert; the request's and the reply's addresses) repeat, buffers pinned, ST_TUN_CUDA_GRAPHS on, and
+ * the grouped FFN's launches fixed by that key (st_cuda_moe_ffn_table_fixed). The graphs name those host
  * addresses: st_es_gpu_forget drops them all before such memory is unmapped or unpinned (a
  * same-host channel closing). Not concurrently with st_es_gpu_run. */
 void st_es_gpu_forget(st_es_gpu_t *g);
 /* Dispatches served by a graph replay so far (tests, the server's log; any thread). */
 uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g);
 /* Where the dispatches' time went so far, per size class of pairs: the host tables (leaf table,
- * offsets, checks), queueing the copies and launches (or a graph), and the wait for the device (its
+ * offsets, checks), queueing the copies and launches (or finding, capturing and launching a graph), and the wait for the device (its
  * copies and kernels), as means in µs, into buf (empty when none ran). Not concurrently with
  * st_es_gpu_run (the server's stop line). */
 void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap);

@@ -1137,6 +1137,18 @@ extern "C" size_t st_cuda_moe_ffn_table_ws_bytes(int N, int w) {
     return FH_ALIGN(st_cuda_moe_ffn_ws_bytes(N, w)) + FH_ALIGN((size_t)N * 2 * w * 2) + FH_PTR_BYTES + FH_TM_BYTES;
 }
 
+/* the rows from which st_cuda_moe_ffn_table sends an expert to cuBLAS (INT_MAX: none) */
+static int ffn_table_big(int min_rows_cublas, int l, int w) {
+    /* the default rule on the wgmma kernels: no expert via cuBLAS (NOTE: the grouped kernel is at least
+     * as fast as cuBLAS there, without its ~7 µs per call) */
+    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_usable() && FW_TABLE) return 0x7fffffff;
+    return min_rows_cublas > 0 ? min_rows_cublas : ffn_cublas_min_rows(l, w);
+}
+
+extern "C" bool st_cuda_moe_ffn_table_fixed(int max_rows, int min_rows_cublas, int l, int w) {
+    return l > 0 && w > 0 && min_rows_cublas >= 0 && max_rows < ffn_table_big(min_rows_cublas, l, w);
+}
+
 extern "C" st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
                                              const int *offsets_host, int E, int min_rows_cublas,
                                              const st_bf16_t *const *tab, int l, int w, bool situ, float b1, float b2,
@@ -1145,10 +1157,7 @@ extern "C" st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y,
         min_rows_cublas < 0)
         return ST_FAIL(ST_ERR_INVALID_ARG, "moe_ffn_table: tab=%p E=%d l=%d w=%d min_rows=%d offsets_host[0]=%d",
                        (const void *)tab, E, l, w, min_rows_cublas, offsets_host ? offsets_host[0] : -1);
-    int N = offsets_host[E], big = min_rows_cublas > 0 ? min_rows_cublas : ffn_cublas_min_rows(l, w);
-    /* the default rule on the wgmma kernels: no expert via cuBLAS (NOTE: the grouped kernel is at least
-     * as fast as cuBLAS there, without its ~7 µs per call) */
-    if (!min_rows_cublas && FW_HOSTED_GROUPED && fw_usable() && FW_TABLE) big = 0x7fffffff;
+    int N = offsets_host[E], big = ffn_table_big(min_rows_cublas, l, w);
     int max_small = 0, nb = 0, max_big = 0;
     for (int e = 0; e < E; e++) {
         int c = offsets_host[e + 1] - offsets_host[e];

@@ -255,29 +255,48 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         free(fill), free(eng);
 }
 
-/* Decode-size dispatches replayed as CUDA graphs (compute_gpu.c): a wire-layout dispatch in pinned
- * memory (one token on 4 experts, then 2 tokens sharing 3), fp32 and bf16 rows, served 6 times;
- * from the second sighting on a graph serves it (st_es_gpu_graph_replays), and every result equals
- * bit for bit the same dispatch from pageable memory (never graphed); the same shape on another
- * layer, and new row values in place, replay with the new tables and rows; st_es_gpu_forget drops
- * the graphs (no replay on the next sighting, one again after). */
+/* A graph case's pairs: expert k of n_exp takes the n_in tokens ascending, less those skip() names
+ * (grouped shapes: alt moves pairs between experts, the totals unchanged); each token its own output
+ * row. Returns the pairs. */
+static bool gc_skip(int shape, bool alt, uint32_t k, uint32_t t) {
+    if (shape < 4) return false;
+    if (!alt) return t == k;                     /* 4 × 20 of 21 tokens */
+    return (k == 1 && (t == 1 || t == 2)) || (k >= 2 && t == k); /* 21, 19, 20, 20 */
+}
+static uint32_t gc_fill(int shape, bool alt, uint32_t n_exp, uint32_t n_in, uint32_t *off, uint32_t *src, uint32_t *orow,
+                        float *wts) {
+    uint32_t n = 0;
+    off[0] = 0;
+    for (uint32_t k = 0; k < n_exp; k++) {
+        for (uint32_t t = 0; t < n_in; t++)
+            if (!gc_skip(shape, alt, k, t)) src[n] = t, orow[n] = t, wts[n] = 0.125f + 0.25f * (float)(n % 3), n++;
+        off[k + 1] = n;
+    }
+    return n;
+}
+
+/* Dispatches replayed as CUDA graphs (compute_gpu.c): a wire-layout dispatch in pinned memory (one
+ * token on 4 experts, 2 tokens sharing 3: the per-row FFN; 21 tokens over 4 experts: the grouped
+ * one), fp32 and bf16 rows, served 10 times; from the second sighting on a graph serves it
+ * (st_es_gpu_graph_replays), and every result equals bit for bit the same dispatch from pageable
+ * memory (never graphed); the same shape on another layer, new row values in place and (grouped)
+ * other counts per expert with the same totals replay with the new tables and rows; st_es_gpu_forget
+ * drops the graphs (no replay on the next sighting, one again after). */
 static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_rng_t *r) {
     const st_config_t *c = st_ckpt_config(ck);
     const int ew = st_config_expert_width(c), l0 = c->first_k_dense, l1 = c->n_layers - 1;
-    for (int shape = 0; shape < 4; shape++) {
-        bool bf = shape >= 2;
-        /* shape 0/2: token 0 on experts 1 3 6 9 (one output row); 1/3: tokens 0, 1 on 2 5 11 */
+    for (int shape = 0; shape < 6; shape++) {
+        bool bf = shape % 2 == 1, grouped = shape >= 4;
+        /* shape 0/1: token 0 on experts 1 3 6 9 (one output row); 2/3: tokens 0, 1 on 2 5 11; 4/5: 21
+         * tokens on 1 3 6 9 */
         uint32_t ids0[] = {1, 3, 6, 9}, ids1[] = {2, 5, 11};
-        uint32_t n_exp = shape % 2 ? 3 : 4, *ids = shape % 2 ? ids1 : ids0, n_in = shape % 2 ? 2 : 1;
-        uint32_t off[5], src[8], orow[8], n = 0;
-        float wts[8];
-        off[0] = 0;
-        for (uint32_t k = 0; k < n_exp; k++) {
-            for (uint32_t t = 0; t < n_in; t++) src[n] = t, orow[n] = t, wts[n] = 0.125f + 0.25f * (float)(n % 3), n++;
-            off[k + 1] = n;
-        }
-        CHECK(st_cuda_moe_ffn_slots_pick((int)n, c->n_experts, ew, c->moe_inter), "%s: %u slots pick the per-row FFN",
-              tag, n);
+        uint32_t n_exp = shape / 2 == 1 ? 3 : 4, *ids = shape / 2 == 1 ? ids1 : ids0;
+        uint32_t n_in = grouped ? 21 : shape / 2 == 1 ? 2 : 1;
+        uint32_t off[5], src[96], orow[96];
+        float wts[96];
+        uint32_t n = gc_fill(shape, false, n_exp, n_in, off, src, orow, wts);
+        CHECK(st_cuda_moe_ffn_slots_pick((int)n, c->n_experts, ew, c->moe_inter) == !grouped,
+              "%s: %u slots pick the %s FFN", tag, n, grouped ? "grouped" : "per-row");
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = n, .expert_count = n_exp,
                                .row_width = (uint32_t)ew, .unique = n_in, .slots = n, .bf16_rows = bf};
         info.payload_bytes = st_wire_dispatch_bytes(n, n_exp, (uint32_t)ew, n_in, bf);
@@ -294,6 +313,12 @@ static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_
         int runs = 0, same = 0;
         for (int round = 0; round < 10; round++) {
             int layer = round >= 6 && round < 8 ? l1 : l0;
+            if (grouped && (round == 4 || round == 6)) { /* other counts per expert, the same key */
+                gc_fill(shape, round == 4, n_exp, n_in, off, src, orow, wts);
+                GT_OK(st_wire_dispatch_encode(pin, &info, ids, off, &v));
+                memcpy((uint32_t *)v.src, src, 4 * n), memcpy((uint32_t *)v.orow, orow, 4 * n);
+                memcpy((float *)v.wts, wts, 4 * n);
+            }
             if (round == 0 || round == 4) /* new row values in place */
                 for (size_t i = 0; i < (size_t)n_in * ew; i++) {
                     float x = st_rng_normal(r);

@@ -152,6 +152,10 @@ bool st_cuda_moe_ffn_slots_pick(int slots, int E, int l, int w);
  * there). No host sync, no allocation: the pointer arrays cuBLAS reads are written into ws by a kernel.
  * ws: st_cuda_moe_ffn_table_ws_bytes(N, w), N = offsets_host[E], 256-byte aligned. */
 size_t st_cuda_moe_ffn_table_ws_bytes(int N, int w);
+/* Whether st_cuda_moe_ffn_table's queued work for experts of at most max_rows rows each depends on
+ * nothing but E, N, ⌈max_rows / 128⌉ and the pointers (no expert through cuBLAS, whose calls follow
+ * each expert's rows): a CUDA graph captured from one such call replays for another with those. */
+bool st_cuda_moe_ffn_table_fixed(int max_rows, int min_rows_cublas, int l, int w);
 st_status_t st_cuda_moe_ffn_table(const st_gpu_stream_t *s, float *y, const st_bf16_t *x, const int *offsets,
                                   const int *offsets_host, int E, int min_rows_cublas, const st_bf16_t *const *tab,
                                   int l, int w, bool situ, float b1, float b2, void *ws, size_t ws_bytes);
