@@ -48,9 +48,9 @@ void st_es_gpu_forget(st_es_gpu_t *g);
 /* Dispatches served by a graph replay so far (tests, the server's log; any thread). */
 uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g);
 /* Where the dispatches' time went so far, per size class of pairs: the host tables (leaf table,
- * offsets, checks), queueing the copies and launches (or finding, capturing and launching a graph), and the wait for the device (its
- * copies and kernels), as means in µs, into buf (empty when none ran). Not concurrently with
- * st_es_gpu_run (the server's stop line). */
+ * offsets, checks), queueing the copies and launches (or finding, capturing and launching a graph),
+ * and the wait for the device (its copies and kernels), as means in µs, into buf (empty when none
+ * ran). Not concurrently with st_es_gpu_run (the server's stop line). */
 void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);
