@@ -121,17 +121,21 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
     }
     /* each pair into its expert's next row; each server's distinct tokens in ascending order (the
      * tokens come in order: a token is new to a server when it is not the server's last one) */
-    int *last = p->mark;
-    for (int s = 0; s < S; s++) last[s] = -1, p->n_uniq[s] = 0;
+    int *last = p->mark, *nu = p->n_uniq;
+    for (int s = 0; s < S; s++) last[s] = -1, nu[s] = 0;
+    /* NOTE: the tables in locals: stores through them cannot alias p, so it is not reloaded each pair */
+    int *restrict pair = p->pair, *restrict utok = p->utok;
+    uint32_t *restrict orow = p->orow, *restrict src = p->src;
+    const int *slot_row = p->slot_row, *ids = w->ids;
     for (int t = 0; t < w->T; t++)
         for (int i = 0; i < w->cnt[t]; i++) {
-            int k = t * kc + i, e = w->ids[k], s;
-            if (p->slot_row[k] < 0 || (s = server_of[e]) < 0) continue;
+            int k = t * kc + i, e = ids[k], s;
+            if (slot_row[k] < 0 || (s = server_of[e]) < 0) continue;
             size_t base = (size_t)s * p->max_rows, r = base + (size_t)ec[e]++;
-            if (last[s] != t) last[s] = t, p->utok[base + (size_t)p->n_uniq[s]++] = t;
-            p->pair[r] = k;
-            p->orow[r] = (uint32_t)p->slot_row[k];
-            p->src[r] = (uint32_t)(p->n_uniq[s] - 1);
+            if (last[s] != t) last[s] = t, utok[base + (size_t)nu[s]++] = t;
+            pair[r] = k;
+            orow[r] = (uint32_t)slot_row[k];
+            src[r] = (uint32_t)(nu[s] - 1);
         }
 }
 
