@@ -229,7 +229,7 @@ struct aw {
     uint64_t dispatch_bytes, reply_bytes, messages;
     double stage[ST_PROTO_STAGES]; /* seconds this step, per stage */
     double t_step;                 /* when this step's micro-batches began */
-    /* a large pack's rows by the engine's copy engine (pack_rows): runs of consecutive tokens */
+    /* a large pack's rows by the engine's copy engine (zrun_plan): runs of consecutive tokens */
     int zrun_first[ZRUN_MAX], zrun_count[ZRUN_MAX], zrun_n;
     void *zrun_dst[ZRUN_MAX];
     double t_plan[MAX_MB];         /* when each micro-batch's last plan was sent: its replies' deadline
@@ -625,7 +625,8 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                 p->offsets + (size_t)s * (p->n_experts + 1), &v);
         bool dma = mapped && w->zb && zrun_plan(aw, p, s, w, (uint8_t *)v.rows);
         st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, dma ? NULL : (void *)v.rows);
-        if (dma && st_engine_mb_copy_z(aw->mbs[mb], aw->zrun_first, aw->zrun_count, aw->zrun_dst, aw->zrun_n) != ST_OK) {
+        if (dma &&
+            st_engine_mb_copy_z(aw->mbs[mb], aw->zrun_first, aw->zrun_count, aw->zrun_dst, aw->zrun_n) != ST_OK) {
             st_log_every(ST_LOG_WARN, 10.0, "worker %s: rows by the copy engine: %s (packed on the host)", aw->o.name,
                          st_err_last());
             st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
@@ -890,10 +891,10 @@ static int mb_collect(aw_t *aw, int mb, st_moe_work_t *w, char (*why)[256], int 
     if (more) {
         remote_dispatch(aw, mb, &w[mb], why[mb], sizeof why[mb]);
         /* NOTE: the next layers are launched at mb_resume, after the replies, not queued here behind
-         * a device wait for the release (st_engine_mb_launch_early). With an expert server on the same
-         * GPU (MPS) that wait holds an SM while the server's fused FFN, a cooperative grid of one
-         * block per SM whose down tiles wait on other blocks' GLU tiles, needs every SM: the server
-         * stalls until the wait's watchdog (measured 2026-12-03, docs/perf.md). */
+         * a device wait for the release (st_engine_mb_launch_early): on the H200 that was no faster at
+         * batch 1 and 32, and at batch 256 a step hit the release timeout (inferred: the other
+         * micro-batch's first launch of a lazily loaded kernel waited for this release on the thread
+         * that gives it; docs/perf.md) */
         live[mb] = MB_AT_EXPERTS;
         return 0;
     }

@@ -418,7 +418,8 @@ char *st_coord_metrics_text(coord_t *co, size_t *len) {
         }
     bprintf(&b, "# HELP strata_step_stage_seconds_total Worker step time by stage.\n# TYPE strata_step_stage_seconds_total counter\n");
     for (int k = 0; k < ST_PROTO_STAGES; k++)
-        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", st_proto_stage_names[k], prom_num(nb, co->stage_s[k]));
+        bprintf(&b, "strata_step_stage_seconds_total{stage=\"%s\"} %s\n", st_proto_stage_names[k],
+                prom_num(nb, co->stage_s[k]));
     bprintf(&b, "# HELP strata_reply_bytes_total Bytes expert servers sent back.\n# TYPE strata_reply_bytes_total counter\n"
                 "strata_reply_bytes_total %llu\n", (unsigned long long)co->reply_bytes);
     expert_load_metrics(co, &b);

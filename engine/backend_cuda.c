@@ -1232,8 +1232,8 @@ static st_status_t copy_z(st_engine_mb_t *fm, const int *first, const int *count
     st_status_t s = st_gpu_init(fm->e->o.device);
     for (int i = 0; i < n && s == ST_OK; i++)
         if (count[i])
-            s = st_gpu_memcpy_async(mb->s, dst[i], mb->z + (size_t)first[i] * ew, (size_t)count[i] * ew * sizeof(st_bf16_t),
-                                    ST_GPU_COPY_D2H);
+            s = st_gpu_memcpy_async(mb->s, dst[i], mb->z + (size_t)first[i] * ew,
+                                    (size_t)count[i] * ew * sizeof(st_bf16_t), ST_GPU_COPY_D2H);
     if (s == ST_OK) s = st_gpu_stream_sync(mb->s);
     return s;
 }

@@ -496,8 +496,8 @@ st_status_t st_engine_mb_copy_z(st_engine_mb_t *mb, const int *first, const int 
     if (!mb->held || mb->pend) return ST_FAIL(ST_ERR_INVALID_ARG, "engine: no collected hand-off to copy rows from");
     for (int i = 0; i < n_runs; i++)
         if (first[i] < 0 || count[i] < 0 || first[i] > mb->T - count[i])
-            return ST_FAIL(ST_ERR_INVALID_ARG, "engine: rows %d..%d of a %d-token hand-off", first[i], first[i] + count[i],
-                           mb->T);
+            return ST_FAIL(ST_ERR_INVALID_ARG, "engine: rows %d..%d of a %d-token hand-off", first[i],
+                           first[i] + count[i], mb->T);
     return mb->e->be->copy_z(mb, first, count, dst, n_runs);
 }
 

@@ -630,8 +630,8 @@ static void on_signal(uv_signal_t *h, int sig) {
         }
     }
 #endif
-    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay)%s%s", es->o.name,
-                sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays,
+    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay)%s%s",
+                es->o.name, sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays,
                 split[0] ? "; per dispatch, host tables / launches / device: " : "", split);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;

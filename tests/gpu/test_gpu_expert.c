@@ -260,11 +260,11 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
  * row. Returns the pairs. */
 static bool gc_skip(int shape, bool alt, uint32_t k, uint32_t t) {
     if (shape < 4) return false;
-    if (!alt) return t == k;                     /* 4 × 20 of 21 tokens */
+    if (!alt) return t == k;                                     /* 4 × 20 of 21 tokens */
     return (k == 1 && (t == 1 || t == 2)) || (k >= 2 && t == k); /* 21, 19, 20, 20 */
 }
-static uint32_t gc_fill(int shape, bool alt, uint32_t n_exp, uint32_t n_in, uint32_t *off, uint32_t *src, uint32_t *orow,
-                        float *wts) {
+static uint32_t gc_fill(int shape, bool alt, uint32_t n_exp, uint32_t n_in, uint32_t *off, uint32_t *src,
+                        uint32_t *orow, float *wts) {
     uint32_t n = 0;
     off[0] = 0;
     for (uint32_t k = 0; k < n_exp; k++) {
