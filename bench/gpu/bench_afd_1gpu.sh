@@ -7,7 +7,8 @@
 # Prints RESULT afd_1gpu_step_ratio_b1 / _b32 / _b256 / _prefill8k (two processes / one process) and
 # where the worker's step goes (/status step_ms): per MoE layer (small: 11 of its 12 layers) plan, send
 # (pack + post), wait (all of it; of which server compute and transfer) and unpack in µs; per step its
-# own layers (the host's wait for the device), the launches and the rest, in ms.
+# own layers (the host's wait for the device), the launches and the rest, in ms. When a worker's wait
+# times out it writes the roles' thread stacks to OUTDIR/stacks*.txt (cuda-gdb, where installed).
 # usage (device machine, slim build carried as in scripts/gpu-run.sh): bench/gpu/bench_afd_1gpu.sh BUILD OUTDIR
 # Env: MB=n (--micro-batches), GEN (decode tokens per request, default 64), MPS=1 (both processes
 # under the CUDA MPS daemon: one GPU context, no time-slicing between them), E2E_LOG=FILE (reuse the
@@ -33,6 +34,20 @@ timeout 200 $B/strata up --preset small --experts 1 --workers 1 --attn-device cu
     --max-seqs 256 --max-batch-tokens 8192 --max-ctx 8448 ${MB:+--micro-batches $MB} > "$OUT/up$TAG.log" 2>&1 || { echo "strata up failed"; cat "$OUT/up$TAG.log"; exit 1; }
 rm -f "$OUT/up$TAG.log"
 http=$(sed -n 's/^http=//p' $STRATA_STATE/cluster.env)
+# a stall (a worker's wait timed out): the roles' thread stacks while it lasts, into stacks$TAG.txt
+stall_watch() {
+  command -v cuda-gdb > /dev/null || return 0
+  while sleep 0.5; do
+    grep -qE "did not (signal|answer)|not released" $STRATA_STATE/attn-*.log 2>/dev/null || continue
+    for p in $(pgrep -f "$B/strata-(expert|attn)"); do
+      echo "== pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-160)"
+      timeout 60 cuda-gdb -batch -p "$p" -ex 'set pagination off' -ex 'thread apply all bt 25' 2>&1 | grep -v '^\[New Thread'
+    done > "$OUT/stacks$TAG.txt" 2>&1
+    return 0
+  done
+}
+stall_watch & watcher=$!
+trap 'kill $watcher 2> /dev/null; mps_stop' EXIT
 snap() { python3 - "$http" <<'PY'
 import json, sys, urllib.request
 s = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/status"))["step_ms"]
