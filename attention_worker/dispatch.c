@@ -21,13 +21,13 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
     p->n_uniq = calloc(S, sizeof(int));
     p->src = calloc(S * M, sizeof(uint32_t));
     p->utok = calloc(S * M, sizeof(int));
-    p->mark = malloc((size_t)(n_servers > 0 ? n_servers : 1) * sizeof(int));
+    p->last = malloc((size_t)(n_servers > 0 ? n_servers : 1) * sizeof(int));
     p->slot_row = malloc(M * sizeof(int));
     p->tag = malloc(M * sizeof(int));
     p->tid = malloc(M * sizeof(uint32_t));
     p->ecur = malloc((size_t)(n_experts > 0 ? n_experts : 1) * sizeof(int));
     if (!p->ecur || !p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out || !p->node ||
-        !p->n_uniq || !p->src || !p->utok || !p->mark || !p->slot_row || !p->tag || !p->tid) {
+        !p->n_uniq || !p->src || !p->utok || !p->last || !p->slot_row || !p->tag || !p->tid) {
         st_dispatch_plan_cleanup(p);
         return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch plan for %d servers × %d rows", n_servers, max_rows);
     }
@@ -46,7 +46,7 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
     free(p->n_uniq);
     free(p->src);
     free(p->utok);
-    free(p->mark);
+    free(p->last);
     free(p->slot_row);
     free(p->tag);
     free(p->tid);
@@ -121,7 +121,7 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
     }
     /* each pair into its expert's next row; each server's distinct tokens in ascending order (the
      * tokens come in order: a token is new to a server when it is not the server's last one) */
-    int *last = p->mark, *nu = p->n_uniq;
+    int *last = p->last, *nu = p->n_uniq;
     for (int s = 0; s < S; s++) last[s] = -1, nu[s] = 0;
     /* NOTE: the tables in locals: stores through them cannot alias p, so it is not reloaded each pair */
     int *restrict pair = p->pair, *restrict utok = p->utok;

@@ -27,7 +27,7 @@ typedef struct {
     int *n_uniq;       /* [S] distinct tokens for server s */
     uint32_t *src;     /* [S][max_rows] pair → its distinct token's index */
     int *utok;         /* [S][max_rows] distinct token index → token t, ascending */
-    int *mark;         /* [S] scratch: each server's last token */
+    int *last;         /* [S] scratch: each server's last token */
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
     int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */

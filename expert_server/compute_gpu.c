@@ -345,10 +345,12 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     if (!src && n_in != offsets[n_exp])
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch carries %u rows for %u grouped rows (no sources: equal)", n_in,
                        offsets[n_exp]);
+    uint32_t maxc = 0; /* the largest expert's rows */
     for (uint32_t k = 0; k < n_exp; k++) {
         if (expert_ids[k] >= (uint32_t)g->n_experts || !g->w[(size_t)layer * g->n_experts + expert_ids[k]])
             return ST_FAIL(ST_ERR_INVALID_ARG, "expert %u of layer %d is not held here", expert_ids[k], layer);
         if (offsets[k + 1] < offsets[k]) return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch offsets decrease at %u", k);
+        maxc = ST_MAX(maxc, offsets[k + 1] - offsets[k]);
     }
     /* the leaf table on the host (pinned), packed for one copy up: loff [n_out + 1] | lrow | lid | lp [n] */
     double t0 = st_time_sec();
@@ -384,8 +386,6 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
     bool rows_ffn = st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi);
-    uint32_t maxc = 0;
-    for (uint32_t k = 0; k < n_exp; k++) maxc = ST_MAX(maxc, offsets[k + 1] - offsets[k]);
     key.rows_ffn = rows_ffn, key.tiles = rows_ffn ? 0 : (maxc + 127) / 128;
     bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
     double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */

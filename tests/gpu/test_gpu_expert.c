@@ -255,10 +255,10 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
         free(fill), free(eng);
 }
 
-/* A graph case's pairs: expert k of n_exp takes the n_in tokens ascending, less those skip() names
- * (grouped shapes: alt moves pairs between experts, the totals unchanged); each token its own output
- * row. Returns the pairs. */
-static bool gc_skip(int shape, bool alt, uint32_t k, uint32_t t) {
+/* A graph case's pairs: expert k of n_exp takes the n_in tokens ascending, less those gc_absent()
+ * names (grouped shapes: alt moves pairs between experts, the totals unchanged); each token its own
+ * output row. Returns the pairs. */
+static bool gc_absent(int shape, bool alt, uint32_t k, uint32_t t) {
     if (shape < 4) return false;
     if (!alt) return t == k;                                     /* 4 × 20 of 21 tokens */
     return (k == 1 && (t == 1 || t == 2)) || (k >= 2 && t == k); /* 21, 19, 20, 20 */
@@ -269,7 +269,7 @@ static uint32_t gc_fill(int shape, bool alt, uint32_t n_exp, uint32_t n_in, uint
     off[0] = 0;
     for (uint32_t k = 0; k < n_exp; k++) {
         for (uint32_t t = 0; t < n_in; t++)
-            if (!gc_skip(shape, alt, k, t)) src[n] = t, orow[n] = t, wts[n] = 0.125f + 0.25f * (float)(n % 3), n++;
+            if (!gc_absent(shape, alt, k, t)) src[n] = t, orow[n] = t, wts[n] = 0.125f + 0.25f * (float)(n % 3), n++;
         off[k + 1] = n;
     }
     return n;
