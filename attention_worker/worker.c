@@ -1001,7 +1001,7 @@ static void post_report(aw_t *aw, int nmb) {
      * micro-batches each span the step. */
     double other = st_time_sec() - aw->t_step;
     for (int k = 0; k < ST_PROTO_STAGE_OTHER; k++)
-        if (k != ST_PROTO_STAGE_EXPERT && k != ST_PROTO_STAGE_NETWORK) other -= st[k];
+        if (st_proto_stage_in_step(k)) other -= st[k];
     st[ST_PROTO_STAGE_OTHER] = other > 0 ? other : 0;
     r.summaries = sums;
     r.summary_lens = lens;

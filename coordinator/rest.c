@@ -242,7 +242,7 @@ char *st_coord_status_json(coord_t *co) {
     double step = 0;
     for (int k = 0; k < ST_PROTO_STAGES; k++) {
         json_object_set_new(split, st_proto_stage_names[k], jnum(1e3 * co->stage_s[k] / n));
-        if (k != ST_PROTO_STAGE_EXPERT && k != ST_PROTO_STAGE_NETWORK) step += co->stage_s[k]; /* parts of wait */
+        if (st_proto_stage_in_step(k)) step += co->stage_s[k];
     }
     json_object_set_new(split, "step", jnum(1e3 * step / n));
     json_object_set_new(split, "coordinator_merge", jnum(co->merges ? 1e3 * co->merge_s / (double)co->merges : 0));

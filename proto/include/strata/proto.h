@@ -140,6 +140,8 @@ enum { ST_PROTO_STAGE_ATTENTION = 0, ST_PROTO_STAGE_DISPATCH, ST_PROTO_STAGE_WAI
        ST_PROTO_STAGE_PLAN, ST_PROTO_STAGE_UNPACK, ST_PROTO_STAGE_OTHER, ST_PROTO_STAGES };
 /* their names in /status and /metrics */
 extern const char *const st_proto_stage_names[ST_PROTO_STAGES];
+/* whether stage k adds to the step (expert and network are parts of wait) */
+static inline int st_proto_stage_in_step(int k) { return k != ST_PROTO_STAGE_EXPERT && k != ST_PROTO_STAGE_NETWORK; }
 
 /* One worker's step (see strata.proto ScoreSummary): score summaries in common/quantile's byte
  * format (one per micro-batch), and per-expert loads of whole layers from load_first_layer on:
