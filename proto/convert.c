@@ -14,6 +14,10 @@ const char *const st_proto_stage_names[ST_PROTO_STAGES] = {"attention", "dispatc
 
 /* ---- helpers ---- */
 
+/* A singular proto3 float or double equal to zero is not encoded, so −0 travels as +0: decoded, such a
+ * field is the value a round trip keeps (found by fuzz_proto: a temperature of −0). */
+static double zero_canon(double v) { return v == 0 ? 0 : v; }
+
 static st_status_t pack_msg(const ProtobufCMessage *m, const char *what, uint8_t **out, size_t *len) {
     size_t n = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
@@ -698,15 +702,15 @@ st_status_t st_proto_generate_req_decode(const uint8_t *buf, size_t len, st_prot
     if (!pb) return ST_ERR_PROTOCOL;
     st_proto_generate_req_t r = {0};
     r.max_tokens = pb->max_tokens;
-    r.temperature = pb->temperature;
-    r.top_p = pb->top_p;
+    r.temperature = (float)zero_canon(pb->temperature);
+    r.top_p = (float)zero_canon(pb->top_p);
     r.top_k = pb->top_k;
     r.seed = pb->seed;
     r.has_seed = pb->has_seed != 0;
     r.dump_logits = pb->dump_logits != 0;
     r.ignore_eos = pb->ignore_eos != 0;
-    r.presence_penalty = pb->presence_penalty;
-    r.frequency_penalty = pb->frequency_penalty;
+    r.presence_penalty = (float)zero_canon(pb->presence_penalty);
+    r.frequency_penalty = (float)zero_canon(pb->frequency_penalty);
     if (pb->n_logit_bias_ids != pb->n_logit_bias_values) {
         size_t ni = pb->n_logit_bias_ids, nv = pb->n_logit_bias_values; /* NOTE: read before pb is freed */
         protobuf_c_message_free_unpacked(&pb->base, NULL);
@@ -798,7 +802,7 @@ st_status_t st_proto_generate_chunk_decode(const uint8_t *buf, size_t len, st_pr
         return st;
     }
     r.has_logprob = pb->has_logprob != 0;
-    r.logprob = pb->has_logprob ? pb->logprob : 0.0f; /* NOTE: what encode writes back for a value without the flag */
+    r.logprob = pb->has_logprob ? (float)zero_canon(pb->logprob) : 0.0f; /* NOTE: what encode writes back for a value without the flag */
     r.n_top = pb->n_top_ids;
     if (r.n_top) {
         memcpy(r.top_ids, pb->top_ids, r.n_top * sizeof(uint32_t));
@@ -855,7 +859,7 @@ st_status_t st_proto_status_reply_decode(const uint8_t *buf, size_t len, st_prot
     if (!pb) return ST_ERR_PROTOCOL;
     st_proto_status_reply_t r = {0};
     st_status_t st = ST_OK;
-    r.uptime_s = pb->uptime_s;
+    r.uptime_s = zero_canon(pb->uptime_s);
     r.placement_version = pb->placement_version;
     r.threshold_version = pb->threshold_version;
     r.step = pb->step;
