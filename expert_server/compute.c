@@ -56,24 +56,11 @@ st_status_t st_es_compute_bind(st_es_compute_t *x, int layer, int e) {
 
 st_status_t st_es_leaf_table(const st_wire_dispatch_t *d, uint32_t n_exp, uint32_t *loff, uint32_t *lrow, uint32_t *lid,
                              float *lp) {
-    uint32_t n = d->offsets[n_exp];
-    memset(loff, 0, sizeof(uint32_t) * ((size_t)d->n_out + 1));
-    for (uint32_t r = 0; r < n; r++) loff[d->orow[r] + 1]++;
-    for (uint32_t o = 0; o < d->n_out; o++) loff[o + 1] += loff[o];
-    /* pairs in grouped order (experts ascending), so each row's leaves come out ascending; the
-     * cursor of row o is loff[o], shifted back afterwards */
-    for (uint32_t k = 0; k < n_exp; k++)
-        for (uint32_t r = d->offsets[k]; r < d->offsets[k + 1]; r++) {
-            uint32_t at = loff[d->orow[r]]++;
-            lrow[at] = r, lid[at] = d->expert_ids[k], lp[at] = d->wts[r];
-        }
-    for (uint32_t o = d->n_out; o > 0; o--) loff[o] = loff[o - 1];
-    loff[0] = 0;
-    for (uint32_t o = 0; o < d->n_out; o++)
-        for (uint32_t k = loff[o] + 1; k < loff[o + 1]; k++)
-            if (lid[k] == lid[k - 1])
-                return ST_FAIL(ST_ERR_INVALID_ARG, "output row %u names expert %u twice", o, lid[k]);
-    return ST_OK;
+    int o = st_moe_leaf_table(loff, lrow, lid, lp, d->orow, d->wts, d->offsets, d->expert_ids, (int)n_exp, (int)d->n_out);
+    if (o < 0) return ST_OK;
+    uint32_t k = loff[o] + 1;
+    while (lid[k] != lid[k - 1]) k++;
+    return ST_FAIL(ST_ERR_INVALID_ARG, "output row %d names expert %u twice", o, lid[k]);
 }
 
 st_status_t st_es_compute_run(st_es_compute_t *x, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, float *out) {

@@ -5,9 +5,11 @@
  * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → the tree sums into output rows (st_cuda_moe_tree_reduce) → fp32
  * rows D2H straight into the caller's reply buffer (the server pins its slot buffers, so neither
- * side is staged through another host copy). A dispatch whose shape and buffers repeat replays those
- * copies and launches as one CUDA graph (ST_TUN_CUDA_GRAPHS): per-row FFNs, and grouped ones whose
- * launches the key fixes (st_cuda_moe_ffn_table_fixed). No I/O. */
+ * side is staged through another host copy); a per-row dispatch (decode sizes) in mapped memory has
+ * no copies at all: its kernels read the request and write the reply where they lie. A dispatch
+ * whose shape and buffers repeat replays those copies and launches as one CUDA graph
+ * (ST_TUN_CUDA_GRAPHS): per-row FFNs, and grouped ones whose launches the key fixes
+ * (st_cuda_moe_ffn_table_fixed). No I/O. */
 #include "compute.h"
 #include <limits.h>
 #include <stdlib.h>
@@ -21,13 +23,19 @@
  * graph captured for one key replays for any dispatch with that key. */
 typedef struct {
     uint32_t n, n_exp, n_in, n_out;
+    uint32_t pairs_at;              /* gpu_leaf: the byte offset of the pairs' orow from the sources */
     uint32_t tiles;                 /* grouped FFN: ⌈largest expert's rows / 128⌉ (its tile map); per row: 0 */
     bool bf16, span, rows_ffn;      /* bf16 rows; the wire span copied as one; the per-row FFN */
-    const void *src, *rows, *out;   /* the host memory the copies read and write */
+    bool direct;                    /* no copies: the kernels read and write the host memory itself */
+    bool gpu_leaf;                  /* the leaf table built on the device (from the span's pairs) */
+    const void *src, *rows, *out;   /* the host memory the copies (direct: the kernels) read and write */
 } gkey_t;
 #define ES_GRAPHS 16 /* a server's decode shapes × its request slots */
 #define ES_SEEN 8    /* recent keys: a key among them is captured when it comes again */
 #define ES_CLASSES 3 /* dispatch sizes in the split: ≤ 64 pairs, ≤ 4096, more */
+/* pairs above which the leaf table is built on the device: a prefill's O(pairs) scatter costs the
+ * host ~10 ns a pair (0.35 ms at 32K), the device's five steps ~20 µs whatever the size */
+#define ES_LEAF_GPU_MIN 4096
 static const uint32_t es_class_max[ES_CLASSES - 1] = {64, 4096};
 
 struct st_es_gpu {
@@ -45,11 +53,12 @@ struct st_es_gpu {
     float *d_in;       // [max_rows, ew] fp32, device: the rows as carried (distinct rows or all), separate copies
     st_bf16_t *d_in_bf;// [max_rows, ew] bf16, device (the launcher's input, grouped order)
     float *d_out;      // [max_rows, ew] fp32, device: the FFN rows (one per pair)
-    /* d_meta mirrors the pinned block (h_off | h_tab | h_leaf, each 256-aligned): one copy up */
+    /* d_meta mirrors the pinned block (h_off | h_tab | h_eid | h_leaf, each 256-aligned): one copy up */
     uint8_t *d_meta;
-    size_t meta_tab, meta_leaf; /* byte offsets of the table and the leaf table in both blocks */
+    size_t meta_tab, meta_eid, meta_leaf; /* byte offsets of the table, the ids, the leaf table in both */
     uint32_t *d_leaf;  // [4 (max_rows + 1)] device: the leaf table loff | lrow | lid | lp (fp32 bits), packed
-    uint32_t *d_src;   // [max_rows] device: the sources of a distinct-rows dispatch, separate copies
+    uint32_t *d_src;   // [max_rows + 1] device: the sources of a distinct-rows dispatch, separate copies; or
+                       // (a span) the leaf table's counts on the device
     int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
     const st_bf16_t **d_tab; // [n_experts, 3] device: {gate, up, down} of each dispatched expert
     void *d_ws;        // FFN workspace, st_cuda_moe_ffn_table_ws_bytes(max_rows, mi)
@@ -57,7 +66,11 @@ struct st_es_gpu {
     st_gpu_arena_t pinned; /* host staging: offsets, the weight table and the leaf table */
     int *h_off;
     const st_bf16_t **h_tab;
+    uint32_t *h_eid;   // [n_experts] pinned host: the dispatch's expert ids (for the leaf table on the device)
     uint32_t *h_leaf;  // as d_leaf, pinned host
+    uint32_t *h_err;   // pinned host (mapped): the device leaf table's verdict (st_cuda_moe_leaf_table err)
+    uint8_t *m_meta;   // the pinned block's device address (mapped) for direct dispatches; NULL: none
+    uint32_t *m_err;   // h_err's device address; NULL: no leaf table on the device
     /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
     uint8_t *d_mx;
     size_t mx_bytes;
@@ -72,7 +85,7 @@ struct st_es_gpu {
     gkey_t seen[ES_SEEN];
     int seen_at;
     uint64_t tick;
-    uint64_t replays; /* dispatches served by a graph (st_es_gpu_graph_replays) */
+    st_es_gpu_counts_t n_served; /* st_es_gpu_counts (atomics) */
     /* where a dispatch's time goes, per size class (st_es_gpu_split): seconds and counts */
     double t_prep[ES_CLASSES], t_launch[ES_CLASSES], t_dev[ES_CLASSES];
     uint64_t n_cls[ES_CLASSES];
@@ -118,14 +131,15 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
     g->mx_bytes = me / 2 + me / 32;
     size_t off_bytes = ((size_t)g->n_experts + 1) * sizeof(int), tab_bytes = (size_t)g->n_experts * 3 * sizeof(void *);
     g->meta_tab = align256(off_bytes);
-    g->meta_leaf = g->meta_tab + align256(tab_bytes);
+    g->meta_eid = g->meta_tab + align256(tab_bytes);
+    g->meta_leaf = g->meta_eid + align256((size_t)g->n_experts * sizeof(uint32_t));
     /* the wire's src and pair arrays, each padded to 16 bytes (wire.c), before the rows */
     g->pay_bytes = 12 * (size_t)max_rows + 32 + rows_f32;
     if ((s = st_gpu_malloc((void **)&g->d_pay, g->pay_bytes)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_in, rows_f32)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_in_bf, rows_f32 / 2)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_out, rows_f32)) != ST_OK ||
-        (s = st_gpu_malloc((void **)&g->d_src, (size_t)max_rows * sizeof(uint32_t))) != ST_OK ||
+        (s = st_gpu_malloc((void **)&g->d_src, ((size_t)max_rows + 1) * sizeof(uint32_t))) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_meta, g->meta_leaf + leaf_bytes)) != ST_OK ||
         (s = st_gpu_malloc(&g->d_ws, g->ws_bytes ? g->ws_bytes : 256)) != ST_OK ||
         (s = st_gpu_malloc((void **)&g->d_mx, g->mx_bytes)) != ST_OK)
@@ -133,14 +147,20 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
     g->d_off = (int *)g->d_meta;
     g->d_tab = (const st_bf16_t **)(g->d_meta + g->meta_tab);
     g->d_leaf = (uint32_t *)(g->d_meta + g->meta_leaf);
-    if ((s = st_gpu_arena_init(&g->pinned, g->meta_leaf + align256(leaf_bytes), 1)) != ST_OK) goto err;
+    if ((s = st_gpu_arena_init(&g->pinned, g->meta_leaf + align256(leaf_bytes) + 256, 1)) != ST_OK) goto err;
     g->h_off = st_gpu_arena_alloc(&g->pinned, off_bytes);
     g->h_tab = st_gpu_arena_alloc(&g->pinned, tab_bytes);
+    g->h_eid = st_gpu_arena_alloc(&g->pinned, (size_t)g->n_experts * sizeof(uint32_t));
     g->h_leaf = st_gpu_arena_alloc(&g->pinned, leaf_bytes);
-    if ((uint8_t *)g->h_tab != (uint8_t *)g->h_off + g->meta_tab || (uint8_t *)g->h_leaf != (uint8_t *)g->h_off + g->meta_leaf) {
+    g->h_err = st_gpu_arena_alloc(&g->pinned, sizeof(uint32_t));
+    uint8_t *base = (uint8_t *)g->h_off;
+    if ((uint8_t *)g->h_tab != base + g->meta_tab || (uint8_t *)g->h_eid != base + g->meta_eid ||
+        (uint8_t *)g->h_leaf != base + g->meta_leaf || !g->h_err) {
         s = ST_FAIL(ST_ERR_INTERNAL, "expert gpu: pinned staging is not laid out as its device mirror");
         goto err;
     }
+    g->m_meta = st_gpu_host_dev(g->h_off);
+    g->m_err = st_gpu_host_dev(g->h_err);
     *out = g;
     return ST_OK;
 err:
@@ -156,7 +176,11 @@ void st_es_gpu_forget(st_es_gpu_t *g) {
     memset(g->seen, 0, sizeof g->seen);
 }
 
-uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g) { return __atomic_load_n(&g->replays, __ATOMIC_RELAXED); }
+void st_es_gpu_counts(const st_es_gpu_t *g, st_es_gpu_counts_t *out) {
+    out->replays = __atomic_load_n(&g->n_served.replays, __ATOMIC_RELAXED);
+    out->direct = __atomic_load_n(&g->n_served.direct, __ATOMIC_RELAXED);
+    out->leaf_dev = __atomic_load_n(&g->n_served.leaf_dev, __ATOMIC_RELAXED);
+}
 
 void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap) {
     size_t k = 0;
@@ -254,6 +278,28 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
 
+/* A per-row dispatch of distinct rows with no copies (k->direct): the kernels read the pinned block
+ * (offsets, weight table, leaf table) and the request's sources and rows where they lie in mapped host
+ * memory, and the tree writes the output rows straight into k->out. NOTE: at decode sizes a copy
+ * node costs more than the few rows it moves (each DMA has its own latency), and the expansion
+ * reads each row only once per pair. */
+static st_status_t enqueue_direct(st_es_gpu_t *g, const gkey_t *k) {
+    const st_config_t *c = g->c;
+    size_t n = k->n, no = k->n_out;
+    const int *off = (const int *)g->m_meta;
+    const st_bf16_t *const *tab = (const st_bf16_t *const *)(g->m_meta + g->meta_tab);
+    const uint32_t *dl = (const uint32_t *)(g->m_meta + g->meta_leaf);
+    const void *rows = st_gpu_host_dev(k->rows), *src = st_gpu_host_dev(k->src);
+    float *out = st_gpu_host_dev(k->out);
+    if (!rows || !src || !out) return ST_FAIL(ST_ERR_INTERNAL, "expert gpu: direct dispatch buffers not mapped");
+    st_status_t s;
+    CK(st_cuda_moe_expand(&g->s, g->d_in_bf, rows, k->bf16, src, (int)n, (int)k->n_in, g->ew));
+    CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, off, (int)k->n_exp, (int)n, tab,
+                                  g->ew, g->mi, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
+    return st_cuda_moe_tree_reduce(&g->s, out, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
+                                   (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew);
+}
+
 /* Queue one dispatch's copies and launches on g->s (the host tables filled; plain or captured):
  * the pinned block up, the rows as carried (with the sources in the same copy when k->span), the
  * expansion into bf16 grouped rows, the FFN (per row when rows_ffn), the tree into output rows, and
@@ -263,9 +309,10 @@ static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
     size_t n = k->n, ew = (size_t)g->ew, no = k->n_out;
     size_t rows_bytes = (size_t)k->n_in * ew * (k->bf16 ? sizeof(st_bf16_t) : sizeof(float));
     st_status_t s;
-    /* the offsets, the weight table and the leaf table: one copy of the pinned block */
-    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
-                           ST_GPU_COPY_H2D));
+    if (k->direct) return enqueue_direct(g, k);
+    /* the offsets, the weight table and the ids, or the leaf table: one copy of the pinned block */
+    size_t meta = k->gpu_leaf ? g->meta_eid + k->n_exp * sizeof(uint32_t) : g->meta_leaf + (no + 1 + 3 * n) * 4;
+    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, meta, ST_GPU_COPY_H2D));
     const void *d_rows = g->d_in;
     const uint32_t *d_srcs = g->d_src;
     if (k->span) {
@@ -278,6 +325,14 @@ static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
         CK(st_gpu_memcpy_async(&g->s, !k->src && k->bf16 ? (void *)g->d_in_bf : (void *)g->d_in, k->rows, rows_bytes,
                                ST_GPU_COPY_H2D));
         if (k->src) CK(st_gpu_memcpy_async(&g->s, g->d_src, k->src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
+    }
+    if (k->gpu_leaf) { /* from the span's pairs: orow [n] then wts [n] after the padded sources */
+        const uint32_t *d_orow = (const uint32_t *)(g->d_pay + k->pairs_at);
+        uint32_t *dl = g->d_leaf;
+        CK(st_cuda_moe_leaf_table(&g->s, dl, dl + no + 1, dl + no + 1 + n, (float *)(dl + no + 1 + 2 * n), g->m_err,
+                                  d_orow, (const float *)(d_orow + n), g->d_off,
+                                  (const uint32_t *)(g->d_meta + g->meta_eid), (int)k->n_exp, (int)n, (int)no,
+                                  g->d_src));
     }
     if (k->src) CK(st_cuda_moe_expand(&g->s, g->d_in_bf, d_rows, k->bf16, d_srcs, (int)n, (int)k->n_in, g->ew));
     else if (!k->bf16) CK(st_cuda_f32_to_bf16(&g->s, g->d_in_bf, g->d_in, n * ew));
@@ -352,22 +407,8 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
         if (offsets[k + 1] < offsets[k]) return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch offsets decrease at %u", k);
         maxc = ST_MAX(maxc, offsets[k + 1] - offsets[k]);
     }
-    /* the leaf table on the host (pinned), packed for one copy up: loff [n_out + 1] | lrow | lid | lp [n] */
     double t0 = st_time_sec();
     size_t n = offsets[n_exp], ew = (size_t)g->ew, me = (size_t)g->mi * g->ew, no = d->n_out;
-    uint32_t *loff = g->h_leaf, *lrow = loff + no + 1, *lid = lrow + n;
-    float *lp = (float *)(lid + n);
-    st_status_t s = st_es_leaf_table(d, n_exp, loff, lrow, lid, lp);
-    if (s != ST_OK) return s;
-    if (n == 0) return ST_OK;
-    if ((s = st_gpu_init(g->dev)) != ST_OK) return s;
-    /* NOTE: experts are separate device blocks (bound one by one): the launcher reads them through
-     * the table, so the whole dispatch is one call whatever its experts. */
-    for (uint32_t k = 0; k <= n_exp; k++) g->h_off[k] = (int)offsets[k];
-    for (uint32_t k = 0; k < n_exp; k++) {
-        const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
-        g->h_tab[3 * k] = w, g->h_tab[3 * k + 1] = w + me, g->h_tab[3 * k + 2] = w + 2 * me;
-    }
     /* the rows as carried (fp32, or bf16 as a GPU worker sends them), straight from the caller's buffer
      * (pinned in the server: an async DMA), with the sources in the same copy (the span) when they lie
      * before the rows as the wire lays them out; distinct rows expanded into the grouped order on the
@@ -379,14 +420,38 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
                 lead + rows_pad == st_wire_dispatch_bytes((uint32_t)n, n_exp, (uint32_t)ew, n_in, d->bf16) -
                                        st_wire_table_bytes(n_exp) &&
                 lead + rows_bytes <= g->pay_bytes && lead % 16 == 0;
+    /* the leaf table: a large span's on the device (from its pairs, copied with it), else on the host
+     * (pinned), packed for one copy up: loff [n_out + 1] | lrow | lid | lp [n] */
+    bool gpu_leaf = span && n > ES_LEAF_GPU_MIN && g->m_err;
+    st_status_t s = ST_OK;
+    if (!gpu_leaf) {
+        uint32_t *loff = g->h_leaf, *lrow = loff + no + 1, *lid = lrow + n;
+        s = st_es_leaf_table(d, n_exp, loff, lrow, lid, (float *)(lid + n));
+    }
+    if (s != ST_OK) return s;
+    if (n == 0) return ST_OK;
+    if ((s = st_gpu_init(g->dev)) != ST_OK) return s;
+    /* NOTE: experts are separate device blocks (bound one by one): the launcher reads them through
+     * the table, so the whole dispatch is one call whatever its experts. */
+    for (uint32_t k = 0; k <= n_exp; k++) g->h_off[k] = (int)offsets[k];
+    if (gpu_leaf) memcpy(g->h_eid, expert_ids, sizeof(uint32_t) * n_exp);
+    for (uint32_t k = 0; k < n_exp; k++) {
+        const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
+        g->h_tab[3 * k] = w, g->h_tab[3 * k + 1] = w + me, g->h_tab[3 * k + 2] = w + 2 * me;
+    }
     gkey_t key;
     memset(&key, 0, sizeof key); /* compared with memcmp: the padding too */
     key.n = (uint32_t)n, key.n_exp = n_exp, key.n_in = n_in, key.n_out = (uint32_t)no, key.bf16 = d->bf16;
-    key.span = span, key.src = src, key.rows = d->rows, key.out = out;
+    key.span = span, key.src = src, key.rows = d->rows, key.out = out, key.gpu_leaf = gpu_leaf;
+    if (gpu_leaf) key.pairs_at = (uint32_t)((const uint8_t *)d->orow - (const uint8_t *)src);
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
     bool rows_ffn = st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi);
     key.rows_ffn = rows_ffn, key.tiles = rows_ffn ? 0 : (maxc + 127) / 128;
+    /* NOTE: direct only per row (≤ 64 slots): the grouped FFN reads its offsets on the host to size its
+     * launch and rereads rows per tile, where mapped reads would cost more than a copy */
+    key.direct =
+        rows_ffn && src && g->m_meta && st_gpu_host_dev(src) && st_gpu_host_dev(d->rows) && st_gpu_host_dev(out);
     bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
     double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */
     void *exec = NULL;
@@ -400,13 +465,17 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     }
     if (exec) {
         CK(st_gpu_graph_launch(exec, &g->s));
-        __atomic_add_fetch(&g->replays, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&g->n_served.replays, 1, __ATOMIC_RELAXED);
     } else {
         CK(enqueue(g, &key, rows_ffn));
     }
+    if (key.direct) __atomic_add_fetch(&g->n_served.direct, 1, __ATOMIC_RELAXED);
+    if (key.gpu_leaf) __atomic_add_fetch(&g->n_served.leaf_dev, 1, __ATOMIC_RELAXED);
     double t2 = st_time_sec();
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
+    if (gpu_leaf && *(volatile uint32_t *)g->h_err != 0xffffffffu)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "output row %u names an expert twice", *(volatile uint32_t *)g->h_err);
     int c = 0;
     while (c < ES_CLASSES - 1 && n > es_class_max[c]) c++;
     g->t_prep[c] += t1 - t0, g->t_launch[c] += t2 - t1, g->t_dev[c] += st_time_sec() - t2;

@@ -45,8 +45,14 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
  * addresses: st_es_gpu_forget drops them all before such memory is unmapped or unpinned (a
  * same-host channel closing). Not concurrently with st_es_gpu_run. */
 void st_es_gpu_forget(st_es_gpu_t *g);
-/* Dispatches served by a graph replay so far (tests, the server's log; any thread). */
-uint64_t st_es_gpu_graph_replays(const st_es_gpu_t *g);
+/* Dispatches served so far (tests, the server's log; any thread): by a graph replay; without copies
+ * (per-row dispatches, ≤ 64 slots, of distinct rows whose request and reply lie in mapped pinned
+ * memory, read and written there by the kernels); with the leaf table built on the device (a large
+ * dispatch whose sources, pairs and rows are one span). */
+typedef struct {
+    uint64_t replays, direct, leaf_dev;
+} st_es_gpu_counts_t;
+void st_es_gpu_counts(const st_es_gpu_t *g, st_es_gpu_counts_t *out);
 /* Where the dispatches' time went so far, per size class of pairs: the host tables (leaf table,
  * offsets, checks), queueing the copies and launches (or finding, capturing and launching a graph),
  * and the wait for the device (its copies and kernels), as means in µs, into buf (empty when none

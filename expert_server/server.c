@@ -619,7 +619,9 @@ static void on_signal(uv_signal_t *h, int sig) {
     char split[320] = "";
 #ifdef STRATA_WITH_CUDA
     if (es->gpu) {
-        replays = (unsigned long long)st_es_gpu_graph_replays(es->gpu);
+        st_es_gpu_counts_t n;
+        st_es_gpu_counts(es->gpu, &n);
+        replays = (unsigned long long)n.replays;
         pthread_mutex_lock(&es->mu); /* the split is the compute's: read between dispatches, never waiting */
         int idle = !es->busy;
         es->busy |= idle;

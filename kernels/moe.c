@@ -55,6 +55,27 @@ void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l) {
     }
 }
 
+int st_moe_leaf_table(uint32_t *off, uint32_t *row, uint32_t *id, float *lp, const uint32_t *orow, const float *p,
+                      const uint32_t *offsets, const uint32_t *expert_ids, int n_exp, int n_out) {
+    uint32_t n = offsets[n_exp];
+    memset(off, 0, sizeof(uint32_t) * ((size_t)n_out + 1));
+    for (uint32_t r = 0; r < n; r++) off[orow[r] + 1]++;
+    for (int o = 0; o < n_out; o++) off[o + 1] += off[o];
+    /* pairs in grouped order, so each row's leaves come out in pair order; row o's cursor is off[o],
+     * shifted back afterwards */
+    for (int k = 0; k < n_exp; k++)
+        for (uint32_t r = offsets[k]; r < offsets[k + 1]; r++) {
+            uint32_t at = off[orow[r]]++;
+            row[at] = r, id[at] = expert_ids[k], lp[at] = p[r];
+        }
+    for (int o = n_out; o > 0; o--) off[o] = off[o - 1];
+    off[0] = 0;
+    for (int o = 0; o < n_out; o++)
+        for (uint32_t k = off[o] + 1; k < off[o + 1]; k++)
+            if (id[k] == id[k - 1]) return o;
+    return -1;
+}
+
 void st_moe_tree_reduce(float *out, const float *y, const uint32_t *off, const uint32_t *row, const uint32_t *id,
                         const float *p, int n_out, int l) {
     st_moe_tree_t s;

@@ -133,7 +133,7 @@ extern "C" st_status_t st_cuda_argmax(const st_gpu_stream_t *s, int *ids, const 
 
 /* ------------------------------------------------------------------ dispatch and combine (SPEC §6)
  * routing → expert-grouped rows, gather of z into that order, combine by the summation tree.
- * CPU: st_moe_group, st_moe_gather, st_moe_combine, st_moe_tree_reduce (kernels/moe.c). */
+ * CPU: st_moe_group, st_moe_gather, st_moe_combine, st_moe_leaf_table, st_moe_tree_reduce (kernels/moe.c). */
 /* one block: counts per expert, exclusive scan, then rows. NOTE: rows within an expert are placed
  * by atomics (order may vary run to run); every row is computed on its own and the combine reads
  * them back in slot order, so the results do not depend on it. */
@@ -279,6 +279,97 @@ extern "C" st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *
     const size_t smem = (size_t)kc * sizeof(float *) + ((size_t)l + 3 * (size_t)kc) * sizeof(float);
     moe_combine_kernel<<<T, 256, smem, ST_STREAM(s)>>>(un, ulo, partial, yg, yf, at, row_of, p, ids, cnt, norm_w, kc, l, eps);
     return ST_LAUNCH_OK("moe_combine_kernel");
+}
+
+/* The leaf table (st_moe_leaf_table) in four launches and a memset: each row's leaves counted
+ * (atomics), one block scans the counts into off and cursors, each pair placed at its row's cursor
+ * (atomics: any order within the row), then one thread per row sorts its leaves into pair order and
+ * checks their ids. NOTE: a row's leaves name distinct experts, at most kc of a token in practice, so
+ * the per-row insertion sort is short; a hostile dispatch can make it long, never wrong. */
+__global__ void leaf_count_kernel(uint32_t *cnt, const uint32_t *orow, int n, int n_out) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n && orow[r] < (uint32_t)n_out) atomicAdd(&cnt[orow[r]], 1u);
+}
+/* one block of 1024: each thread scans a contiguous chunk; cnt becomes each row's cursor */
+__global__ void leaf_scan_kernel(uint32_t *off, uint32_t *cnt, int n_out, uint32_t *err) {
+    __shared__ uint32_t part[1024];
+    const int t = threadIdx.x, per = (n_out + 1023) / 1024, a = min(t * per, n_out), b = min(a + per, n_out);
+    uint32_t sum = 0;
+    for (int o = a; o < b; o++) sum += cnt[o];
+    part[t] = sum;
+    __syncthreads();
+    for (int d = 1; d < 1024; d <<= 1) { /* inclusive scan of the chunk sums (Hillis-Steele) */
+        const uint32_t v = t >= d ? part[t - d] : 0u;
+        __syncthreads();
+        part[t] += v;
+        __syncthreads();
+    }
+    uint32_t acc = part[t] - sum;
+    for (int o = a; o < b; o++) {
+        const uint32_t c = cnt[o];
+        off[o] = acc, cnt[o] = acc;
+        acc += c;
+    }
+    if (t == 1023) off[n_out] = part[1023], *err = 0xffffffffu;
+}
+__global__ void leaf_fill_kernel(uint32_t *row, uint32_t *id, float *lp, uint32_t *cur, const uint32_t *orow,
+                                 const float *p, const int *offsets, const uint32_t *expert_ids, int n_exp, int n,
+                                 int n_out) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n || orow[r] >= (uint32_t)n_out) return;
+    int lo = 0, hi = n_exp - 1; /* the expert k with offsets[k] ≤ r < offsets[k + 1] (the last such) */
+    while (lo < hi) {
+        const int m = (lo + hi + 1) / 2;
+        if (offsets[m] <= r) lo = m;
+        else hi = m - 1;
+    }
+    const uint32_t at = atomicAdd(&cur[orow[r]], 1u);
+    row[at] = (uint32_t)r, id[at] = expert_ids[lo], lp[at] = p[r];
+}
+__global__ void leaf_sort_kernel(uint32_t *row, uint32_t *id, float *lp, const uint32_t *off, int n_out,
+                                 uint32_t *err) {
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= n_out) return;
+    const uint32_t a = off[o], b = off[o + 1];
+    for (uint32_t k = a + 1; k < b; k++) {
+        const uint32_t rk = row[k], ik = id[k];
+        const float pk = lp[k];
+        uint32_t j = k;
+        for (; j > a && row[j - 1] > rk; j--) row[j] = row[j - 1], id[j] = id[j - 1], lp[j] = lp[j - 1];
+        row[j] = rk, id[j] = ik, lp[j] = pk;
+    }
+    for (uint32_t k = a + 1; k < b; k++)
+        if (id[k] == id[k - 1]) {
+            atomicMin(err, (uint32_t)o);
+            break;
+        }
+}
+extern "C" size_t st_cuda_moe_leaf_table_ws_bytes(int n_out) { return sizeof(uint32_t) * ((size_t)n_out + 1); }
+extern "C" st_status_t st_cuda_moe_leaf_table(const st_gpu_stream_t *s, uint32_t *off, uint32_t *row, uint32_t *id,
+                                              float *lp, uint32_t *err, const uint32_t *orow, const float *p,
+                                              const int *offsets, const uint32_t *expert_ids, int n_exp, int n,
+                                              int n_out, void *ws) {
+    if (n < 0 || n_out < 0 || n_exp < 0 || (n > 0 && n_exp == 0))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "moe_leaf_table: %d pairs of %d experts, %d rows", n, n_exp, n_out);
+    uint32_t *cnt = static_cast<uint32_t *>(ws);
+    st_status_t rc = ST_CUDA_CHECK(cudaMemsetAsync(cnt, 0, sizeof(uint32_t) * ((size_t)n_out + 1), ST_STREAM(s)));
+    if (rc) return rc;
+    if (n > 0) {
+        leaf_count_kernel<<<(n + 255) / 256, 256, 0, ST_STREAM(s)>>>(cnt, orow, n, n_out);
+        if ((rc = ST_LAUNCH_OK("leaf_count_kernel"))) return rc;
+    }
+    leaf_scan_kernel<<<1, 1024, 0, ST_STREAM(s)>>>(off, cnt, n_out, err);
+    if ((rc = ST_LAUNCH_OK("leaf_scan_kernel"))) return rc;
+    if (n > 0) {
+        leaf_fill_kernel<<<(n + 255) / 256, 256, 0, ST_STREAM(s)>>>(row, id, lp, cnt, orow, p, offsets, expert_ids,
+                                                                    n_exp, n, n_out);
+        if ((rc = ST_LAUNCH_OK("leaf_fill_kernel"))) return rc;
+    }
+    if (n_out > 0) {
+        leaf_sort_kernel<<<(n_out + 127) / 128, 128, 0, ST_STREAM(s)>>>(row, id, lp, off, n_out, err);
+        if ((rc = ST_LAUNCH_OK("leaf_sort_kernel"))) return rc;
+    }
+    return ST_OK;
 }
 
 /* grid (ceil(l / 256), output rows), one thread per column; the row's leaves are read by every

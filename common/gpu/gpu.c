@@ -220,6 +220,14 @@ bool st_gpu_host_pinned(const void *p) {
     }
     return a.type == cudaMemoryTypeHost;
 }
+void *st_gpu_host_dev(const void *p) {
+    struct cudaPointerAttributes a;
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return a.type == cudaMemoryTypeHost ? a.devicePointer : NULL;
+}
 
 st_status_t st_gpu_memcpy_async(const st_gpu_stream_t *s, void *dst, const void *src, size_t bytes,
                                 st_gpu_copy_t kind) {

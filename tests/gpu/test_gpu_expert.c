@@ -202,7 +202,7 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
      * the wire, each server's tree-node rows, the worker's finish */
     float *wout = gt_xmalloc(sizeof(float) * (size_t)S * l), *u = gt_xmalloc(sizeof(float) * (size_t)T * l);
     const float **at = calloc((size_t)S, sizeof *at);
-    bool failed[128] = {false};
+    bool *failed = calloc((size_t)T, sizeof(bool));
     st_moe_work_t wk = {.layer = layer, .T = T, .kc = kc, .ew = l, .z = zf, .ids = ids, .cnt = cnt, .wts = p,
                         .out = wout, .at = at};
     /* fp32 rows (a CPU worker), then bf16 rows (a GPU worker's hand-off: ST_WIRE_FLAG_BF16_ROWS) */
@@ -247,7 +247,7 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
               n_srv == 1 ? "one server" : "even and odd experts on two");
         st_dispatch_plan_cleanup(&plan);
     }
-    free(p), free(uref), free(lv), free(wout), free(u), free(at);
+    free(p), free(uref), free(lv), free(wout), free(u), free(at), free(failed);
     printf("ok   %s layer %d T=%d: %d slots, %s, %d pairs: the combined rows equal the engine's bit for bit on 1 and "
            "2 servers, fp32 and bf16 rows\n", tag, layer, T, S, slots ? "per row" : "grouped", N);
     st_gpu_free(d_w1), st_gpu_free(d_w3), st_gpu_free(d_w2), st_gpu_free(d_z);
@@ -278,10 +278,11 @@ static uint32_t gc_fill(int shape, bool alt, uint32_t n_exp, uint32_t n_in, uint
 /* Dispatches replayed as CUDA graphs (compute_gpu.c): a wire-layout dispatch in pinned memory (one
  * token on 4 experts, 2 tokens sharing 3: the per-row FFN; 21 tokens over 4 experts: the grouped
  * one), fp32 and bf16 rows, served 10 times; from the second sighting on a graph serves it
- * (st_es_gpu_graph_replays), and every result equals bit for bit the same dispatch from pageable
+ * (st_es_gpu_counts), and every result equals bit for bit the same dispatch from pageable
  * memory (never graphed); the same shape on another layer, new row values in place and (grouped)
  * other counts per expert with the same totals replay with the new tables and rows; st_es_gpu_forget
- * drops the graphs (no replay on the next sighting, one again after). */
+ * drops the graphs (no replay on the next sighting, one again after). The per-row shapes in pinned
+ * memory run without copies (the kernels read and write it where it lies), the pageable ones with. */
 static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_rng_t *r) {
     const st_config_t *c = st_ckpt_config(ck);
     const int ew = st_config_expert_width(c), l0 = c->first_k_dense, l1 = c->n_layers - 1;
@@ -309,7 +310,8 @@ static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_
         memcpy((uint32_t *)v.src, src, 4 * n), memcpy((uint32_t *)v.orow, orow, 4 * n), memcpy((float *)v.wts, wts, 4 * n);
         for (int layer = l0; layer <= l1; layer += l1 - l0 ? l1 - l0 : 1)
             for (uint32_t k = 0; k < n_exp; k++) GT_OK(st_es_gpu_bind(g, layer, (int)ids[k]));
-        uint64_t before = st_es_gpu_graph_replays(g);
+        st_es_gpu_counts_t n0, n1;
+        st_es_gpu_counts(g, &n0);
         int runs = 0, same = 0;
         for (int round = 0; round < 10; round++) {
             int layer = round >= 6 && round < 8 ? l1 : l0;
@@ -331,9 +333,11 @@ static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_
             GT_OK(st_wire_dispatch_decode(page, &info, &dp));
             for (size_t i = 0; i < (size_t)n_in * ew; i++) out_ref[i] = out_pin[i] = NAN;
             GT_OK(st_es_gpu_run(g, layer, n_exp, &dp, n_in, n, out_ref));
-            uint64_t r0 = st_es_gpu_graph_replays(g);
+            st_es_gpu_counts(g, &n1);
+            uint64_t r0 = n1.replays;
             GT_OK(st_es_gpu_run(g, layer, n_exp, &dg, n_in, n, out_pin));
-            bool replayed = st_es_gpu_graph_replays(g) > r0;
+            st_es_gpu_counts(g, &n1);
+            bool replayed = n1.replays > r0;
             /* round 0 is the first sighting; after forget (round 8) the next one is a first sighting again */
             CHECK(replayed == (round != 0 && round != 8), "%s shape %d round %d: %s", tag, shape, round,
                   replayed ? "replayed where it should not" : "not replayed");
@@ -342,10 +346,50 @@ static void graph_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, st_
         }
         CHECK(same == runs, "%s shape %d (%s rows): %d of %d graph results equal the plain ones bit for bit", tag, shape,
               bf ? "bf16" : "fp32", same, runs);
-        CHECK(st_es_gpu_graph_replays(g) - before == 8, "%s shape %d: 8 replays (%llu)", tag, shape,
-              (unsigned long long)(st_es_gpu_graph_replays(g) - before));
+        st_es_gpu_counts(g, &n1);
+        CHECK(n1.replays - n0.replays == 8, "%s shape %d: 8 replays (%llu)", tag, shape,
+              (unsigned long long)(n1.replays - n0.replays));
+        /* the per-row shapes from pinned memory ran without copies (plain and replayed); the grouped
+         * ones, and the pageable references, with them */
+        CHECK(n1.direct - n0.direct == (grouped ? 0u : 10u), "%s shape %d: %llu direct runs", tag, shape,
+              (unsigned long long)(n1.direct - n0.direct));
         st_gpu_host_free(pin), st_gpu_host_free(out_pin), free(page), free(out_ref);
     }
+}
+
+/* Prefill-sized dispatches (above ES_LEAF_GPU_MIN pairs, their sources, pairs and rows one span) build
+ * the leaf table on the device: a micro-batch of 2 000 tokens equals the engine's combined rows bit for
+ * bit (engine_case: on one server the dispatch takes ~5 000 pairs, on two ~2 500 each, the host's
+ * table); an output row naming expert 0 twice is refused as on the host, and the server goes on. */
+static void leaf_dev_case(const char *tag, const st_ckpt_t *ck, int layer, st_rng_t *r) {
+    enum { T = 2000, N = 5000 };
+    const int ew = st_config_expert_width(st_ckpt_config(ck));
+    st_es_gpu_t *g = NULL;
+    st_es_gpu_counts_t n0, n1;
+    GT_OK(st_es_gpu_create(&g, ck, 0, 8192));
+    st_es_gpu_counts(g, &n0);
+    engine_case(tag, g, ck, layer, T, r);
+    st_es_gpu_counts(g, &n1);
+    CHECK(n1.leaf_dev - n0.leaf_dev == 2, "%s: %llu of the one-server dispatches built their leaf table on the device "
+          "(2)", tag, (unsigned long long)(n1.leaf_dev - n0.leaf_dev));
+    uint32_t ids[1] = {0}, off[2] = {0, N};
+    st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = N, .expert_count = 1,
+                           .row_width = (uint32_t)ew, .unique = 1, .slots = N, .bf16_rows = true};
+    info.payload_bytes = st_wire_dispatch_bytes(N, 1, (uint32_t)ew, 1, true);
+    uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
+    float *out = gt_xmalloc(sizeof(float) * (size_t)N * ew);
+    st_wire_dispatch_t v, d;
+    GT_OK(st_wire_dispatch_encode(msg, &info, ids, off, &v));
+    for (uint32_t i = 0; i < N; i++) ((uint32_t *)v.src)[i] = 0, ((uint32_t *)v.orow)[i] = i / 2, ((float *)v.wts)[i] = 0.5f;
+    memset((void *)v.rows, 0, sizeof(uint16_t) * (size_t)ew);
+    GT_OK(st_wire_dispatch_decode(msg, &info, &d));
+    CHECK(st_es_gpu_run(g, layer, 1, &d, 1, N, out) == ST_ERR_INVALID_ARG,
+          "%s: %d pairs, each output row naming expert 0 twice, must fail", tag, N);
+    st_es_gpu_counts(g, &n0);
+    CHECK(n0.leaf_dev - n1.leaf_dev == 1, "%s: the duplicate was found on the device", tag);
+    engine_case(tag, g, ck, layer, T, r);
+    free(msg), free(out);
+    st_es_gpu_destroy(g);
 }
 
 static void variant(const char *name, bool mxfp4) {
@@ -408,6 +452,7 @@ static void variant(const char *name, bool mxfp4) {
     static const int Ts[] = {1, 2, 3, 17, 70};
     for (size_t i = 0; i < ST_ARRAY_LEN(Ts); i++) engine_case(name, g, ck, i % 2 ? l1 : l0, Ts[i], &r);
     graph_case(name, g, ck, &r);
+    leaf_dev_case(name, ck, l0, &r);
     printf("%s: %.2f MiB of expert weights on the device\n", name, (double)st_es_gpu_weight_bytes(g) / (1 << 20));
 
     st_es_gpu_destroy(g);

@@ -9,7 +9,8 @@
  * the largest batch (8192 tokens × 8 slots). st_cuda_moe_expand (st_moe_expand, bit-exact: an expert
  * server's distinct-rows dispatch expanded to its grouped order), across the 65535-row launch split.
  * st_cuda_moe_tree_reduce (st_moe_tree_reduce, bit-exact: an expert server's output rows), with ±0,
- * empty rows, many leaves and ids spread over 2^20, across the 65535-row launch split. */
+ * empty rows, many leaves and ids spread over 2^20, across the 65535-row launch split;
+ * st_cuda_moe_leaf_table (st_moe_leaf_table, exactly: its input). */
 #include <math.h>
 #include <string.h>
 
@@ -208,6 +209,68 @@ static void expand_case(int n, int n_in, int w, uint64_t seed) {
     free(rows), free(src), free(ref), free(rb), free(refb), free(got);
 }
 
+/* st_cuda_moe_leaf_table vs st_moe_leaf_table, exactly (off, and each row's leaves: pair, id, weight
+ * bits; the lowest row naming an expert twice): n_out rows of 0 .. kmax distinct experts of n_exp,
+ * the pairs grouped by expert in a shuffled row order within each expert (the wire allows any);
+ * dup: some rows name one of their experts twice */
+static void leaf_table_case(int n_exp, int n_out, int kmax, bool dup, uint64_t seed) {
+    st_rng_t r = {seed};
+    size_t cap = (size_t)n_out * (kmax + 1) + 1;
+    uint32_t *ro = gt_xmalloc(4 * cap), *re = gt_xmalloc(4 * cap); /* the pairs before grouping: row, expert */
+    size_t n = 0;
+    for (int o = 0; o < n_out; o++) {
+        int m = (int)(st_rng_next(&r) % (uint64_t)(kmax + 1)), e0 = (int)(st_rng_next(&r) % (uint64_t)n_exp);
+        for (int i = 0; i < m && i < n_exp; i++) ro[n] = (uint32_t)o, re[n++] = (uint32_t)((e0 + i * 7) % n_exp);
+        if (dup && m > 0 && o % 97 == 13) ro[n] = (uint32_t)o, re[n++] = (uint32_t)e0;
+    }
+    for (size_t i = n; i > 1; i--) { /* shuffle, then a stable grouping by expert */
+        size_t j = st_rng_next(&r) % i;
+        uint32_t a = ro[i - 1], b = re[i - 1];
+        ro[i - 1] = ro[j], re[i - 1] = re[j], ro[j] = a, re[j] = b;
+    }
+    uint32_t *offsets = gt_xmalloc(4 * ((size_t)n_exp + 1)), *eid = gt_xmalloc(4 * ((size_t)n_exp + 1));
+    uint32_t *orow = gt_xmalloc(4 * (n + 1));
+    float *p = gt_xmalloc(4 * (n + 1));
+    int *ioff = gt_xmalloc(sizeof(int) * ((size_t)n_exp + 1)), ne = 0;
+    size_t at = 0;
+    for (int e = 0; e < n_exp; e++) {
+        size_t before = at;
+        for (size_t i = 0; i < n; i++)
+            if (re[i] == (uint32_t)e) orow[at] = ro[i], p[at++] = st_rng_normal(&r);
+        if (at == before && e % 3) continue; /* most experts without pairs are not named */
+        eid[ne] = (uint32_t)e, offsets[ne] = (uint32_t)before, ioff[ne++] = (int)before;
+    }
+    offsets[ne] = (uint32_t)n, ioff[ne] = (int)n;
+    size_t no = (size_t)n_out;
+    uint32_t *off = gt_xmalloc(4 * (no + 1)), *row = gt_xmalloc(4 * (n + 1)), *id = gt_xmalloc(4 * (n + 1));
+    float *lp = gt_xmalloc(4 * (n + 1));
+    int bad = st_moe_leaf_table(off, row, id, lp, orow, p, offsets, eid, ne, n_out);
+    uint32_t *d_off = gt_dev(4 * (no + 1)), *d_row = gt_dev(4 * (n + 1)), *d_id = gt_dev(4 * (n + 1)), *d_err = gt_dev(4);
+    float *d_lp = gt_dev(4 * (n + 1));
+    uint32_t *d_orow = gt_up(orow, 4 * (n + 1)), *d_eid = gt_up(eid, 4 * ((size_t)ne + 1));
+    float *d_p = gt_up(p, 4 * (n + 1));
+    int *d_ioff = gt_up(ioff, sizeof(int) * ((size_t)ne + 1));
+    void *ws = gt_dev(st_cuda_moe_leaf_table_ws_bytes(n_out));
+    gt_poison(d_off, 4 * (no + 1)), gt_poison(d_row, 4 * (n + 1)), gt_poison(d_id, 4 * (n + 1));
+    gt_poison(d_lp, 4 * (n + 1)), gt_poison(d_err, 4);
+    GT_OK(st_cuda_moe_leaf_table(&gt_stream, d_off, d_row, d_id, d_lp, d_err, d_orow, d_p, d_ioff, d_eid, ne, (int)n,
+                                 n_out, ws));
+    uint32_t *g_off = gt_xmalloc(4 * (no + 1)), *g_row = gt_xmalloc(4 * (n + 1)), *g_id = gt_xmalloc(4 * (n + 1)), err;
+    float *g_lp = gt_xmalloc(4 * (n + 1));
+    gt_down(g_off, d_off, 4 * (no + 1)), gt_down(g_row, d_row, 4 * n), gt_down(g_id, d_id, 4 * n);
+    gt_down(g_lp, d_lp, 4 * n), gt_down(&err, d_err, 4);
+    CHECK(dup == (bad >= 0), "leaf_table %d rows: a duplicate %s", n_out, dup ? "not found" : "found where none is");
+    CHECK(err == (bad >= 0 ? (uint32_t)bad : 0xffffffffu), "leaf_table %d rows: err %u, the C reference's %d", n_out,
+          err, bad);
+    CHECK(!memcmp(g_off, off, 4 * (no + 1)), "leaf_table %d rows (%zu pairs, %d experts): off differs", n_out, n, ne);
+    CHECK(!memcmp(g_row, row, 4 * n) && !memcmp(g_id, id, 4 * n) && !memcmp(g_lp, lp, 4 * n),
+          "leaf_table %d rows (%zu pairs, %d experts): the leaves differ", n_out, n, ne);
+    st_gpu_free(d_off), st_gpu_free(d_row), st_gpu_free(d_id), st_gpu_free(d_err), st_gpu_free(d_lp);
+    st_gpu_free(d_orow), st_gpu_free(d_eid), st_gpu_free(d_p), st_gpu_free(d_ioff), st_gpu_free(ws);
+    free(ro), free(re), free(offsets), free(eid), free(orow), free(p), free(ioff), free(off), free(row), free(id);
+    free(lp), free(g_off), free(g_row), free(g_id), free(g_lp);
+}
+
 /* st_cuda_moe_tree_reduce vs st_moe_tree_reduce, bit-exact: n_out rows of 0 .. kmax leaves each (ids
  * ascending, spread up to 2^20), rows picked from y [n_y, l] with ±0 and wide magnitudes */
 static void tree_reduce_case(int n_out, int kmax, int n_y, int l, uint64_t seed) {
@@ -266,5 +329,11 @@ int main(void) {
     tree_reduce_case(300, 32, 900, 1024, seed++);
     tree_reduce_case(70000, 2, 64, 8, seed++); /* more rows than one launch's grid (65535) */
     tree_reduce_case(0, 4, 1, 8, seed++);
+    leaf_table_case(8, 1, 8, false, seed++);
+    leaf_table_case(64, 4096, 8, false, seed++);  /* an 8K prefill's micro-batch on one server */
+    leaf_table_case(64, 5000, 8, true, seed++);
+    leaf_table_case(896, 3000, 16, false, seed++); /* K3's experts */
+    leaf_table_case(64, 70000, 3, false, seed++);  /* more rows than the scan's 1024 threads × 64 */
+    leaf_table_case(16, 0, 4, false, seed++);
     return st_test_done();
 }

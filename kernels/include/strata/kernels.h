@@ -176,6 +176,14 @@ void st_moe_expand(uint16_t *dst, const void *rows, bool bf16, const uint32_t *s
  * whose ids agree above bit h merges into the lower one, v = fl(left + right), until one is left.
  * Result in v[0] (n = 0: v untouched, the value is +0); v and ids are overwritten. */
 void st_moe_tree_rows(float *v, uint32_t *ids, int n, int l);
+/* An expert server's leaf table, the input of st_moe_tree_reduce: its n pairs, grouped (pair r of
+ * expert expert_ids[k] when offsets[k] ≤ r < offsets[k + 1], experts ascending; weight p[r], output
+ * row orow[r] < n_out), listed by output row: off [n_out + 1], row o's leaves k in [off[o], off[o+1]);
+ * row/id/lp [n]: each leaf's pair, expert id and weight, a row's leaves in pair order (so ids
+ * ascending). Returns −1, or the lowest output row that names an expert twice (the table is then not
+ * to be used). */
+int st_moe_leaf_table(uint32_t *off, uint32_t *row, uint32_t *id, float *lp, const uint32_t *orow, const float *p,
+                      const uint32_t *offsets, const uint32_t *expert_ids, int n_exp, int n_out);
 /* Weighted tree sums into output rows (an expert server's reply): out [n_out, l] fp32, row o = the
  * tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0 with ids id[k] (strictly
  * ascending within a row); y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]]. An empty row is

@@ -353,12 +353,36 @@ st_status_t st_cuda_moe_combine(const st_gpu_stream_t *s, st_bf16_t *un, st_bf16
                                 const float *yg, const float *yf, const float *const *at, const int *row_of,
                                 const float *p, const int *ids, const int *cnt, const float *norm_w, int T, int kc,
                                 int l, float eps);
-/* An expert server's weighted tree sums into its output rows, all device memory: out [n_out, l] fp32,
- * row o = the tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0, ids id[k] strictly
- * ascending within a row; y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]] (uint32, fp32).
- * n_out ≤ 65535·64. C: st_moe_tree_reduce. */
+/* An expert server's leaf table on the device, as st_moe_leaf_table (C) builds it, bit for bit: off
+ * [n_out + 1], row/id/lp [n] from orow/p [n] and offsets [n_exp + 1] (int32, n = offsets[n_exp]) /
+ * expert_ids [n_exp]; *err (device uint32) = the lowest output row naming an expert twice, or
+ * 0xffffffff (the table is good): read it after the work. An orow ≥ n_out is left out (the wire
+ * decoder rejects those first). ws: st_cuda_moe_leaf_table_ws_bytes(n_out) device bytes. One memset
+ * and up to four launches, capturable. */
+size_t st_cuda_moe_leaf_table_ws_bytes(int n_out);
+st_status_t st_cuda_moe_leaf_table(const st_gpu_stream_t *s, uint32_t *off, uint32_t *row, uint32_t *id, float *lp,
+                                   uint32_t *err, const uint32_t *orow, const float *p, const int *offsets,
+                                   const uint32_t *expert_ids, int n_exp, int n, int n_out, void *ws);
+/* An expert server's weighted tree sums into its output rows, device or mapped host memory: out
+ * [n_out, l] fp32, row o = the tree over leaves k in [off[o], off[o+1]) of fl(p[k] · y[row[k]]) + 0,
+ * ids id[k] strictly ascending within a row; y [*, l] fp32; off [n_out + 1], row/id/p [off[n_out]]
+ * (uint32, fp32). n_out ≤ 65535·64. C: st_moe_tree_reduce. */
 st_status_t st_cuda_moe_tree_reduce(const st_gpu_stream_t *s, float *out, const float *y, const uint32_t *off,
                                     const uint32_t *row, const uint32_t *id, const float *p, int n_out, int l);
+/* The dispatch plan of one work item (C: st_moe_dispatch_plan, strata/kernels.h; the same tables, equal
+ * over each table's valid prefix): p is a host descriptor whose table pointers (p->wts included, NULL:
+ * not written) are device memory, its scratch fields unused; ids [T, kc] int32, cnt [T] int32, wts
+ * [T, kc] fp32 (read only for p->wts), server_of [E] int32, tok_failed [T] uint8 (nonzero = flagged;
+ * a token with a NONE leaf gets 1 here, on the device) all device memory. ws: device workspace of
+ * st_cuda_moe_dispatch_plan_ws_bytes(T, kc, E, S) bytes (overwritten; 256-byte alignment expected).
+ * Three launches (one when T = 0), no host sync, capturable. Limits: 1 ≤ kc ≤ 16, E ≤ 1024, S ≤ 255,
+ * T ≤ 2^24, T·kc ≤ p->max_rows. Out-of-range ids or servers never take it out of bounds (an id
+ * outside [0, E) fails its token; a server ≥ S is left out), where the C version assumes none. */
+struct st_moe_plan;
+size_t st_cuda_moe_dispatch_plan_ws_bytes(int T, int kc, int E, int S);
+st_status_t st_cuda_moe_dispatch_plan(const st_gpu_stream_t *s, const struct st_moe_plan *p, const int *ids,
+                                      const int *cnt, const float *wts, const int *server_of, uint8_t *tok_failed,
+                                      int T, int kc, void *ws, size_t ws_bytes);
 
 /* ---------------- flags (the transfer layer; C: st_flag_signal / st_flag_wait) ---------------- */
 /* One-thread kernels, capturable in a CUDA graph. flag, epoch and err are device memory, another

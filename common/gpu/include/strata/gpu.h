@@ -83,6 +83,9 @@ void st_gpu_host_unregister(void *p);
 /* Whether p is page-locked host memory the driver knows (st_gpu_host_alloc, a pinned arena,
  * st_gpu_host_register): copies from and to it can be captured in a graph. */
 bool st_gpu_host_pinned(const void *p);
+/* The device's address of page-locked host memory p that is mapped into it (allocated or registered
+ * mapped, as above), for a kernel to read or write it where it lies; NULL when there is none. */
+void *st_gpu_host_dev(const void *p);
 
 /* Stream-ordered copies and memset (queued on s, no host wait; 0 bytes: nothing queued). A copy
  * from or to pageable host memory is staged by the driver and may return only once the host side
