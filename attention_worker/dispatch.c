@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "dispatch.h"
+#include "strata/kernels.h"
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows) {
     memset(p, 0, sizeof *p);
@@ -54,89 +55,33 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Leaves [a, b) of one token (expert ids id ascending, servers tg), all inside one node of the tree
- * at level h (2^h ids): the node is one output row when they share a server, else its two halves
- * are cut the same way. A half without leaves adds nothing; a node of skipped leaves is not sent. */
-static void split(st_dispatch_plan_t *p, const uint32_t *id, const int *tg, int a, int b, int h, int slot0) {
-    int i = a + 1;
-    while (i < b && tg[i] == tg[a]) i++;
-    if (i == b) {
-        int s = tg[a];
-        if (s < 0) return;
-        int o = p->n_out[s]++;
-        p->node[(size_t)s * p->max_rows + o] = slot0 + a;
-        for (int k = a; k < b; k++) p->slot_row[slot0 + k] = o;
-        return;
-    }
-    /* NOTE: distinct ids differ below h, so h > 0 here */
-    int m = a;
-    while (m < b && !((id[m] >> (h - 1)) & 1u)) m++;
-    if (m > a) split(p, id, tg, a, m, h - 1, slot0);
-    if (m < b) split(p, id, tg, m, b, h - 1, slot0);
-}
+/* NOTE: the worker's markers are the kernel's (server_of is handed through as it is) */
+_Static_assert(ST_DISPATCH_NONE == ST_MOE_PLAN_NONE && ST_DISPATCH_SKIP == ST_MOE_PLAN_SKIP, "server_of markers");
 
+/* The plan is kernels/dispatch_plan.c's (the reference of the GPU's); p's tables are its tables.
+ * The pair weights are left to st_dispatch_pack, which writes them straight into the message. */
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed) {
-    int S = p->n_servers, n = p->n_experts, kc = w->kc;
-    memset(p->n_rows, 0, sizeof(int) * (size_t)S);
-    memset(p->n_exp, 0, sizeof(int) * (size_t)S);
-    memset(p->n_out, 0, sizeof(int) * (size_t)S);
-    for (int k = 0; k < w->T * kc; k++) p->slot_row[k] = -1;
-    /* each token's leaves cut into the largest tree nodes one server holds: its output rows */
-    uint32_t *id = p->tid;
-    for (int t = 0; t < w->T; t++) {
-        int c = w->cnt[t];
-        if (tok_failed[t] || c == 0) continue;
-        bool none = false;
-        for (int i = 0; i < c; i++) {
-            id[i] = (uint32_t)w->ids[(size_t)t * kc + i];
-            p->tag[i] = server_of[id[i]];
-            none |= p->tag[i] == ST_DISPATCH_NONE;
-        }
-        if (none) {
-            tok_failed[t] = true;
-            continue;
-        }
-        /* from the smallest node holding them all: the bit length of where the first and last differ */
-        uint32_t x = id[0] ^ id[c - 1];
-        split(p, id, p->tag, 0, c, x ? 32 - __builtin_clz(x) : 0, t * kc);
-    }
-    /* experts ascending; for each expert its tokens ascending: a counting sort of the sent leaves
-     * by expert (stable in slot order, which is token order) */
-    int *ec = p->ecur;
-    memset(ec, 0, sizeof(int) * (size_t)n);
-    for (int t = 0; t < w->T; t++)
-        for (int i = 0; i < w->cnt[t]; i++) {
-            int k = t * kc + i;
-            if (p->slot_row[k] >= 0 && server_of[w->ids[k]] >= 0) ec[w->ids[k]]++;
-        }
-    for (int e = 0; e < n; e++) {
-        int s = server_of[e], c = ec[e];
-        if (s < 0 || c == 0) continue;
-        int start = p->n_rows[s], k = p->n_exp[s]++;
-        p->exp_ids[(size_t)s * n + k] = (uint32_t)e;
-        p->offsets[(size_t)s * (n + 1) + k] = (uint32_t)start;
-        p->offsets[(size_t)s * (n + 1) + k + 1] = (uint32_t)(start + c);
-        p->n_rows[s] = start + c;
-        ec[e] = start; /* now the expert's next row */
-    }
-    /* each pair into its expert's next row; each server's distinct tokens in ascending order (the
-     * tokens come in order: a token is new to a server when it is not the server's last one) */
-    int *last = p->last, *nu = p->n_uniq;
-    for (int s = 0; s < S; s++) last[s] = -1, nu[s] = 0;
-    /* NOTE: the tables in locals: stores through them cannot alias p, so it is not reloaded each pair */
-    int *restrict pair = p->pair, *restrict utok = p->utok;
-    uint32_t *restrict orow = p->orow, *restrict src = p->src;
-    const int *slot_row = p->slot_row, *ids = w->ids;
-    for (int t = 0; t < w->T; t++)
-        for (int i = 0; i < w->cnt[t]; i++) {
-            int k = t * kc + i, e = ids[k], s;
-            if (slot_row[k] < 0 || (s = server_of[e]) < 0) continue;
-            size_t base = (size_t)s * p->max_rows, r = base + (size_t)ec[e]++;
-            if (last[s] != t) last[s] = t, utok[base + (size_t)nu[s]++] = t;
-            pair[r] = k;
-            orow[r] = (uint32_t)slot_row[k];
-            src[r] = (uint32_t)(nu[s] - 1);
-        }
+    st_moe_plan_t v = {.n_servers = p->n_servers,
+                       .n_experts = p->n_experts,
+                       .max_rows = p->max_rows,
+                       .n_rows = p->n_rows,
+                       .n_exp = p->n_exp,
+                       .exp_ids = p->exp_ids,
+                       .offsets = p->offsets,
+                       .pair = p->pair,
+                       .orow = p->orow,
+                       .src = p->src,
+                       .wts = NULL,
+                       .n_out = p->n_out,
+                       .node = p->node,
+                       .n_uniq = p->n_uniq,
+                       .utok = p->utok,
+                       .slot_row = p->slot_row,
+                       .last = p->last,
+                       .ecur = p->ecur,
+                       .tag = p->tag,
+                       .tid = p->tid};
+    st_moe_dispatch_plan(&v, w->ids, w->cnt, NULL, server_of, tok_failed, w->T, w->kc);
 }
 
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,

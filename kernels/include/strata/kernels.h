@@ -206,6 +206,52 @@ void st_moe_combine(float *u, float *partial, const float *yg, const float *yf, 
 void st_moe_finish_nodes(float *u, const float *const *at, const int *ids, const int *cnt, int T, int kc, int l,
                          float *scratch, uint32_t *tid);
 
+/* ---------------- MoE dispatch plan (kernels/dispatch_plan.c; CUDA: st_cuda_moe_dispatch_plan) ----------------
+ * One work item's bookkeeping for the expert servers: which (token, expert) pairs go to which server
+ * (grouped by expert, experts ascending, tokens ascending within an expert), the distinct tokens each
+ * server gets (ascending), and the summation tree split between the servers: each token's leaves cut
+ * into the largest nodes of the binary tree over expert ids that one server holds entirely
+ * (docs/architecture.md, "Bit-exact expert results"), each node one output row of its server,
+ * numbered per server in token order, then left to right. A descriptor: it owns nothing; whoever
+ * fills the pointers frees them. S = n_servers, E = n_experts, M = max_rows (≥ T·kc, the row stride
+ * of the per-server tables). Each table is valid only over the prefix its count names; the rest is
+ * left as it was. */
+#define ST_MOE_PLAN_NONE (-1) /* server_of: no live server holds the expert (its tokens fail) */
+#define ST_MOE_PLAN_SKIP (-2) /* server_of: leave the expert's pairs out (a retry round) */
+typedef struct st_moe_plan {
+    int n_servers, n_experts, max_rows; /* S, E, M */
+    int *n_rows;                        /* [S] int32: pairs sent to server s */
+    int *n_exp;                         /* [S] int32: experts of server s with ≥ 1 pair */
+    uint32_t *exp_ids;                  /* [S, E] uint32, row s valid over n_exp[s]: those experts, ascending */
+    /* [S, E + 1] uint32, row s valid over n_exp[s] + 1: expert k's pairs are rows offsets[k] ..
+     * offsets[k+1]-1 (offsets[0] = 0, also for a server without pairs) */
+    uint32_t *offsets;
+    int *pair;      /* [S, M] int32, row s valid over n_rows[s]: pair r → its slot t·kc + i */
+    uint32_t *orow; /* [S, M] uint32, valid over n_rows[s]: pair r → its output row (tree node) */
+    uint32_t *src;  /* [S, M] uint32, valid over n_rows[s]: pair r → its token's index in utok */
+    /* [S, M] fp32, valid over n_rows[s]: pair r's routing weight wts[pair]; NULL: not written (the C
+     * version also leaves it when its wts argument is NULL) */
+    float *wts;
+    int *n_out;  /* [S] int32: output rows (tree nodes) of server s */
+    int *node;   /* [S, M] int32, valid over n_out[s]: output row → slot t·kc + i of its node's first leaf */
+    int *n_uniq; /* [S] int32: distinct tokens of server s */
+    int *utok;   /* [S, M] int32, valid over n_uniq[s]: distinct token index → token t, ascending */
+    /* scratch of the C version only (st_cuda_moe_dispatch_plan takes a workspace and ignores these) */
+    int *slot_row; /* [M] int32: slot → its output row, −1 when not sent */
+    int *last;     /* [S] int32: each server's last token */
+    int *ecur;     /* [E] int32: pairs per expert, then each expert's next row */
+    int *tag;      /* [kc] int32: a token's leaves' servers */
+    uint32_t *tid; /* [kc] uint32: a token's expert ids */
+} st_moe_plan_t;
+/* Fills p's tables from one work item's routing: per token t < T, cnt[t] ≤ kc experts ids[t·kc + i]
+ * (int32 in [0, E), distinct, ascending within a token; ids/wts [T, kc], cnt [T]), routing weights wts
+ * [T, kc] fp32 (may be NULL when p->wts is), server_of [E] int32 (a server in [0, S), ST_MOE_PLAN_NONE
+ * or ST_MOE_PLAN_SKIP). A token with a NONE leaf is flagged in tok_failed [T] (set, never cleared) and
+ * sends nothing; tokens already flagged, or with cnt 0, send nothing. A skipped leaf bounds the nodes
+ * like another server's, and a node of skipped leaves is not sent. */
+void st_moe_dispatch_plan(const st_moe_plan_t *p, const int *ids, const int *cnt, const float *wts,
+                          const int *server_of, bool *tok_failed, int T, int kc);
+
 /* ---------------- sampling (SPEC §9) ---------------- */
 /* Index of the largest of x[0..V) (ties → the lower index: greedy decoding). */
 int st_argmax(const float *x, int V);
