@@ -58,29 +58,17 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
 /* NOTE: the worker's markers are the kernel's (server_of is handed through as it is) */
 _Static_assert(ST_DISPATCH_NONE == ST_MOE_PLAN_NONE && ST_DISPATCH_SKIP == ST_MOE_PLAN_SKIP, "server_of markers");
 
-/* The plan is kernels/dispatch_plan.c's (the reference of the GPU's); p's tables are its tables.
- * The pair weights are left to st_dispatch_pack, which writes them straight into the message. */
+st_moe_plan_t st_dispatch_plan_view(st_dispatch_plan_t *p) {
+    return (st_moe_plan_t){.n_servers = p->n_servers, .n_experts = p->n_experts, .max_rows = p->max_rows,
+                           .n_rows = p->n_rows, .n_exp = p->n_exp, .exp_ids = p->exp_ids, .offsets = p->offsets,
+                           .pair = p->pair, .orow = p->orow, .src = p->src, .wts = NULL, .n_out = p->n_out,
+                           .node = p->node, .n_uniq = p->n_uniq, .utok = p->utok, .slot_row = p->slot_row,
+                           .last = p->last, .ecur = p->ecur, .tag = p->tag, .tid = p->tid};
+}
+
+/* The plan is kernels/dispatch_plan.c's (the reference of the GPU's); p's tables are its tables. */
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed) {
-    st_moe_plan_t v = {.n_servers = p->n_servers,
-                       .n_experts = p->n_experts,
-                       .max_rows = p->max_rows,
-                       .n_rows = p->n_rows,
-                       .n_exp = p->n_exp,
-                       .exp_ids = p->exp_ids,
-                       .offsets = p->offsets,
-                       .pair = p->pair,
-                       .orow = p->orow,
-                       .src = p->src,
-                       .wts = NULL,
-                       .n_out = p->n_out,
-                       .node = p->node,
-                       .n_uniq = p->n_uniq,
-                       .utok = p->utok,
-                       .slot_row = p->slot_row,
-                       .last = p->last,
-                       .ecur = p->ecur,
-                       .tag = p->tag,
-                       .tid = p->tid};
+    st_moe_plan_t v = st_dispatch_plan_view(p);
     st_moe_dispatch_plan(&v, w->ids, w->cnt, NULL, server_of, tok_failed, w->T, w->kc);
 }
 

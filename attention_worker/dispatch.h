@@ -44,6 +44,10 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
 #define ST_DISPATCH_NONE (-1)
 #define ST_DISPATCH_SKIP (-2)
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
+/* p's tables as the kernels' plan descriptor (st_moe_dispatch_plan, st_engine_mb_plan: the GPU
+ * engine builds the same tables on the device); its weights table NULL: the pair weights are left to
+ * st_dispatch_pack, which writes them straight into the message. */
+st_moe_plan_t st_dispatch_plan_view(st_dispatch_plan_t *p);
 /* server s's parts of its dispatch: row sources → src [n_rows[s]], each pair's output row → orow and
  * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew], in the work's type (bf16
  * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS); rows NULL: the caller copies them */

@@ -57,6 +57,10 @@ enum { MB_DONE, MB_LAUNCHED, MB_AT_EXPERTS }; /* a micro-batch's state within a 
  * prefill on `small`: ~1.8 ms a layer, measured on the H200 host, 2026-12-03). */
 #define ZRUN_MIN_BYTES (512u << 10)
 #define ZRUN_MAX 64
+/* A hand-off of at least this many routed slots (T·kc) is planned on the device (st_engine_mb_plan):
+ * the host's plan costs ~10 ns a slot (0.6–0.7 ms at an 8K prefill's 65 536), the device's two round
+ * trips a few tens of µs whatever the size */
+#define PLAN_DEV_MIN_SLOTS 8192
 
 enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
 enum { EV_CHUNK = 1, EV_SEND, EV_REPORT, EV_END };
@@ -787,7 +791,15 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
     double t0 = st_time_sec();
     int *so = aw->server_of[mb];
     choose_servers(aw, w->layer, so, NULL);
-    st_dispatch_plan_build(&aw->plan[mb], w, so, aw->tok_failed[mb]);
+    bool dev = false;
+    if ((long)w->T * w->kc >= PLAN_DEV_MIN_SLOTS && st_engine_async(aw->e)) {
+        st_moe_plan_t v = st_dispatch_plan_view(&aw->plan[mb]);
+        dev = st_engine_mb_plan(aw->mbs[mb], &v, ST_MAX(aw->n_srv, 1), so, aw->tok_failed[mb]) == ST_OK;
+        if (!dev)
+            st_log_every(ST_LOG_WARN, 10.0, "worker %s: the dispatch plan on the device: %s (planned on the host)",
+                         aw->o.name, st_err_last());
+    }
+    if (!dev) st_dispatch_plan_build(&aw->plan[mb], w, so, aw->tok_failed[mb]);
     for (int e = 0; e < aw->c->n_experts && !why[0]; e++) /* name the lost holder of a stranded expert */
         if (so[e] == ST_DISPATCH_NONE) {
             int used = 0;

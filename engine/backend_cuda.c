@@ -167,6 +167,15 @@ typedef struct {
      * wait's watchdog error (device); hand: hand-offs collected */
     uint32_t *rel;
     uint32_t hand;
+    /* the hand-off's dispatch plan on the device (st_engine_mb_plan), for up to pl.n_servers servers:
+     * pl's tables in pl_dev (the counts block n_rows | n_exp | n_out | n_uniq [S] | exp_ids [S, E] |
+     * offsets [S, E + 1], then pair | orow | src | node | utok | wts [S, M], then server_of [E] |
+     * tok_failed [T] bytes); pl_h pinned: the counts block down, server_of | tok_failed up */
+    st_moe_plan_t pl;
+    void *pl_dev, *pl_ws;
+    size_t pl_ws_bytes, pl_words; /* pl_words: the counts block */
+    int pl_kc;                    /* the slots per token the workspace is sized for */
+    int *pl_h;
     /* step */
     int n_rows;
     int *d_tok, *d_tok_ent, *d_tok_pos, *d_rows, *d_cu, *d_slot, *d_len, *d_btab; /* into meta_d */
@@ -635,6 +644,7 @@ static void mb_free(st_engine_mb_t *fm) {
     }
     st_gpu_arena_cleanup(&mb->dev);
     st_gpu_arena_cleanup(&mb->pin);
+    st_gpu_free(mb->pl_dev), st_gpu_free(mb->pl_ws), st_gpu_host_free(mb->pl_h);
     free(mb->need);
     free(mb);
     fm->bk = NULL;
@@ -1238,6 +1248,91 @@ static st_status_t copy_z(st_engine_mb_t *fm, const int *first, const int *count
     return s;
 }
 
+/* The plan's device tables for S servers of E experts and M rows (T tokens of kc slots at most),
+ * replacing smaller ones. */
+static st_status_t plan_alloc(cmb_t *mb, int S, int E, int M, int T, int kc) {
+    st_gpu_free(mb->pl_dev), st_gpu_free(mb->pl_ws), st_gpu_host_free(mb->pl_h);
+    mb->pl_dev = mb->pl_ws = NULL, mb->pl_h = NULL;
+    memset(&mb->pl, 0, sizeof mb->pl);
+    size_t cb = 4 * (size_t)S + (size_t)S * E + (size_t)S * (E + 1), sm = (size_t)S * M;
+    size_t dev = 4 * (cb + 6 * sm + (size_t)E) + (size_t)T;
+    mb->pl_ws_bytes = st_cuda_moe_dispatch_plan_ws_bytes(T, kc, E, S);
+    mb->pl_kc = kc;
+    st_status_t s;
+    if ((s = st_gpu_malloc(&mb->pl_dev, dev)) != ST_OK || (s = st_gpu_malloc(&mb->pl_ws, mb->pl_ws_bytes)) != ST_OK ||
+        (s = st_gpu_host_alloc((void **)&mb->pl_h, 4 * (cb + (size_t)E) + (size_t)T)) != ST_OK)
+        return s;
+    int *b = mb->pl_dev;
+    st_moe_plan_t *p = &mb->pl;
+    p->n_servers = S, p->n_experts = E, p->max_rows = M;
+    p->n_rows = b, p->n_exp = b + S, p->n_out = b + 2 * S, p->n_uniq = b + 3 * S;
+    p->exp_ids = (uint32_t *)(b + 4 * S), p->offsets = p->exp_ids + (size_t)S * E;
+    int *t = b + cb;
+    p->pair = t, p->orow = (uint32_t *)(t + sm), p->src = (uint32_t *)(t + 2 * sm), p->node = t + 3 * sm;
+    p->utok = t + 4 * sm, p->wts = (float *)(t + 5 * sm);
+    mb->pl_words = cb;
+    return ST_OK;
+}
+
+static st_status_t plan(st_engine_mb_t *fm, const st_moe_plan_t *p, int S, const int *server_of, bool *tok_failed) {
+    cmb_t *mb = CMB(fm);
+    st_engine_t *e = fm->e;
+    const int T = fm->T, kc = fm->work.kc, E = p->n_experts, M = p->max_rows;
+    st_status_t s = st_gpu_init(e->o.device);
+    if (s == ST_OK && (mb->pl.n_servers < S || mb->pl.n_experts != E || mb->pl.max_rows != M || mb->pl_kc < kc))
+        s = plan_alloc(mb, S, E, M, e->o.max_batch_tokens, kc);
+    if (s != ST_OK) return s;
+    /* server_of and the flags up, next to each other on both sides; the device tables keep their
+     * allocation's strides (pl.n_servers ≥ S) */
+    const int SA = mb->pl.n_servers;
+    int *sof_h = mb->pl_h + mb->pl_words, *sof_d = (int *)mb->pl_dev + mb->pl_words + 6 * (size_t)SA * M;
+    uint8_t *fail_h = (uint8_t *)(sof_h + E), *fail_d = (uint8_t *)(sof_d + E);
+    memcpy(sof_h, server_of, sizeof(int) * (size_t)E);
+    for (int t = 0; t < T; t++) fail_h[t] = tok_failed[t];
+    st_moe_plan_t d = mb->pl;
+    d.n_servers = S;
+    d.wts = p->wts ? mb->pl.wts : NULL;
+    const st_gpu_stream_t *st = mb->s;
+    if ((s = st_gpu_memcpy_async(st, sof_d, sof_h, sizeof(int) * (size_t)E + (size_t)T, ST_GPU_COPY_H2D)) != ST_OK ||
+        (s = st_cuda_moe_dispatch_plan(st, &d, mb->ids, mb->cnt, mb->wts, sof_d, fail_d, T, kc, mb->pl_ws,
+                                       mb->pl_ws_bytes)) != ST_OK ||
+        (s = st_gpu_memcpy_async(st, mb->pl_h, mb->pl_dev, 4 * mb->pl_words, ST_GPU_COPY_D2H)) != ST_OK ||
+        (s = st_gpu_memcpy_async(st, fail_h, fail_d, (size_t)T, ST_GPU_COPY_D2H)) != ST_OK ||
+        (s = st_gpu_stream_sync(st)) != ST_OK)
+        return s;
+    /* the counts and the expert tables, then each server's prefixes straight into p */
+    const int *h = mb->pl_h;
+    const uint32_t *hid = (const uint32_t *)(h + 4 * SA), *hoff = hid + (size_t)SA * E;
+    for (int v = 0; v < p->n_servers; v++) {
+        bool in = v < S;
+        p->n_rows[v] = in ? h[v] : 0, p->n_exp[v] = in ? h[SA + v] : 0;
+        p->n_out[v] = in ? h[2 * SA + v] : 0, p->n_uniq[v] = in ? h[3 * SA + v] : 0;
+        uint32_t *off = p->offsets + (size_t)v * (E + 1);
+        off[0] = 0;
+        if (!in || !p->n_rows[v]) continue;
+        memcpy(p->exp_ids + (size_t)v * E, hid + (size_t)v * E, sizeof(uint32_t) * (size_t)p->n_exp[v]);
+        memcpy(off, hoff + (size_t)v * (E + 1), sizeof(uint32_t) * ((size_t)p->n_exp[v] + 1));
+    }
+    for (int t = 0; t < T; t++) tok_failed[t] = fail_h[t] != 0;
+    for (int v = 0; v < S && s == ST_OK; v++) {
+        size_t n = (size_t)p->n_rows[v], at = (size_t)v * M;
+        if (!n) continue;
+        struct {
+            void *dst;
+            const void *src;
+            size_t words;
+        } cp[] = {{p->pair + at, d.pair + at, n},
+                  {p->orow + at, d.orow + at, n},
+                  {p->src + at, d.src + at, n},
+                  {p->node + at, d.node + at, (size_t)p->n_out[v]},
+                  {p->utok + at, d.utok + at, (size_t)p->n_uniq[v]},
+                  {p->wts ? p->wts + at : NULL, d.wts ? d.wts + at : NULL, n}};
+        for (size_t i = 0; i < ST_ARRAY_LEN(cp) && s == ST_OK; i++)
+            if (cp[i].dst) s = st_gpu_memcpy_async(st, cp[i].dst, cp[i].src, 4 * cp[i].words, ST_GPU_COPY_D2H);
+    }
+    return s == ST_OK ? st_gpu_stream_sync(st) : s;
+}
+
 /* The sampling entries' parameters for the head's row chunks of LR rows: list k in head-row order,
  * row relative to its chunk; returns how many, *lp whether any wants logprobs. */
 static int sample_rows(cmb_t *mb, int LR, bool *lp) {
@@ -1552,6 +1647,7 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .wait = handoff_wait,
     .release = release,
     .copy_z = copy_z,
+    .plan = plan,
     .ready = ready,
     .head = head,
     .step = graph_step,

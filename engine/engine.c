@@ -501,6 +501,17 @@ st_status_t st_engine_mb_copy_z(st_engine_mb_t *mb, const int *first, const int 
     return mb->e->be->copy_z(mb, first, count, dst, n_runs);
 }
 
+st_status_t st_engine_mb_plan(st_engine_mb_t *mb, const st_moe_plan_t *p, int n_servers, const int *server_of,
+                              bool *tok_failed) {
+    if (!mb->e->be->plan) return ST_FAIL(ST_ERR_UNSUPPORTED, "engine %s plans no dispatch", mb->e->be->name);
+    if (!mb->held || mb->pend) return ST_FAIL(ST_ERR_INVALID_ARG, "engine: no collected hand-off to plan");
+    if (n_servers < 1 || n_servers > p->n_servers || p->n_experts != mb->e->c.n_experts ||
+        (long long)mb->T * mb->work.kc > p->max_rows)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "engine: a plan of %d of %d servers, %d experts, %d rows for %d tokens",
+                       n_servers, p->n_servers, p->n_experts, p->max_rows, mb->T);
+    return mb->e->be->plan(mb, p, n_servers, server_of, tok_failed);
+}
+
 void st_engine_mb_release(st_engine_mb_t *mb) {
     if (!mb->held) return;
     mb->held = false;

@@ -181,6 +181,10 @@ struct st_engine_backend {
     /* the hand-off's z rows, runs of them, into host memory (engine.h st_engine_mb_copy_z); NULL: not
      * a bf16 hand-off */
     st_status_t (*copy_z)(st_engine_mb_t *mb, const int *first, const int *count, void *const *dst, int n);
+    /* the hand-off's dispatch plan on the device into p's host tables (engine.h st_engine_mb_plan);
+     * NULL: none (the caller plans on the host) */
+    st_status_t (*plan)(st_engine_mb_t *mb, const st_moe_plan_t *p, int n_servers, const int *server_of,
+                        bool *tok_failed);
     bool (*ready)(st_engine_mb_t *mb);        /* the hand-off or layers are done (a poll) */
     void (*head)(st_engine_mb_t *mb);         /* final norm, lm_head, logits / argmax to the caller */
     /* the entries' sampling (st_seq_chunk_t.sample) over the head's rows; a backend whose head works

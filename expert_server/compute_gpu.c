@@ -5,8 +5,8 @@
  * st_cuda_moe_ffn_table over all its experts (a device table of the experts' weight blocks;
  * big experts through cuBLAS) → the tree sums into output rows (st_cuda_moe_tree_reduce) → fp32
  * rows D2H straight into the caller's reply buffer (the server pins its slot buffers, so neither
- * side is staged through another host copy); a per-row dispatch (decode sizes) in mapped memory has
- * no copies at all: its kernels read the request and write the reply where they lie. A dispatch
+ * side is staged through another host copy); a per-row dispatch (decode sizes) in mapped memory
+ * copies only its tables: its kernels read the request's rows and write the reply where they lie. A dispatch
  * whose shape and buffers repeat replays those copies and launches as one CUDA graph
  * (ST_TUN_CUDA_GRAPHS): per-row FFNs, and grouped ones whose launches the key fixes
  * (st_cuda_moe_ffn_table_fixed). No I/O. */
@@ -69,7 +69,6 @@ struct st_es_gpu {
     uint32_t *h_eid;   // [n_experts] pinned host: the dispatch's expert ids (for the leaf table on the device)
     uint32_t *h_leaf;  // as d_leaf, pinned host
     uint32_t *h_err;   // pinned host (mapped): the device leaf table's verdict (st_cuda_moe_leaf_table err)
-    uint8_t *m_meta;   // the pinned block's device address (mapped) for direct dispatches; NULL: none
     uint32_t *m_err;   // h_err's device address; NULL: no leaf table on the device
     /* MXFP4 staging for bind: codes [rows, cols/2] + scales [rows, cols/32] of the largest matrix */
     uint8_t *d_mx;
@@ -87,7 +86,7 @@ struct st_es_gpu {
     uint64_t tick;
     st_es_gpu_counts_t n_served; /* st_es_gpu_counts (atomics) */
     /* where a dispatch's time goes, per size class (st_es_gpu_split): seconds and counts */
-    double t_prep[ES_CLASSES], t_launch[ES_CLASSES], t_dev[ES_CLASSES];
+    double t_prep[ES_CLASSES], t_launch[ES_CLASSES], t_dev[ES_CLASSES], prep_max[ES_CLASSES];
     uint64_t n_cls[ES_CLASSES];
 };
 
@@ -159,7 +158,6 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         s = ST_FAIL(ST_ERR_INTERNAL, "expert gpu: pinned staging is not laid out as its device mirror");
         goto err;
     }
-    g->m_meta = st_gpu_host_dev(g->h_off);
     g->m_err = st_gpu_host_dev(g->h_err);
     *out = g;
     return ST_OK;
@@ -191,9 +189,9 @@ void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap) {
         uint32_t lo = c ? es_class_max[c - 1] + 1 : 1;
         char hi[16] = "";
         if (c < ES_CLASSES - 1) snprintf(hi, sizeof hi, "%u", es_class_max[c]);
-        int w = snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f / %.1f / %.1f us", k ? "; " : "", lo, hi,
-                         (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->t_launch[c] / n,
-                         1e6 * g->t_dev[c] / n);
+        int w = snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f (max %.0f) / %.1f / %.1f us", k ? "; " : "", lo,
+                         hi, (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->prep_max[c],
+                         1e6 * g->t_launch[c] / n, 1e6 * g->t_dev[c] / n);
         if (w < 0) break;
         k += (size_t)w;
     }
@@ -278,24 +276,26 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
 
-/* A per-row dispatch of distinct rows with no copies (k->direct): the kernels read the pinned block
- * (offsets, weight table, leaf table) and the request's sources and rows where they lie in mapped host
- * memory, and the tree writes the output rows straight into k->out. NOTE: at decode sizes a copy
- * node costs more than the few rows it moves (each DMA has its own latency), and the expansion
- * reads each row only once per pair. */
+/* A per-row dispatch of distinct rows without copying its rows (k->direct): the pinned block up (the
+ * FFN and the tree read its tables over and over), then the expansion reads the request's sources and
+ * rows where they lie in mapped host memory and the tree writes the output rows straight into k->out.
+ * NOTE: at decode sizes a copy costs more than the few rows it moves (each DMA has its own latency,
+ * and a graph's copy nodes are slower to launch than its kernels), while the expansion reads each row
+ * once per pair; tables read from mapped memory instead measured slower still (a chain of dependent
+ * host reads in every block: 52 µs a dispatch against 33 with all copies, H200, 2026-12-03). */
 static st_status_t enqueue_direct(st_es_gpu_t *g, const gkey_t *k) {
     const st_config_t *c = g->c;
     size_t n = k->n, no = k->n_out;
-    const int *off = (const int *)g->m_meta;
-    const st_bf16_t *const *tab = (const st_bf16_t *const *)(g->m_meta + g->meta_tab);
-    const uint32_t *dl = (const uint32_t *)(g->m_meta + g->meta_leaf);
     const void *rows = st_gpu_host_dev(k->rows), *src = st_gpu_host_dev(k->src);
     float *out = st_gpu_host_dev(k->out);
     if (!rows || !src || !out) return ST_FAIL(ST_ERR_INTERNAL, "expert gpu: direct dispatch buffers not mapped");
     st_status_t s;
+    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
+                           ST_GPU_COPY_H2D));
     CK(st_cuda_moe_expand(&g->s, g->d_in_bf, rows, k->bf16, src, (int)n, (int)k->n_in, g->ew));
-    CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, off, (int)k->n_exp, (int)n, tab,
-                                  g->ew, g->mi, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
+    CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)k->n_exp, (int)n,
+                                  g->d_tab, g->ew, g->mi, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
+    const uint32_t *dl = g->d_leaf;
     return st_cuda_moe_tree_reduce(&g->s, out, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
                                    (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew);
 }
@@ -450,8 +450,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     key.rows_ffn = rows_ffn, key.tiles = rows_ffn ? 0 : (maxc + 127) / 128;
     /* NOTE: direct only per row (≤ 64 slots): the grouped FFN reads its offsets on the host to size its
      * launch and rereads rows per tile, where mapped reads would cost more than a copy */
-    key.direct =
-        rows_ffn && src && g->m_meta && st_gpu_host_dev(src) && st_gpu_host_dev(d->rows) && st_gpu_host_dev(out);
+    key.direct = rows_ffn && src && st_gpu_host_dev(src) && st_gpu_host_dev(d->rows) && st_gpu_host_dev(out);
     bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
     double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */
     void *exec = NULL;
@@ -479,6 +478,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     int c = 0;
     while (c < ES_CLASSES - 1 && n > es_class_max[c]) c++;
     g->t_prep[c] += t1 - t0, g->t_launch[c] += t2 - t1, g->t_dev[c] += st_time_sec() - t2;
+    g->prep_max[c] = ST_MAX(g->prep_max[c], t1 - t0);
     g->n_cls[c]++;
     return ST_OK;
 }

@@ -45,8 +45,8 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
  * addresses: st_es_gpu_forget drops them all before such memory is unmapped or unpinned (a
  * same-host channel closing). Not concurrently with st_es_gpu_run. */
 void st_es_gpu_forget(st_es_gpu_t *g);
-/* Dispatches served so far (tests, the server's log; any thread): by a graph replay; without copies
- * (per-row dispatches, ≤ 64 slots, of distinct rows whose request and reply lie in mapped pinned
+/* Dispatches served so far (tests, the server's log; any thread): by a graph replay; without copying
+ * rows (per-row dispatches, ≤ 64 slots, of distinct rows whose request and reply lie in mapped pinned
  * memory, read and written there by the kernels); with the leaf table built on the device (a large
  * dispatch whose sources, pairs and rows are one span). */
 typedef struct {
@@ -54,9 +54,9 @@ typedef struct {
 } st_es_gpu_counts_t;
 void st_es_gpu_counts(const st_es_gpu_t *g, st_es_gpu_counts_t *out);
 /* Where the dispatches' time went so far, per size class of pairs: the host tables (leaf table,
- * offsets, checks), queueing the copies and launches (or finding, capturing and launching a graph),
- * and the wait for the device (its copies and kernels), as means in µs, into buf (empty when none
- * ran). Not concurrently with st_es_gpu_run (the server's stop line). */
+ * offsets, checks; the mean and the largest), queueing the copies and launches (or finding,
+ * capturing and launching a graph), and the wait for the device (its copies and kernels), in µs, into
+ * buf (empty when none ran). Not concurrently with st_es_gpu_run (the server's stop line). */
 void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);

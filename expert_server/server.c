@@ -615,13 +615,13 @@ static void on_member_stopped(void *arg) {
 static void on_signal(uv_signal_t *h, int sig) {
     es_t *es = h->data;
     if (es->stop) return;
-    unsigned long long replays = 0;
-    char split[320] = "";
+    unsigned long long replays = 0, direct = 0, leaf_dev = 0;
+    char split[400] = "";
 #ifdef STRATA_WITH_CUDA
     if (es->gpu) {
         st_es_gpu_counts_t n;
         st_es_gpu_counts(es->gpu, &n);
-        replays = (unsigned long long)n.replays;
+        replays = n.replays, direct = n.direct, leaf_dev = n.leaf_dev;
         pthread_mutex_lock(&es->mu); /* the split is the compute's: read between dispatches, never waiting */
         int idle = !es->busy;
         es->busy |= idle;
@@ -632,8 +632,10 @@ static void on_signal(uv_signal_t *h, int sig) {
         }
     }
 #endif
-    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay)%s%s",
-                es->o.name, sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays,
+    st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay, %llu "
+                "without copying rows, %llu with the leaf table on the device)%s%s",
+                es->o.name, sig, (unsigned long long)es->served, (unsigned long long)es->rows,
+                replays, direct, leaf_dev,
                 split[0] ? "; per dispatch, host tables / launches / device: " : "", split);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;

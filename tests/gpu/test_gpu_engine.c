@@ -352,6 +352,66 @@ static void copy_z_check(st_engine_t *e, st_engine_mb_t *mb, const st_moe_work_t
     st_engine_host_free(e, buf);
 }
 
+/* Host tables of a plan for S servers (C scratch included), zeroed; free with plan_free. */
+static st_moe_plan_t plan_new(int S, int E, int M, int kc) {
+    size_t sm = (size_t)S * M;
+    st_moe_plan_t p = {.n_servers = S, .n_experts = E, .max_rows = M};
+    p.n_rows = calloc(S, sizeof(int)), p.n_exp = calloc(S, sizeof(int)), p.n_out = calloc(S, sizeof(int));
+    p.n_uniq = calloc(S, sizeof(int)), p.exp_ids = calloc((size_t)S * E, 4), p.offsets = calloc((size_t)S * (E + 1), 4);
+    p.pair = calloc(sm, 4), p.orow = calloc(sm, 4), p.src = calloc(sm, 4), p.wts = calloc(sm, 4);
+    p.node = calloc(sm, 4), p.utok = calloc(sm, 4), p.slot_row = calloc(M, 4), p.last = calloc(S, 4);
+    p.ecur = calloc(E, 4), p.tag = calloc(kc, 4), p.tid = calloc(kc, 4);
+    return p;
+}
+static void plan_free(st_moe_plan_t *p) {
+    free(p->n_rows), free(p->n_exp), free(p->n_out), free(p->n_uniq), free(p->exp_ids), free(p->offsets);
+    free(p->pair), free(p->orow), free(p->src), free(p->wts), free(p->node), free(p->utok), free(p->slot_row);
+    free(p->last), free(p->ecur), free(p->tag), free(p->tid);
+}
+/* Whether two plans' tables are equal over their valid prefixes (the GPU one's scratch unused). */
+static bool plan_same(const st_moe_plan_t *a, const st_moe_plan_t *b) {
+    int E = a->n_experts;
+    for (int s = 0; s < a->n_servers; s++) {
+        size_t at = (size_t)s * a->max_rows, n = (size_t)a->n_rows[s];
+        if (a->n_rows[s] != b->n_rows[s] || a->n_exp[s] != b->n_exp[s] || a->n_out[s] != b->n_out[s] ||
+            a->n_uniq[s] != b->n_uniq[s] ||
+            memcmp(a->exp_ids + (size_t)s * E, b->exp_ids + (size_t)s * E, 4 * (size_t)a->n_exp[s]) ||
+            memcmp(a->offsets + (size_t)s * (E + 1), b->offsets + (size_t)s * (E + 1), 4 * ((size_t)a->n_exp[s] + 1)) ||
+            memcmp(a->pair + at, b->pair + at, 4 * n) || memcmp(a->orow + at, b->orow + at, 4 * n) ||
+            memcmp(a->src + at, b->src + at, 4 * n) || memcmp(a->wts + at, b->wts + at, 4 * n) ||
+            memcmp(a->node + at, b->node + at, 4 * (size_t)a->n_out[s]) ||
+            memcmp(a->utok + at, b->utok + at, 4 * (size_t)a->n_uniq[s]))
+            return false;
+    }
+    return true;
+}
+/* st_engine_mb_plan at a hand-off equals st_moe_dispatch_plan over the work's routing: three servers
+ * (experts scattered, one held by none, one skipped; a token flagged before), then one server of a
+ * plan for four (the others get no pairs); the flags come back as the host's. */
+static void plan_check(st_engine_mb_t *mb, const st_moe_work_t *w, int E) {
+    int M = w->T * w->kc, *sof = malloc(sizeof(int) * (size_t)E);
+    bool *fh = calloc((size_t)w->T, 1), *fd = calloc((size_t)w->T, 1);
+    for (int round = 0; round < 2; round++) {
+        int S = round ? 4 : 3, use = round ? 1 : 3;
+        for (int e = 0; e < E; e++) sof[e] = round ? 0 : (e * 5 + 1) % 3;
+        if (!round) sof[2] = ST_MOE_PLAN_NONE, sof[5] = ST_MOE_PLAN_SKIP;
+        memset(fh, 0, (size_t)w->T), memset(fd, 0, (size_t)w->T);
+        if (w->T > 1) fh[w->T - 1] = fd[w->T - 1] = true;
+        st_moe_plan_t ref = plan_new(S, E, M, w->kc), got = plan_new(S, E, M, w->kc);
+        st_moe_dispatch_plan(&ref, w->ids, w->cnt, w->wts, sof, fh, w->T, w->kc);
+        st_status_t s = st_engine_mb_plan(mb, &got, use, sof, fd);
+        CHECK(s == ST_OK, "mb_plan (layer %d, %d tokens): %s", w->layer, w->T, st_err_last());
+        CHECK(s != ST_OK || (plan_same(&ref, &got) && !memcmp(fh, fd, (size_t)w->T)),
+              "mb_plan: the device plan equals the host's (layer %d, %d tokens, %d of %d servers)", w->layer, w->T, use,
+              S);
+        plan_free(&ref), plan_free(&got);
+    }
+    st_moe_plan_t small = plan_new(2, E, M, w->kc);
+    CHECK(st_engine_mb_plan(mb, &small, 3, sof, fd) == ST_ERR_INVALID_ARG, "mb_plan refuses more servers than p has");
+    plan_free(&small);
+    free(sof), free(fh), free(fd);
+}
+
 /* The micro-batch hand-off on the GPU: experts computed on the host from work->zb (the GPU engine
  * hands z over as bf16, as it holds it), written to work->out (the remote path), against
  * st_engine_step on the same engine. */
@@ -365,7 +425,7 @@ static void handoff_run(st_engine_t *e, st_engine_mb_t *mb, const st_ckpt_t *ck,
     CHECK(st_engine_mb_begin(mb, &ch, 1, lg) == ST_OK, "mb begin: %s", st_err_last());
     st_moe_work_t w;
     for (int more = st_engine_mb_advance(mb, &w); more;) {
-        if (!early) copy_z_check(e, mb, &w);
+        if (!early) copy_z_check(e, mb, &w), plan_check(mb, &w, st_ckpt_config(ck)->n_experts);
         if (early) st_engine_mb_launch_early(mb);
         host_experts(ck, &w, zf, ws);
         if (early) st_engine_mb_release(mb);

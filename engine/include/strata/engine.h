@@ -223,6 +223,18 @@ void st_engine_mb_release(st_engine_mb_t *mb);
  * on an engine that hands over fp32 rows (the CPU one: copy work->z); device errors as
  * st_engine_mb_status's. */
 st_status_t st_engine_mb_copy_z(st_engine_mb_t *mb, const int *first, const int *count, void *const *dst, int n_runs);
+/* The collected hand-off's dispatch plan built on the device (st_cuda_moe_dispatch_plan, over the
+ * router's ids, counts and weights where they lie) and copied into p's host tables: each table's
+ * valid prefix exactly as st_moe_dispatch_plan fills it for server_of [E] (server indices below
+ * n_servers ≤ p->n_servers; p's servers from n_servers on get no pairs) and tok_failed [T] (in and
+ * out: flagged tokens send nothing; one with an expert no server holds gets flagged); p->wts written
+ * when not NULL. For large hand-offs, where the host's O(pairs) plan costs more than two round trips
+ * to the device. Only between a collect that returned work and the next launch. ST_ERR_UNSUPPORTED
+ * on an engine without it (the CPU one: plan on the host); device errors as st_engine_mb_status's.
+ * NOTE: the device tables for a count of servers are allocated the first time it is seen, not per
+ * step. */
+st_status_t st_engine_mb_plan(st_engine_mb_t *mb, const st_moe_plan_t *p, int n_servers, const int *server_of,
+                              bool *tok_failed);
 /* Whether st_engine_mb_launch_early queues anything on this engine: a GPU engine whose context loads
  * kernels eagerly. A lazily loaded kernel's first launch waits for all the process's device work,
  * a walk waiting for its release included, and the release would never come: call
