@@ -85,6 +85,11 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
         for (int u = 0; u < p->n_uniq[s]; u++) memcpy((uint8_t *)rows + (size_t)u * rb, z + (size_t)ut[u] * rb, rb);
 }
 
+void st_dispatch_src_tokens(const st_dispatch_plan_t *p, int s, uint32_t *src) {
+    const int *ut = p->utok + (size_t)s * p->max_rows;
+    for (int r = 0; r < p->n_rows[s]; r++) src[r] = (uint32_t)ut[src[r]];
+}
+
 void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, bool copy) {
     const int *nd = p->node + (size_t)s * p->max_rows;
     size_t ew = (size_t)w->ew;
@@ -95,10 +100,13 @@ void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t 
     }
 }
 
-void st_dispatch_settle(const st_moe_work_t *w) {
+void st_dispatch_settle(const st_moe_work_t *w) { st_dispatch_settle_except(w, NULL, NULL); }
+
+void st_dispatch_settle_except(const st_moe_work_t *w, const float *keep_lo, const float *keep_hi) {
     for (int k = 0; k < w->T * w->kc; k++) {
         float *v = w->out + (size_t)k * w->ew;
-        if (!w->at[k] || w->at[k] == v) continue;
+        uintptr_t a = (uintptr_t)w->at[k];
+        if (!w->at[k] || w->at[k] == v || (a >= (uintptr_t)keep_lo && a < (uintptr_t)keep_hi)) continue;
         memcpy(v, w->at[k], sizeof(float) * (size_t)w->ew);
         w->at[k] = v;
     }

@@ -62,6 +62,12 @@ void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t 
 /* The node rows w->at points to, copied into w->out (row t*kc + i) and pointed to there: before the
  * reply buffers they lie in are reused (a retry round sends on the same channels). */
 void st_dispatch_settle(const st_moe_work_t *w);
+/* The same, leaving the rows in [keep_lo, keep_hi) where they are (rows in the engine's device memory,
+ * which a retry round does not reuse and the host cannot read). */
+void st_dispatch_settle_except(const st_moe_work_t *w, const float *keep_lo, const float *keep_hi);
+/* Server s's pair sources as rows of the work (tokens: utok[src[r]]) instead of distinct rows, in
+ * place: a dispatch that reads the work's rows where they lie (wire.h ST_WIRE_FLAG_PEER). */
+void st_dispatch_src_tokens(const st_dispatch_plan_t *p, int s, uint32_t *src);
 /* A flagged token's node values dropped: the engine gives it +0 rows. */
 void st_dispatch_drop_failed(const st_moe_work_t *w, const bool *tok_failed);
 

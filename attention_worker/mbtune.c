@@ -71,8 +71,9 @@ int st_mbtune_pick(st_mbtune_t *t, int tokens, int n_seqs, int *changed) {
     if (!k->best) *changed = k->best = (uint8_t)fastest(k, a);
     int b = k->best;
     if (b > a) return fastest(k, a); /* fewer sequences than usual: the best the step allows */
-    if (++k->steps < ST_MBT_EXPLORE) return b;
+    if (++k->steps < (k->confirms < a - 1 ? ST_MBT_CONFIRM : ST_MBT_EXPLORE)) return b;
     k->steps = 0;
+    if (k->confirms < ST_MBT_MAX) k->confirms++;
     int m = k->next_try;
     do m = m % a + 1; while (m == b);
     k->next_try = (uint8_t)m;

@@ -2,7 +2,9 @@
  * condition m ≥ 2(1 + T_comm/T_compute) depends on the link, the server, the batch and what shares the
  * device, so it is measured, not assumed). Per size class of the step (its tokens, four classes per
  * octave), a running mean of the step's seconds per token for each count; a class first runs every
- * count it allows for a few steps and takes the fastest, then every ST_MBT_EXPLORE steps runs another
+ * count it allows for a few steps and takes the fastest, tries each other count once more soon after
+ * (ST_MBT_CONFIRM steps apart: the first samples are the coldest, taken while the step's graphs are
+ * captured and its kernels loaded), then every ST_MBT_EXPLORE steps runs another
  * count for a few steps and moves to it when it beat the current count's running mean (measured up to
  * the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. A step that runs
  * another count than the step before it is not measured (its micro-batches have new shapes: the GPU
@@ -17,6 +19,7 @@
 #define ST_MBT_RUN 4       /* steps of one trial (its first is not measured) */
 #define ST_MBT_SAMPLES 3   /* measured steps a count needs in a class before the class compares */
 #define ST_MBT_EXPLORE 100 /* a class's steps between two trials of a count that is not its best */
+#define ST_MBT_CONFIRM 8   /* the same for the trials that confirm the first choice */
 #define ST_MBT_MARGIN 0.02f /* how much faster a trial must be to take over */
 
 typedef struct {
@@ -25,6 +28,7 @@ typedef struct {
     uint8_t best;               /* the count the class runs (0: not yet chosen) */
     uint8_t next_try;           /* the count the next trial takes, in rotation */
     uint8_t run_m, run_left;    /* the class's trial (run_m 0: none): its count, steps still to pick */
+    uint8_t confirms;           /* trials since the first choice (saturates at ST_MBT_MAX) */
     uint16_t run_n;             /* its measured steps */
     float run_sum;              /* their seconds per token, summed */
     uint32_t steps;             /* steps run since the last trial */

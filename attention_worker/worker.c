@@ -81,6 +81,8 @@ typedef struct {
      * compute thread while a pend names it) and the loop thread's records of the hello / offer exchange */
     st_xfer_chan_t *chan;
     bool chan_read;    /* the engine's device reads replies in the channel where they lie (st_engine_host_map) */
+    uint32_t chan_peer; /* bit mb: the server opened micro-batch mb's device memory (wire.h ST_WIRE_FLAG_PEER):
+                         * its dispatches' rows and replies stay on the device (set with chan, under mu) */
     st_tp_send_req_t hello;
     st_tp_recv_t offer;
     int hello_busy, offer_busy;
@@ -104,6 +106,9 @@ typedef struct {
     int soft;      /* failed by an answer (error reply, capacity), not by the server going away */
     st_xfer_chan_t *chan;  /* same host: the channel this dispatch went through (set with state, under mu) */
     const uint8_t *rview;  /* same host: the reply in the channel's slot (else it is in rbuf) */
+    bool peer;             /* the dispatch went through the engine's device memory: its output rows are in
+                            * aw->peer[mb]'s reply region from reply_row */
+    uint32_t reply_row;
     double t_sent, t_recv; /* loop thread: when UCX took the dispatch, when the reply landed */
     st_tp_recv_t recv;
     char err[256];
@@ -171,6 +176,8 @@ struct aw {
     const st_config_t *c;
     st_engine_t *e;
     st_engine_mb_t *mbs[MAX_MB];
+    st_engine_peer_mem_t peer[MAX_MB]; /* each micro-batch's device memory for same-host servers; reply NULL:
+                                        * none (a CPU engine) */
     st_tp_t *tp;
     st_rpc_server_t *rpc;
     st_member_t *mem;
@@ -216,6 +223,7 @@ struct aw {
     bool *tok_failed[MAX_MB];
     float *logits[MAX_MB];
     uint64_t step, next_seq;
+    uint64_t peer_seq; /* PEER messages' sequence numbers (attach threads: atomic), above the dispatches' */
     size_t pay_cap;
     /* quantile routing: thresholds from the coordinator, score summaries and loads back to it */
     float *tau_in, *rho_in;      /* [n_layers][n_experts], under mu */
@@ -588,10 +596,14 @@ static bool zrun_plan(aw_t *aw, const st_dispatch_plan_t *p, int s, const st_moe
     return true;
 }
 
-/* Pack and post the dispatches of plan p for micro-batch mb. */
-static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w) {
+/* Pack and post the dispatches of plan p for micro-batch mb. peer_ok: a same-host server that opened
+ * the micro-batch's device memory reads the rows there and writes its output rows into its reply
+ * region (one after another, from row 0; a retry round goes through the channels: the first round's
+ * rows stay where they are). */
+static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, bool peer_ok) {
     double t0 = st_time_sec();
     aw->t_plan[mb] = t0;
+    uint32_t reply_row = 0;
     for (int s = 0; s < aw->n_srv && s < p->n_servers; s++) {
         if (!p->n_rows[s]) continue;
         pend_t *pd = &aw->pend[mb][s];
@@ -612,8 +624,11 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pd->rview = NULL;
         pd->rcopy = ch ? !aw->srv[s].chan_read : !pd->rbuf_read;
         bool mapped = ch && aw->srv[s].chan_read; /* the engine's device reaches the channel */
+        bool peer = peer_ok && ch && w->zb && (aw->srv[s].chan_peer >> mb & 1u) &&
+                    reply_row + (uint32_t)p->n_out[s] <= aw->peer[mb].reply_rows;
         if (ch) pd->state = P_QUEUED;
         pthread_mutex_unlock(&aw->mu);
+        const int *ut = p->utok + (size_t)s * p->max_rows;
         uint8_t *buf = ch ? st_xfer_chan_req_buf(ch, (uint32_t)mb) : pd->sbuf;
         /* each distinct token once (wire.h ST_WIRE_FLAG_UNIQUE_ROWS): the server expands them */
         st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .step = aw->step, .layer = (uint32_t)w->layer,
@@ -622,13 +637,20 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .row_width = (uint32_t)w->ew, .seq = ++aw->next_seq, .unique = (uint32_t)p->n_uniq[s],
                                .slots = (uint32_t)w->T * (uint32_t)w->kc, /* the batch's shape (wire.h) */
                                .bf16_rows = w->zb != NULL};
+        if (peer) /* the rows its sources span: tokens ascending */
+            info.peer = true, info.reply_row = reply_row, info.unique = (uint32_t)ut[p->n_uniq[s] - 1] + 1;
         info.payload_bytes =
-            st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique, info.bf16_rows);
+            peer ? st_wire_dispatch_peer_bytes(info.token_count, info.expert_count, info.unique)
+                 : st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique, info.bf16_rows);
+        pd->peer = peer, pd->reply_row = reply_row;
+        reply_row += peer ? (uint32_t)p->n_out[s] : 0;
         st_wire_dispatch_t v;
         st_wire_dispatch_encode(buf, &info, p->exp_ids + (size_t)s * p->n_experts,
                                 p->offsets + (size_t)s * (p->n_experts + 1), &v);
-        bool dma = mapped && w->zb && zrun_plan(aw, p, s, w, (uint8_t *)v.rows);
-        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, dma ? NULL : (void *)v.rows);
+        bool dma = !peer && mapped && w->zb && zrun_plan(aw, p, s, w, (uint8_t *)v.rows);
+        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts,
+                         dma || peer ? NULL : (void *)v.rows);
+        if (peer) st_dispatch_src_tokens(p, s, (uint32_t *)v.src);
         if (dma &&
             st_engine_mb_copy_z(aw->mbs[mb], aw->zrun_first, aw->zrun_count, aw->zrun_dst, aw->zrun_n) != ST_OK) {
             st_log_every(ST_LOG_WARN, 10.0, "worker %s: rows by the copy engine: %s (packed on the host)", aw->o.name,
@@ -761,7 +783,9 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                      info.kind == ST_WIRE_KIND_COMBINE && info.seq == pd->seq &&
                      info.token_count == (uint32_t)p->n_out[s] && info.row_width == (uint32_t)w->ew;
             if (ok) {
-                st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), pd->rcopy);
+                if (pd->peer) /* written into the engine's device memory: pointed to there */
+                    st_dispatch_unpack(p, s, w, aw->peer[mb].reply + (size_t)pd->reply_row * (size_t)w->ew, false);
+                else st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), pd->rcopy);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -820,7 +844,7 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
             }
         }
     aw->stage[ST_PROTO_STAGE_PLAN] += st_time_sec() - t0;
-    send_plan(aw, mb, &aw->plan[mb], w);
+    send_plan(aw, mb, &aw->plan[mb], w, true);
 }
 
 /* Wait (bounded) for a work item's replies; one retry round on replicas for the experts of
@@ -829,7 +853,10 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     int failed[MAX_SERVERS] = {0}, nf = 0;
     wait_plan(aw, mb, &aw->plan[mb], w, failed, &nf);
     if (nf == 0) return;
-    st_dispatch_settle(w); /* the retry round reuses the reply buffers the node values lie in */
+    /* the retry round reuses the reply buffers the node values lie in (not the device's: it sends
+     * through the channels) */
+    const float *dev = aw->peer[mb].reply;
+    st_dispatch_settle_except(w, dev, dev ? dev + (size_t)aw->peer[mb].reply_rows * (size_t)w->ew : NULL);
     for (int s = 0; s < aw->n_srv; s++)
         if (failed[s]) {
             snprintf(why, why_len, "%s", aw->pend[mb][s].err);
@@ -849,7 +876,7 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
     }
     st_dispatch_plan_build(&aw->plan2, w, aw->server_of2, aw->tok_failed[mb]);
     aw->stage[ST_PROTO_STAGE_PLAN] += st_time_sec() - t0;
-    send_plan(aw, mb, &aw->plan2, w);
+    send_plan(aw, mb, &aw->plan2, w, false);
     int failed2[MAX_SERVERS] = {0}, nf2 = 0;
     wait_plan(aw, mb, &aw->plan2, w, failed2, &nf2);
     for (int s = 0; s < aw->n_srv; s++) {
@@ -1599,6 +1626,43 @@ typedef struct {
     uint8_t handle[ST_XFER_HANDLE_BYTES];
 } attach_t;
 
+/* The engine's device memory offered to a same-host server, micro-batch by micro-batch through the
+ * channel's slots (before any dispatch uses it): the slots it opened, as bits. A server that cannot
+ * (on the CPU, another device without peer access, an older build) answers with an error, and those
+ * micro-batches' rows go through the channel. */
+static uint32_t channel_peer(aw_t *aw, st_xfer_chan_t *ch, const char *name) {
+    uint32_t ok = 0;
+    for (int m = 0; m < aw->o.micro_batches; m++) {
+        const st_engine_peer_mem_t *pm = &aw->peer[m];
+        if (!pm->reply) continue;
+        st_wire_peer_t w = {.in_off = pm->in_off, .reply_off = pm->reply_off, .in_rows = pm->in_rows,
+                            .reply_rows = pm->reply_rows, .row_width = (uint32_t)st_config_expert_width(aw->c)};
+        memcpy(w.handle, pm->handle, sizeof w.handle);
+        st_wire_info_t info = st_wire_peer_info((1ull << 63) | __atomic_add_fetch(&aw->peer_seq, 1, __ATOMIC_RELAXED));
+        st_wire_header_t h;
+        st_xfer_msg_t r;
+        st_wire_info_t ri;
+        memcpy(st_xfer_chan_req_buf(ch, (uint32_t)m), &w, sizeof w);
+        st_status_t rc = st_wire_header_encode(&info, &h);
+        if (rc == ST_OK) rc = st_xfer_chan_post(ch, (uint32_t)m, &h, sizeof h, sizeof w);
+        if (rc == ST_OK) rc = st_xfer_chan_wait_reply(ch, (uint32_t)m, 10000, &r);
+        if (rc == ST_OK) rc = st_wire_header_decode(r.hdr, r.hdr_len, r.len, &ri);
+        if (rc == ST_OK && ri.kind == ST_WIRE_KIND_COMBINE && ri.seq == info.seq && ri.token_count == 0) {
+            ok |= 1u << m;
+            continue;
+        }
+        if (rc == ST_OK && ri.kind == ST_WIRE_KIND_ERROR)
+            st_log_info("worker %s: expert server %s reads micro-batch %d's rows through the channel: %.*s", aw->o.name,
+                        name, m, (int)ST_MIN(r.len, 200), (const char *)r.payload);
+        else
+            st_log_warn("worker %s: expert server %s: micro-batch %d's device memory not shared: %s", aw->o.name, name,
+                        m, rc == ST_OK ? "unexpected answer" : st_err_last());
+        if (rc != ST_OK) break; /* the channel itself failed: its first dispatch will say so */
+    }
+    if (ok) st_log_info("worker %s: expert server %s reads rows and writes results in this engine's device memory", aw->o.name, name);
+    return ok;
+}
+
 static void *channel_attach(void *arg) {
     attach_t *at = arg;
     aw_t *aw = at->aw;
@@ -1621,6 +1685,7 @@ static void *channel_attach(void *arg) {
         goto out;
     }
     st_xfer_chan_label(ch, at->label);
+    uint32_t peer = channel_peer(aw, ch, at->name);
     /* replies read in place by the engine's device (else copied into the work's rows) */
     void *mem;
     size_t bytes;
@@ -1629,7 +1694,7 @@ static void *channel_attach(void *arg) {
     if (!read) st_log_info("worker %s: replies of %s are copied once more: %s", aw->o.name, at->name, st_err_last());
     pthread_mutex_lock(&aw->mu);
     ok = sv->conn == at->conn && sv->alive && !sv->chan;
-    if (ok) sv->chan = ch, sv->chan_read = read;
+    if (ok) sv->chan = ch, sv->chan_read = read, sv->chan_peer = peer;
     pthread_mutex_unlock(&aw->mu);
     if (ok)
         st_log_info("worker %s: expert server %s is on this host: dispatches go through shared memory", aw->o.name,
@@ -2160,6 +2225,8 @@ static st_status_t alloc_buffers(aw_t *aw) {
     if (st_dispatch_plan_init(&aw->plan2, MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
     for (int m = 0; m < aw->o.micro_batches; m++) {
         if (st_engine_mb_create(aw->e, &aw->mbs[m]) != ST_OK) return ST_ERR_NO_MEMORY;
+        /* a GPU engine's device memory, for same-host servers to read rows from and write results into */
+        if (st_engine_mb_peer_mem(aw->mbs[m], &aw->peer[m]) != ST_OK) memset(&aw->peer[m], 0, sizeof aw->peer[m]);
         if (st_dispatch_plan_init(&aw->plan[m], MAX_SERVERS, c->n_experts, rows) != ST_OK) return ST_ERR_NO_MEMORY;
         aw->tok_failed[m] = calloc((size_t)aw->o.max_batch_tokens, sizeof(bool));
         /* logits rows of the entries (the CPU engine processes its sampled rows here; copied to the

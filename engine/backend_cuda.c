@@ -1248,6 +1248,24 @@ static st_status_t copy_z(st_engine_mb_t *fm, const int *first, const int *count
     return s;
 }
 
+static st_status_t peer_mem(st_engine_mb_t *fm, st_engine_peer_mem_t *out) {
+    cmb_t *mb = CMB(fm);
+    st_engine_t *e = fm->e;
+    if (fm->internal || !mb->eout || !mb->z) return ST_FAIL(ST_ERR_UNSUPPORTED, "engine: no hand-off buffers to share");
+    /* NOTE: in remote mode eout (the local hand-off's expert rows) is unused: it takes the replies */
+    uint8_t *base = mb->dev.base;
+    st_engine_peer_mem_t p = {.reply = mb->eout,
+                              .in_off = (size_t)((uint8_t *)mb->z - base),
+                              .reply_off = (size_t)((uint8_t *)mb->eout - base),
+                              .in_rows = (uint32_t)e->o.max_batch_tokens,
+                              .reply_rows = (uint32_t)e->o.max_batch_tokens * (uint32_t)e->kcap};
+    _Static_assert(sizeof p.handle == ST_GPU_IPC_HANDLE_BYTES, "IPC handle size");
+    st_status_t s = st_gpu_init(e->o.device);
+    if (s == ST_OK) s = st_gpu_ipc_export(base, p.handle);
+    if (s == ST_OK) *out = p;
+    return s;
+}
+
 /* The plan's device tables for S servers of E experts and M rows (T tokens of kc slots at most),
  * replacing smaller ones. */
 static st_status_t plan_alloc(cmb_t *mb, int S, int E, int M, int T, int kc) {
@@ -1648,6 +1666,7 @@ const st_engine_backend_t st_engine_backend_cuda = {
     .release = release,
     .copy_z = copy_z,
     .plan = plan,
+    .peer_mem = peer_mem,
     .ready = ready,
     .head = head,
     .step = graph_step,

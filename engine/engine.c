@@ -501,6 +501,12 @@ st_status_t st_engine_mb_copy_z(st_engine_mb_t *mb, const int *first, const int 
     return mb->e->be->copy_z(mb, first, count, dst, n_runs);
 }
 
+st_status_t st_engine_mb_peer_mem(st_engine_mb_t *mb, st_engine_peer_mem_t *out) {
+    if (!mb->e->be->peer_mem || !mb->e->o.remote_experts)
+        return ST_FAIL(ST_ERR_UNSUPPORTED, "engine %s shares no device memory", mb->e->be->name);
+    return mb->e->be->peer_mem(mb, out);
+}
+
 st_status_t st_engine_mb_plan(st_engine_mb_t *mb, const st_moe_plan_t *p, int n_servers, const int *server_of,
                               bool *tok_failed) {
     if (!mb->e->be->plan) return ST_FAIL(ST_ERR_UNSUPPORTED, "engine %s plans no dispatch", mb->e->be->name);

@@ -185,6 +185,8 @@ struct st_engine_backend {
      * NULL: none (the caller plans on the host) */
     st_status_t (*plan)(st_engine_mb_t *mb, const st_moe_plan_t *p, int n_servers, const int *server_of,
                         bool *tok_failed);
+    /* the micro-batch's device memory for a same-host executor (engine.h st_engine_mb_peer_mem); NULL: none */
+    st_status_t (*peer_mem)(st_engine_mb_t *mb, st_engine_peer_mem_t *out);
     bool (*ready)(st_engine_mb_t *mb);        /* the hand-off or layers are done (a poll) */
     void (*head)(st_engine_mb_t *mb);         /* final norm, lm_head, logits / argmax to the caller */
     /* the entries' sampling (st_seq_chunk_t.sample) over the head's rows; a backend whose head works

@@ -23,10 +23,11 @@
  * graph captured for one key replays for any dispatch with that key. */
 typedef struct {
     uint32_t n, n_exp, n_in, n_out;
-    uint32_t pairs_at;              /* gpu_leaf: the byte offset of the pairs' orow from the sources */
+    uint32_t pairs_at;              /* gpu_leaf, peer: the byte offset of the pairs' orow from the sources */
     uint32_t tiles;                 /* grouped FFN: ⌈largest expert's rows / 128⌉ (its tile map); per row: 0 */
     bool bf16, span, rows_ffn;      /* bf16 rows; the wire span copied as one; the per-row FFN */
     bool direct;                    /* no copies: the kernels read and write the host memory itself */
+    bool peer;                      /* rows and output rows in the worker's device memory (rows, out) */
     bool gpu_leaf;                  /* the leaf table built on the device (from the span's pairs) */
     const void *src, *rows, *out;   /* the host memory the copies (direct: the kernels) read and write */
 } gkey_t;
@@ -276,46 +277,42 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
 
-/* A per-row dispatch of distinct rows without copying its rows (k->direct): the pinned block up (the
- * FFN and the tree read its tables over and over), then the expansion reads the request's sources and
- * rows where they lie in mapped host memory and the tree writes the output rows straight into k->out.
- * NOTE: at decode sizes a copy costs more than the few rows it moves (each DMA has its own latency,
- * and a graph's copy nodes are slower to launch than its kernels), while the expansion reads each row
- * once per pair; tables read from mapped memory instead measured slower still (a chain of dependent
- * host reads in every block: 52 µs a dispatch against 33 with all copies, H200, 2026-12-03). */
-static st_status_t enqueue_direct(st_es_gpu_t *g, const gkey_t *k) {
-    const st_config_t *c = g->c;
-    size_t n = k->n, no = k->n_out;
-    const void *rows = st_gpu_host_dev(k->rows), *src = st_gpu_host_dev(k->src);
-    float *out = st_gpu_host_dev(k->out);
-    if (!rows || !src || !out) return ST_FAIL(ST_ERR_INTERNAL, "expert gpu: direct dispatch buffers not mapped");
-    st_status_t s;
-    CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, g->meta_leaf + (no + 1 + 3 * n) * sizeof(uint32_t),
-                           ST_GPU_COPY_H2D));
-    CK(st_cuda_moe_expand(&g->s, g->d_in_bf, rows, k->bf16, src, (int)n, (int)k->n_in, g->ew));
-    CK(st_cuda_moe_ffn_rows_table(&g->s, g->d_out, (st_bf16_t *)g->d_ws, g->d_in_bf, g->d_off, (int)k->n_exp, (int)n,
-                                  g->d_tab, g->ew, g->mi, c->act == ST_ACT_SITU, c->situ_beta1, c->situ_beta2));
-    const uint32_t *dl = g->d_leaf;
-    return st_cuda_moe_tree_reduce(&g->s, out, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
-                                   (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew);
-}
-
-/* Queue one dispatch's copies and launches on g->s (the host tables filled; plain or captured):
- * the pinned block up, the rows as carried (with the sources in the same copy when k->span), the
- * expansion into bf16 grouped rows, the FFN (per row when rows_ffn), the tree into output rows, and
- * the rows down into k->out. */
+/* Queue one dispatch's copies and launches on g->s (the host tables filled; plain or captured): the
+ * pinned block up (offsets, weight table, and the leaf table or the ids it is built from), the input
+ * (below), the expansion into bf16 grouped rows, the FFN (per row when rows_ffn), the tree into
+ * output rows and those rows where they go. The input and the output:
+ *   - copies: the rows as carried (with the sources in the same copy when k->span) up, the output rows
+ *     down into k->out;
+ *   - k->direct (a per-row dispatch of distinct rows in mapped memory): the expansion reads the sources
+ *     and rows where they lie and the tree writes k->out there; NOTE: at decode sizes a copy costs more
+ *     than the few rows it moves (each DMA has its own latency, and a graph's copy nodes launch slower
+ *     than its kernels); the tables stay copied: read from mapped memory they measured slower still (a
+ *     chain of dependent host reads in every block: 52 µs a dispatch against 33 with all copies, H200,
+ *     2026-12-03);
+ *   - k->peer (wire.h ST_WIRE_FLAG_PEER): the rows are read from, and the output rows written into, the
+ *     worker's device memory (k->rows, k->out: device addresses); sources and pairs copied up (or, direct,
+ *     read where they lie). */
 static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
     const st_config_t *c = g->c;
     size_t n = k->n, ew = (size_t)g->ew, no = k->n_out;
     size_t rows_bytes = (size_t)k->n_in * ew * (k->bf16 ? sizeof(st_bf16_t) : sizeof(float));
     st_status_t s;
-    if (k->direct) return enqueue_direct(g, k);
-    /* the offsets, the weight table and the ids, or the leaf table: one copy of the pinned block */
     size_t meta = k->gpu_leaf ? g->meta_eid + k->n_exp * sizeof(uint32_t) : g->meta_leaf + (no + 1 + 3 * n) * 4;
     CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, meta, ST_GPU_COPY_H2D));
     const void *d_rows = g->d_in;
     const uint32_t *d_srcs = g->d_src;
-    if (k->span) {
+    float *d_outrows = g->d_in; /* the output rows into d_in (free by then: the FFN read the bf16 copy) */
+    if (k->direct) {
+        d_srcs = st_gpu_host_dev(k->src);
+        d_rows = k->peer ? k->rows : st_gpu_host_dev(k->rows);
+        d_outrows = k->peer ? (float *)k->out : st_gpu_host_dev(k->out);
+        if (!d_srcs || !d_rows || !d_outrows)
+            return ST_FAIL(ST_ERR_INTERNAL, "expert gpu: direct dispatch buffers not mapped");
+    } else if (k->peer) { /* sources, then output rows and weights: the pairs end where the rows would start */
+        CK(st_gpu_memcpy_async(&g->s, g->d_pay, k->src, k->pairs_at + 8 * n, ST_GPU_COPY_H2D));
+        d_srcs = (const uint32_t *)g->d_pay;
+        d_rows = k->rows, d_outrows = (float *)k->out;
+    } else if (k->span) {
         size_t lead = (size_t)((const uint8_t *)k->rows - (const uint8_t *)k->src);
         CK(st_gpu_memcpy_async(&g->s, g->d_pay, k->src, lead + rows_bytes, ST_GPU_COPY_H2D));
         d_srcs = (const uint32_t *)g->d_pay;
@@ -326,7 +323,7 @@ static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
                                ST_GPU_COPY_H2D));
         if (k->src) CK(st_gpu_memcpy_async(&g->s, g->d_src, k->src, n * sizeof(uint32_t), ST_GPU_COPY_H2D));
     }
-    if (k->gpu_leaf) { /* from the span's pairs: orow [n] then wts [n] after the padded sources */
+    if (k->gpu_leaf) { /* from the copied pairs: orow [n] then wts [n] after the padded sources */
         const uint32_t *d_orow = (const uint32_t *)(g->d_pay + k->pairs_at);
         uint32_t *dl = g->d_leaf;
         CK(st_cuda_moe_leaf_table(&g->s, dl, dl + no + 1, dl + no + 1 + n, (float *)(dl + no + 1 + 2 * n), g->m_err,
@@ -343,11 +340,11 @@ static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
     else
         CK(st_cuda_moe_ffn_table(&g->s, g->d_out, g->d_in_bf, g->d_off, g->h_off, (int)k->n_exp, 0, g->d_tab, g->ew,
                                  g->mi, situ, c->situ_beta1, c->situ_beta2, g->d_ws, g->ws_bytes));
-    /* the output rows into d_in (free now: the FFN read the bf16 copy) */
     const uint32_t *dl = g->d_leaf;
-    CK(st_cuda_moe_tree_reduce(&g->s, g->d_in, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
+    CK(st_cuda_moe_tree_reduce(&g->s, d_outrows, g->d_out, dl, dl + no + 1, dl + no + 1 + n,
                                (const float *)(dl + no + 1 + 2 * n), (int)no, g->ew));
-    CK(st_gpu_memcpy_async(&g->s, (void *)k->out, g->d_in, no * ew * sizeof(float), ST_GPU_COPY_D2H));
+    if (!k->direct && !k->peer)
+        CK(st_gpu_memcpy_async(&g->s, (void *)k->out, g->d_in, no * ew * sizeof(float), ST_GPU_COPY_D2H));
     return ST_OK;
 }
 
@@ -389,11 +386,43 @@ static void *graph_capture(st_es_gpu_t *g, const gkey_t *k) {
 
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
                           uint32_t slots, float *out) {
+    return st_es_gpu_run_peer(g, layer, n_exp, d, n_in, slots, out, NULL);
+}
+
+st_status_t st_es_gpu_peer_open(st_es_gpu_t *g, const st_wire_peer_t *w, st_es_gpu_peer_t *out) {
+    if (w->row_width != (uint32_t)g->ew)
+        return ST_FAIL(ST_ERR_INVALID_ARG, "peer memory of rows %u wide, this model's experts work at %d", w->row_width,
+                       g->ew);
+    void *base = NULL;
+    st_status_t s = st_gpu_init(g->dev);
+    if (s == ST_OK) s = st_gpu_ipc_open(w->handle, &base);
+    if (s != ST_OK) return s;
+    *out = (st_es_gpu_peer_t){.base = base, .in = (const uint16_t *)((const uint8_t *)base + w->in_off),
+                              .reply = (float *)((uint8_t *)base + w->reply_off), .in_rows = w->in_rows,
+                              .reply_rows = w->reply_rows};
+    return ST_OK;
+}
+
+void st_es_gpu_peer_close(st_es_gpu_t *g, st_es_gpu_peer_t *p) {
+    if (!p->base) return;
+    st_es_gpu_forget(g); /* graphs may name its addresses */
+    st_gpu_ipc_close(p->base);
+    memset(p, 0, sizeof *p);
+}
+
+st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
+                               uint32_t slots, float *out, const st_es_gpu_peer_t *peer) {
     const uint32_t *expert_ids = d->expert_ids, *offsets = d->offsets, *src = d->src;
     if (layer < 0 || layer >= g->n_layers) return ST_FAIL(ST_ERR_INVALID_ARG, "layer %d out of range", layer);
     if (n_exp > (uint32_t)g->n_experts)
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch names %u experts, the model has %d", n_exp, g->n_experts);
-    if (offsets[n_exp] > (uint32_t)g->max_rows || n_in > (uint32_t)g->max_rows || d->n_out > (uint32_t)g->max_rows)
+    if (d->peer && (!peer || !peer->base))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "a dispatch through the worker's device memory, which is not open here");
+    if (d->peer && (n_in > peer->in_rows || (uint64_t)d->reply_row + d->n_out > peer->reply_rows || !src || !d->bf16))
+        return ST_FAIL(ST_ERR_INVALID_ARG, "a dispatch of %u input rows, output rows %u..%u, of the worker's %u and %u",
+                       n_in, d->reply_row, d->reply_row + d->n_out, peer->in_rows, peer->reply_rows);
+    if (offsets[n_exp] > (uint32_t)g->max_rows || (!d->peer && n_in > (uint32_t)g->max_rows) ||
+        d->n_out > (uint32_t)g->max_rows)
         return ST_FAIL(ST_ERR_CAPACITY, "dispatch of %u rows exceeds this server's %d", offsets[n_exp], g->max_rows);
     if (slots < offsets[n_exp])
         return ST_FAIL(ST_ERR_INVALID_ARG, "dispatch of %u rows from a micro-batch of %u slots", offsets[n_exp], slots);
@@ -422,7 +451,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
                 lead + rows_bytes <= g->pay_bytes && lead % 16 == 0;
     /* the leaf table: a large span's on the device (from its pairs, copied with it), else on the host
      * (pinned), packed for one copy up: loff [n_out + 1] | lrow | lid | lp [n] */
-    bool gpu_leaf = span && n > ES_LEAF_GPU_MIN && g->m_err;
+    bool gpu_leaf = (span || d->peer) && n > ES_LEAF_GPU_MIN && g->m_err;
     st_status_t s = ST_OK;
     if (!gpu_leaf) {
         uint32_t *loff = g->h_leaf, *lrow = loff + no + 1, *lid = lrow + n;
@@ -442,15 +471,17 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
     gkey_t key;
     memset(&key, 0, sizeof key); /* compared with memcmp: the padding too */
     key.n = (uint32_t)n, key.n_exp = n_exp, key.n_in = n_in, key.n_out = (uint32_t)no, key.bf16 = d->bf16;
-    key.span = span, key.src = src, key.rows = d->rows, key.out = out, key.gpu_leaf = gpu_leaf;
-    if (gpu_leaf) key.pairs_at = (uint32_t)((const uint8_t *)d->orow - (const uint8_t *)src);
+    key.span = span && !d->peer, key.src = src, key.rows = d->rows, key.out = out, key.gpu_leaf = gpu_leaf;
+    key.peer = d->peer;
+    if (d->peer) key.rows = peer->in, key.out = peer->reply + (size_t)d->reply_row * ew;
+    if (d->peer || gpu_leaf) key.pairs_at = (uint32_t)((const uint8_t *)d->orow - (const uint8_t *)src);
     /* NOTE: the same choice as the worker's engine for a micro-batch of `slots` routed slots, made from
      * the same numbers (docs/architecture.md, "Bit-exact expert results"); n ≤ slots ≤ 64 then */
     bool rows_ffn = st_cuda_moe_ffn_slots_pick((int)ST_MIN(slots, (uint32_t)INT_MAX), g->n_experts, g->ew, g->mi);
     key.rows_ffn = rows_ffn, key.tiles = rows_ffn ? 0 : (maxc + 127) / 128;
     /* NOTE: direct only per row (≤ 64 slots): the grouped FFN reads its offsets on the host to size its
      * launch and rereads rows per tile, where mapped reads would cost more than a copy */
-    key.direct = rows_ffn && src && st_gpu_host_dev(src) && st_gpu_host_dev(d->rows) && st_gpu_host_dev(out);
+    key.direct = rows_ffn && src && st_gpu_host_dev(src) && (d->peer || (st_gpu_host_dev(d->rows) && st_gpu_host_dev(out)));
     bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
     double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */
     void *exec = NULL;
@@ -458,7 +489,7 @@ st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wi
         exec = graph_find(g, &key);
         bool again = false; /* seen recently (steady decode), its host buffers pinned (graph copies need that) */
         for (int i = 0; i < ES_SEEN && !exec && !again; i++) again = !memcmp(&g->seen[i], &key, sizeof key);
-        if (again && st_gpu_host_pinned(src ? (const void *)src : d->rows) && st_gpu_host_pinned(out))
+        if (again && st_gpu_host_pinned(src ? (const void *)src : d->rows) && (d->peer || st_gpu_host_pinned(out)))
             exec = graph_capture(g, &key);
         if (!exec && !again) g->seen[g->seen_at++ % ES_SEEN] = key;
     }

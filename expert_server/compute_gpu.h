@@ -38,6 +38,23 @@ st_status_t st_es_gpu_bind(st_es_gpu_t *g, int layer, int e);
  * come back as ST_ERR_DEVICE with the CUDA text in st_err_last(). */
 st_status_t st_es_gpu_run(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
                           uint32_t slots, float *out);
+/* A same-host worker's device memory for one channel slot (wire.h ST_WIRE_KIND_PEER), opened through
+ * CUDA IPC on this server's device: its micro-batch's latent rows (in, bf16 [in_rows, ew]) and the
+ * rows its engine reads the results from (reply, fp32 [reply_rows, ew]). close: after st_es_gpu_forget
+ * (graphs name the addresses); a zeroed one is fine. Not concurrently with st_es_gpu_run. */
+typedef struct {
+    void *base;
+    const uint16_t *in; /* bf16 */
+    float *reply;
+    uint32_t in_rows, reply_rows;
+} st_es_gpu_peer_t;
+st_status_t st_es_gpu_peer_open(st_es_gpu_t *g, const st_wire_peer_t *w, st_es_gpu_peer_t *out);
+void st_es_gpu_peer_close(st_es_gpu_t *g, st_es_gpu_peer_t *p);
+/* st_es_gpu_run for a dispatch that may come through peer memory (d->peer: ST_WIRE_FLAG_PEER; its
+ * rows read from peer->in, its output rows written to peer->reply from d->reply_row, out unused;
+ * sources, row spans and output rows checked against the peer's sizes). */
+st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const st_wire_dispatch_t *d, uint32_t n_in,
+                               uint32_t slots, float *out, const st_es_gpu_peer_t *peer);
 /* Dispatches replay their copies and launches as a CUDA graph once their shape and host buffers (the
  * key: pairs, experts, rows, output rows, row type, the FFN's path and, grouped, its tile count per
  * expert; the request's and the reply's addresses) repeat, buffers pinned, ST_TUN_CUDA_GRAPHS on, and

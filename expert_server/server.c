@@ -46,6 +46,9 @@ typedef struct {
     st_status_t result;
     uint32_t n_out;    /* output rows of the reply (compute_one) */
     uint64_t t_arrive; /* ns, when the dispatch landed: the reply reports the time it spent here */
+#ifdef STRATA_WITH_CUDA
+    const st_es_gpu_peer_t *peer; /* a same-host worker's device memory for this slot (wire.h PEER), or NULL */
+#endif
     char err[256];
 } slot_t;
 
@@ -108,12 +111,18 @@ static void compute_one(es_t *es, slot_t *s) {
         for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
             s->result = st_es_gpu_bind(es->gpu, (int)s->info.layer, d.expert_ids[k]);
         if (s->result == ST_OK)
-            s->result = st_es_gpu_run(es->gpu, (int)s->info.layer, s->info.expert_count, &d,
-                                      d.src ? s->info.unique : s->info.token_count, s->info.slots, (float *)s->out);
+            s->result = st_es_gpu_run_peer(es->gpu, (int)s->info.layer, s->info.expert_count, &d,
+                                           d.src ? s->info.unique : s->info.token_count, s->info.slots,
+                                           (float *)s->out, s->peer);
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
     }
 #endif
+    if (d.peer) {
+        s->result = ST_ERR_PROTOCOL;
+        snprintf(s->err, sizeof s->err, "a dispatch through device memory to a server that computes on the CPU");
+        return;
+    }
     for (uint32_t k = 0; k < s->info.expert_count && s->result == ST_OK; k++)
         s->result = st_es_compute_bind(&es->cx, (int)s->info.layer, (int)d.expert_ids[k]);
     if (s->result == ST_OK) s->result = st_es_compute_run(&es->cx, (int)s->info.layer, s->info.expert_count, &d, (float *)s->out);
@@ -342,6 +351,9 @@ typedef struct shm_link {
     uint8_t handle[ST_XFER_HANDLE_BYTES];
     uint32_t magic;     /* the OFFER's header */
     slot_t slot;        /* compute_one's view of the request being served (thread only) */
+#ifdef STRATA_WITH_CUDA
+    st_es_gpu_peer_t *peer; /* [n_slots] the worker's device memory per slot (wire.h PEER; thread only) */
+#endif
     uint64_t done_ns;   /* when the thread answered its last request (thread only) */
     int refs;           /* under mu */
     struct shm_link *next;
@@ -358,7 +370,11 @@ static void link_put(shm_link_t *l) {
                 break;
             }
     pthread_mutex_unlock(&es->mu);
-    if (last) free(l);
+    if (!last) return;
+#ifdef STRATA_WITH_CUDA
+    free(l->peer);
+#endif
+    free(l);
 }
 
 /* The compute resources, taken by a link thread (it waits while another thread computes). */
@@ -375,6 +391,30 @@ static void busy_give(es_t *es) {
     pthread_mutex_unlock(&es->mu);
 }
 
+/* A worker's device memory for slot k (wire.h PEER): opened (replacing the slot's earlier one), or
+ * the reason it cannot be, in s (the answer: a COMBINE of no rows, or an ERROR; the worker then
+ * sends that slot's rows through the channel). */
+static void link_peer(shm_link_t *l, uint32_t k, const void *payload, size_t len, slot_t *s) {
+    es_t *es = l->es;
+    st_wire_peer_t w;
+    s->result = st_wire_peer_check(payload, len, &w);
+#ifdef STRATA_WITH_CUDA
+    if (s->result == ST_OK && (!es->gpu || !l->peer)) s->result = ST_FAIL(ST_ERR_UNSUPPORTED, "no device here");
+    if (s->result == ST_OK) {
+        busy_take(es);
+        st_es_gpu_peer_close(es->gpu, &l->peer[k]);
+        s->result = st_es_gpu_peer_open(es->gpu, &w, &l->peer[k]);
+        busy_give(es);
+    }
+#else
+    if (s->result == ST_OK) s->result = ST_FAIL(ST_ERR_UNSUPPORTED, "no device here");
+#endif
+    s->n_out = 0;
+    if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "no device memory shared: %s", st_err_last());
+    else
+        st_log_info("expert %s: a same-host worker's slot %u reads and writes its device memory in place", es->o.name, k);
+}
+
 /* Serve one request of slot k in place and answer it. */
 static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
     es_t *es = l->es;
@@ -387,8 +427,14 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
     uint64_t now = st_time_ns();
     s->t_arrive = m->sent_ns < l->done_ns ? m->sent_ns : now;
     s->result = ST_OK;
-    if (m->hdr_len != sizeof(st_wire_header_t) ||
-        st_wire_header_decode(m->hdr, m->hdr_len, m->len, &s->info) != ST_OK || s->info.kind != ST_WIRE_KIND_DISPATCH) {
+    bool hdr_ok = m->hdr_len == sizeof(st_wire_header_t) &&
+                  st_wire_header_decode(m->hdr, m->hdr_len, m->len, &s->info) == ST_OK;
+#ifdef STRATA_WITH_CUDA
+    s->peer = l->peer && l->peer[k].base ? &l->peer[k] : NULL;
+#endif
+    if (hdr_ok && s->info.kind == ST_WIRE_KIND_PEER) {
+        link_peer(l, k, m->payload, m->len, s);
+    } else if (!hdr_ok || s->info.kind != ST_WIRE_KIND_DISPATCH) {
         /* answered, so the worker fails this dispatch now instead of at its deadline */
         memset(&s->info, 0, sizeof s->info);
         s->result = ST_ERR_PROTOCOL;
@@ -455,9 +501,10 @@ static void *link_main(void *arg) {
             link_serve(l, k, &m);
         }
 #ifdef STRATA_WITH_CUDA
-        if (es->gpu) { /* its cached dispatch graphs may name the channel's memory */
+        if (es->gpu) { /* its cached dispatch graphs may name the channel's memory, or the worker's */
             busy_take(es);
             st_es_gpu_forget(es->gpu);
+            for (uint32_t k = 0; l->peer && k < l->n_slots; k++) st_es_gpu_peer_close(es->gpu, &l->peer[k]);
             busy_give(es);
         }
 #endif
@@ -517,6 +564,9 @@ static void hello_done(void *arg, st_tp_recv_t *r) {
     *l = (shm_link_t){.es = es, .ep = r->ep, .n_slots = h.n_slots, .magic = ST_XFER_HELLO_MAGIC,
                       .slot = {.es = es, .idx = -1}, .refs = 3};
     l->req = h.req_bytes < es->cap ? (size_t)h.req_bytes : es->cap;
+#ifdef STRATA_WITH_CUDA
+    if (es->gpu) l->peer = calloc(h.n_slots, sizeof *l->peer); /* NULL: the worker's PEER is refused */
+#endif
     l->rep = es->cap + ST_WIRE_MAX_ERROR_TEXT;
     pthread_t th;
     pthread_mutex_lock(&es->mu);
@@ -530,6 +580,9 @@ static void hello_done(void *arg, st_tp_recv_t *r) {
     pthread_mutex_unlock(&es->mu);
     if (!ok) {
         st_log_warn("expert %s: no same-host channel for a worker (it stays on UCX): no link thread", es->o.name);
+#ifdef STRATA_WITH_CUDA
+        free(l->peer);
+#endif
         free(l);
         return;
     }

@@ -41,10 +41,18 @@ static size_t pair_bytes(uint32_t tokens) { return pad16((size_t)tokens * 2 * si
 static size_t rows_used(uint32_t tokens, uint32_t unique, uint32_t width, bool bf16) {
     return (size_t)(unique ? unique : tokens) * width * (bf16 ? sizeof(uint16_t) : sizeof(float));
 }
+#define PEER_BLOCK 16u /* a peer dispatch's reply_row and its padding, instead of the rows */
 /* NOTE: the bounds keep tokens * width * 4 below 2^40, so no overflow on 64-bit size_t. */
 static size_t dispatch_of(uint32_t tokens, uint32_t experts, uint32_t width, uint32_t unique, bool bf16) {
     size_t b = st_wire_table_bytes(experts) + pair_bytes(tokens) + pad16(rows_used(tokens, unique, width, bf16));
     return unique ? b + src_bytes(tokens) : b;
+}
+static size_t peer_of(uint32_t tokens, uint32_t experts) {
+    return st_wire_table_bytes(experts) + src_bytes(tokens) + pair_bytes(tokens) + PEER_BLOCK;
+}
+static size_t info_dispatch_of(const st_wire_info_t *in) {
+    return in->peer ? peer_of(in->token_count, in->expert_count)
+                    : dispatch_of(in->token_count, in->expert_count, in->row_width, in->unique, in->bf16_rows);
 }
 static size_t combine_of(uint32_t rows, uint32_t width) { return (size_t)rows * width * sizeof(float); }
 
@@ -56,6 +64,15 @@ size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint3
         return 0;
     }
     return dispatch_of(token_count, expert_count, row_width, unique, bf16_rows);
+}
+
+size_t st_wire_dispatch_peer_bytes(uint32_t token_count, uint32_t expert_count, uint32_t unique) {
+    if (!shape_ok(token_count, expert_count, 0) || unique > ST_WIRE_MAX_TOKENS) {
+        ST_FAIL(ST_ERR_INVALID_ARG, "wire: peer shape %u tokens (%u rows) x %u experts exceeds limits", token_count,
+                unique, expert_count);
+        return 0;
+    }
+    return peer_of(token_count, expert_count);
 }
 
 size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width) {
@@ -73,9 +90,10 @@ static const char *info_problem(const st_wire_info_t *in) {
         if (!shape_ok(in->token_count, in->expert_count, in->row_width)) return "counts exceed limits";
         if (in->token_count > 0 && in->expert_count == 0) return "tokens without experts";
         if (in->row_width == 0 && in->token_count > 0) return "zero row width";
-        if (in->unique > in->token_count) return "more distinct rows than pairs";
-        if (in->payload_bytes != dispatch_of(in->token_count, in->expert_count, in->row_width, in->unique, in->bf16_rows))
-            return "payload_bytes disagrees with counts";
+        if (in->peer && (!in->unique || !in->bf16_rows)) return "peer rows without sources or not bf16";
+        if (in->peer ? in->unique > ST_WIRE_MAX_TOKENS : in->unique > in->token_count)
+            return "more distinct rows than pairs";
+        if (in->payload_bytes != info_dispatch_of(in)) return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
         if (in->slots < in->token_count) return "slots below the pairs of a dispatch";
         return NULL;
@@ -84,8 +102,15 @@ static const char *info_problem(const st_wire_info_t *in) {
         if (in->expert_count || in->unique || in->slots || in->bf16_rows)
             return "expert table, distinct rows, bf16 rows or slots on a reply";
         if (in->row_width == 0 && in->token_count > 0) return "zero row width";
-        if (in->payload_bytes != combine_of(in->token_count, in->row_width)) return "payload_bytes disagrees with counts";
+        if (in->payload_bytes != (in->peer ? 0 : combine_of(in->token_count, in->row_width)))
+            return "payload_bytes disagrees with counts";
         if (in->status != ST_OK) return "status set on a data message";
+        return NULL;
+    case ST_WIRE_KIND_PEER:
+        if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots || in->bf16_rows || in->peer)
+            return "peer memory with counts";
+        if (in->payload_bytes != sizeof(st_wire_peer_t)) return "peer memory of another size";
+        if (in->status != ST_OK) return "status set on a peer message";
         return NULL;
     case ST_WIRE_KIND_ERROR:
         if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots || in->bf16_rows)
@@ -104,12 +129,33 @@ st_wire_info_t st_wire_reply_info(const st_wire_info_t *req, st_status_t status,
         r.kind = ST_WIRE_KIND_COMBINE;
         r.token_count = rows;
         r.row_width = req->row_width;
-        r.payload_bytes = st_wire_combine_bytes(rows, req->row_width);
+        r.peer = req->kind == ST_WIRE_KIND_DISPATCH && req->peer;
+        r.payload_bytes = r.peer ? 0 : st_wire_combine_bytes(rows, req->row_width);
     } else {
         r.kind = ST_WIRE_KIND_ERROR;
         r.payload_bytes = text_len;
     }
     return r;
+}
+
+st_wire_info_t st_wire_peer_info(uint64_t seq) {
+    return (st_wire_info_t){.kind = ST_WIRE_KIND_PEER, .seq = seq, .payload_bytes = sizeof(st_wire_peer_t)};
+}
+
+_Static_assert(sizeof(st_wire_peer_t) == 96 && offsetof(st_wire_peer_t, in_off) == 64 &&
+                   offsetof(st_wire_peer_t, in_rows) == 80 && offsetof(st_wire_peer_t, zero) == 92,
+               "byte map: peer");
+st_status_t st_wire_peer_check(const void *payload, size_t len, st_wire_peer_t *out) {
+    st_wire_peer_t p;
+    if (len != sizeof p) return ST_FAIL(ST_ERR_PROTOCOL, "wire: peer memory of %zu bytes", len);
+    memcpy(&p, payload, sizeof p);
+    if (p.zero || !p.in_rows || !p.reply_rows || !p.row_width || p.in_rows > ST_WIRE_MAX_TOKENS ||
+        p.reply_rows > ST_WIRE_MAX_TOKENS * 64u || p.row_width > ST_WIRE_MAX_ROW_WIDTH || p.in_off % 16 ||
+        p.reply_off % 16)
+        return ST_FAIL(ST_ERR_PROTOCOL, "wire: peer memory of %u input and %u reply rows of width %u is malformed",
+                       p.in_rows, p.reply_rows, p.row_width);
+    *out = p;
+    return ST_OK;
 }
 
 st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *out) {
@@ -124,7 +170,8 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .step = info->step,
         .layer = info->layer,
         .micro_batch = info->micro_batch,
-        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) | (info->bf16_rows ? ST_WIRE_FLAG_BF16_ROWS : 0)),
+        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) | (info->bf16_rows ? ST_WIRE_FLAG_BF16_ROWS : 0) |
+                            (info->peer ? ST_WIRE_FLAG_PEER : 0)),
         .source_id = info->source_id,
         .token_count = info->token_count,
         .expert_count = info->expert_count,
@@ -149,7 +196,10 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
     bool disp = h.kind == ST_WIRE_KIND_DISPATCH;
     bool uniq = disp && (h.flags & ST_WIRE_FLAG_UNIQUE_ROWS);
-    uint16_t known = disp ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_BF16_ROWS) : 0;
+    uint16_t known = disp                                ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_BF16_ROWS |
+                                                                       ST_WIRE_FLAG_PEER)
+                     : h.kind == ST_WIRE_KIND_COMBINE ? (uint16_t)ST_WIRE_FLAG_PEER
+                                                        : 0;
     if ((h.flags & ~known) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, aux %u on kind %u)", h.flags, h.aux,
                        h.kind);
@@ -172,6 +222,7 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         .unique = uniq ? h.aux : 0,
         .slots = disp ? h.slots : 0,
         .bf16_rows = disp && (h.flags & ST_WIRE_FLAG_BF16_ROWS),
+        .peer = (h.flags & ST_WIRE_FLAG_PEER) != 0,
     };
     const char *why = info_problem(&in);
     if (why)
@@ -216,10 +267,17 @@ st_status_t st_wire_dispatch_encode(void *payload, const st_wire_info_t *info, c
     v.orow = (const uint32_t *)p;
     v.wts = (const float *)(p + (size_t)token_count * 4);
     p += pair_bytes(token_count);
+    v.bf16 = info->bf16_rows;
+    if (info->peer) {
+        memset(p, 0, PEER_BLOCK);
+        memcpy(p, &info->reply_row, sizeof info->reply_row);
+        v.peer = true, v.reply_row = info->reply_row;
+        *out = v;
+        return ST_OK;
+    }
     used = rows_used(token_count, unique, info->row_width, info->bf16_rows);
     memset(p + used, 0, pad16(used) - used);
     v.rows = p;
-    v.bf16 = info->bf16_rows;
     *out = v;
     return ST_OK;
 }
@@ -236,7 +294,7 @@ st_status_t st_wire_dispatch_decode(const void *payload, const st_wire_info_t *i
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: kind %d is not a dispatch", seq, (int)info->kind);
     if ((uintptr_t)payload % 4 != 0) return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload not 4-byte aligned", seq);
     uint32_t n = info->token_count;
-    if (info->payload_bytes != dispatch_of(n, info->expert_count, info->row_width, info->unique, info->bf16_rows))
+    if (info->payload_bytes != info_dispatch_of(info))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: payload of %llu bytes does not fit its counts", seq,
                        (unsigned long long)info->payload_bytes);
     const uint32_t *ids = payload;
@@ -271,11 +329,19 @@ st_status_t st_wire_dispatch_decode(const void *payload, const st_wire_info_t *i
     v.orow = orow;
     v.wts = (const float *)(p + (size_t)n * 4);
     p += pair_bytes(n);
+    v.bf16 = info->bf16_rows;
+    if (info->peer) {
+        if (!zeros(p, sizeof v.reply_row, PEER_BLOCK))
+            return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", seq);
+        memcpy(&v.reply_row, p, sizeof v.reply_row);
+        v.peer = true;
+        *out = v;
+        return ST_OK;
+    }
     size_t used = rows_used(n, info->unique, info->row_width, info->bf16_rows);
     if (!zeros(p, used, info->payload_bytes - (size_t)(p - (const uint8_t *)payload)))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: seq %llu: nonzero padding", seq);
     v.rows = p;
-    v.bf16 = info->bf16_rows;
     *out = v;
     return ST_OK;
 }

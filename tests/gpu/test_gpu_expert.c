@@ -110,6 +110,43 @@ static void stack_expert(const st_ckpt_t *ck, int layer, int e, uint16_t *w1, ui
 /* One micro-batch of T tokens, kc = top_k slots each (cnt[t] of them used), through the worker's GPU
  * engine's expert path (its kernels and arguments: experts_local in the engine) and through this
  * server, every expert here or the experts split by parity over two servers; rows compared bitwise. */
+/* Server sv's dispatch of plan p through device memory (ST_WIRE_FLAG_PEER): its sources as rows of
+ * the work's bf16 rows on the device (d_z [T, ew]), its output rows written into a device reply region
+ * from row 3; they equal the rows of the same dispatch with its rows in the message (ref), bit for
+ * bit. A reply region one row short, and a dispatch without the peer memory, are refused. */
+static void peer_same(const char *tag, st_es_gpu_t *g, int layer, st_dispatch_plan_t *p, int sv, const st_moe_work_t *w,
+                      const uint16_t *d_z, const float *ref) {
+    const int E = p->n_experts, l = w->ew;
+    const int *ut = p->utok + (size_t)sv * p->max_rows;
+    st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = (uint32_t)p->n_rows[sv],
+                           .expert_count = (uint32_t)p->n_exp[sv], .row_width = (uint32_t)l,
+                           .unique = (uint32_t)ut[p->n_uniq[sv] - 1] + 1, .slots = (uint32_t)(w->T * w->kc),
+                           .bf16_rows = true, .peer = true, .reply_row = 3};
+    info.payload_bytes = st_wire_dispatch_peer_bytes(info.token_count, info.expert_count, info.unique);
+    uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
+    st_wire_dispatch_t v, d;
+    GT_OK(st_wire_dispatch_encode(msg, &info, p->exp_ids + (size_t)sv * E, p->offsets + (size_t)sv * (E + 1), &v));
+    st_dispatch_pack(p, sv, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, NULL);
+    st_dispatch_src_tokens(p, sv, (uint32_t *)v.src);
+    GT_OK(st_wire_dispatch_decode(msg, &info, &d));
+    CHECK(d.peer && d.reply_row == 3 && !d.rows, "%s: a peer dispatch decodes as one (reply row %u)", tag, d.reply_row);
+    size_t no = d.n_out, rb = sizeof(float) * (size_t)l;
+    float *d_rep = gt_dev(rb * (no + 3)), *got = gt_xmalloc(rb * (no + 1));
+    gt_poison(d_rep, rb * (no + 3));
+    st_es_gpu_peer_t pe = {.base = d_rep, .in = d_z, .reply = d_rep, .in_rows = (uint32_t)w->T,
+                           .reply_rows = (uint32_t)no + 3};
+    GT_OK(st_es_gpu_run_peer(g, layer, info.expert_count, &d, info.unique, info.slots, NULL, &pe));
+    gt_down(got, d_rep + 3 * (size_t)l, rb * no);
+    CHECK(!memcmp(got, ref, rb * no), "%s layer %d T=%d server %d: the rows through device memory equal the message's",
+          tag, layer, w->T, sv);
+    pe.reply_rows = (uint32_t)no + 2;
+    CHECK(st_es_gpu_run_peer(g, layer, info.expert_count, &d, info.unique, info.slots, NULL, &pe) == ST_ERR_INVALID_ARG,
+          "%s: output rows past the reply region are refused", tag);
+    CHECK(st_es_gpu_run(g, layer, info.expert_count, &d, info.unique, info.slots, NULL) == ST_ERR_INVALID_ARG,
+          "%s: a peer dispatch without the peer memory is refused", tag);
+    st_gpu_free(d_rep), free(got), free(msg);
+}
+
 static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, int layer, int T, st_rng_t *r) {
     const st_config_t *c = st_ckpt_config(ck);
     const int E = c->n_experts, kc = c->top_k, l = st_config_expert_width(c), w = c->moe_inter, S = T * kc;
@@ -234,6 +271,7 @@ static void engine_case(const char *tag, st_es_gpu_t *g, const st_ckpt_t *ck, in
             float *rows = gt_xmalloc(sizeof(float) * ((size_t)d.n_out * l + 1));
             for (size_t i = 0; i < (size_t)d.n_out * l; i++) rows[i] = NAN;
             GT_OK(st_es_gpu_run(g, layer, info.expert_count, &d, info.unique, (uint32_t)S, rows));
+            if (bf) peer_same(tag, g, layer, &plan, sv, &wk, d_z, rows);
             st_dispatch_unpack(&plan, sv, &wk, rows, false);
             st_dispatch_settle(&wk); /* rows is freed next */
             sent += plan.n_rows[sv];
@@ -370,8 +408,8 @@ static void leaf_dev_case(const char *tag, const st_ckpt_t *ck, int layer, st_rn
     st_es_gpu_counts(g, &n0);
     engine_case(tag, g, ck, layer, T, r);
     st_es_gpu_counts(g, &n1);
-    CHECK(n1.leaf_dev - n0.leaf_dev == 2, "%s: %llu of the one-server dispatches built their leaf table on the device "
-          "(2)", tag, (unsigned long long)(n1.leaf_dev - n0.leaf_dev));
+    CHECK(n1.leaf_dev - n0.leaf_dev == 3, "%s: %llu of the one-server dispatches built their leaf table on the device "
+          "(3: fp32, bf16 and bf16 through device memory)", tag, (unsigned long long)(n1.leaf_dev - n0.leaf_dev));
     uint32_t ids[1] = {0}, off[2] = {0, N};
     st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = N, .expert_count = 1,
                            .row_width = (uint32_t)ew, .unique = 1, .slots = N, .bf16_rows = true};

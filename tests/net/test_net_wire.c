@@ -3,7 +3,9 @@
  * (ST_WIRE_FLAG_BF16_ROWS: half the bytes, rows padded to 16, the padding checked); a dispatch's
  * slots (byte 56) round trip, are checked against its pairs and are refused on replies; each pair's
  * output row and weight sit after the table (and the sources), the reply's output row count is
- * 1 + the largest, and a reply is its output rows with no table. */
+ * 1 + the largest, and a reply is its output rows with no table. A dispatch through the worker's
+ * device memory (ST_WIRE_FLAG_PEER) carries sources (spanning more rows than pairs), pairs and its
+ * reply row instead of rows, its reply no rows; the PEER message's fields and payload are checked. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,11 +67,13 @@ int main(void) {
     expect_reject(&h, pl, 4, 2, 7, "version 7");
     expect_reject(&h, pl, 4, 2, 0, "version 0");
     expect_reject(&h, pl, 6, 2, 0, "kind 0");
-    expect_reject(&h, pl, 6, 2, 4, "kind 4");
+    expect_reject(&h, pl, 6, 2, ST_WIRE_KIND_PEER, "kind peer with counts");
+    expect_reject(&h, pl, 6, 2, 5, "kind 5");
     expect_reject(&h, pl, 6, 2, ST_WIRE_KIND_ERROR, "kind error with counts");
     expect_reject(&h, pl, 22, 2, 1, "flags");
     expect_reject(&h, pl, 22, 2, ST_WIRE_FLAG_BF16_ROWS, "bf16 flag on fp32 rows");
-    expect_reject(&h, pl, 22, 2, 4, "unknown flag");
+    expect_reject(&h, pl, 22, 2, ST_WIRE_FLAG_PEER, "peer flag on fp32 rows without sources");
+    expect_reject(&h, pl, 22, 2, 8, "unknown flag");
     expect_reject(&h, pl, 28, 4, 11, "token_count vs payload");
     expect_reject(&h, pl, 28, 4, ST_WIRE_MAX_TOKENS + 1, "token_count over limit");
     expect_reject(&h, pl, 32, 4, 4, "expert_count vs payload");
@@ -268,5 +272,53 @@ int main(void) {
     CHECK(st_wire_header_decode(&h, 64, 7, &out) == ST_OK && out.kind == ST_WIRE_KIND_ERROR &&
               out.status == ST_ERR_NOT_FOUND && out.seq == 99,
           "the ERROR reply decodes with its status");
+
+    /* through the worker's device memory: 5 pairs of 2 experts reading rows up to 40 of the worker's */
+    st_wire_info_t pi = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = 5, .expert_count = 2, .row_width = 8,
+                         .seq = 7, .slots = 80, .unique = 41, .bf16_rows = true, .peer = true, .reply_row = 9};
+    pi.payload_bytes = st_wire_dispatch_peer_bytes(5, 2, 41);
+    CHECK(pi.payload_bytes == 32 + 32 + 48 + 16, "peer dispatch bytes %llu", (unsigned long long)pi.payload_bytes);
+    uint8_t pp[128] __attribute__((aligned(16)));
+    uint32_t pid[2] = {3, 6}, poff[3] = {0, 2, 5};
+    st_wire_dispatch_t pv, pd;
+    CHECK(st_wire_dispatch_encode(pp, &pi, pid, poff, &pv) == ST_OK && pv.peer && !pv.rows, "peer encode");
+    for (int r = 0; r < 5; r++) ((uint32_t *)pv.src)[r] = (uint32_t)(8 * r), ((uint32_t *)pv.orow)[r] = (uint32_t)r % 3;
+    st_wire_header_t ph;
+    st_wire_info_t po;
+    CHECK(st_wire_header_encode(&pi, &ph) == ST_OK && st_wire_header_decode(&ph, 64, pi.payload_bytes, &po) == ST_OK &&
+              po.peer && po.unique == 41 && po.bf16_rows,
+          "peer header round trip");
+    CHECK(st_wire_dispatch_decode(pp, &po, &pd) == ST_OK && pd.peer && pd.reply_row == 9 && !pd.rows && pd.n_out == 3,
+          "peer dispatch decodes: reply row %u, %u output rows", pd.reply_row, pd.n_out);
+    ((uint32_t *)pv.src)[4] = 41;
+    CHECK(st_wire_dispatch_decode(pp, &po, &pd) == ST_ERR_PROTOCOL, "a source past the rows it spans is refused");
+    ((uint32_t *)pv.src)[4] = 32;
+    pp[pi.payload_bytes - 1] = 1;
+    CHECK(st_wire_dispatch_decode(pp, &po, &pd) == ST_ERR_PROTOCOL, "nonzero padding after the reply row is refused");
+    pp[pi.payload_bytes - 1] = 0;
+    expect_reject(&ph, pi.payload_bytes, 22, 2, ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_PEER, "peer rows not bf16");
+    expect_reject(&ph, pi.payload_bytes + 16, 48, 8, pi.payload_bytes + 16, "peer dispatch with rows' bytes");
+    st_wire_info_t pr = st_wire_reply_info(&po, ST_OK, 3, 0);
+    CHECK(pr.peer && pr.payload_bytes == 0 && pr.token_count == 3, "the reply to a peer dispatch carries no rows");
+    CHECK(st_wire_header_encode(&pr, &ph) == ST_OK && st_wire_header_decode(&ph, 64, 0, &po) == ST_OK && po.peer &&
+              po.kind == ST_WIRE_KIND_COMBINE && po.token_count == 3,
+          "peer reply round trip");
+    expect_reject(&ph, 0, 22, 2, 0, "a reply of 3 rows without rows or the peer flag");
+    /* PEER: the memory of one channel slot */
+    st_wire_info_t mi = st_wire_peer_info(5);
+    CHECK(st_wire_header_encode(&mi, &ph) == ST_OK && st_wire_header_decode(&ph, 64, 96, &po) == ST_OK &&
+              po.kind == ST_WIRE_KIND_PEER && po.seq == 5,
+          "peer memory header round trip");
+    expect_reject(&ph, 96, 28, 4, 1, "peer memory with a token count");
+    expect_reject(&ph, 95, 48, 8, 95, "peer memory of 95 bytes");
+    st_wire_peer_t wp = {.in_off = 256, .reply_off = 4096, .in_rows = 64, .reply_rows = 512, .row_width = 8}, wq;
+    CHECK(st_wire_peer_check(&wp, sizeof wp, &wq) == ST_OK && wq.reply_rows == 512, "peer memory checks");
+    CHECK(st_wire_peer_check(&wp, sizeof wp - 1, &wq) == ST_ERR_PROTOCOL, "short peer memory refused");
+    wp.in_off = 250;
+    CHECK(st_wire_peer_check(&wp, sizeof wp, &wq) == ST_ERR_PROTOCOL, "an unaligned region refused");
+    wp.in_off = 256, wp.zero = 1;
+    CHECK(st_wire_peer_check(&wp, sizeof wp, &wq) == ST_ERR_PROTOCOL, "nonzero reserved bytes refused");
+    wp.zero = 0, wp.in_rows = 0;
+    CHECK(st_wire_peer_check(&wp, sizeof wp, &wq) == ST_ERR_PROTOCOL, "an empty input region refused");
     return st_test_done();
 }

@@ -235,6 +235,20 @@ st_status_t st_engine_mb_copy_z(st_engine_mb_t *mb, const int *first, const int 
  * step. */
 st_status_t st_engine_mb_plan(st_engine_mb_t *mb, const st_moe_plan_t *p, int n_servers, const int *server_of,
                               bool *tok_failed);
+/* A micro-batch's device memory that a same-host executor reads and writes in place (the expert
+ * server, through CUDA IPC: wire.h ST_WIRE_FLAG_PEER): handle, the CUDA IPC handle of the allocation
+ * holding both regions; in, its hand-offs' latent rows (bf16 [in_rows, ew], row t = token t of the hand-off, as
+ * st_engine_mb_copy_z copies them), valid between a collect that returned work and the next launch;
+ * reply, rows the executor may write (fp32 [reply_rows, ew], device address reply) and st_moe_work_t.at
+ * may point to. ST_ERR_UNSUPPORTED on an engine without device memory (the CPU one) or one with its
+ * experts local. Fixed for the micro-batch's life. */
+typedef struct {
+    uint8_t handle[64];
+    float *reply;
+    size_t in_off, reply_off;
+    uint32_t in_rows, reply_rows;
+} st_engine_peer_mem_t;
+st_status_t st_engine_mb_peer_mem(st_engine_mb_t *mb, st_engine_peer_mem_t *out);
 /* Whether st_engine_mb_launch_early queues anything on this engine: a GPU engine whose context loads
  * kernels eagerly. A lazily loaded kernel's first launch waits for all the process's device work,
  * a walk waiting for its release included, and the release would never come: call

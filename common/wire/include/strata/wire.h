@@ -11,7 +11,8 @@
  *     8   8  step           decode step of the sender
  *    16   4  layer          MoE layer index (0-based)
  *    20   2  micro_batch    micro-batch of the step
- *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS, ST_WIRE_FLAG_BF16_ROWS or 0; otherwise 0
+ *    22   2  flags          DISPATCH: ST_WIRE_FLAG_UNIQUE_ROWS, ST_WIRE_FLAG_BF16_ROWS, ST_WIRE_FLAG_PEER or 0;
+ *                            COMBINE: ST_WIRE_FLAG_PEER or 0; otherwise 0
  *    24   4  source_id      sender's member id (low 32 bits of the coordinator id)
  *    28   4  token_count    DISPATCH: (token, expert) pairs in the payload (sum over experts);
  *                            COMBINE: output rows in the payload
@@ -43,11 +44,23 @@
  *   in table order): fp32, or bf16 with ST_WIRE_FLAG_BF16_ROWS (a GPU worker's latent rows as its
  *   engine holds them: half the bytes, and exact, since every server computes from bf16 or widens
  *   bf16 exactly); zero padding up to a multiple of 16 bytes.
- * Payload of COMBINE: [token_count, row_width] fp32 row-major output rows: row o = the summation
+ *   With ST_WIRE_FLAG_PEER (UNIQUE_ROWS and BF16_ROWS too; a same-host worker whose device memory
+ *   the server opened through a PEER message): no input rows; src[r] is the row of the worker's input
+ *   region (its micro-batch's latent rows) that pair r reads, < unique, the rows it spans (may exceed
+ *   N); instead of the rows, 16 bytes: uint32 reply_row, the first row of the worker's reply region
+ *   that the output rows go to, then 12 zero bytes.
+ * Payload of COMBINE: [token_count, row_width] fp32 row-major output rows (with ST_WIRE_FLAG_PEER
+ *   none: they were written into the worker's reply region from the dispatch's reply_row): row o = the summation
  *   tree (docs/architecture.md, "Bit-exact expert results") over the pairs r with output row o of
  *   fl(p_r · E_{expert of r}(input of r)) + 0; a row without pairs is +0. The sender's plan makes
  *   each output row one node of the tree over a token's experts, so the worker finishes the tree.
  * Payload of ERROR: payload_bytes of UTF-8 text (not NUL-terminated); token/expert counts are 0.
+ * Payload of PEER (a same-host worker's device memory for one channel slot, once; counts 0; the
+ *   answer is a COMBINE of 0 rows, or an ERROR: that slot stays on copies), 96 bytes:
+ *     0  64  CUDA IPC handle of the allocation holding both regions
+ *    64   8  input region: byte offset in it (bf16 rows [in_rows, row_width])
+ *    72   8  reply region: byte offset in it (fp32 rows [reply_rows, row_width])
+ *    80   4  in_rows     84   4  reply_rows     88   4  row_width     92   4  zero
  */
 #ifndef STRATA_WIRE_H
 #define STRATA_WIRE_H
@@ -70,6 +83,7 @@ extern "C" {
 #define ST_WIRE_VERSION 6u
 #define ST_WIRE_FLAG_UNIQUE_ROWS 0x1u
 #define ST_WIRE_FLAG_BF16_ROWS 0x2u
+#define ST_WIRE_FLAG_PEER 0x4u /* rows in, results out through the worker's device memory (see above) */
 #define ST_WIRE_HEADER_BYTES 64u
 #define ST_WIRE_ALIGN 16u
 #define ST_WIRE_MAX_TOKENS (1u << 20)
@@ -89,6 +103,7 @@ typedef enum {
     ST_WIRE_KIND_DISPATCH = 1, /* attention worker -> expert server: rows to run */
     ST_WIRE_KIND_COMBINE = 2,  /* expert server -> attention worker: output rows */
     ST_WIRE_KIND_ERROR = 3,    /* expert server -> attention worker: the dispatch `seq` failed */
+    ST_WIRE_KIND_PEER = 4,     /* attention worker -> expert server (same host): its device memory */
 } st_wire_kind_t;
 
 /* The header as it lies on the wire (see byte map). Use encode/decode, not the fields directly, so
@@ -132,7 +147,16 @@ typedef struct {
     uint32_t slots;      /* DISPATCH only: routed slots of the sender's micro-batch at this layer over all
                           * servers (T × routing stride), ≥ token_count; 0 on other kinds */
     bool bf16_rows;      /* DISPATCH only: input rows are bf16 (ST_WIRE_FLAG_BF16_ROWS), else fp32 */
+    bool peer;           /* DISPATCH, COMBINE: rows through the worker's device memory (ST_WIRE_FLAG_PEER) */
+    uint32_t reply_row;  /* peer DISPATCH, to encode (st_wire_dispatch_encode writes it into the payload;
+                          * decoding leaves it 0: st_wire_dispatch_decode reads it) */
 } st_wire_info_t;
+/* PEER's payload (byte map above). */
+typedef struct {
+    uint8_t handle[64];
+    uint64_t in_off, reply_off;
+    uint32_t in_rows, reply_rows, row_width, zero;
+} st_wire_peer_t;
 
 /* Bytes of the offsets table incl. padding, for expert_count experts. */
 size_t st_wire_table_bytes(uint32_t expert_count);
@@ -142,6 +166,8 @@ size_t st_wire_table_bytes(uint32_t expert_count);
  * bound. */
 size_t st_wire_dispatch_bytes(uint32_t token_count, uint32_t expert_count, uint32_t row_width, uint32_t unique,
                               bool bf16_rows);
+/* The same for a ST_WIRE_FLAG_PEER dispatch (unique: the input rows its sources span). */
+size_t st_wire_dispatch_peer_bytes(uint32_t token_count, uint32_t expert_count, uint32_t unique);
 /* The same for a COMBINE of `rows` output rows. */
 size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width);
 
@@ -150,6 +176,9 @@ size_t st_wire_combine_bytes(uint32_t rows, uint32_t row_width);
  * `text_len` bytes of text. Nothing of the request's shape (expert table, distinct rows, bf16 rows,
  * slots) is carried over: those describe a dispatch. */
 st_wire_info_t st_wire_reply_info(const st_wire_info_t *req, st_status_t status, uint32_t rows, size_t text_len);
+/* A PEER message's fields (its payload: sizeof(st_wire_peer_t) bytes); check: the payload's. */
+st_wire_info_t st_wire_peer_info(uint64_t seq);
+st_status_t st_wire_peer_check(const void *payload, size_t len, st_wire_peer_t *out);
 
 /* Fill *out from info (payload_bytes included). Checks kind and bounds, and for DISPATCH/COMBINE
  * that payload_bytes equals st_wire_dispatch_bytes() / st_wire_combine_bytes(). */
@@ -168,7 +197,9 @@ typedef struct {
     const uint32_t *orow;       /* [token_count] output row of each pair, each < token_count */
     const float *wts;           /* [token_count] routing weight of each pair */
     const void *rows;           /* [unique or token_count, row_width] input rows: fp32, or bf16 (uint16
-                                 * bit patterns) when bf16 */
+                                 * bit patterns) when bf16; NULL with peer */
+    bool peer;                  /* the rows and the output rows through the worker's device memory */
+    uint32_t reply_row;         /* peer: the first row of the worker's reply region the output rows take */
     bool bf16;
     uint32_t n_out;             /* output rows of the reply: 1 + the largest orow (0 without pairs) */
 } st_wire_dispatch_t;
@@ -176,7 +207,8 @@ typedef struct {
 /* Write a DISPATCH's table and zero its paddings in payload (info->payload_bytes long, as
  * st_wire_header_encode checked it): the shape is info's (expert_count, token_count, unique,
  * row_width, bf16_rows); expert_ids and offsets are checked like on decode. The caller then fills
- * the parts it gets back (writable views; src NULL unless unique > 0; n_out 0, the caller's to know). */
+ * the parts it gets back (writable views; src NULL unless unique > 0; n_out 0, the caller's to know;
+ * with info->peer, info->reply_row written, and no rows). */
 st_status_t st_wire_dispatch_encode(void *payload, const st_wire_info_t *info, const uint32_t *expert_ids,
                                     const uint32_t *offsets, st_wire_dispatch_t *out);
 
