@@ -168,12 +168,11 @@ typedef struct {
     uint32_t *rel;
     uint32_t hand;
     /* the hand-off's dispatch plan on the device (st_engine_mb_plan), for up to pl.n_servers servers:
-     * pl's tables in pl_dev (the counts block n_rows | n_exp | n_out | n_uniq [S] | exp_ids [S, E] |
-     * offsets [S, E + 1], then pair | orow | src | node | utok | wts [S, M], then server_of [E] |
-     * tok_failed [T] bytes); pl_h pinned: the counts block down, server_of | tok_failed up */
+     * pl's tables in pl_dev (st_moe_plan_carve: the counts block first), then server_of [E] |
+     * tok_failed [T] bytes; pl_h pinned: the counts block down, then server_of | tok_failed up */
     st_moe_plan_t pl;
     void *pl_dev, *pl_ws;
-    size_t pl_ws_bytes, pl_words; /* pl_words: the counts block */
+    size_t pl_ws_bytes, pl_counts, pl_tables; /* bytes: the counts block, all tables (st_moe_plan_bytes) */
     int pl_kc;                    /* the slots per token the workspace is sized for */
     int *pl_h;
     /* step */
@@ -1272,23 +1271,16 @@ static st_status_t plan_alloc(cmb_t *mb, int S, int E, int M, int T, int kc) {
     st_gpu_free(mb->pl_dev), st_gpu_free(mb->pl_ws), st_gpu_host_free(mb->pl_h);
     mb->pl_dev = mb->pl_ws = NULL, mb->pl_h = NULL;
     memset(&mb->pl, 0, sizeof mb->pl);
-    size_t cb = 4 * (size_t)S + (size_t)S * E + (size_t)S * (E + 1), sm = (size_t)S * M;
-    size_t dev = 4 * (cb + 6 * sm + (size_t)E) + (size_t)T;
+    size_t tables = st_moe_plan_bytes(S, E, M, kc), counts = st_moe_plan_counts_bytes(S, E);
     mb->pl_ws_bytes = st_cuda_moe_dispatch_plan_ws_bytes(T, kc, E, S);
     mb->pl_kc = kc;
     st_status_t s;
-    if ((s = st_gpu_malloc(&mb->pl_dev, dev)) != ST_OK || (s = st_gpu_malloc(&mb->pl_ws, mb->pl_ws_bytes)) != ST_OK ||
-        (s = st_gpu_host_alloc((void **)&mb->pl_h, 4 * (cb + (size_t)E) + (size_t)T)) != ST_OK)
+    if ((s = st_gpu_malloc(&mb->pl_dev, tables + 4 * (size_t)E + (size_t)T)) != ST_OK ||
+        (s = st_gpu_malloc(&mb->pl_ws, mb->pl_ws_bytes)) != ST_OK ||
+        (s = st_gpu_host_alloc((void **)&mb->pl_h, counts + 4 * (size_t)E + (size_t)T)) != ST_OK)
         return s;
-    int *b = mb->pl_dev;
-    st_moe_plan_t *p = &mb->pl;
-    p->n_servers = S, p->n_experts = E, p->max_rows = M;
-    p->n_rows = b, p->n_exp = b + S, p->n_out = b + 2 * S, p->n_uniq = b + 3 * S;
-    p->exp_ids = (uint32_t *)(b + 4 * S), p->offsets = p->exp_ids + (size_t)S * E;
-    int *t = b + cb;
-    p->pair = t, p->orow = (uint32_t *)(t + sm), p->src = (uint32_t *)(t + 2 * sm), p->node = t + 3 * sm;
-    p->utok = t + 4 * sm, p->wts = (float *)(t + 5 * sm);
-    mb->pl_words = cb;
+    st_moe_plan_carve(&mb->pl, S, E, M, kc, mb->pl_dev);
+    mb->pl_counts = counts, mb->pl_tables = tables;
     return ST_OK;
 }
 
@@ -1302,8 +1294,7 @@ static st_status_t plan(st_engine_mb_t *fm, const st_moe_plan_t *p, int S, const
     if (s != ST_OK) return s;
     /* server_of and the flags up, next to each other on both sides; the device tables keep their
      * allocation's strides (pl.n_servers ≥ S) */
-    const int SA = mb->pl.n_servers;
-    int *sof_h = mb->pl_h + mb->pl_words, *sof_d = (int *)mb->pl_dev + mb->pl_words + 6 * (size_t)SA * M;
+    int *sof_h = (int *)((uint8_t *)mb->pl_h + mb->pl_counts), *sof_d = (int *)((uint8_t *)mb->pl_dev + mb->pl_tables);
     uint8_t *fail_h = (uint8_t *)(sof_h + E), *fail_d = (uint8_t *)(sof_d + E);
     memcpy(sof_h, server_of, sizeof(int) * (size_t)E);
     for (int t = 0; t < T; t++) fail_h[t] = tok_failed[t];
@@ -1314,17 +1305,20 @@ static st_status_t plan(st_engine_mb_t *fm, const st_moe_plan_t *p, int S, const
     if ((s = st_gpu_memcpy_async(st, sof_d, sof_h, sizeof(int) * (size_t)E + (size_t)T, ST_GPU_COPY_H2D)) != ST_OK ||
         (s = st_cuda_moe_dispatch_plan(st, &d, mb->ids, mb->cnt, mb->wts, sof_d, fail_d, T, kc, mb->pl_ws,
                                        mb->pl_ws_bytes)) != ST_OK ||
-        (s = st_gpu_memcpy_async(st, mb->pl_h, mb->pl_dev, 4 * mb->pl_words, ST_GPU_COPY_D2H)) != ST_OK ||
+        (s = st_gpu_memcpy_async(st, mb->pl_h, mb->pl_dev, mb->pl_counts, ST_GPU_COPY_D2H)) != ST_OK ||
         (s = st_gpu_memcpy_async(st, fail_h, fail_d, (size_t)T, ST_GPU_COPY_D2H)) != ST_OK ||
         (s = st_gpu_stream_sync(st)) != ST_OK)
         return s;
-    /* the counts and the expert tables, then each server's prefixes straight into p */
-    const int *h = mb->pl_h;
-    const uint32_t *hid = (const uint32_t *)(h + 4 * SA), *hoff = hid + (size_t)SA * E;
+    /* the counts and the expert tables (where the carve put them on the device, in pl_h), then each
+     * server's prefixes straight into p */
+#define HOST(f) ((const void *)((const uint8_t *)mb->pl_h + ((const uint8_t *)d.f - (const uint8_t *)mb->pl_dev)))
+    const int *hr = HOST(n_rows), *hx = HOST(n_exp), *ho = HOST(n_out), *hu = HOST(n_uniq);
+    const uint32_t *hid = HOST(exp_ids), *hoff = HOST(offsets);
+#undef HOST
     for (int v = 0; v < p->n_servers; v++) {
         bool in = v < S;
-        p->n_rows[v] = in ? h[v] : 0, p->n_exp[v] = in ? h[SA + v] : 0;
-        p->n_out[v] = in ? h[2 * SA + v] : 0, p->n_uniq[v] = in ? h[3 * SA + v] : 0;
+        p->n_rows[v] = in ? hr[v] : 0, p->n_exp[v] = in ? hx[v] : 0;
+        p->n_out[v] = in ? ho[v] : 0, p->n_uniq[v] = in ? hu[v] : 0;
         uint32_t *off = p->offsets + (size_t)v * (E + 1);
         off[0] = 0;
         if (!in || !p->n_rows[v]) continue;

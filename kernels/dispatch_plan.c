@@ -30,6 +30,42 @@ static void split(const st_moe_plan_t *p, const uint32_t *id, const int *tg, int
     if (m < b) split(p, id, tg, m, b, h - 1, slot0);
 }
 
+/* the tables' sizes in 4-byte words, in carving order; returns how many */
+static int plan_words(int S, int E, int M, int kc, size_t *w) {
+    size_t s = (size_t)S, sm = s * (size_t)M;
+    size_t v[] = {s, s, s, s, s * (size_t)E, s * ((size_t)E + 1), /* the counts block */
+                  sm, sm, sm, sm, sm, sm,                             /* pair orow src wts node utok */
+                  (size_t)M, s, (size_t)E, (size_t)kc, (size_t)kc};    /* slot_row last ecur tag tid */
+    memcpy(w, v, sizeof v);
+    return (int)(sizeof v / sizeof *v);
+}
+static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+size_t st_moe_plan_counts_bytes(int S, int E) {
+    size_t w[17], b = 0;
+    plan_words(S, E, 1, 1, w);
+    for (int i = 0; i < 6; i++) b += up256(4 * w[i]);
+    return b;
+}
+
+size_t st_moe_plan_bytes(int S, int E, int M, int kc) {
+    size_t w[17], b = 0;
+    for (int i = 0, n = plan_words(S, E, M, kc, w); i < n; i++) b += up256(4 * w[i]);
+    return b;
+}
+
+void st_moe_plan_carve(st_moe_plan_t *p, int S, int E, int M, int kc, void *base) {
+    size_t w[17];
+    int n = plan_words(S, E, M, kc, w);
+    void *t[17];
+    uint8_t *at = base;
+    for (int i = 0; i < n; i++) t[i] = at, at += up256(4 * w[i]);
+    *p = (st_moe_plan_t){.n_servers = S, .n_experts = E, .max_rows = M, .n_rows = t[0], .n_exp = t[1], .n_out = t[2],
+                         .n_uniq = t[3], .exp_ids = t[4], .offsets = t[5], .pair = t[6], .orow = t[7], .src = t[8],
+                         .wts = t[9], .node = t[10], .utok = t[11], .slot_row = t[12], .last = t[13], .ecur = t[14],
+                         .tag = t[15], .tid = t[16]};
+}
+
 void st_moe_dispatch_plan(const st_moe_plan_t *p, const int *ids, const int *cnt, const float *wts,
                           const int *server_of, bool *tok_failed, int T, int kc) {
     int S = p->n_servers, n = p->n_experts;

@@ -29,23 +29,14 @@ static void *xmalloc(size_t b) {
     return p;
 }
 
+/* a plan's tables (with the C scratch for 16 slots a token) in one host or device block */
 static st_moe_plan_t plan_tables(int S, int E, int M, bool dev) {
-    size_t sm = (size_t)S * M;
-    st_moe_plan_t p = {.n_servers = S, .n_experts = E, .max_rows = M};
-#define PA(b) (dev ? bdev(b) : xmalloc(b))
-    p.n_rows = PA(4 * (size_t)S), p.n_exp = PA(4 * (size_t)S), p.n_out = PA(4 * (size_t)S);
-    p.n_uniq = PA(4 * (size_t)S), p.exp_ids = PA(4 * (size_t)S * E), p.offsets = PA(4 * (size_t)S * (E + 1));
-    p.pair = PA(4 * sm), p.orow = PA(4 * sm), p.src = PA(4 * sm), p.wts = PA(4 * sm), p.node = PA(4 * sm);
-    p.utok = PA(4 * sm);
-#undef PA
+    size_t b = st_moe_plan_bytes(S, E, M, 16);
+    st_moe_plan_t p;
+    st_moe_plan_carve(&p, S, E, M, 16, dev ? bdev(b) : xmalloc((b + 255) / 256 * 256));
     return p;
 }
-static void plan_tables_free(st_moe_plan_t *p, bool dev) {
-    void *b[] = {p->n_rows, p->n_exp, p->n_out, p->n_uniq,   p->exp_ids, p->offsets, p->pair, p->orow, p->src,
-                 p->wts,    p->node,  p->utok,  p->slot_row, p->last,    p->ecur,    p->tag,  p->tid};
-    for (size_t i = 0; i < sizeof b / sizeof *b; i++)
-        dev ? st_gpu_free(b[i]) : free(b[i]);
-}
+static void plan_tables_free(st_moe_plan_t *p, bool dev) { dev ? st_gpu_free(p->n_rows) : free(p->n_rows); }
 
 static void run_shape(int T, int kc, int E, int S) {
     const size_t N = (size_t)T * kc;
@@ -71,8 +62,6 @@ static void run_shape(int T, int kc, int E, int S) {
     /* the host reference: median of 11 builds */
     const int M = (int)N;
     st_moe_plan_t h = plan_tables(S, E, M, false);
-    h.slot_row = xmalloc(4 * (size_t)M), h.last = xmalloc(4 * (size_t)S), h.ecur = xmalloc(4 * (size_t)E);
-    h.tag = xmalloc(4 * (size_t)kc), h.tid = xmalloc(4 * (size_t)kc);
     double v[11];
     for (int r = 0; r < 11; r++) {
         double t0 = now_s();

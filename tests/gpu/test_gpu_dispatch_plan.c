@@ -15,32 +15,19 @@
 enum { PL_CONTIG, PL_CONTIG_MARKED, PL_SCATTER_MARKED, PL_N };
 static const char *pl_name[] = {"contiguous", "contiguous+none/skip", "scattered+none/skip"};
 
-/* host or device copies of one plan's tables */
+/* host or device copies of one plan's tables (with the C scratch for 16 slots a token), one block */
 static st_moe_plan_t plan_alloc(int S, int E, int M, bool dev) {
-    size_t sm = (size_t)S * M;
-    st_moe_plan_t p = {.n_servers = S, .n_experts = E, .max_rows = M};
-#define PA(b) (dev ? gt_dev(b) : gt_xmalloc(b))
-    p.n_rows = PA(4 * (size_t)S), p.n_exp = PA(4 * (size_t)S), p.n_out = PA(4 * (size_t)S);
-    p.n_uniq = PA(4 * (size_t)S), p.exp_ids = PA(4 * (size_t)S * E), p.offsets = PA(4 * (size_t)S * (E + 1));
-    p.pair = PA(4 * sm), p.orow = PA(4 * sm), p.src = PA(4 * sm), p.wts = PA(4 * sm), p.node = PA(4 * sm);
-    p.utok = PA(4 * sm);
-#undef PA
+    size_t b = st_moe_plan_bytes(S, E, M, 16);
+    st_moe_plan_t p;
+    st_moe_plan_carve(&p, S, E, M, 16, dev ? gt_dev(b) : aligned_alloc(256, (b + 255) / 256 * 256));
+    CHECK(p.n_rows != NULL, "plan tables of %zu bytes", b);
     return p;
 }
-static void plan_free(st_moe_plan_t *p, bool dev) {
-    void *b[] = {p->n_rows, p->n_exp, p->n_out, p->n_uniq,   p->exp_ids, p->offsets, p->pair, p->orow, p->src,
-                 p->wts,    p->node,  p->utok,  p->slot_row, p->last,    p->ecur,    p->tag,  p->tid};
-    for (size_t i = 0; i < sizeof b / sizeof *b; i++)
-        dev ? st_gpu_free(b[i]) : free(b[i]);
-}
-/* the output tables to 0xff (the host's ref and the device's both: nothing past a valid prefix is compared) */
+static void plan_free(st_moe_plan_t *p, bool dev) { dev ? st_gpu_free(p->n_rows) : free(p->n_rows); }
+/* every table to 0xff (the host's ref and the device's both: nothing past a valid prefix is compared) */
 static void plan_poison(const st_moe_plan_t *p, bool dev) {
-    size_t S = (size_t)p->n_servers, E = (size_t)p->n_experts, sm = S * p->max_rows;
-    void *b[] = {p->n_rows, p->n_exp, p->n_out, p->n_uniq, p->exp_ids, p->offsets,
-                 p->pair,   p->orow,  p->src,   p->wts,    p->node,    p->utok};
-    size_t n[] = {S, S, S, S, S * E, S * (E + 1), sm, sm, sm, sm, sm, sm};
-    for (size_t i = 0; i < sizeof b / sizeof *b; i++)
-        dev ? gt_poison(b[i], 4 * n[i]) : memset(b[i], 0xff, 4 * n[i]);
+    size_t b = st_moe_plan_bytes(p->n_servers, p->n_experts, p->max_rows, 16);
+    dev ? gt_poison(p->n_rows, b) : (void)memset(p->n_rows, 0xff, b);
 }
 
 /* the device tables' valid prefixes (by the device's own counts, bounded) into h */
@@ -142,9 +129,6 @@ static void plan_case(int T, int kc, int E, int S, int pl, uint64_t seed, bool c
     }
     /* the reference */
     st_moe_plan_t ref = plan_alloc(S, E, M, false), got = plan_alloc(S, E, M, false);
-    ref.slot_row = gt_xmalloc(4 * (size_t)M), ref.last = gt_xmalloc(4 * (size_t)S),
-    ref.ecur = gt_xmalloc(4 * (size_t)E);
-    ref.tag = gt_xmalloc(4 * (size_t)kc), ref.tid = gt_xmalloc(4 * (size_t)kc);
     plan_poison(&ref, false);
     memcpy(fref, pre, (size_t)T);
     st_moe_dispatch_plan(&ref, ids, cnt, wts, so, fref, T, kc);

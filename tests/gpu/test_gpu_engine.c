@@ -352,21 +352,11 @@ static void copy_z_check(st_engine_t *e, st_engine_mb_t *mb, const st_moe_work_t
     st_engine_host_free(e, buf);
 }
 
-/* Host tables of a plan for S servers (C scratch included), zeroed; free with plan_free. */
+/* Host tables of a plan for S servers (C scratch included), zeroed, one block; free(p.n_rows). */
 static st_moe_plan_t plan_new(int S, int E, int M, int kc) {
-    size_t sm = (size_t)S * M;
-    st_moe_plan_t p = {.n_servers = S, .n_experts = E, .max_rows = M};
-    p.n_rows = calloc(S, sizeof(int)), p.n_exp = calloc(S, sizeof(int)), p.n_out = calloc(S, sizeof(int));
-    p.n_uniq = calloc(S, sizeof(int)), p.exp_ids = calloc((size_t)S * E, 4), p.offsets = calloc((size_t)S * (E + 1), 4);
-    p.pair = calloc(sm, 4), p.orow = calloc(sm, 4), p.src = calloc(sm, 4), p.wts = calloc(sm, 4);
-    p.node = calloc(sm, 4), p.utok = calloc(sm, 4), p.slot_row = calloc(M, 4), p.last = calloc(S, 4);
-    p.ecur = calloc(E, 4), p.tag = calloc(kc, 4), p.tid = calloc(kc, 4);
+    st_moe_plan_t p;
+    st_moe_plan_carve(&p, S, E, M, kc, calloc(1, st_moe_plan_bytes(S, E, M, kc)));
     return p;
-}
-static void plan_free(st_moe_plan_t *p) {
-    free(p->n_rows), free(p->n_exp), free(p->n_out), free(p->n_uniq), free(p->exp_ids), free(p->offsets);
-    free(p->pair), free(p->orow), free(p->src), free(p->wts), free(p->node), free(p->utok), free(p->slot_row);
-    free(p->last), free(p->ecur), free(p->tag), free(p->tid);
 }
 /* Whether two plans' tables are equal over their valid prefixes (the GPU one's scratch unused). */
 static bool plan_same(const st_moe_plan_t *a, const st_moe_plan_t *b) {
@@ -404,11 +394,11 @@ static void plan_check(st_engine_mb_t *mb, const st_moe_work_t *w, int E) {
         CHECK(s != ST_OK || (plan_same(&ref, &got) && !memcmp(fh, fd, (size_t)w->T)),
               "mb_plan: the device plan equals the host's (layer %d, %d tokens, %d of %d servers)", w->layer, w->T, use,
               S);
-        plan_free(&ref), plan_free(&got);
+        free(ref.n_rows), free(got.n_rows);
     }
     st_moe_plan_t small = plan_new(2, E, M, w->kc);
     CHECK(st_engine_mb_plan(mb, &small, 3, sof, fd) == ST_ERR_INVALID_ARG, "mb_plan refuses more servers than p has");
-    plan_free(&small);
+    free(small.n_rows);
     free(sof), free(fh), free(fd);
 }
 

@@ -251,6 +251,13 @@ typedef struct st_moe_plan {
  * like another server's, and a node of skipped leaves is not sent. */
 void st_moe_dispatch_plan(const st_moe_plan_t *p, const int *ids, const int *cnt, const float *wts,
                           const int *server_of, bool *tok_failed, int T, int kc);
+/* All of a plan's tables (for S servers, E experts, M rows; the C scratch for kc slots a token) laid
+ * out in one block of st_moe_plan_bytes bytes at base (host or device memory, 256-byte aligned; each
+ * table 256-byte aligned), in the order of the struct: the counts n_rows | n_exp | n_out | n_uniq,
+ * exp_ids and offsets first (st_moe_plan_counts_bytes of them: one copy moves them all). */
+size_t st_moe_plan_bytes(int S, int E, int M, int kc);
+size_t st_moe_plan_counts_bytes(int S, int E);
+void st_moe_plan_carve(st_moe_plan_t *p, int S, int E, int M, int kc, void *base);
 
 /* ---------------- sampling (SPEC §9) ---------------- */
 /* Index of the largest of x[0..V) (ties → the lower index: greedy decoding). */
