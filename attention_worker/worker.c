@@ -178,6 +178,7 @@ struct aw {
     st_engine_mb_t *mbs[MAX_MB];
     st_engine_peer_mem_t peer[MAX_MB]; /* each micro-batch's device memory for same-host servers; reply NULL:
                                         * none (a CPU engine) */
+    bool peer_off;                     /* compute thread: a server that shared it failed unanswered (remote_finish) */
     st_tp_t *tp;
     st_rpc_server_t *rpc;
     st_member_t *mem;
@@ -624,7 +625,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pd->rview = NULL;
         pd->rcopy = ch ? !aw->srv[s].chan_read : !pd->rbuf_read;
         bool mapped = ch && aw->srv[s].chan_read; /* the engine's device reaches the channel */
-        bool peer = peer_ok && ch && w->zb && (aw->srv[s].chan_peer >> mb & 1u) &&
+        bool peer = peer_ok && !aw->peer_off && ch && w->zb && (aw->srv[s].chan_peer >> mb & 1u) &&
                     reply_row + (uint32_t)p->n_out[s] <= aw->peer[mb].reply_rows;
         if (ch) pd->state = P_QUEUED;
         pthread_mutex_unlock(&aw->mu);
@@ -864,6 +865,14 @@ static void remote_finish(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t 
             if (!aw->pend[mb][s].soft) aw->srv[s].alive = 0; /* gone: until the coordinator's next map */
             aw->pend[mb][s].state = P_IDLE;
             pthread_mutex_unlock(&aw->mu);
+            /* NOTE: a server that did not answer may still be running and write its rows into the
+             * reply region later, where another server's rows of a later layer would lie: from now on
+             * no micro-batch shares its device memory (replies come through the channels) */
+            if (aw->pend[mb][s].peer && !aw->pend[mb][s].soft && !aw->peer_off) {
+                aw->peer_off = true;
+                st_log_warn("worker %s: %s: replies now come through the channels, not this engine's device memory",
+                            aw->o.name, aw->pend[mb][s].err);
+            }
         }
     /* retry: only experts that were on failed servers, on another live holder. The failed nodes
      * are cut again for their new servers and their values join the good ones: any cut into tree
