@@ -640,9 +640,9 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                                .bf16_rows = w->zb != NULL};
         if (peer) /* the rows its sources span: tokens ascending */
             info.peer = true, info.reply_row = reply_row, info.unique = (uint32_t)ut[p->n_uniq[s] - 1] + 1;
-        info.payload_bytes =
-            peer ? st_wire_dispatch_peer_bytes(info.token_count, info.expert_count, info.unique)
-                 : st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width, info.unique, info.bf16_rows);
+        info.payload_bytes = peer ? st_wire_dispatch_peer_bytes(info.token_count, info.expert_count, info.unique)
+                                  : st_wire_dispatch_bytes(info.token_count, info.expert_count, info.row_width,
+                                                           info.unique, info.bf16_rows);
         pd->peer = peer, pd->reply_row = reply_row;
         reply_row += peer ? (uint32_t)p->n_out[s] : 0;
         st_wire_dispatch_t v;
@@ -786,7 +786,8 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             if (ok) {
                 if (pd->peer) /* written into the engine's device memory: pointed to there */
                     st_dispatch_unpack(p, s, w, aw->peer[mb].reply + (size_t)pd->reply_row * (size_t)w->ew, false);
-                else st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), pd->rcopy);
+                else
+                    st_dispatch_unpack(p, s, w, (const float *)(pd->rview ? pd->rview : pd->rbuf), pd->rcopy);
                 pd->state = P_IDLE;
                 aw->reply_bytes += pd->rlen + sizeof(st_wire_header_t);
                 slowest_us = info.compute_us > slowest_us ? info.compute_us : slowest_us;
@@ -1644,8 +1645,11 @@ static uint32_t channel_peer(aw_t *aw, st_xfer_chan_t *ch, const char *name) {
     for (int m = 0; m < aw->o.micro_batches; m++) {
         const st_engine_peer_mem_t *pm = &aw->peer[m];
         if (!pm->reply) continue;
-        st_wire_peer_t w = {.in_off = pm->in_off, .reply_off = pm->reply_off, .in_rows = pm->in_rows,
-                            .reply_rows = pm->reply_rows, .row_width = (uint32_t)st_config_expert_width(aw->c)};
+        st_wire_peer_t w = {.in_off = pm->in_off,
+                            .reply_off = pm->reply_off,
+                            .in_rows = pm->in_rows,
+                            .reply_rows = pm->reply_rows,
+                            .row_width = (uint32_t)st_config_expert_width(aw->c)};
         memcpy(w.handle, pm->handle, sizeof w.handle);
         st_wire_info_t info = st_wire_peer_info((1ull << 63) | __atomic_add_fetch(&aw->peer_seq, 1, __ATOMIC_RELAXED));
         st_wire_header_t h;
@@ -1668,7 +1672,9 @@ static uint32_t channel_peer(aw_t *aw, st_xfer_chan_t *ch, const char *name) {
                         m, rc == ST_OK ? "unexpected answer" : st_err_last());
         if (rc != ST_OK) break; /* the channel itself failed: its first dispatch will say so */
     }
-    if (ok) st_log_info("worker %s: expert server %s reads rows and writes results in this engine's device memory", aw->o.name, name);
+    if (ok)
+        st_log_info("worker %s: expert server %s reads rows and writes results in this engine's device memory",
+                    aw->o.name, name);
     return ok;
 }
 

@@ -56,10 +56,12 @@ st_status_t st_es_compute_bind(st_es_compute_t *x, int layer, int e) {
 
 st_status_t st_es_leaf_table(const st_wire_dispatch_t *d, uint32_t n_exp, uint32_t *loff, uint32_t *lrow, uint32_t *lid,
                              float *lp) {
-    int o = st_moe_leaf_table(loff, lrow, lid, lp, d->orow, d->wts, d->offsets, d->expert_ids, (int)n_exp, (int)d->n_out);
+    int o =
+        st_moe_leaf_table(loff, lrow, lid, lp, d->orow, d->wts, d->offsets, d->expert_ids, (int)n_exp, (int)d->n_out);
     if (o < 0) return ST_OK;
     uint32_t k = loff[o] + 1;
-    while (lid[k] != lid[k - 1]) k++;
+    while (lid[k] != lid[k - 1])
+        k++;
     return ST_FAIL(ST_ERR_INVALID_ARG, "output row %d names expert %u twice", o, lid[k]);
 }
 

@@ -397,8 +397,10 @@ st_status_t st_es_gpu_peer_open(st_es_gpu_t *g, const st_wire_peer_t *w, st_es_g
     st_status_t s = st_gpu_init(g->dev);
     if (s == ST_OK) s = st_gpu_ipc_open(w->handle, &base);
     if (s != ST_OK) return s;
-    *out = (st_es_gpu_peer_t){.base = base, .in = (const uint16_t *)((const uint8_t *)base + w->in_off),
-                              .reply = (float *)((uint8_t *)base + w->reply_off), .in_rows = w->in_rows,
+    *out = (st_es_gpu_peer_t){.base = base,
+                              .in = (const uint16_t *)((const uint8_t *)base + w->in_off),
+                              .reply = (float *)((uint8_t *)base + w->reply_off),
+                              .in_rows = w->in_rows,
                               .reply_rows = w->reply_rows};
     return ST_OK;
 }
@@ -462,7 +464,8 @@ st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const 
     if ((s = st_gpu_init(g->dev)) != ST_OK) return s;
     /* NOTE: experts are separate device blocks (bound one by one): the launcher reads them through
      * the table, so the whole dispatch is one call whatever its experts. */
-    for (uint32_t k = 0; k <= n_exp; k++) g->h_off[k] = (int)offsets[k];
+    for (uint32_t k = 0; k <= n_exp; k++)
+        g->h_off[k] = (int)offsets[k];
     if (gpu_leaf) memcpy(g->h_eid, expert_ids, sizeof(uint32_t) * n_exp);
     for (uint32_t k = 0; k < n_exp; k++) {
         const st_bf16_t *w = g->w[(size_t)layer * g->n_experts + expert_ids[k]];
@@ -481,7 +484,8 @@ st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const 
     key.rows_ffn = rows_ffn, key.tiles = rows_ffn ? 0 : (maxc + 127) / 128;
     /* NOTE: direct only per row (≤ 64 slots): the grouped FFN reads its offsets on the host to size its
      * launch and rereads rows per tile, where mapped reads would cost more than a copy */
-    key.direct = rows_ffn && src && st_gpu_host_dev(src) && (d->peer || (st_gpu_host_dev(d->rows) && st_gpu_host_dev(out)));
+    key.direct =
+        rows_ffn && src && st_gpu_host_dev(src) && (d->peer || (st_gpu_host_dev(d->rows) && st_gpu_host_dev(out)));
     bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
     double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */
     void *exec = NULL;

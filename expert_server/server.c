@@ -112,8 +112,8 @@ static void compute_one(es_t *es, slot_t *s) {
             s->result = st_es_gpu_bind(es->gpu, (int)s->info.layer, d.expert_ids[k]);
         if (s->result == ST_OK)
             s->result = st_es_gpu_run_peer(es->gpu, (int)s->info.layer, s->info.expert_count, &d,
-                                           d.src ? s->info.unique : s->info.token_count, s->info.slots,
-                                           (float *)s->out, s->peer);
+                                           d.src ? s->info.unique : s->info.token_count, s->info.slots, (float *)s->out,
+                                           s->peer);
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
         return;
     }
@@ -410,9 +410,11 @@ static void link_peer(shm_link_t *l, uint32_t k, const void *payload, size_t len
     if (s->result == ST_OK) s->result = ST_FAIL(ST_ERR_UNSUPPORTED, "no device here");
 #endif
     s->n_out = 0;
-    if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "no device memory shared: %s", st_err_last());
+    if (s->result != ST_OK)
+        snprintf(s->err, sizeof s->err, "no device memory shared: %s", st_err_last());
     else
-        st_log_info("expert %s: a same-host worker's slot %u reads and writes its device memory in place", es->o.name, k);
+        st_log_info("expert %s: a same-host worker's slot %u reads and writes its device memory in place", es->o.name,
+                    k);
 }
 
 /* Serve one request of slot k in place and answer it. */
@@ -427,8 +429,8 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
     uint64_t now = st_time_ns();
     s->t_arrive = m->sent_ns < l->done_ns ? m->sent_ns : now;
     s->result = ST_OK;
-    bool hdr_ok = m->hdr_len == sizeof(st_wire_header_t) &&
-                  st_wire_header_decode(m->hdr, m->hdr_len, m->len, &s->info) == ST_OK;
+    bool hdr_ok =
+        m->hdr_len == sizeof(st_wire_header_t) && st_wire_header_decode(m->hdr, m->hdr_len, m->len, &s->info) == ST_OK;
 #ifdef STRATA_WITH_CUDA
     s->peer = l->peer && l->peer[k].base ? &l->peer[k] : NULL;
 #endif
@@ -504,7 +506,8 @@ static void *link_main(void *arg) {
         if (es->gpu) { /* its cached dispatch graphs may name the channel's memory, or the worker's */
             busy_take(es);
             st_es_gpu_forget(es->gpu);
-            for (uint32_t k = 0; l->peer && k < l->n_slots; k++) st_es_gpu_peer_close(es->gpu, &l->peer[k]);
+            for (uint32_t k = 0; l->peer && k < l->n_slots; k++)
+                st_es_gpu_peer_close(es->gpu, &l->peer[k]);
             busy_give(es);
         }
 #endif
@@ -687,9 +690,8 @@ static void on_signal(uv_signal_t *h, int sig) {
 #endif
     st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay, %llu "
                 "without copying rows, %llu with the leaf table on the device)%s%s",
-                es->o.name, sig, (unsigned long long)es->served, (unsigned long long)es->rows,
-                replays, direct, leaf_dev,
-                split[0] ? "; per dispatch, host tables / launches / device: " : "", split);
+                es->o.name, sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays, direct,
+                leaf_dev, split[0] ? "; per dispatch, host tables / launches / device: " : "", split);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;
     for (shm_link_t *l = es->links; l; l = l->next)

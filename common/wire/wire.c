@@ -107,7 +107,8 @@ static const char *info_problem(const st_wire_info_t *in) {
         if (in->status != ST_OK) return "status set on a data message";
         return NULL;
     case ST_WIRE_KIND_PEER:
-        if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots || in->bf16_rows || in->peer)
+        if (in->token_count || in->expert_count || in->row_width || in->unique || in->slots || in->bf16_rows ||
+            in->peer)
             return "peer memory with counts";
         if (in->payload_bytes != sizeof(st_wire_peer_t)) return "peer memory of another size";
         if (in->status != ST_OK) return "status set on a peer message";
@@ -170,8 +171,8 @@ st_status_t st_wire_header_encode(const st_wire_info_t *info, st_wire_header_t *
         .step = info->step,
         .layer = info->layer,
         .micro_batch = info->micro_batch,
-        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) | (info->bf16_rows ? ST_WIRE_FLAG_BF16_ROWS : 0) |
-                            (info->peer ? ST_WIRE_FLAG_PEER : 0)),
+        .flags = (uint16_t)((info->unique ? ST_WIRE_FLAG_UNIQUE_ROWS : 0) |
+                            (info->bf16_rows ? ST_WIRE_FLAG_BF16_ROWS : 0) | (info->peer ? ST_WIRE_FLAG_PEER : 0)),
         .source_id = info->source_id,
         .token_count = info->token_count,
         .expert_count = info->expert_count,
@@ -196,10 +197,9 @@ st_status_t st_wire_header_decode(const void *hdr, size_t hdr_len, size_t payloa
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: version %u, this build speaks %u", h.version, ST_WIRE_VERSION);
     bool disp = h.kind == ST_WIRE_KIND_DISPATCH;
     bool uniq = disp && (h.flags & ST_WIRE_FLAG_UNIQUE_ROWS);
-    uint16_t known = disp                                ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_BF16_ROWS |
-                                                                       ST_WIRE_FLAG_PEER)
+    uint16_t known = disp ? (uint16_t)(ST_WIRE_FLAG_UNIQUE_ROWS | ST_WIRE_FLAG_BF16_ROWS | ST_WIRE_FLAG_PEER)
                      : h.kind == ST_WIRE_KIND_COMBINE ? (uint16_t)ST_WIRE_FLAG_PEER
-                                                        : 0;
+                                                      : 0;
     if ((h.flags & ~known) || (uniq && h.aux == 0) || (h.aux != 0 && !uniq && h.kind != ST_WIRE_KIND_COMBINE))
         return ST_FAIL(ST_ERR_PROTOCOL, "wire: reserved fields set (flags 0x%x, aux %u on kind %u)", h.flags, h.aux,
                        h.kind);

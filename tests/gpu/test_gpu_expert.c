@@ -118,10 +118,15 @@ static void peer_same(const char *tag, st_es_gpu_t *g, int layer, st_dispatch_pl
                       const uint16_t *d_z, const float *ref) {
     const int E = p->n_experts, l = w->ew;
     const int *ut = p->utok + (size_t)sv * p->max_rows;
-    st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = (uint32_t)p->n_rows[sv],
-                           .expert_count = (uint32_t)p->n_exp[sv], .row_width = (uint32_t)l,
-                           .unique = (uint32_t)ut[p->n_uniq[sv] - 1] + 1, .slots = (uint32_t)(w->T * w->kc),
-                           .bf16_rows = true, .peer = true, .reply_row = 3};
+    st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH,
+                           .token_count = (uint32_t)p->n_rows[sv],
+                           .expert_count = (uint32_t)p->n_exp[sv],
+                           .row_width = (uint32_t)l,
+                           .unique = (uint32_t)ut[p->n_uniq[sv] - 1] + 1,
+                           .slots = (uint32_t)(w->T * w->kc),
+                           .bf16_rows = true,
+                           .peer = true,
+                           .reply_row = 3};
     info.payload_bytes = st_wire_dispatch_peer_bytes(info.token_count, info.expert_count, info.unique);
     uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
     st_wire_dispatch_t v, d;
@@ -133,8 +138,8 @@ static void peer_same(const char *tag, st_es_gpu_t *g, int layer, st_dispatch_pl
     size_t no = d.n_out, rb = sizeof(float) * (size_t)l;
     float *d_rep = gt_dev(rb * (no + 3)), *got = gt_xmalloc(rb * (no + 1));
     gt_poison(d_rep, rb * (no + 3));
-    st_es_gpu_peer_t pe = {.base = d_rep, .in = d_z, .reply = d_rep, .in_rows = (uint32_t)w->T,
-                           .reply_rows = (uint32_t)no + 3};
+    st_es_gpu_peer_t pe = {
+        .base = d_rep, .in = d_z, .reply = d_rep, .in_rows = (uint32_t)w->T, .reply_rows = (uint32_t)no + 3};
     GT_OK(st_es_gpu_run_peer(g, layer, info.expert_count, &d, info.unique, info.slots, NULL, &pe));
     gt_down(got, d_rep + 3 * (size_t)l, rb * no);
     CHECK(!memcmp(got, ref, rb * no), "%s layer %d T=%d server %d: the rows through device memory equal the message's",
@@ -408,17 +413,25 @@ static void leaf_dev_case(const char *tag, const st_ckpt_t *ck, int layer, st_rn
     st_es_gpu_counts(g, &n0);
     engine_case(tag, g, ck, layer, T, r);
     st_es_gpu_counts(g, &n1);
-    CHECK(n1.leaf_dev - n0.leaf_dev == 3, "%s: %llu of the one-server dispatches built their leaf table on the device "
-          "(3: fp32, bf16 and bf16 through device memory)", tag, (unsigned long long)(n1.leaf_dev - n0.leaf_dev));
+    CHECK(n1.leaf_dev - n0.leaf_dev == 3,
+          "%s: %llu of the one-server dispatches built their leaf table on the device "
+          "(3: fp32, bf16 and bf16 through device memory)",
+          tag, (unsigned long long)(n1.leaf_dev - n0.leaf_dev));
     uint32_t ids[1] = {0}, off[2] = {0, N};
-    st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH, .token_count = N, .expert_count = 1,
-                           .row_width = (uint32_t)ew, .unique = 1, .slots = N, .bf16_rows = true};
+    st_wire_info_t info = {.kind = ST_WIRE_KIND_DISPATCH,
+                           .token_count = N,
+                           .expert_count = 1,
+                           .row_width = (uint32_t)ew,
+                           .unique = 1,
+                           .slots = N,
+                           .bf16_rows = true};
     info.payload_bytes = st_wire_dispatch_bytes(N, 1, (uint32_t)ew, 1, true);
     uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
     float *out = gt_xmalloc(sizeof(float) * (size_t)N * ew);
     st_wire_dispatch_t v, d;
     GT_OK(st_wire_dispatch_encode(msg, &info, ids, off, &v));
-    for (uint32_t i = 0; i < N; i++) ((uint32_t *)v.src)[i] = 0, ((uint32_t *)v.orow)[i] = i / 2, ((float *)v.wts)[i] = 0.5f;
+    for (uint32_t i = 0; i < N; i++)
+        ((uint32_t *)v.src)[i] = 0, ((uint32_t *)v.orow)[i] = i / 2, ((float *)v.wts)[i] = 0.5f;
     memset((void *)v.rows, 0, sizeof(uint16_t) * (size_t)ew);
     GT_OK(st_wire_dispatch_decode(msg, &info, &d));
     CHECK(st_es_gpu_run(g, layer, 1, &d, 1, N, out) == ST_ERR_INVALID_ARG,

@@ -220,7 +220,8 @@ static void leaf_table_case(int n_exp, int n_out, int kmax, bool dup, uint64_t s
     size_t n = 0;
     for (int o = 0; o < n_out; o++) {
         int m = (int)(st_rng_next(&r) % (uint64_t)(kmax + 1)), e0 = (int)(st_rng_next(&r) % (uint64_t)n_exp);
-        for (int i = 0; i < m && i < n_exp; i++) ro[n] = (uint32_t)o, re[n++] = (uint32_t)((e0 + i * 7) % n_exp);
+        for (int i = 0; i < m && i < n_exp; i++)
+            ro[n] = (uint32_t)o, re[n++] = (uint32_t)((e0 + i * 7) % n_exp);
         if (dup && m > 0 && o % 97 == 13) ro[n] = (uint32_t)o, re[n++] = (uint32_t)e0;
     }
     for (size_t i = n; i > 1; i--) { /* shuffle, then a stable grouping by expert */
@@ -245,7 +246,8 @@ static void leaf_table_case(int n_exp, int n_out, int kmax, bool dup, uint64_t s
     uint32_t *off = gt_xmalloc(4 * (no + 1)), *row = gt_xmalloc(4 * (n + 1)), *id = gt_xmalloc(4 * (n + 1));
     float *lp = gt_xmalloc(4 * (n + 1));
     int bad = st_moe_leaf_table(off, row, id, lp, orow, p, offsets, eid, ne, n_out);
-    uint32_t *d_off = gt_dev(4 * (no + 1)), *d_row = gt_dev(4 * (n + 1)), *d_id = gt_dev(4 * (n + 1)), *d_err = gt_dev(4);
+    uint32_t *d_off = gt_dev(4 * (no + 1)), *d_row = gt_dev(4 * (n + 1)), *d_id = gt_dev(4 * (n + 1)),
+             *d_err = gt_dev(4);
     float *d_lp = gt_dev(4 * (n + 1));
     uint32_t *d_orow = gt_up(orow, 4 * (n + 1)), *d_eid = gt_up(eid, 4 * ((size_t)ne + 1));
     float *d_p = gt_up(p, 4 * (n + 1));
@@ -330,7 +332,7 @@ int main(void) {
     tree_reduce_case(70000, 2, 64, 8, seed++); /* more rows than one launch's grid (65535) */
     tree_reduce_case(0, 4, 1, 8, seed++);
     leaf_table_case(8, 1, 8, false, seed++);
-    leaf_table_case(64, 4096, 8, false, seed++);  /* an 8K prefill's micro-batch on one server */
+    leaf_table_case(64, 4096, 8, false, seed++); /* an 8K prefill's micro-batch on one server */
     leaf_table_case(64, 5000, 8, true, seed++);
     leaf_table_case(896, 3000, 16, false, seed++); /* K3's experts */
     leaf_table_case(64, 70000, 3, false, seed++);  /* more rows than the scan's 1024 threads × 64 */
