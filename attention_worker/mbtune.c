@@ -81,9 +81,9 @@ int st_mbtune_pick(st_mbtune_t *t, int tokens, int n_seqs, int *changed) {
 }
 
 void st_mbtune_done(st_mbtune_t *t, int tokens, int m, double seconds) {
-    int steady = m == t->last_m;
+    t->same = m == t->last_m ? t->same + 1 : 1;
     t->last_m = m;
-    if (!steady || m < 1 || m > ST_MBT_MAX || tokens < 1 || !(seconds >= 0)) return;
+    if (t->same <= ST_MBT_SKIP || m < 1 || m > ST_MBT_MAX || tokens < 1 || !(seconds >= 0)) return;
     st_mbt_class_t *k = &t->cls[st_mbtune_class(tokens)];
     float v = (float)(seconds / tokens);
     /* the mean of the first samples, then a running mean over about the last four */

@@ -6,9 +6,10 @@
  * (ST_MBT_CONFIRM steps apart: the first samples are the coldest, taken while the step's graphs are
  * captured and its kernels loaded), then every ST_MBT_EXPLORE steps runs another
  * count for a few steps and moves to it when it beat the current count's running mean (measured up to
- * the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. A step that runs
- * another count than the step before it is not measured (its micro-batches have new shapes: the GPU
- * engine captures their CUDA graphs). Pure logic: the worker feeds it its steps. */
+ * the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. The first two steps
+ * after a change of count are not measured (their micro-batches have new shapes: the GPU engine runs
+ * the first plainly and captures its CUDA graphs in the second). Pure logic: the worker feeds it its
+ * steps. */
 #ifndef STRATA_AW_MBTUNE_H
 #define STRATA_AW_MBTUNE_H
 
@@ -16,7 +17,8 @@
 
 #define ST_MBT_MAX 4       /* micro-batch counts tried: 1..ST_MBT_MAX */
 #define ST_MBT_CLASSES 80  /* four per octave of tokens: up to 2^20 */
-#define ST_MBT_RUN 4       /* steps of one trial (its first is not measured) */
+#define ST_MBT_RUN 5       /* steps of one trial (its first ST_MBT_SKIP are not measured) */
+#define ST_MBT_SKIP 2      /* steps after a change of count that are not measured */
 #define ST_MBT_SAMPLES 3   /* measured steps a count needs in a class before the class compares */
 #define ST_MBT_EXPLORE 100 /* a class's steps between two trials of a count that is not its best */
 #define ST_MBT_CONFIRM 8   /* the same for the trials that confirm the first choice */
@@ -36,7 +38,7 @@ typedef struct {
 
 typedef struct {
     int max_mb, min_tokens; /* --micro-batches, --min-mb-tokens */
-    int last_m;             /* the previous step's count, to tell a measured step */
+    int last_m, same;       /* the previous step's count, and how many steps in a row ran it */
     st_mbt_class_t cls[ST_MBT_CLASSES];
 } st_mbtune_t;
 

@@ -1,7 +1,7 @@
 /* The micro-batch count chosen by measurement (attention_worker/mbtune.h), against synthetic steps
  * whose cost per count is known: it settles on the fastest count of each size class, keeps the
  * classes apart, follows a change of which count is fastest, spends few steps on the others, never
- * picks a count the step does not allow, ignores the first step of a new shape, and does not flip
+ * picks a count the step does not allow, ignores the first two steps of a new shape, and does not flip
  * back and forth while every count's cost drifts the same way (contexts growing), and corrects a first
  * choice made on cold steps. */
 #include "harness.h"
@@ -108,7 +108,7 @@ int main(void) {
 
     /* a cold start (the first steps of the class pay for loading and capturing: one micro-batch, tried
      * first, measures 3× its cost for its first 6 steps): two is chosen first, one takes over at the
-     * trial that confirms the choice, within 20 steps */
+     * trial that confirms the choice, within 25 steps */
     st_mbtune_init(&t, 2, 8);
     int first_one = -1;
     for (int i = 0; i < 60; i++) {
@@ -116,14 +116,15 @@ int main(void) {
         if (first_one < 0 && i >= 8 && t.cls[st_mbtune_class(32)].best == 1) first_one = i;
         st_mbtune_done(&t, 32, m, 32 * one_wins[m] * noise() * (i < 6 ? 3.0 : 1.0));
     }
-    CHECK(first_one >= 0 && first_one <= 20 && t.cls[st_mbtune_class(32)].best == 1,
+    CHECK(first_one >= 0 && first_one <= 25 && t.cls[st_mbtune_class(32)].best == 1,
           "after a cold start one micro-batch is chosen from step %d", first_one);
 
-    /* the first step of a shape (a CUDA graph capture) is not measured */
+    /* the first two steps of a shape (run plainly, then captured as CUDA graphs) are not measured */
     st_mbtune_init(&t, 2, 1);
-    st_mbtune_done(&t, 64, 1, 1.0); /* first: a capture, slow */
+    st_mbtune_done(&t, 64, 1, 1.0); /* first: plain launches, slow */
+    st_mbtune_done(&t, 64, 1, 1.0); /* second: the capture, slow */
     int c = st_mbtune_class(64);
-    CHECK(t.cls[c].n[1] == 0, "a step after another shape is not measured (%d)", t.cls[c].n[1]);
+    CHECK(t.cls[c].n[1] == 0, "the two steps after another shape are not measured (%d)", t.cls[c].n[1]);
     st_mbtune_done(&t, 64, 1, 64e-6);
     CHECK(t.cls[c].n[1] == 1 && t.cls[c].cost[1] < 2e-6f, "the next one is (%d, %g)", t.cls[c].n[1], t.cls[c].cost[1]);
     st_mbtune_done(&t, 64, 1, -1.0);
