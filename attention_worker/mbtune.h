@@ -8,8 +8,8 @@
  * count for a few steps and moves to it when it beat the current count's running mean (measured up to
  * the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. The first two steps
  * after a change of count are not measured (their micro-batches have new shapes: the GPU engine runs
- * the first plainly and captures its CUDA graphs in the second). Pure logic: the worker feeds it its
- * steps. */
+ * the first plainly and, unless graphs of that shape are still cached, captures them in the second).
+ * Pure logic: the worker feeds it its steps. */
 #ifndef STRATA_AW_MBTUNE_H
 #define STRATA_AW_MBTUNE_H
 
