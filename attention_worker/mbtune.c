@@ -39,8 +39,19 @@ static int fastest(const st_mbt_class_t *k, int a) {
 }
 
 static int trial(st_mbt_class_t *k, int m) {
-    k->run_m = (uint8_t)m, k->run_left = ST_MBT_RUN - 1, k->run_n = 0, k->run_sum = 0;
+    k->run_m = (uint8_t)m, k->run_left = ST_MBT_RUN - 1, k->run_n = 0;
     return m;
+}
+
+/* the median of v [n ≥ 1] (the upper one of an even count) */
+static float median(const float *v, int n) {
+    float s[ST_MBT_RUN > ST_MBT_KEEP ? ST_MBT_RUN : ST_MBT_KEEP];
+    for (int i = 0; i < n; i++) {
+        int j = i;
+        for (; j > 0 && s[j - 1] > v[i]; j--) s[j] = s[j - 1];
+        s[j] = v[i];
+    }
+    return s[n / 2];
 }
 
 /* Class k's trial is over: a challenger that beat the current count takes over. */
@@ -48,7 +59,7 @@ static int conclude(st_mbt_class_t *k) {
     int m = k->run_m, b = k->best;
     k->run_m = 0;
     if (!b || m == b || k->run_n == 0) return 0;
-    if (k->run_sum / (float)k->run_n >= k->cost[b] * (1.0f - ST_MBT_MARGIN)) return 0;
+    if (median(k->run, k->run_n) >= k->cost[b] * (1.0f - ST_MBT_MARGIN)) return 0;
     k->best = (uint8_t)m;
     return m;
 }
@@ -86,9 +97,9 @@ void st_mbtune_done(st_mbtune_t *t, int tokens, int m, double seconds) {
     if (t->same <= ST_MBT_SKIP || m < 1 || m > ST_MBT_MAX || tokens < 1 || !(seconds >= 0)) return;
     st_mbt_class_t *k = &t->cls[st_mbtune_class(tokens)];
     float v = (float)(seconds / tokens);
-    /* the mean of the first samples, then a running mean over about the last four */
-    float w = k->n[m] < 4 ? 1.0f / (float)(k->n[m] + 1) : 0.25f;
-    k->cost[m] += w * (v - k->cost[m]);
+    k->kept[m][k->at[m]] = v;
+    k->at[m] = (uint8_t)((k->at[m] + 1) % ST_MBT_KEEP);
     if (k->n[m] < UINT16_MAX) k->n[m]++;
-    if (k->run_m == m) k->run_sum += v, k->run_n++;
+    k->cost[m] = median(k->kept[m], k->n[m] < ST_MBT_KEEP ? k->n[m] : ST_MBT_KEEP);
+    if (k->run_m == m && k->run_n < ST_MBT_RUN) k->run[k->run_n++] = v;
 }

@@ -1,12 +1,14 @@
 /* How many ping-pong micro-batches a step is cut into, chosen by measurement (MegaScale-Infer's
  * condition m ≥ 2(1 + T_comm/T_compute) depends on the link, the server, the batch and what shares the
  * device, so it is measured, not assumed). Per size class of the step (its tokens, four classes per
- * octave), a running mean of the step's seconds per token for each count; a class first runs every
+ * octave), the median of the last ST_MBT_KEEP steps' seconds per token for each count (a median: one
+ * step that captured a graph, here or at an expert server, or waited on another tenant, costs many
+ * times a plain one and would sway a mean for several steps); a class first runs every
  * count it allows for a few steps and takes the fastest, tries each other count once more soon after
  * (ST_MBT_CONFIRM steps apart: the first samples are the coldest, taken while the step's graphs are
  * captured and its kernels loaded), then every ST_MBT_EXPLORE steps runs another
- * count for a few steps and moves to it when it beat the current count's running mean (measured up to
- * the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. The first two steps
+ * count for a few steps and moves to it when the median of its measured steps beat the current count's
+ * (measured up to the trial, so both are recent: costs drift as contexts grow) by ST_MBT_MARGIN. The first two steps
  * after a change of count are not measured (their micro-batches have new shapes: the GPU engine runs
  * the first plainly and, unless graphs of that shape are still cached, captures them in the second).
  * Pure logic: the worker feeds it its steps. */
@@ -23,16 +25,19 @@
 #define ST_MBT_EXPLORE 100 /* a class's steps between two trials of a count that is not its best */
 #define ST_MBT_CONFIRM 8   /* the same for the trials that confirm the first choice */
 #define ST_MBT_MARGIN 0.02f /* how much faster a trial must be to take over */
+#define ST_MBT_KEEP 5      /* the recent steps a count's median is taken over */
 
 typedef struct {
-    float cost[ST_MBT_MAX + 1]; /* running mean of seconds per token, per count */
+    float cost[ST_MBT_MAX + 1]; /* median of the kept seconds per token, per count */
+    float kept[ST_MBT_MAX + 1][ST_MBT_KEEP]; /* the last measured steps' seconds per token, a ring */
     uint16_t n[ST_MBT_MAX + 1]; /* measured steps, per count (saturates) */
+    uint8_t at[ST_MBT_MAX + 1]; /* the ring's next slot, per count */
     uint8_t best;               /* the count the class runs (0: not yet chosen) */
     uint8_t next_try;           /* the count the next trial takes, in rotation */
     uint8_t run_m, run_left;    /* the class's trial (run_m 0: none): its count, steps still to pick */
     uint8_t confirms;           /* trials since the first choice (saturates at ST_MBT_MAX) */
     uint16_t run_n;             /* its measured steps */
-    float run_sum;              /* their seconds per token, summed */
+    float run[ST_MBT_RUN];      /* their seconds per token */
     uint32_t steps;             /* steps run since the last trial */
 } st_mbt_class_t;
 

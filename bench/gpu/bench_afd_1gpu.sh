@@ -12,7 +12,8 @@
 # usage (device machine, slim build carried as in scripts/gpu-run.sh): bench/gpu/bench_afd_1gpu.sh BUILD OUTDIR
 # Env: MB=n (--micro-batches), GEN (decode tokens per request, default 64), MPS=1 (both processes
 # under the CUDA MPS daemon: one GPU context, no time-slicing between them), E2E_LOG=FILE (reuse the
-# one-process figures of an earlier bench_gpu_e2e run: diagnosis only), TAG (a label for the lines).
+# one-process figures of an earlier bench_gpu_e2e run: diagnosis only), TAG (a label for the lines),
+# LOADS (which loads, default "prefill 1 32 256").
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-slim}; OUT=${2:-/tmp/afd}; mkdir -p "$OUT"
@@ -48,40 +49,61 @@ stall_watch() {
 }
 stall_watch & watcher=$!
 trap 'kill $watcher 2> /dev/null; mps_stop' EXIT
-snap() { python3 - "$http" <<'PY'
-import json, sys, urllib.request
-s = json.load(urllib.request.urlopen(f"http://{sys.argv[1]}/status"))["step_ms"]
-n = s["steps"]
-print(n, *(s.get(k, 0) * n for k in ("step", "attention", "dispatch", "wait", "network", "expert", "combine", "thresholds",
-                                     "launch", "plan", "unpack", "other")))
-PY
-}
 # $1 key, $2 concurrent requests, $3 prompt tokens, $4 generated tokens, $5 one-process ms (step or prefill);
-# the load comes from one process (bench/load.py): 256 client processes would compete with the servers
+# the load comes from one process (bench/load.py): 256 client processes would compete with the servers.
+# /status is read before and after the load and, for a decode load of more than 2·R tokens a request,
+# while it runs: the window from R tokens a request generated to R before the end, where every step
+# decodes the whole batch (admission, the prompts' prefill and the last stragglers left out), which is
+# what the one-process figure is (greedy decode steps at that batch); its tokens per step are printed.
 load() {
-  local b a
-  b=$(snap)
-  python3 bench/load.py "$http" "$2" "$3" "$4" $((100 * $3)) >> "$OUT/load$TAG.err" 2>&1
-  sleep 0.3; a=$(snap)
-  python3 - "$TAG$1" "$5" "$MOE_LAYERS" "$b" "$a" <<'PY' | tee -a "$OUT/afd$TAG.txt"
-import sys
-key, one, L = sys.argv[1], sys.argv[2], int(sys.argv[3])
-b = list(map(float, sys.argv[4].split())); a = list(map(float, sys.argv[5].split()))
-d = [x - y for x, y in zip(a, b)]
-steps = max(d[0], 1); step, att, dis, wait, net, exp, comb, thr, lau, plan, unp, oth = (v / steps for v in d[1:13])
+  python3 - "$http" "$2" "$3" "$4" $((100 * $3)) "$OUT/load$TAG.err" "$TAG$1" "$5" "$MOE_LAYERS" <<'PY' | tee -a "$OUT/afd$TAG.txt"
+import json, subprocess, sys, time, urllib.request
+http, B, P, G, seed, err, key, one, L = sys.argv[1:10]
+B, G, L, R = int(B), int(G), int(L), 12
+KEYS = ("step", "attention", "dispatch", "wait", "network", "expert", "combine", "thresholds", "launch", "plan", "unpack", "other")
+def snap():
+    s = json.load(urllib.request.urlopen(f"http://{http}/status"))
+    m = s["step_ms"]
+    return [m["steps"], s["throughput"]["tokens_total"]] + [m.get(k, 0) * m["steps"] for k in KEYS]
+b = snap()
+with open(err, "a") as ef:
+    p = subprocess.Popen([sys.executable, "bench/load.py", http, str(B), P, str(G), seed], stdout=ef, stderr=ef)
+    lo = hi = None
+    while G > 2 * R and p.poll() is None:
+        s = snap()
+        if lo is None and s[1] - b[1] >= B * R: lo = s
+        if s[1] - b[1] >= B * (G - R):
+            hi = s
+            break
+        time.sleep(0.002)
+    p.wait()
+time.sleep(0.3)
+a = snap()
 prefill = key.endswith("prefill8k")
-two = step * steps if prefill else step  # prefill: all steps of the one prompt
 us = lambda v: 1e3 * v / L
-print(f"afd {key}: two processes {two:.3f} ms ({steps:.0f} steps), per MoE layer: plan {us(plan):.1f} us, send {us(dis):.1f} us, "
-      f"wait {us(wait):.1f} us (server compute {us(exp):.1f}, transfer {us(net):.1f}), unpack {us(unp):.1f} us; per step: "
-      f"own layers (device wait) {att:.3f} ms, launches {lau:.3f} ms, other {oth:.3f} ms, thresholds {thr:.3f} ms")
+def show(x, y, what):
+    d = [q - r for q, r in zip(y, x)]
+    steps = max(d[0], 1)
+    step, att, dis, wait, net, exp, comb, thr, lau, plan, unp, oth = (v / steps for v in d[2:14])
+    two = step * steps if prefill else step  # prefill: all steps of the one prompt
+    print(f"afd {key} ({what}): two processes {two:.3f} ms ({steps:.0f} steps, {d[1] / steps:.1f} tokens a step), per MoE layer: "
+          f"plan {us(plan):.1f} us, send {us(dis):.1f} us, wait {us(wait):.1f} us (server compute {us(exp):.1f}, transfer {us(net):.1f}), "
+          f"unpack {us(unp):.1f} us; per step: own layers (device wait) {att:.3f} ms, launches {lau:.3f} ms, other {oth:.3f} ms, "
+          f"thresholds {thr:.3f} ms")
+    return two
+two = show(b, a, "whole load")
+if lo and hi and hi[0] > lo[0]:
+    two = show(lo, hi, "decode window")
 if one:  # warm-up loads pass none
     print(f"RESULT afd_1gpu_step_ratio_{key} {two / float(one):.2f} (two processes {two:.3f} ms / one process {float(one):.3f} ms)")
 PY
 }
-load warm_prefill8k 1 8192 1 "" # warms the worker (allocations, cuBLAS)
-load prefill8k 1 8192 1 "$(one prefill_8k)"
-for b in 1 32 256; do
+LOADS=${LOADS:-prefill 1 32 256}
+if [[ " $LOADS " == *" prefill "* ]]; then
+  load warm_prefill8k 1 8192 1 "" # warms the worker (allocations, cuBLAS)
+  load prefill8k 1 8192 1 "$(one prefill_8k)"
+fi
+for b in ${LOADS//prefill/}; do
   load warm$b "$b" 16 4 "" > /dev/null
   load b$b "$b" 16 "$GEN" "$(one decode_b${b}_greedy)"
 done
