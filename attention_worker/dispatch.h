@@ -15,7 +15,10 @@
 #include "strata/engine.h"
 
 typedef struct {
-    int n_servers, n_experts, max_rows; /* max_rows: pairs of the largest work item (T·kc) */
+    /* max_rows: pairs of the largest work item (T·kc), rounded up to whole pages of 4-byte entries:
+     * the per-server tables (pair, orow, src, wts, node, utok) are page-aligned, each server's rows whole
+     * pages of them (st_dispatch_plan_rows) */
+    int n_servers, n_experts, max_rows;
     int *n_rows;       /* [S] pairs for server s */
     int *n_exp;        /* [S] experts for server s */
     uint32_t *exp_ids; /* [S][n_experts] ascending */
@@ -26,6 +29,9 @@ typedef struct {
     int *node;         /* [S][max_rows] output row → slot t*kc + i of its node's first leaf */
     int *n_uniq;       /* [S] distinct tokens for server s */
     uint32_t *src;     /* [S][max_rows] pair → its distinct token's index */
+    float *wts;        /* [S][max_rows] pair → its routing weight, when wts_set (a plan built on the device) */
+    size_t table_bytes; /* of each per-server table */
+    bool wts_set;
     int *utok;         /* [S][max_rows] distinct token index → token t, ascending */
     int *last;         /* [S] scratch: each server's last token */
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
@@ -36,6 +42,10 @@ typedef struct {
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
 void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
+/* Server s's rows of the per-server tables: at[i], bytes[i] for the 6 of them (page-aligned, whole
+ * pages: to page-lock them for the device's copies, st_engine_host_map); returns 6. */
+#define ST_DISPATCH_TABLES 6
+int st_dispatch_plan_rows(const st_dispatch_plan_t *p, int s, void *at[ST_DISPATCH_TABLES], size_t bytes[ST_DISPATCH_TABLES]);
 /* server_of[e]: server slot that runs expert e for this layer; ST_DISPATCH_NONE when no live server
  * holds it (a token routed to it is flagged in tok_failed [T]: set true, never cleared here, and
  * sends nothing); ST_DISPATCH_SKIP to leave its pairs out (a retry round that re-sends only the
@@ -45,8 +55,9 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
 #define ST_DISPATCH_SKIP (-2)
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
 /* p's tables as the kernels' plan descriptor (st_moe_dispatch_plan, st_engine_mb_plan: the GPU
- * engine builds the same tables on the device); its weights table NULL: the pair weights are left to
- * st_dispatch_pack, which writes them straight into the message. */
+ * engine builds the same tables on the device, the pair weights included: set p->wts_set then); a plan
+ * built on the host leaves the weights to st_dispatch_pack, which gathers them straight into the
+ * message. */
 st_moe_plan_t st_dispatch_plan_view(st_dispatch_plan_t *p);
 /* server s's parts of its dispatch: row sources → src [n_rows[s]], each pair's output row → orow and
  * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew], in the work's type (bf16

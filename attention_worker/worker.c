@@ -221,6 +221,9 @@ struct aw {
     int *hl;        /* private copy of holders */
     int *server_of[MAX_MB], *server_of2; /* [n_experts] */
     st_dispatch_plan_t plan[MAX_MB], plan2;
+    /* plan[m]'s rows of its first plan_pinned[m] servers page-locked for the device's copies (a plan
+     * built there), grown as servers come; −1: that failed, the copies go through pageable memory */
+    int plan_pinned[MAX_MB];
     bool *tok_failed[MAX_MB];
     float *logits[MAX_MB];
     uint64_t step, next_seq;
@@ -811,6 +814,36 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 
 /* Run one work item on the expert servers: dispatch, wait, and one retry round on replicas for
  * the experts of failed servers. Tokens left without an answer are flagged. */
+/* Page-locks plan[mb]'s rows of its first n servers (once each): the device plan's copies back then
+ * go straight into them (st_engine_mb_plan), not through the driver's pageable staging. */
+static void plan_pin(aw_t *aw, int mb, int n) {
+    st_dispatch_plan_t *p = &aw->plan[mb];
+    for (int s = aw->plan_pinned[mb]; s >= 0 && s < n && s < p->n_servers; s++) {
+        void *at[ST_DISPATCH_TABLES];
+        size_t bytes[ST_DISPATCH_TABLES];
+        int k = st_dispatch_plan_rows(p, s, at, bytes), i = 0;
+        while (i < k && st_engine_host_map(aw->e, at[i], bytes[i]) == ST_OK) i++;
+        if (i < k) {
+            st_log_warn("worker %s: page-locking the dispatch plan: %s (its copies from the device go through pageable memory)",
+                        aw->o.name, st_err_last());
+            while (i-- > 0) st_engine_host_unmap(aw->e, at[i]);
+            aw->plan_pinned[mb] = -1 - s; /* servers below s stay mapped (unpinned at the end) */
+            return;
+        }
+        aw->plan_pinned[mb] = s + 1;
+    }
+}
+
+static void plan_unpin(aw_t *aw, int mb) {
+    int n = aw->plan_pinned[mb] < 0 ? -1 - aw->plan_pinned[mb] : aw->plan_pinned[mb];
+    for (int s = 0; s < n; s++) {
+        void *at[ST_DISPATCH_TABLES];
+        size_t bytes[ST_DISPATCH_TABLES];
+        for (int i = 0, k = st_dispatch_plan_rows(&aw->plan[mb], s, at, bytes); i < k; i++) st_engine_host_unmap(aw->e, at[i]);
+    }
+    aw->plan_pinned[mb] = 0;
+}
+
 /* Send one work item to the expert servers (the wait comes later, after the other micro-batches'
  * attention has run: ping-pong). Tokens whose experts have no live holder are flagged now. */
 static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_t why_len) {
@@ -819,8 +852,10 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
     choose_servers(aw, w->layer, so, NULL);
     bool dev = false;
     if ((long)w->T * w->kc >= PLAN_DEV_MIN_SLOTS && st_engine_async(aw->e)) {
+        plan_pin(aw, mb, ST_MAX(aw->n_srv, 1));
         st_moe_plan_t v = st_dispatch_plan_view(&aw->plan[mb]);
         dev = st_engine_mb_plan(aw->mbs[mb], &v, ST_MAX(aw->n_srv, 1), so, aw->tok_failed[mb]) == ST_OK;
+        aw->plan[mb].wts_set = dev;
         if (!dev)
             st_log_every(ST_LOG_WARN, 10.0, "worker %s: the dispatch plan on the device: %s (planned on the host)",
                          aw->o.name, st_err_last());
@@ -2401,6 +2436,7 @@ out_closed:
 out_engine:
     for (int m = 0; m < MAX_MB; m++) {
         st_engine_mb_destroy(aw->mbs[m]);
+        plan_unpin(aw, m);
         st_dispatch_plan_cleanup(&aw->plan[m]);
         free(aw->tok_failed[m]);
         free(aw->logits[m]);

@@ -104,7 +104,7 @@ if [[ " $LOADS " == *" prefill "* ]]; then
   load prefill8k 1 8192 1 "$(one prefill_8k)"
 fi
 for b in ${LOADS//prefill/}; do
-  load warm$b "$b" 16 4 "" > /dev/null
+  load warm$b "$b" 16 24 "" > /dev/null # graphs captured, kernels loaded, the micro-batch count tuned (mbtune.h)
   load b$b "$b" 16 "$GEN" "$(one decode_b${b}_greedy)"
 done
 { echo "== loads (ok, failed, errors)"; cat "$OUT/load$TAG.err"
