@@ -33,11 +33,11 @@ typedef struct {
 } gkey_t;
 #define ES_GRAPHS 16 /* a server's decode shapes × its request slots */
 #define ES_SEEN 8    /* recent keys: a key among them is captured when it comes again */
-#define ES_CLASSES 3 /* dispatch sizes in the split: ≤ 64 pairs, ≤ 4096, more */
+#define ES_CLASSES 4 /* dispatch sizes in the split: ≤ 64 pairs, ≤ 1024, ≤ 4096, more */
 /* pairs above which the leaf table is built on the device: a prefill's O(pairs) scatter costs the
  * host ~10 ns a pair (0.35 ms at 32K), the device's five steps ~20 µs whatever the size */
 #define ES_LEAF_GPU_MIN 4096
-static const uint32_t es_class_max[ES_CLASSES - 1] = {64, 4096};
+static const uint32_t es_class_max[ES_CLASSES - 1] = {64, 1024, 4096};
 
 struct st_es_gpu {
     const st_ckpt_t *ck;
