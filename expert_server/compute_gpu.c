@@ -88,10 +88,19 @@ struct st_es_gpu {
     st_es_gpu_counts_t n_served; /* st_es_gpu_counts (atomics) */
     /* where a dispatch's time goes, per size class (st_es_gpu_split): seconds and counts */
     double t_prep[ES_CLASSES], t_launch[ES_CLASSES], t_dev[ES_CLASSES], prep_max[ES_CLASSES];
+    double t_served[ES_CLASSES]; /* st_es_gpu_note_served: arrival to the reply, the wire checks included */
     uint64_t n_cls[ES_CLASSES];
 };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static int es_class(size_t pairs) {
+    int c = 0;
+    while (c < ES_CLASSES - 1 && pairs > es_class_max[c]) c++;
+    return c;
+}
+
+void st_es_gpu_note_served(st_es_gpu_t *g, uint32_t pairs, double seconds) { g->t_served[es_class(pairs)] += seconds; }
 
 st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, int max_rows) {
     int n_dev = st_gpu_device_count();
@@ -190,9 +199,9 @@ void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap) {
         uint32_t lo = c ? es_class_max[c - 1] + 1 : 1;
         char hi[16] = "";
         if (c < ES_CLASSES - 1) snprintf(hi, sizeof hi, "%u", es_class_max[c]);
-        int w = snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f (max %.0f) / %.1f / %.1f us", k ? "; " : "", lo,
-                         hi, (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->prep_max[c],
-                         1e6 * g->t_launch[c] / n, 1e6 * g->t_dev[c] / n);
+        int w = snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f (max %.0f) / %.1f / %.1f / %.1f us", k ? "; " : "",
+                         lo, hi, (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->prep_max[c],
+                         1e6 * g->t_launch[c] / n, 1e6 * g->t_dev[c] / n, 1e6 * g->t_served[c] / n);
         if (w < 0) break;
         k += (size_t)w;
     }
@@ -510,8 +519,7 @@ st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const 
 #undef CK
     if (gpu_leaf && *(volatile uint32_t *)g->h_err != 0xffffffffu)
         return ST_FAIL(ST_ERR_INVALID_ARG, "output row %u names an expert twice", *(volatile uint32_t *)g->h_err);
-    int c = 0;
-    while (c < ES_CLASSES - 1 && n > es_class_max[c]) c++;
+    int c = es_class(n);
     g->t_prep[c] += t1 - t0, g->t_launch[c] += t2 - t1, g->t_dev[c] += st_time_sec() - t2;
     g->prep_max[c] = ST_MAX(g->prep_max[c], t1 - t0);
     g->n_cls[c]++;

@@ -72,9 +72,13 @@ typedef struct {
 void st_es_gpu_counts(const st_es_gpu_t *g, st_es_gpu_counts_t *out);
 /* Where the dispatches' time went so far, per size class of pairs: the host tables (leaf table,
  * offsets, checks; the mean and the largest), queueing the copies and launches (or finding,
- * capturing and launching a graph), and the wait for the device (its copies and kernels), in µs, into
- * buf (empty when none ran). Not concurrently with st_es_gpu_run (the server's stop line). */
+ * capturing and launching a graph), the wait for the device (its copies and kernels), and the whole
+ * time at the server (st_es_gpu_note_served), in µs, into buf (empty when none ran). Not concurrently
+ * with st_es_gpu_run (the server's stop line). */
 void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap);
+/* A dispatch of `pairs` that st_es_gpu_run served took `seconds` at the server, from its arrival to
+ * its reply (the message's checks included). Same thread rules as st_es_gpu_run. */
+void st_es_gpu_note_served(st_es_gpu_t *g, uint32_t pairs, double seconds);
 /* Device bytes held by bound expert weights (for the start-up / placement log). */
 size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g);
 

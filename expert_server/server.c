@@ -115,6 +115,7 @@ static void compute_one(es_t *es, slot_t *s) {
                                            d.src ? s->info.unique : s->info.token_count, s->info.slots, (float *)s->out,
                                            s->peer);
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
+        else st_es_gpu_note_served(es->gpu, s->info.token_count, (double)(st_time_ns() - s->t_arrive) * 1e-9);
         return;
     }
 #endif
@@ -691,7 +692,7 @@ static void on_signal(uv_signal_t *h, int sig) {
     st_log_info("expert %s: signal %d, stopping (%llu dispatches, %llu rows served; %llu by a graph replay, %llu "
                 "without copying rows, %llu with the leaf table on the device)%s%s",
                 es->o.name, sig, (unsigned long long)es->served, (unsigned long long)es->rows, replays, direct,
-                leaf_dev, split[0] ? "; per dispatch, host tables / launches / device: " : "", split);
+                leaf_dev, split[0] ? "; per dispatch, host tables / launches / device / at the server: " : "", split);
     pthread_mutex_lock(&es->mu);
     es->stop = 1;
     for (shm_link_t *l = es->links; l; l = l->next)
