@@ -3,7 +3,8 @@
 # processes on the same GPU, against the one-process engine measured in the same run.
 #   one process : bench_gpu_e2e (prefill of one 8K prompt; greedy decode steps at batch 1, 32, 256)
 #   two process : strata up --preset small --attn-device cuda:0 --expert-device cuda:0, the same loads,
-#                 mean step from the coordinator's /status (what the worker reports per step)
+#                 mean step from the coordinator's /status (what the worker reports per step); decode
+#                 over the window where every step decodes the whole batch (see load below)
 # Prints RESULT afd_1gpu_step_ratio_b1 / _b32 / _b256 / _prefill8k (two processes / one process) and
 # where the worker's step goes (/status step_ms): per MoE layer (small: 11 of its 12 layers) plan, send
 # (pack + post), wait (all of it; of which server compute and transfer) and unpack in µs; per step its
