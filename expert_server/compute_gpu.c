@@ -57,7 +57,8 @@ struct st_es_gpu {
     /* d_meta mirrors the pinned block (h_off | h_tab | h_eid | h_leaf, each 256-aligned): one copy up */
     uint8_t *d_meta;
     size_t meta_tab, meta_eid, meta_leaf; /* byte offsets of the table, the ids, the leaf table in both */
-    uint32_t *d_leaf;  // [4 (max_rows + 1)] device: the leaf table loff | lrow | lid | lp (fp32 bits), packed
+    uint32_t *d_leaf;  // [5 (max_rows + 1)] device: the leaf table loff | lrow | lid | lp (fp32 bits), packed,
+                       // then (a peer dispatch with the table built on the host) the pairs' sources
     uint32_t *d_src;   // [max_rows + 1] device: the sources of a distinct-rows dispatch, separate copies; or
                        // (a span) the leaf table's counts on the device
     int *d_off;        // [n_experts + 1] int32, device: the dispatch's row offsets
@@ -134,7 +135,8 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         goto err;
     }
     size_t rows_f32 = (size_t)max_rows * g->ew * sizeof(float);
-    size_t leaf_bytes = 4 * ((size_t)max_rows + 1) * sizeof(uint32_t);
+    /* the leaf table (4 (max_rows + 1) words) and, for a dispatch through the worker's memory, its sources */
+    size_t leaf_bytes = 5 * ((size_t)max_rows + 1) * sizeof(uint32_t);
     g->ws_bytes = st_cuda_moe_ffn_table_ws_bytes(max_rows, g->mi);
     size_t me = (size_t)g->mi * g->ew;
     g->mx_bytes = me / 2 + me / 32;
@@ -286,6 +288,11 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
         if ((s = (call)) != ST_OK) return s;                                                                           \
     } while (0)
 
+/* A dispatch through the worker's memory with its leaf table built on the host: its sources go up in
+ * the pinned block, after the leaf table (one copy, not two: at decode sizes a copy's latency, not its
+ * bytes, is what it costs). */
+static bool src_in_meta(const gkey_t *k) { return k->peer && !k->direct && !k->gpu_leaf; }
+
 /* Queue one dispatch's copies and launches on g->s (the host tables filled; plain or captured): the
  * pinned block up (offsets, weight table, and the leaf table or the ids it is built from), the input
  * (below), the expansion into bf16 grouped rows, the FFN (per row when rows_ffn), the tree into
@@ -299,14 +306,17 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
  *     chain of dependent host reads in every block: 52 µs a dispatch against 33 with all copies, H200,
  *     2026-12-03);
  *   - k->peer (wire.h ST_WIRE_FLAG_PEER): the rows are read from, and the output rows written into, the
- *     worker's device memory (k->rows, k->out: device addresses); sources and pairs copied up (or, direct,
- *     read where they lie). */
+ *     worker's device memory (k->rows, k->out: device addresses); the sources copied up in the pinned
+ *     block (src_in_meta), or with the pairs when the device builds the leaf table from them, or (direct)
+ *     read where they lie. */
 static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
     const st_config_t *c = g->c;
     size_t n = k->n, ew = (size_t)g->ew, no = k->n_out;
     size_t rows_bytes = (size_t)k->n_in * ew * (k->bf16 ? sizeof(st_bf16_t) : sizeof(float));
     st_status_t s;
     size_t meta = k->gpu_leaf ? g->meta_eid + k->n_exp * sizeof(uint32_t) : g->meta_leaf + (no + 1 + 3 * n) * 4;
+    bool src_meta = src_in_meta(k); /* the sources ride in the pinned block's copy */
+    if (src_meta) meta += n * 4;
     CK(st_gpu_memcpy_async(&g->s, g->d_meta, g->h_off, meta, ST_GPU_COPY_H2D));
     const void *d_rows = g->d_in;
     const uint32_t *d_srcs = g->d_src;
@@ -317,7 +327,10 @@ static st_status_t enqueue(st_es_gpu_t *g, const gkey_t *k, bool rows_ffn) {
         d_outrows = k->peer ? (float *)k->out : st_gpu_host_dev(k->out);
         if (!d_srcs || !d_rows || !d_outrows)
             return ST_FAIL(ST_ERR_INTERNAL, "expert gpu: direct dispatch buffers not mapped");
-    } else if (k->peer) { /* sources, then output rows and weights: the pairs end where the rows would start */
+    } else if (src_meta) {
+        d_srcs = g->d_leaf + no + 1 + 3 * n;
+        d_rows = k->rows, d_outrows = (float *)k->out;
+    } else if (k->peer) { /* sources, then output rows and weights (the device's leaf table reads them) */
         CK(st_gpu_memcpy_async(&g->s, g->d_pay, k->src, k->pairs_at + 8 * n, ST_GPU_COPY_H2D));
         d_srcs = (const uint32_t *)g->d_pay;
         d_rows = k->rows, d_outrows = (float *)k->out;
@@ -495,6 +508,7 @@ st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const 
      * launch and rereads rows per tile, where mapped reads would cost more than a copy */
     key.direct =
         rows_ffn && src && st_gpu_host_dev(src) && (d->peer || (st_gpu_host_dev(d->rows) && st_gpu_host_dev(out)));
+    if (src_in_meta(&key)) memcpy(g->h_leaf + no + 1 + 3 * n, src, n * sizeof(uint32_t));
     bool fixed = rows_ffn || st_cuda_moe_ffn_table_fixed((int)maxc, 0, g->ew, g->mi);
     double t1 = st_time_sec(); /* the host tables done; then a graph (found or captured) or the launches */
     void *exec = NULL;
