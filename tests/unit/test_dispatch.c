@@ -67,7 +67,7 @@ int main(void) {
     float *rep3 = malloc(sizeof(float) * PR * ew), *rep4 = malloc(sizeof(float) * PR * ew);
     uint16_t *zb = malloc(sizeof(uint16_t) * o.max_batch_tokens * ew);
     float *zr = malloc(sizeof(float) * o.max_batch_tokens * ew); /* zb widened */
-    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0, bf16_ok = 1;
+    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0, bf16_ok = 1, wts_ok = 1, pages_ok = 1;
     size_t bytes32 = 0, bytes16 = 0;
 
     int ra, rb;
@@ -100,6 +100,23 @@ int main(void) {
             CHECK(st_wire_dispatch_encode(msg, &info, ids, off, &v) == ST_OK, "encode");
             st_dispatch_pack(&plan, s, &w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
             CHECK(st_wire_dispatch_decode(msg, &info, &d) == ST_OK && d.n_out == (uint32_t)plan.n_out[s], "decode");
+            {   /* the plan with its pair weights written (as one built on the device comes back): the pack copies
+                 * them, and the message is the one the gathered weights made; each server's rows whole pages */
+                bool f2[32];
+                memcpy(f2, failed, sizeof f2);
+                st_moe_plan_t pv = st_dispatch_plan_view(&plan);
+                st_moe_dispatch_plan(&pv, w.ids, w.cnt, w.wts, server_of, f2, w.T, w.kc);
+                plan.wts_set = true;
+                st_wire_dispatch_t vw;
+                CHECK(st_wire_dispatch_encode(msg2, &info, ids, off, &vw) == ST_OK, "encode (weights set)");
+                st_dispatch_pack(&plan, s, &w, (uint32_t *)vw.src, (uint32_t *)vw.orow, (float *)vw.wts, (void *)vw.rows);
+                wts_ok &= !memcmp(msg, msg2, info.payload_bytes);
+                plan.wts_set = false;
+                void *at[ST_DISPATCH_TABLES];
+                size_t tb[ST_DISPATCH_TABLES];
+                for (int i = 0, k = st_dispatch_plan_rows(&plan, s, at, tb); i < k; i++)
+                    pages_ok &= (uintptr_t)at[i] % 4096 == 0 && tb[i] % 4096 == 0 && tb[i] >= 4 * (size_t)PR;
+            }
             /* distinct tokens: each once, and every pair's input is its own token's row */
             shared += (int)(N - nu);
             pairs += (int)N;
@@ -154,6 +171,8 @@ int main(void) {
     CHECK(!anyfail, "no token failed");
     CHECK(round_trip_ok, "every pair carries its token's row and weight");
     CHECK(bf16_ok, "bf16 rows == fp32 rows of the same values (bitwise)");
+    CHECK(wts_ok, "a plan that wrote its pair weights packs the same messages as one whose weights the pack gathers");
+    CHECK(pages_ok, "each server's rows of the per-server tables are whole pages, page-aligned");
     CHECK(bytes16 < bytes32, "bf16 dispatches are smaller (%zu vs %zu bytes)", bytes16, bytes32);
     CHECK(distinct_ok, "each server's distinct rows are distinct and every source is in range");
     CHECK(shared > 0, "tokens with several experts on one server travel once (%d rows saved)", shared);
