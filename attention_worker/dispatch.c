@@ -100,7 +100,7 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
                       float *wts, void *rows) {
     size_t base = (size_t)s * p->max_rows;
     const int *ut = p->utok + base;
-    memcpy(src, p->src + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
+    if (src) memcpy(src, p->src + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
     memcpy(orow, p->orow + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
     if (p->wts_set) memcpy(wts, p->wts + base, sizeof(float) * (size_t)p->n_rows[s]);
     else
@@ -112,8 +112,10 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
 }
 
 void st_dispatch_src_tokens(const st_dispatch_plan_t *p, int s, uint32_t *src) {
-    const int *ut = p->utok + (size_t)s * p->max_rows;
-    for (int r = 0; r < p->n_rows[s]; r++) src[r] = (uint32_t)ut[src[r]];
+    size_t base = (size_t)s * p->max_rows;
+    const int *ut = p->utok + base;
+    const uint32_t *ps = p->src + base;
+    for (int r = 0; r < p->n_rows[s]; r++) src[r] = (uint32_t)ut[ps[r]];
 }
 
 void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, bool copy) {

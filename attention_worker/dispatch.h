@@ -61,7 +61,8 @@ void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const
 st_moe_plan_t st_dispatch_plan_view(st_dispatch_plan_t *p);
 /* server s's parts of its dispatch: row sources → src [n_rows[s]], each pair's output row → orow and
  * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew], in the work's type (bf16
- * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS); rows NULL: the caller copies them */
+ * when w->zb, else fp32: the dispatch's ST_WIRE_FLAG_BF16_ROWS); rows NULL: the caller copies them;
+ * src NULL: the caller writes them (st_dispatch_src_tokens) */
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
                       float *wts, void *rows);
 /* Server s's reply rows [n_out[s], ew] → w->at [T*kc]: slot i of token t points at the row of the node
@@ -76,8 +77,9 @@ void st_dispatch_settle(const st_moe_work_t *w);
 /* The same, leaving the rows in [keep_lo, keep_hi) where they are (rows in the engine's device memory,
  * which a retry round does not reuse and the host cannot read). */
 void st_dispatch_settle_except(const st_moe_work_t *w, const float *keep_lo, const float *keep_hi);
-/* Server s's pair sources as rows of the work (tokens: utok[src[r]]) instead of distinct rows, in
- * place: a dispatch that reads the work's rows where they lie (wire.h ST_WIRE_FLAG_PEER). */
+/* Server s's pair sources as rows of the work (tokens: utok[src[r]]) instead of distinct rows, into src
+ * [n_rows[s]] (st_dispatch_pack given src NULL): a dispatch that reads the work's rows where they lie
+ * (wire.h ST_WIRE_FLAG_PEER). */
 void st_dispatch_src_tokens(const st_dispatch_plan_t *p, int s, uint32_t *src);
 /* A flagged token's node values dropped: the engine gives it +0 rows. */
 void st_dispatch_drop_failed(const st_moe_work_t *w, const bool *tok_failed);

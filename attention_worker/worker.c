@@ -652,7 +652,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         st_wire_dispatch_encode(buf, &info, p->exp_ids + (size_t)s * p->n_experts,
                                 p->offsets + (size_t)s * (p->n_experts + 1), &v);
         bool dma = !peer && mapped && w->zb && zrun_plan(aw, p, s, w, (uint8_t *)v.rows);
-        st_dispatch_pack(p, s, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts,
+        st_dispatch_pack(p, s, w, peer ? NULL : (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts,
                          dma || peer ? NULL : (void *)v.rows);
         if (peer) st_dispatch_src_tokens(p, s, (uint32_t *)v.src);
         if (dma &&

@@ -131,7 +131,7 @@ static void peer_same(const char *tag, st_es_gpu_t *g, int layer, st_dispatch_pl
     uint8_t *msg = aligned_alloc(16, (info.payload_bytes + 15) / 16 * 16);
     st_wire_dispatch_t v, d;
     GT_OK(st_wire_dispatch_encode(msg, &info, p->exp_ids + (size_t)sv * E, p->offsets + (size_t)sv * (E + 1), &v));
-    st_dispatch_pack(p, sv, w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, NULL);
+    st_dispatch_pack(p, sv, w, NULL, (uint32_t *)v.orow, (float *)v.wts, NULL);
     st_dispatch_src_tokens(p, sv, (uint32_t *)v.src);
     GT_OK(st_wire_dispatch_decode(msg, &info, &d));
     CHECK(d.peer && d.reply_row == 3 && !d.rows, "%s: a peer dispatch decodes as one (reply row %u)", tag, d.reply_row);

@@ -67,7 +67,7 @@ int main(void) {
     float *rep3 = malloc(sizeof(float) * PR * ew), *rep4 = malloc(sizeof(float) * PR * ew);
     uint16_t *zb = malloc(sizeof(uint16_t) * o.max_batch_tokens * ew);
     float *zr = malloc(sizeof(float) * o.max_batch_tokens * ew); /* zb widened */
-    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0, bf16_ok = 1, wts_ok = 1, pages_ok = 1;
+    int distinct_ok = 1, shared = 0, pairs = 0, out_rows = 0, bf16_ok = 1, wts_ok = 1, pages_ok = 1, tokens_ok = 1;
     size_t bytes32 = 0, bytes16 = 0;
 
     int ra, rb;
@@ -112,6 +112,11 @@ int main(void) {
                 st_dispatch_pack(&plan, s, &w, (uint32_t *)vw.src, (uint32_t *)vw.orow, (float *)vw.wts, (void *)vw.rows);
                 wts_ok &= !memcmp(msg, msg2, info.payload_bytes);
                 plan.wts_set = false;
+                /* sources as the work's token rows (a dispatch through the worker's device memory) */
+                uint32_t *tok = malloc(sizeof(uint32_t) * N);
+                st_dispatch_src_tokens(&plan, s, tok);
+                for (uint32_t r = 0; r < N; r++) tokens_ok &= (int)tok[r] == plan.pair[s * plan.max_rows + r] / w.kc;
+                free(tok);
                 void *at[ST_DISPATCH_TABLES];
                 size_t tb[ST_DISPATCH_TABLES];
                 for (int i = 0, k = st_dispatch_plan_rows(&plan, s, at, tb); i < k; i++)
@@ -173,6 +178,7 @@ int main(void) {
     CHECK(bf16_ok, "bf16 rows == fp32 rows of the same values (bitwise)");
     CHECK(wts_ok, "a plan that wrote its pair weights packs the same messages as one whose weights the pack gathers");
     CHECK(pages_ok, "each server's rows of the per-server tables are whole pages, page-aligned");
+    CHECK(tokens_ok, "sources as token rows name each pair's own token");
     CHECK(bytes16 < bytes32, "bf16 dispatches are smaller (%zu vs %zu bytes)", bytes16, bytes32);
     CHECK(distinct_ok, "each server's distinct rows are distinct and every source is in range");
     CHECK(shared > 0, "tokens with several experts on one server travel once (%d rows saved)", shared);
