@@ -42,8 +42,8 @@ st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_ex
     p->tag = malloc(M * sizeof(int));
     p->tid = malloc(M * sizeof(uint32_t));
     p->ecur = malloc((size_t)(n_experts > 0 ? n_experts : 1) * sizeof(int));
-    if (!p->ecur || !p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out || !p->node ||
-        !p->n_uniq || !p->src || !p->wts || !p->utok || !p->last || !p->slot_row || !p->tag || !p->tid) {
+    if (!p->ecur || !p->n_rows || !p->n_exp || !p->exp_ids || !p->offsets || !p->pair || !p->orow || !p->n_out ||
+        !p->node || !p->n_uniq || !p->src || !p->wts || !p->utok || !p->last || !p->slot_row || !p->tag || !p->tid) {
         st_dispatch_plan_cleanup(p);
         return ST_FAIL(ST_ERR_NO_MEMORY, "dispatch plan for %d servers × %d rows", n_servers, max_rows);
     }
@@ -71,10 +71,12 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p) {
     memset(p, 0, sizeof *p);
 }
 
-int st_dispatch_plan_rows(const st_dispatch_plan_t *p, int s, void *at[ST_DISPATCH_TABLES], size_t bytes[ST_DISPATCH_TABLES]) {
+int st_dispatch_plan_rows(const st_dispatch_plan_t *p, int s, void *at[ST_DISPATCH_TABLES],
+                          size_t bytes[ST_DISPATCH_TABLES]) {
     size_t o = (size_t)s * (size_t)p->max_rows;
     void *t[ST_DISPATCH_TABLES] = {p->pair + o, p->orow + o, p->src + o, p->wts + o, p->node + o, p->utok + o};
-    for (int i = 0; i < ST_DISPATCH_TABLES; i++) at[i] = t[i], bytes[i] = 4 * (size_t)p->max_rows;
+    for (int i = 0; i < ST_DISPATCH_TABLES; i++)
+        at[i] = t[i], bytes[i] = 4 * (size_t)p->max_rows;
     return ST_DISPATCH_TABLES;
 }
 
@@ -102,9 +104,11 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
     const int *ut = p->utok + base;
     if (src) memcpy(src, p->src + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
     memcpy(orow, p->orow + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
-    if (p->wts_set) memcpy(wts, p->wts + base, sizeof(float) * (size_t)p->n_rows[s]);
+    if (p->wts_set)
+        memcpy(wts, p->wts + base, sizeof(float) * (size_t)p->n_rows[s]);
     else
-        for (int r = 0; r < p->n_rows[s]; r++) wts[r] = w->wts[p->pair[base + r]];
+        for (int r = 0; r < p->n_rows[s]; r++)
+            wts[r] = w->wts[p->pair[base + r]];
     size_t rb = (w->zb ? sizeof *w->zb : sizeof *w->z) * (size_t)w->ew; /* a row's bytes, as the engine holds it */
     const uint8_t *z = w->zb ? (const uint8_t *)w->zb : (const uint8_t *)w->z;
     if (rows)
@@ -115,7 +119,8 @@ void st_dispatch_src_tokens(const st_dispatch_plan_t *p, int s, uint32_t *src) {
     size_t base = (size_t)s * p->max_rows;
     const int *ut = p->utok + base;
     const uint32_t *ps = p->src + base;
-    for (int r = 0; r < p->n_rows[s]; r++) src[r] = (uint32_t)ut[ps[r]];
+    for (int r = 0; r < p->n_rows[s]; r++)
+        src[r] = (uint32_t)ut[ps[r]];
 }
 
 void st_dispatch_unpack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, const float *rows, bool copy) {

@@ -45,7 +45,8 @@ void st_dispatch_plan_cleanup(st_dispatch_plan_t *p);
 /* Server s's rows of the per-server tables: at[i], bytes[i] for the 6 of them (page-aligned, whole
  * pages: to page-lock them for the device's copies, st_engine_host_map); returns 6. */
 #define ST_DISPATCH_TABLES 6
-int st_dispatch_plan_rows(const st_dispatch_plan_t *p, int s, void *at[ST_DISPATCH_TABLES], size_t bytes[ST_DISPATCH_TABLES]);
+int st_dispatch_plan_rows(const st_dispatch_plan_t *p, int s, void *at[ST_DISPATCH_TABLES],
+                          size_t bytes[ST_DISPATCH_TABLES]);
 /* server_of[e]: server slot that runs expert e for this layer; ST_DISPATCH_NONE when no live server
  * holds it (a token routed to it is flagged in tok_failed [T]: set true, never cleared here, and
  * sends nothing); ST_DISPATCH_SKIP to leave its pairs out (a retry round that re-sends only the

@@ -48,7 +48,8 @@ static float median(const float *v, int n) {
     float s[ST_MBT_RUN > ST_MBT_KEEP ? ST_MBT_RUN : ST_MBT_KEEP];
     for (int i = 0; i < n; i++) {
         int j = i;
-        for (; j > 0 && s[j - 1] > v[i]; j--) s[j] = s[j - 1];
+        for (; j > 0 && s[j - 1] > v[i]; j--)
+            s[j] = s[j - 1];
         s[j] = v[i];
     }
     return s[n / 2];

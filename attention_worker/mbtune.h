@@ -25,10 +25,10 @@
 #define ST_MBT_EXPLORE 100 /* a class's steps between two trials of a count that is not its best */
 #define ST_MBT_CONFIRM 8   /* the same for the trials that confirm the first choice */
 #define ST_MBT_MARGIN 0.02f /* how much faster a trial must be to take over */
-#define ST_MBT_KEEP 5      /* the recent steps a count's median is taken over */
+#define ST_MBT_KEEP 5       /* the recent steps a count's median is taken over */
 
 typedef struct {
-    float cost[ST_MBT_MAX + 1]; /* median of the kept seconds per token, per count */
+    float cost[ST_MBT_MAX + 1];              /* median of the kept seconds per token, per count */
     float kept[ST_MBT_MAX + 1][ST_MBT_KEEP]; /* the last measured steps' seconds per token, a ring */
     uint16_t n[ST_MBT_MAX + 1]; /* measured steps, per count (saturates) */
     uint8_t at[ST_MBT_MAX + 1]; /* the ring's next slot, per count */

@@ -822,11 +822,14 @@ static void plan_pin(aw_t *aw, int mb, int n) {
         void *at[ST_DISPATCH_TABLES];
         size_t bytes[ST_DISPATCH_TABLES];
         int k = st_dispatch_plan_rows(p, s, at, bytes), i = 0;
-        while (i < k && st_engine_host_map(aw->e, at[i], bytes[i]) == ST_OK) i++;
+        while (i < k && st_engine_host_map(aw->e, at[i], bytes[i]) == ST_OK)
+            i++;
         if (i < k) {
-            st_log_warn("worker %s: page-locking the dispatch plan: %s (its copies from the device go through pageable memory)",
-                        aw->o.name, st_err_last());
-            while (i-- > 0) st_engine_host_unmap(aw->e, at[i]);
+            st_log_warn(
+                "worker %s: page-locking the dispatch plan: %s (its copies from the device go through pageable memory)",
+                aw->o.name, st_err_last());
+            while (i-- > 0)
+                st_engine_host_unmap(aw->e, at[i]);
             aw->plan_pinned[mb] = -1 - s; /* servers below s stay mapped (unpinned at the end) */
             return;
         }
@@ -839,7 +842,8 @@ static void plan_unpin(aw_t *aw, int mb) {
     for (int s = 0; s < n; s++) {
         void *at[ST_DISPATCH_TABLES];
         size_t bytes[ST_DISPATCH_TABLES];
-        for (int i = 0, k = st_dispatch_plan_rows(&aw->plan[mb], s, at, bytes); i < k; i++) st_engine_host_unmap(aw->e, at[i]);
+        for (int i = 0, k = st_dispatch_plan_rows(&aw->plan[mb], s, at, bytes); i < k; i++)
+            st_engine_host_unmap(aw->e, at[i]);
     }
     aw->plan_pinned[mb] = 0;
 }

@@ -97,11 +97,14 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 static int es_class(size_t pairs) {
     int c = 0;
-    while (c < ES_CLASSES - 1 && pairs > es_class_max[c]) c++;
+    while (c < ES_CLASSES - 1 && pairs > es_class_max[c])
+        c++;
     return c;
 }
 
-void st_es_gpu_note_served(st_es_gpu_t *g, uint32_t pairs, double seconds) { g->t_served[es_class(pairs)] += seconds; }
+void st_es_gpu_note_served(st_es_gpu_t *g, uint32_t pairs, double seconds) {
+    g->t_served[es_class(pairs)] += seconds;
+}
 
 st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, int max_rows) {
     int n_dev = st_gpu_device_count();
@@ -201,9 +204,10 @@ void st_es_gpu_split(const st_es_gpu_t *g, char *buf, size_t cap) {
         uint32_t lo = c ? es_class_max[c - 1] + 1 : 1;
         char hi[16] = "";
         if (c < ES_CLASSES - 1) snprintf(hi, sizeof hi, "%u", es_class_max[c]);
-        int w = snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f (max %.0f) / %.1f / %.1f / %.1f us", k ? "; " : "",
-                         lo, hi, (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->prep_max[c],
-                         1e6 * g->t_launch[c] / n, 1e6 * g->t_dev[c] / n, 1e6 * g->t_served[c] / n);
+        int w =
+            snprintf(buf + k, cap - k, "%s%u-%s pairs (%llu): %.1f (max %.0f) / %.1f / %.1f / %.1f us", k ? "; " : "",
+                     lo, hi, (unsigned long long)g->n_cls[c], 1e6 * g->t_prep[c] / n, 1e6 * g->prep_max[c],
+                     1e6 * g->t_launch[c] / n, 1e6 * g->t_dev[c] / n, 1e6 * g->t_served[c] / n);
         if (w < 0) break;
         k += (size_t)w;
     }
@@ -291,7 +295,9 @@ size_t st_es_gpu_weight_bytes(const st_es_gpu_t *g) { return g->w_bytes; }
 /* A dispatch through the worker's memory with its leaf table built on the host: its sources go up in
  * the pinned block, after the leaf table (one copy, not two: at decode sizes a copy's latency, not its
  * bytes, is what it costs). */
-static bool src_in_meta(const gkey_t *k) { return k->peer && !k->direct && !k->gpu_leaf; }
+static bool src_in_meta(const gkey_t *k) {
+    return k->peer && !k->direct && !k->gpu_leaf;
+}
 
 /* Queue one dispatch's copies and launches on g->s (the host tables filled; plain or captured): the
  * pinned block up (offsets, weight table, and the leaf table or the ids it is built from), the input

@@ -115,7 +115,8 @@ static void compute_one(es_t *es, slot_t *s) {
                                            d.src ? s->info.unique : s->info.token_count, s->info.slots, (float *)s->out,
                                            s->peer);
         if (s->result != ST_OK) snprintf(s->err, sizeof s->err, "%s", st_err_last());
-        else st_es_gpu_note_served(es->gpu, s->info.token_count, (double)(st_time_ns() - s->t_arrive) * 1e-9);
+        else
+            st_es_gpu_note_served(es->gpu, s->info.token_count, (double)(st_time_ns() - s->t_arrive) * 1e-9);
         return;
     }
 #endif

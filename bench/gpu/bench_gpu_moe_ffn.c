@@ -50,8 +50,8 @@ static void bench_ffn(int E, int tpe, int l, int w) {
         printf("RESULT moe_ffn E=%d x %d l=%d w=%d%s (SiTU fused): %.3f ms, %.1f TFLOP/s = %.1f%% of GEMM\n", E, tpe, l,
                w, sh, ms, fl / (ms * 1e9), 100.0 * fl / (ms * 1e9) / b_gemm_tflops);
         double wb = 6.0 * E * l * w; /* every expert's weights once, bytes */
-        printf("RESULT moe_ffn_floor E=%d x %d l=%d w=%d%s: max(weights %.0f MB / copy, FLOP / GEMM) %.3f ms\n", E, tpe, l,
-               w, sh, wb / 1e6, fmax(wb / (b_copy_gbs * 1e6), fl / (b_gemm_tflops * 1e9)));
+        printf("RESULT moe_ffn_floor E=%d x %d l=%d w=%d%s: max(weights %.0f MB / copy, FLOP / GEMM) %.3f ms\n", E, tpe,
+               l, w, sh, wb / 1e6, fmax(wb / (b_copy_gbs * 1e6), fl / (b_gemm_tflops * 1e9)));
         for (int minr = 0; minr < 2; minr++) { /* 0: the server's default rule; 1: every expert via cuBLAS */
             BTIME(ms, 20, st_cuda_moe_ffn_table(&bs, y, x, off, hoff, E, minr, d_tab, l, w, true, 4.f, 25.f, wst, wsh));
             printf("RESULT moe_ffn_table E=%d x %d l=%d w=%d%s, %s: %.3f ms, %.1f TFLOP/s\n", E, tpe, l, w, sh,
@@ -201,7 +201,8 @@ int main(int argc, char **argv) {
     bench_init("bench_gpu_moe_ffn", 1);
     /* the torch._grouped_mm peer shapes, then small's routed experts at batch 256 (2 048 pairs over its
      * 64 experts: what the engine runs in one process and an expert server in two, weight-read bound) */
-    static const int shp[4][4] = {{64, 128, 1024, 512}, {64, 512, 1024, 512}, {16, 2048, 2048, 1024}, {64, 32, 512, 768}};
+    static const int shp[4][4] = {
+        {64, 128, 1024, 512}, {64, 512, 1024, 512}, {16, 2048, 2048, 1024}, {64, 32, 512, 768}};
     for (int i = 0; i < 4; i++)
         if ((b_smask & 1) && (b_shmask >> i & 1)) bench_ffn(shp[i][0], shp[i][1], shp[i][2], shp[i][3]);
     if (b_smask & 2) {
