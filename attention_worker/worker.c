@@ -812,8 +812,6 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
     aw->stage[ST_PROTO_STAGE_UNPACK] += st_time_sec() - t_unpack;
 }
 
-/* Run one work item on the expert servers: dispatch, wait, and one retry round on replicas for
- * the experts of failed servers. Tokens left without an answer are flagged. */
 /* Page-locks plan[mb]'s rows of its first n servers (once each): the device plan's copies back then
  * go straight into them (st_engine_mb_plan), not through the driver's pageable staging. */
 static void plan_pin(aw_t *aw, int mb, int n) {
