@@ -94,7 +94,8 @@ st_moe_plan_t st_dispatch_plan_view(st_dispatch_plan_t *p) {
 /* The plan is kernels/dispatch_plan.c's (the reference of the GPU's); p's tables are its tables. */
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed) {
     st_moe_plan_t v = st_dispatch_plan_view(p);
-    st_moe_dispatch_plan(&v, w->ids, w->cnt, w->wts, server_of, tok_failed, w->T, w->kc);
+    st_moe_dispatch_plan(&v, w->ids, w->cnt, NULL, server_of, tok_failed, w->T, w->kc); /* no weights */
+    p->wts_set = false;
 }
 
 void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w, uint32_t *src, uint32_t *orow,
@@ -103,7 +104,11 @@ void st_dispatch_pack(const st_dispatch_plan_t *p, int s, const st_moe_work_t *w
     const int *ut = p->utok + base;
     if (src) memcpy(src, p->src + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
     memcpy(orow, p->orow + base, sizeof(uint32_t) * (size_t)p->n_rows[s]);
-    memcpy(wts, p->wts + base, sizeof(float) * (size_t)p->n_rows[s]);
+    if (p->wts_set)
+        memcpy(wts, p->wts + base, sizeof(float) * (size_t)p->n_rows[s]);
+    else
+        for (int r = 0; r < p->n_rows[s]; r++)
+            wts[r] = w->wts[p->pair[base + r]];
     size_t rb = (w->zb ? sizeof *w->zb : sizeof *w->z) * (size_t)w->ew; /* a row's bytes, as the engine holds it */
     const uint8_t *z = w->zb ? (const uint8_t *)w->zb : (const uint8_t *)w->z;
     if (rows)

@@ -29,14 +29,15 @@ typedef struct {
     int *node;         /* [S][max_rows] output row → slot t*kc + i of its node's first leaf */
     int *n_uniq;       /* [S] distinct tokens for server s */
     uint32_t *src;     /* [S][max_rows] pair → its distinct token's index */
-    float *wts;        /* [S][max_rows] pair → its routing weight */
+    float *wts;        /* [S][max_rows] pair → its routing weight, when wts_set (a plan built on the device) */
+    size_t table_bytes; /* of each per-server table */
+    bool wts_set;
     int *utok;         /* [S][max_rows] distinct token index → token t, ascending */
     int *last;         /* [S] scratch: each server's last token */
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
     int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */
     uint32_t *tid;     /* [max_rows] scratch: a token's expert ids */
-    size_t table_bytes; /* of each per-server table */
 } st_dispatch_plan_t;
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
@@ -55,7 +56,9 @@ int st_dispatch_plan_rows(const st_dispatch_plan_t *p, int s, void *at[ST_DISPAT
 #define ST_DISPATCH_SKIP (-2)
 void st_dispatch_plan_build(st_dispatch_plan_t *p, const st_moe_work_t *w, const int *server_of, bool *tok_failed);
 /* p's tables as the kernels' plan descriptor (st_moe_dispatch_plan, st_engine_mb_plan: the GPU
- * engine builds the same tables on the device), the pair weights included. */
+ * engine builds the same tables on the device, the pair weights included: set p->wts_set then); a plan
+ * built on the host leaves the weights to st_dispatch_pack, which gathers them straight into the
+ * message. */
 st_moe_plan_t st_dispatch_plan_view(st_dispatch_plan_t *p);
 /* server s's parts of its dispatch: row sources → src [n_rows[s]], each pair's output row → orow and
  * weight → wts [n_rows[s]], its distinct token rows → rows [n_uniq[s], ew], in the work's type (bf16

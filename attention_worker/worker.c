@@ -857,6 +857,7 @@ static void remote_dispatch(aw_t *aw, int mb, st_moe_work_t *w, char *why, size_
         plan_pin(aw, mb, ST_MAX(aw->n_srv, 1));
         st_moe_plan_t v = st_dispatch_plan_view(&aw->plan[mb]);
         dev = st_engine_mb_plan(aw->mbs[mb], &v, ST_MAX(aw->n_srv, 1), so, aw->tok_failed[mb]) == ST_OK;
+        aw->plan[mb].wts_set = dev;
         if (!dev)
             st_log_every(ST_LOG_WARN, 10.0, "worker %s: the dispatch plan on the device: %s (planned on the host)",
                          aw->o.name, st_err_last());

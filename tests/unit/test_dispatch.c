@@ -100,17 +100,19 @@ int main(void) {
             CHECK(st_wire_dispatch_encode(msg, &info, ids, off, &v) == ST_OK, "encode");
             st_dispatch_pack(&plan, s, &w, (uint32_t *)v.src, (uint32_t *)v.orow, (float *)v.wts, (void *)v.rows);
             CHECK(st_wire_dispatch_decode(msg, &info, &d) == ST_OK && d.n_out == (uint32_t)plan.n_out[s], "decode");
-            { /* the plan rebuilt by the kernels' reference with the routing weights (as one built on the device
-               * comes back): the same message; each server's rows whole pages */
+            { /* the plan with its pair weights written (as one built on the device comes back): the pack copies
+               * them, and the message is the one the gathered weights made; each server's rows whole pages */
                 bool f2[32];
                 memcpy(f2, failed, sizeof f2);
                 st_moe_plan_t pv = st_dispatch_plan_view(&plan);
                 st_moe_dispatch_plan(&pv, w.ids, w.cnt, w.wts, server_of, f2, w.T, w.kc);
+                plan.wts_set = true;
                 st_wire_dispatch_t vw;
                 CHECK(st_wire_dispatch_encode(msg2, &info, ids, off, &vw) == ST_OK, "encode (weights set)");
                 st_dispatch_pack(&plan, s, &w, (uint32_t *)vw.src, (uint32_t *)vw.orow, (float *)vw.wts,
                                  (void *)vw.rows);
                 wts_ok &= !memcmp(msg, msg2, info.payload_bytes);
+                plan.wts_set = false;
                 /* sources as the work's token rows (a dispatch through the worker's device memory) */
                 uint32_t *tok = malloc(sizeof(uint32_t) * N);
                 st_dispatch_src_tokens(&plan, s, tok);
