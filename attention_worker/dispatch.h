@@ -30,14 +30,14 @@ typedef struct {
     int *n_uniq;       /* [S] distinct tokens for server s */
     uint32_t *src;     /* [S][max_rows] pair → its distinct token's index */
     float *wts;        /* [S][max_rows] pair → its routing weight, when wts_set (a plan built on the device) */
-    size_t table_bytes; /* of each per-server table */
-    bool wts_set;
     int *utok;         /* [S][max_rows] distinct token index → token t, ascending */
     int *last;         /* [S] scratch: each server's last token */
     int *slot_row;     /* [max_rows] scratch: slot → its output row in this build, −1 when not sent */
     int *tag;          /* [max_rows] scratch: a token's leaves' servers */
     int *ecur;         /* [n_experts] scratch: pairs per expert, then each expert's next row */
     uint32_t *tid;     /* [max_rows] scratch: a token's expert ids */
+    size_t table_bytes; /* of each per-server table */
+    bool wts_set;       /* wts holds this plan's weights (else st_dispatch_pack gathers them) */
 } st_dispatch_plan_t;
 
 st_status_t st_dispatch_plan_init(st_dispatch_plan_t *p, int n_servers, int n_experts, int max_rows);
