@@ -34,18 +34,13 @@ j = json.load(sys.stdin); s = j["step_ms"]; n = s["steps"]
 print(n, *(s[k] * n for k in ("attention", "dispatch", "wait", "network", "expert", "combine", "thresholds")),
       s["coordinator_merge"], s["dispatch_bytes"], s["reply_bytes"], s["messages"], j["shape"]["moe_layers"])'; }
 run_load() { # $1 http, $2 prompt tokens, $3 max tokens → prints one table row (after minus before)
-  local before after t0 t1 i
+  local before after t0 t1
   before=$(snap "$1")
-  for i in $(seq 1 "$conc"); do
-    python3 -c "import random; random.seed($i * 7 + $2); print(','.join(str(random.randrange(256)) for _ in range($2)))" >"$work/p$i"
-  done
   t0=$(date +%s.%N)
-  local pids=()
-  for i in $(seq 1 "$conc"); do
-    "$BIN/strata" generate --prompt-tokens "$(cat "$work/p$i")" --max-tokens "$3" --print-tokens >/dev/null 2>&1 &
-    pids+=($!)
-  done
-  for i in "${pids[@]}"; do wait "$i"; done
+  # one load process (bench/load.py: threads over the OpenAI API), not a client process per request
+  # competing with the servers for the box's cores; prompts of random byte-range token ids
+  python3 "$(dirname "$0")/load.py" "$1" "$conc" "$2" "$3" "$2" 256 >"$work/load.txt" 2>&1 || { cat "$work/load.txt"; exit 1; }
+  grep -q '^ok='"$conc"' failed=0' "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
   t1=$(date +%s.%N)
   sleep 0.3 # the last step's report
   after=$(snap "$1")
