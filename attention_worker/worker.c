@@ -698,10 +698,10 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 }
 
 /* Waits (until the monotonic time `until`) for the reply to pd, a dispatch sent through a same-host
- * channel, and settles pd like am_done / on_srv_lost / a timeout do for UCX. t_wait: when this thread
- * began waiting for the plan. Compute thread. */
-static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double t_wait, double until) {
+ * channel, and settles pd like am_done / on_srv_lost / a timeout do for UCX. Compute thread. */
+static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double until) {
     const srv_t *sv = &aw->srv[pd->s];
+    double t_wait = st_time_sec(); /* this thread looks for this reply from now on */
     double left = (until - st_time_sec()) * 1e3;
     st_xfer_msg_t m;
     st_wire_info_t info;
@@ -720,8 +720,9 @@ static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double t_wait, do
             pd->recv.hdr_len = m.hdr_len;
             pd->rview = m.payload;
             pd->rlen = m.len;
-            /* received when answered if this thread was busy elsewhere then (not the transport's), else
-             * when it saw the answer (its wake-up is the transport's) */
+            /* received when answered if this thread was busy elsewhere then (computing, or waiting for
+             * another server's reply: not the transport's), else when it saw the answer (its wake-up is
+             * the transport's) */
             double sent = (double)m.sent_ns * 1e-9;
             pd->t_recv = sent < t_wait ? sent : st_time_sec();
             pd->state = P_DONE;
@@ -755,7 +756,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pthread_mutex_lock(&aw->mu);
         st_xfer_chan_t *ch = pd->state == P_SENT ? pd->chan : NULL; /* the loop frees none a sent pend names */
         pthread_mutex_unlock(&aw->mu);
-        if (ch) shm_wait(aw, pd, ch, t_wait, until);
+        if (ch) shm_wait(aw, pd, ch, until);
     }
     pthread_mutex_lock(&aw->mu);
     for (;;) {
