@@ -1,7 +1,9 @@
 /* `strata up|down|status`: a whole local cluster (coordinator, expert servers, attention workers) as
  * processes on loopback, with its state (pids, endpoints, logs) in one folder. */
+#define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <jansson.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -107,8 +109,17 @@ static void self_dir(char *out, size_t n) {
     out[len] = 0;
 }
 
-/* Start argv[0] detached (own session), output to log; returns pid or -1. */
-static pid_t spawn(char *const argv[], const char *log) {
+/* A role's own cores (strata up's core split): its affinity, and the settings that go with it. */
+typedef struct {
+    cpu_set_t cpus;
+    char threads[16]; /* STRATA_THREADS, "" when the user set it */
+    bool spin;        /* STRATA_XFER_SPIN_US=2000 (the user did not set it) */
+    char text[64];    /* "2-3", for strata up's summary */
+} role_cores_t;
+
+/* Start argv[0] detached (own session), output to log, on its own cores when rc is given; returns
+ * pid or -1. */
+static pid_t spawn(char *const argv[], const char *log, const role_cores_t *rc) {
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
@@ -121,11 +132,59 @@ static pid_t spawn(char *const argv[], const char *log) {
         }
         int nul = open("/dev/null", O_RDONLY);
         if (nul >= 0) dup2(nul, 0);
+        if (rc) {
+            if (sched_setaffinity(0, sizeof rc->cpus, &rc->cpus) != 0) {
+                fprintf(stderr, "strata up: cores %s: %s (the role shares every core)\n", rc->text, strerror(errno));
+            } else {
+                if (rc->threads[0]) setenv("STRATA_THREADS", rc->threads, 1);
+                if (rc->spin) setenv("STRATA_XFER_SPIN_US", "2000", 1);
+            }
+        }
         execv(argv[0], argv);
         fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
     return pid;
+}
+
+/* strata up's core split. A CPU role's kernel threads default to one per online CPU, so a worker and
+ * two expert servers on one host run three threads per core; and a waiting CPU role sleeps on a futex
+ * after 30 µs (a kernel wake-up per hand-off, 20-40 µs in a VM) rather than spin on a core another
+ * role computes on. When every role runs on the CPU and strata up's CPUs number at least the roles,
+ * each role gets its own contiguous share (workers first take the remainder), its kernel threads
+ * sized to it and its waits spinning (XFER_SPIN_US 2000: the cores it spins on are its own, idle while
+ * it waits). The coordinator (rc[workers + experts]) gets the last CPU when one is left over, else
+ * shares the last expert server's: on a worker's cores its per-step work (and a local load's) stalls
+ * the worker's hand-offs. Values the user set are kept. Returns the number of roles given cores (0: no
+ * split). */
+static int cpu_split(role_cores_t *rc, int workers, int experts) {
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return 0;
+    int n = CPU_COUNT(&all), roles = workers + experts, at = -1;
+    if (n < roles) return 0;
+    bool own_threads = st_tun_source(ST_TUN_THREADS) == ST_TUN_FROM_DEFAULT;
+    bool own_spin = st_tun_source(ST_TUN_XFER_SPIN_US) == ST_TUN_FROM_DEFAULT;
+    int shared = n > roles ? n - 1 : n; /* the roles' CPUs */
+    for (int r = 0; r <= roles; r++) {
+        int k = r < roles ? shared / roles + (r < shared % roles) : n - shared, first = -1, last = -1;
+        CPU_ZERO(&rc[r].cpus);
+        for (int j = 0; j < k; j++) {
+            do at++;
+            while (at < CPU_SETSIZE && !CPU_ISSET(at, &all));
+            CPU_SET(at, &rc[r].cpus);
+            first = first < 0 ? at : first, last = at;
+        }
+        if (r == roles && k == 0) { /* no CPU left over: the last server's */
+            rc[r].cpus = rc[r - 1].cpus;
+            snprintf(rc[r].text, sizeof rc[r].text, "%s", rc[r - 1].text);
+            continue;
+        }
+        rc[r].threads[0] = 0;
+        if (own_threads && r < roles) snprintf(rc[r].threads, sizeof rc[r].threads, "%d", k);
+        rc[r].spin = own_spin && r < roles;
+        snprintf(rc[r].text, sizeof rc[r].text, first == last ? "%d" : "%d-%d", first, last);
+    }
+    return roles;
 }
 
 /* A zombie is not alive: in a container whose pid 1 does not reap, killed roles stay zombies. */
@@ -190,7 +249,7 @@ int st_cmd_up(int argc, char **argv) {
     uint64_t seed = 1;
     float skew = 0;
     const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "16";
-    const char *api_key = NULL, *max_queue = NULL;
+    const char *api_key = NULL, *max_queue = NULL, *split = "on";
     enum { MAX_COORD_ARGS = 32 };
     char *coord_args[MAX_COORD_ARGS]; /* --coordinator-arg: passed on to strata-coordinator as they are */
     int n_coord_args = 0;
@@ -216,6 +275,7 @@ int st_cmd_up(int argc, char **argv) {
         else if ((v = st_cli_opt(argc, argv, &i, "--expert-device"))) expert_dev = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--api-key"))) api_key = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--max-queue"))) max_queue = v;
+        else if ((v = st_cli_opt(argc, argv, &i, "--cpu-split"))) split = v;
         else if ((v = st_cli_opt(argc, argv, &i, "--coordinator-arg"))) {
             if (n_coord_args == MAX_COORD_ARGS) {
                 fprintf(stderr, "strata up: at most %d --coordinator-arg\n", MAX_COORD_ARGS);
@@ -227,8 +287,9 @@ int st_cmd_up(int argc, char **argv) {
     }
     if (!preset && !ckpt) preset = "tiny";
     if ((preset && ckpt) || experts < 1 || experts > 32 || workers < 1 || workers > 32 || replicas < 1 || replicas > 8 ||
-        (strcmp(routing, "topk") && strcmp(routing, "quantile"))) {
-        fprintf(stderr, "strata up: one of --preset/--ckpt; --experts 1..32, --workers 1..32, --replicas 1..8, --routing topk|quantile\n");
+        (strcmp(routing, "topk") && strcmp(routing, "quantile")) || (strcmp(split, "on") && strcmp(split, "off"))) {
+        fprintf(stderr, "strata up: one of --preset/--ckpt; --experts 1..32, --workers 1..32, --replicas 1..8, --routing "
+                        "topk|quantile, --cpu-split on|off\n");
         return 2;
     }
     const char *state = st_cli_state_dir(state_arg);
@@ -270,6 +331,10 @@ int st_cmd_up(int argc, char **argv) {
     st_tun_export();
     if (!*st_tun_str(ST_TUN_UCX_TLS)) setenv("UCX_TLS", "tcp", 1); /* loopback everywhere, containers included */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+    /* cores per role: the workers' shares, the servers', the coordinator's */
+    static role_cores_t rcs[2 * 32 + 1];
+    bool cpu_roles = (!attn_dev || !strcmp(attn_dev, "cpu")) && (!expert_dev || !strcmp(expert_dev, "cpu"));
+    int n_split = !strcmp(split, "on") && cpu_roles ? cpu_split(rcs, workers, experts) : 0;
     char bin[PATH_MAX - 64], exe[PATH_MAX], ready[700], log[700];
     self_dir(bin, sizeof bin);
     pid_t pids[MAX_PROCS];
@@ -291,7 +356,7 @@ int st_cmd_up(int argc, char **argv) {
     /* NOTE: after strata up's own: a flag given twice takes its last value (--http HOST:PORT, say) */
     for (int k = 0; k < n_coord_args; k++) cargv[nc++] = coord_args[k];
     cargv[nc] = NULL;
-    pids[np++] = spawn(cargv, log);
+    pids[np++] = spawn(cargv, log, n_split ? &rcs[workers + experts] : NULL);
     char grpc[160] = "", http[160] = "";
     double t0 = st_time_sec();
     while (st_time_sec() - t0 < 15) {
@@ -331,7 +396,7 @@ int st_cmd_up(int argc, char **argv) {
         char *eargv[] = {exe, "--coordinator", grpc, "--ckpt", ck, "--listen", "127.0.0.1:0", "--name", name,
                          "--max-rows", s_rows, "--slots", s_slots, "--coordinator-file", ready, NULL, NULL, NULL};
         if (expert_dev) eargv[15] = "--device", eargv[16] = (char *)expert_dev;
-        pids[np++] = spawn(eargv, log);
+        pids[np++] = spawn(eargv, log, n_split ? &rcs[workers + i] : NULL);
     }
     snprintf(exe, sizeof exe, "%s/strata-attn", bin);
     char s_seqs[16], s_batch[16], s_ctx[16], s_mb[16];
@@ -348,7 +413,7 @@ int st_cmd_up(int argc, char **argv) {
                          "--micro-batches", s_mb, "--min-mb-tokens", (char *)min_mb, "--expert-timeout-ms", (char *)timeout_ms,
                          "--coordinator-file", ready, NULL, NULL, NULL};
         if (attn_dev) wargv[25] = "--device", wargv[26] = (char *)attn_dev;
-        pids[np++] = spawn(wargv, log);
+        pids[np++] = spawn(wargv, log, n_split ? &rcs[i] : NULL);
     }
     /* state file first, so `strata down` can clean up even if readiness never comes */
     char env[8192];
@@ -381,6 +446,12 @@ int st_cmd_up(int argc, char **argv) {
     printf("  model        %s\n  gRPC         %s   (strata generate --prompt ...)\n", ck, grpc);
     printf("  HTTP         http://%s   (/v1/completions, /v1/models, /status, /metrics, /healthz, /readyz)\n", http);
     printf("  state, logs  %s\n", state);
+    if (n_split) {
+        printf("  cores        ");
+        for (int i = 0; i < workers + experts; i++)
+            printf("%s%s-%d %s", i ? ", " : "", i < workers ? "attn" : "expert", i < workers ? i : i - workers, rcs[i].text);
+        printf(", coordinator %s   (--cpu-split off: every role on every core)\n", rcs[workers + experts].text);
+    }
     return 0;
 }
 

@@ -43,6 +43,7 @@ static void usage(void) {
             "  up [--preset tiny|small|k3-mini | --ckpt DIR] [--experts N] [--workers M] [--routing topk|quantile]\n"
             "     [--replicas R] [--skew-router X] [--max-seqs N] [--max-batch-tokens N] [--micro-batches N] [--min-mb-tokens N] [--state DIR]\n"
             "     [--attn-device cpu|cuda:N] [--expert-device cpu|cuda:N]   (passed to strata-attn / strata-expert as --device)\n"
+            "     [--cpu-split on|off]   (on: with a CPU per role, each CPU role on its own CPUs, its threads and waits to match)\n"
             "     (--micro-batches: at most this many per step, 2; the worker measures which count is fastest)\n"
             "     [--api-key KEY] [--max-queue N]   (a fresh cluster secret is written to the state directory)\n"
             "     [--coordinator-arg ARG]...   (appended to strata-coordinator's flags, e.g. --http localhost:PORT)\n"

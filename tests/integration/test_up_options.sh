@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # strata up passes --coordinator-arg on to the coordinator (here --http with a host name, which
 # the coordinator resolves) and --set LOG_FORMAT=json to every role: the API answers on the port
-# asked for, and the roles' log lines are dated JSON objects.
+# asked for, and the roles' log lines are dated JSON objects. Its core split: with a CPU per role,
+# each role runs on its own CPUs with its kernel threads and spin set to match; --cpu-split off
+# leaves every role on every CPU; a bad value is refused.
 . "$(dirname "$0")/lib.sh"
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1 || { bad "checkpoint"; finish; }
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -27,4 +29,43 @@ assert n >= 3, n
 print(n, "JSON lines")
 PY
 check "[logs] the roles' lines are dated JSON objects ($(cat "$TMP/logs.txt" | tail -n 1))" "grep -q 'JSON lines' '$TMP/logs.txt'"
+
+# the roles' CPUs (python: sched_getaffinity) and their STRATA_THREADS / STRATA_XFER_SPIN_US at start
+roles_cpus() {
+  python3 - "$STRATA_STATE/cluster.env" <<'PY'
+import os, sys
+pids = [int(p) for l in open(sys.argv[1]) if l.startswith("pids=") for p in l[5:].split(",")]
+for pid in pids[1:]:  # the coordinator first, then the expert servers and the workers
+    env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
+    cpus = sorted(os.sched_getaffinity(pid))
+    print(",".join(map(str, cpus)), env.get("STRATA_THREADS", "-"), env.get("STRATA_XFER_SPIN_US", "-"))
+PY
+}
+ncpu=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
+all=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+roles_cpus >"$TMP/split.txt"
+if [ "$ncpu" -ge 2 ]; then
+  check "[split] each role on its own CPUs, threads and spin to match ($(tr '\n' ';' <"$TMP/split.txt"); $ncpu CPUs)" \
+    "python3 - '$TMP/split.txt' '${STRATA_THREADS:-}' <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1])]
+sets = [set(map(int, c.split(','))) for c, _, _ in rows]
+assert len(rows) == 2 and all(sets) and not sets[0] & sets[1], rows
+for (c, t, spin), cpus in zip(rows, sets):
+    assert t == (sys.argv[2] or str(len(cpus))) and spin == '2000', rows
+PY"
+  check "[split] strata up lists the roles' CPUs" "grep -q '^  cores  *attn-0 .*expert-0 .*coordinator ' '$TMP/up.txt'"
+fi
+"$S" down >/dev/null 2>&1
+"$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 --cpu-split off >"$TMP/up2.txt" 2>&1 ||
+  { bad "cluster starts with --cpu-split off"; cat "$TMP/up2.txt"; finish; }
+roles_cpus >"$TMP/nosplit.txt"
+check "[split] --cpu-split off: every role on every CPU, nothing set ($(tr '\n' ';' <"$TMP/nosplit.txt"))" \
+  "[ \"\$(sort -u '$TMP/nosplit.txt')\" = '$all ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ]"
+out=$(timeout 30 "$S" generate --prompt-tokens 3,4,5 --max-tokens 4 --print-tokens 2>/dev/null)
+check "[split] the unsplit cluster generates ($out)" "[ \$(echo '$out' | tr ',' '\n' | grep -c '^[0-9]') -eq 4 ]"
+"$S" down >/dev/null 2>&1
+"$S" up --ckpt "$TMP/ck" --cpu-split maybe >"$TMP/up3.txt" 2>&1
+rc=$?
+check "[split] --cpu-split maybe is refused (exit $rc: $(head -c 160 "$TMP/up3.txt"))" "[ $rc -eq 2 ] && grep -q 'cpu-split on|off' '$TMP/up3.txt'"
 finish
