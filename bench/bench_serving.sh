@@ -7,13 +7,14 @@
 # side sees per MoE layer. Ends with `RESULT goodput_decode_pct N` and `RESULT goodput_prefill_pct N`
 # (the last preset's; every preset's as RESULT goodput_<load>_pct_<preset>).
 # usage: bench/bench_serving.sh [presets (default "tiny small")] ; env: STRATA_BIN (default build/bin),
-#        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile), EXPERTS (expert servers, 2)
+#        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile), EXPERTS (expert servers: 2, 1 on a 2-core box),
+#        UP_ARGS (more `strata up` flags, e.g. "--cpu-split off")
 set -euo pipefail
 BIN=${STRATA_BIN:-$(cd "$(dirname "$0")/.." && pwd)/build/bin}
 presets=${1:-tiny small}
 conc=${CONC:-8}
 routing=${ROUTING:-quantile}
-experts=${EXPERTS:-2}
+experts=${EXPERTS:-$(n=$(nproc); echo $((n > 2 ? 2 : 1)))} # a core per role beside the worker, as ucx_perftest's two processes have
 export UCX_TLS=${UCX_TLS:-tcp}
 work=$(mktemp -d /tmp/strata-bench.XXXXXX)
 export STRATA_STATE=$work/state
@@ -38,8 +39,13 @@ run_load() { # $1 http, $2 prompt tokens, $3 max tokens → prints one table row
   before=$(snap "$1")
   t0=$(date +%s.%N)
   # one load process (bench/load.py: threads over the OpenAI API), not a client process per request
-  # competing with the servers for the box's cores; prompts of random byte-range token ids
-  python3 "$(dirname "$0")/load.py" "$1" "$conc" "$2" "$3" "$2" 256 >"$work/load.txt" 2>&1 || { cat "$work/load.txt"; exit 1; }
+  # competing with the servers for the box's cores, on the coordinator's cores (strata up gives each
+  # role its own when the box has a core per role); prompts of random byte-range token ids
+  local coord cpus
+  coord=$(sed -n 's/^pids=//p' "$STRATA_STATE/cluster.env" | cut -d, -f1)
+  cpus=$(taskset -pc "$coord" | sed 's/.*: //')
+  taskset -c "$cpus" python3 "$(dirname "$0")/load.py" "$1" "$conc" "$2" "$3" "$2" 256 >"$work/load.txt" 2>&1 ||
+    { cat "$work/load.txt"; exit 1; }
   grep -q '^ok='"$conc"' failed=0' "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
   t1=$(date +%s.%N)
   sleep 0.3 # the last step's report
@@ -66,13 +72,13 @@ results=()
 for p in $presets; do
   case $p in tiny) long=1024; short=16; gen=64 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
   "$BIN/strata" up --preset "$p" --experts "$experts" --workers 1 --routing "$routing" --max-seqs "$conc" \
-      --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
+      --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) ${UP_ARGS:-} >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
   for load in prefill decode; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
     read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
     bw=$(perftest_bw "$msg")
-    tp=$("$BIN/bench_transport" "$msg" 2>/dev/null | awk 'NR == 2 {print $4}')
+    tp=$({ "$BIN/bench_transport" "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4}')
     ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s (st_tp alone streams {${tp:-0}:.0f} MB/s = {100 * ${tp:-0} / $bw:.0f}%)' if $bw > 0 else 'n/a')")
     pct=$(python3 -c "print(f'{100 * $good / $bw:.0f}' if $bw > 0 else 'nan')")
     results+=("$load $p $pct")
