@@ -52,7 +52,7 @@ rows = [l.split() for l in open(sys.argv[1])]
 sets = [set(map(int, c.split(','))) for c, _, _ in rows]
 assert len(rows) == 2 and all(sets) and not sets[0] & sets[1], rows
 for (c, t, spin), cpus in zip(rows, sets):
-    assert t == (sys.argv[2] or str(len(cpus))) and spin == '2000', rows
+    assert t == (sys.argv[2] or str(len(cpus))) and spin == '50000', rows
 PY"
   check "[split] strata up lists the roles' CPUs" "grep -q '^  cores  *attn-0 .*expert-0 .*coordinator ' '$TMP/up.txt'"
 fi
