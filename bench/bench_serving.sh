@@ -85,7 +85,9 @@ for p in $presets; do
     printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
       "$wait_lyr" "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
-  # the micro-batch counts the worker measured fastest, per step size (attention_worker/mbtune.h)
+  # the roles' CPUs (strata up's core split), and the micro-batch counts the worker measured fastest,
+  # per step size (attention_worker/mbtune.h)
+  { grep '^  cores' "$work/up.txt" || echo "  cores        every role on every CPU"; } | sed "s/^  cores */$p: cores: /"
   { grep -ho 'steps of .*' "$STRATA_STATE"/attn-*.log || true; } | sed "s/^/$p: /"
   "$BIN/strata" down >/dev/null 2>&1
 done

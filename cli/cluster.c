@@ -149,22 +149,25 @@ static pid_t spawn(char *const argv[], const char *log, const role_cores_t *rc) 
     return pid;
 }
 
-/* strata up's core split. A CPU role's kernel threads default to one per online CPU, so a worker and
- * two expert servers on one host run three threads per core; and a waiting CPU role sleeps on a futex
- * after 30 µs (a kernel wake-up per hand-off, 20-40 µs in a VM) rather than spin on a core another
- * role computes on. When every role runs on the CPU and strata up's CPUs number at least the roles,
- * each role gets its own contiguous share (workers first take the remainder), its kernel threads
- * sized to it and its waits spinning through a whole layer of its peer's compute (SPLIT_SPIN_US: the
- * cores it spins on are its own, idle while it waits; on 2 cores, `small` decode, 10-25 ms a layer,
- * tokens/s measured the same, and no hand-off waits for a kernel wake-up). The coordinator
- * (rc[workers + experts]) gets the last CPU when one is left over, else shares the last expert
- * server's: on a worker's cores its per-step work (and a local load's) stalls the worker's hand-offs.
- * Values the user set are kept. Returns the number of roles given cores (0: no split). */
-static int cpu_split(role_cores_t *rc, int workers, int experts) {
+/* strata up's core split. A CPU role's kernel threads default to one per online CPU, and a waiting
+ * CPU role sleeps on a futex after 30 µs (a kernel wake-up per hand-off, 20-40 µs in a VM) rather than
+ * spin on a core another role computes on. Split, each role gets its own contiguous share of strata
+ * up's CPUs (workers first take the remainder), its kernel threads sized to it and its waits spinning
+ * through a whole layer of its peer's compute (SPLIT_SPIN_US: the cores it spins on are its own, idle
+ * while it waits), so no hand-off waits for a wake-up; but a role computes on its share only, where
+ * with one micro-batch the roles take turns on every CPU. Measured (docs/perf-cpu.md): on 2 CPUs, a
+ * worker and a server, split is as fast or faster (tiny decode +5-10% tokens/s, the data path 10% →
+ * 60-120% of ucp_am_bw); on 16, with two servers, sharing is faster (small prefill 128 against 86-101
+ * tokens/s). So `auto` splits when there is a CPU per role but fewer than two; `on` whenever there is
+ * one per role. The coordinator (rc[workers + experts]) gets the last CPU when one is left over, else
+ * shares the last expert server's: on a worker's cores its per-step work (and a local load's) stalls
+ * the worker's hand-offs. Values the user set are kept. Returns the number of roles given cores (0: no
+ * split). */
+static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
     cpu_set_t all;
     if (sched_getaffinity(0, sizeof all, &all) != 0) return 0;
     int n = CPU_COUNT(&all), roles = workers + experts, at = -1;
-    if (n < roles) return 0;
+    if (n < roles || (!always && n >= 2 * roles)) return 0;
     bool own_threads = st_tun_source(ST_TUN_THREADS) == ST_TUN_FROM_DEFAULT;
     bool own_spin = st_tun_source(ST_TUN_XFER_SPIN_US) == ST_TUN_FROM_DEFAULT;
     int shared = n > roles ? n - 1 : n; /* the roles' CPUs */
@@ -252,7 +255,7 @@ int st_cmd_up(int argc, char **argv) {
     uint64_t seed = 1;
     float skew = 0;
     const char *heartbeat = "300", *timeout_ms = "5000", *min_mb = "16";
-    const char *api_key = NULL, *max_queue = NULL, *split = "on";
+    const char *api_key = NULL, *max_queue = NULL, *split = "auto";
     enum { MAX_COORD_ARGS = 32 };
     char *coord_args[MAX_COORD_ARGS]; /* --coordinator-arg: passed on to strata-coordinator as they are */
     int n_coord_args = 0;
@@ -290,9 +293,9 @@ int st_cmd_up(int argc, char **argv) {
     }
     if (!preset && !ckpt) preset = "tiny";
     if ((preset && ckpt) || experts < 1 || experts > 32 || workers < 1 || workers > 32 || replicas < 1 || replicas > 8 ||
-        (strcmp(routing, "topk") && strcmp(routing, "quantile")) || (strcmp(split, "on") && strcmp(split, "off"))) {
+        (strcmp(routing, "topk") && strcmp(routing, "quantile")) || (strcmp(split, "auto") && strcmp(split, "on") && strcmp(split, "off"))) {
         fprintf(stderr, "strata up: one of --preset/--ckpt; --experts 1..32, --workers 1..32, --replicas 1..8, --routing "
-                        "topk|quantile, --cpu-split on|off\n");
+                        "topk|quantile, --cpu-split auto|on|off\n");
         return 2;
     }
     const char *state = st_cli_state_dir(state_arg);
@@ -337,7 +340,7 @@ int st_cmd_up(int argc, char **argv) {
     /* cores per role: the workers' shares, the servers', the coordinator's */
     static role_cores_t rcs[2 * 32 + 1];
     bool cpu_roles = (!attn_dev || !strcmp(attn_dev, "cpu")) && (!expert_dev || !strcmp(expert_dev, "cpu"));
-    int n_split = !strcmp(split, "on") && cpu_roles ? cpu_split(rcs, workers, experts) : 0;
+    int n_split = strcmp(split, "off") && cpu_roles ? cpu_split(rcs, workers, experts, !strcmp(split, "on")) : 0;
     char bin[PATH_MAX - 64], exe[PATH_MAX], ready[700], log[700];
     self_dir(bin, sizeof bin);
     pid_t pids[MAX_PROCS];

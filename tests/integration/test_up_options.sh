@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # strata up passes --coordinator-arg on to the coordinator (here --http with a host name, which
 # the coordinator resolves) and --set LOG_FORMAT=json to every role: the API answers on the port
-# asked for, and the roles' log lines are dated JSON objects. Its core split: with a CPU per role,
-# each role runs on its own CPUs with its kernel threads and spin set to match; --cpu-split off
-# leaves every role on every CPU; a bad value is refused.
+# asked for, and the roles' log lines are dated JSON objects. Its core split (--cpu-split on: with a
+# CPU per role, each role runs on its own CPUs with its kernel threads and spin set to match; off:
+# every role on every CPU; a bad value is refused).
 . "$(dirname "$0")/lib.sh"
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 5 >/dev/null 2>&1 || { bad "checkpoint"; finish; }
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 --set LOG_FORMAT=json \
+"$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 --set LOG_FORMAT=json --cpu-split on \
   --coordinator-arg --http --coordinator-arg "localhost:$PORT" >"$TMP/up.txt" 2>&1 ||
   { bad "cluster starts"; cat "$TMP/up.txt"; finish; }
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")
@@ -65,7 +65,24 @@ check "[split] --cpu-split off: every role on every CPU, nothing set ($(tr '\n' 
 out=$(timeout 30 "$S" generate --prompt-tokens 3,4,5 --max-tokens 4 --print-tokens 2>/dev/null)
 check "[split] the unsplit cluster generates ($out)" "[ \$(echo '$out' | tr ',' '\n' | grep -c '^[0-9]') -eq 4 ]"
 "$S" down >/dev/null 2>&1
+# auto (the default): split with a CPU per role but not two, else not (strata up's own CPUs decide)
+if [ "$ncpu" -ge 2 ]; then
+  two=$(echo "$all" | cut -d, -f1-2)
+  taskset -c "$two" "$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 >"$TMP/up4.txt" 2>&1 ||
+    { bad "cluster starts on CPUs $two"; cat "$TMP/up4.txt"; finish; }
+  roles_cpus >"$TMP/auto2.txt"
+  check "[split] auto on 2 CPUs, 2 roles: split ($(tr '\n' ';' <"$TMP/auto2.txt"))" \
+    "[ \$(cut -d' ' -f1 '$TMP/auto2.txt' | sort -u | wc -l) -eq 2 ] && ! grep -q , '$TMP/auto2.txt'"
+  "$S" down >/dev/null 2>&1
+fi
+one=$(echo "$all" | cut -d, -f1)
+taskset -c "$one" "$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 >"$TMP/up5.txt" 2>&1 ||
+  { bad "cluster starts on CPU $one"; cat "$TMP/up5.txt"; finish; }
+roles_cpus >"$TMP/auto1.txt"
+check "[split] auto on 1 CPU, 2 roles: not split ($(tr '\n' ';' <"$TMP/auto1.txt"))" \
+  "[ \"\$(sort -u '$TMP/auto1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ] && ! grep -q '^  cores' '$TMP/up5.txt'"
+"$S" down >/dev/null 2>&1
 "$S" up --ckpt "$TMP/ck" --cpu-split maybe >"$TMP/up3.txt" 2>&1
 rc=$?
-check "[split] --cpu-split maybe is refused (exit $rc: $(head -c 160 "$TMP/up3.txt"))" "[ $rc -eq 2 ] && grep -q 'cpu-split on|off' '$TMP/up3.txt'"
+check "[split] --cpu-split maybe is refused (exit $rc: $(head -c 160 "$TMP/up3.txt"))" "[ $rc -eq 2 ] && grep -q 'cpu-split auto|on|off' '$TMP/up3.txt'"
 finish
