@@ -180,15 +180,12 @@ static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
             CPU_SET(at, &rc[r].cpus);
             first = first < 0 ? at : first, last = at;
         }
-        if (r == roles && k == 0) { /* no CPU left over: the last server's */
-            rc[r].cpus = rc[r - 1].cpus;
-            snprintf(rc[r].text, sizeof rc[r].text, "%s", rc[r - 1].text);
-            continue;
-        }
         rc[r].threads[0] = 0;
         if (own_threads && r < roles) snprintf(rc[r].threads, sizeof rc[r].threads, "%d", k);
         rc[r].spin = own_spin && r < roles;
-        snprintf(rc[r].text, sizeof rc[r].text, first == last ? "%d" : "%d-%d", first, last);
+        if (k) snprintf(rc[r].text, sizeof rc[r].text, first == last ? "%d" : "%d-%d", first, last);
+        else /* the coordinator, no CPU left over: the last server's */
+            rc[r].cpus = rc[r - 1].cpus, memcpy(rc[r].text, rc[r - 1].text, sizeof rc[r].text);
     }
     return roles;
 }
