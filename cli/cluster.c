@@ -3,10 +3,10 @@
 #define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <jansson.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -175,17 +175,20 @@ static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
         int k = r < roles ? shared / roles + (r < shared % roles) : n - shared, first = -1, last = -1;
         CPU_ZERO(&rc[r].cpus);
         for (int j = 0; j < k; j++) {
-            do at++;
-            while (at < CPU_SETSIZE && !CPU_ISSET(at, &all));
+            for (at++; at < CPU_SETSIZE && !CPU_ISSET(at, &all); at++) {
+            }
             CPU_SET(at, &rc[r].cpus);
             first = first < 0 ? at : first, last = at;
         }
         rc[r].threads[0] = 0;
         if (own_threads && r < roles) snprintf(rc[r].threads, sizeof rc[r].threads, "%d", k);
         rc[r].spin = own_spin && r < roles;
-        if (k) snprintf(rc[r].text, sizeof rc[r].text, first == last ? "%d" : "%d-%d", first, last);
-        else /* the coordinator, no CPU left over: the last server's */
-            rc[r].cpus = rc[r - 1].cpus, memcpy(rc[r].text, rc[r - 1].text, sizeof rc[r].text);
+        if (k) {
+            snprintf(rc[r].text, sizeof rc[r].text, first == last ? "%d" : "%d-%d", first, last);
+        } else { /* the coordinator, no CPU left over: the last server's */
+            rc[r].cpus = rc[r - 1].cpus;
+            memcpy(rc[r].text, rc[r - 1].text, sizeof rc[r].text);
+        }
     }
     return roles;
 }
@@ -289,10 +292,12 @@ int st_cmd_up(int argc, char **argv) {
         else { fprintf(stderr, "strata up: unknown option %s\n", argv[i]); return 2; }
     }
     if (!preset && !ckpt) preset = "tiny";
-    if ((preset && ckpt) || experts < 1 || experts > 32 || workers < 1 || workers > 32 || replicas < 1 || replicas > 8 ||
-        (strcmp(routing, "topk") && strcmp(routing, "quantile")) || (strcmp(split, "auto") && strcmp(split, "on") && strcmp(split, "off"))) {
-        fprintf(stderr, "strata up: one of --preset/--ckpt; --experts 1..32, --workers 1..32, --replicas 1..8, --routing "
-                        "topk|quantile, --cpu-split auto|on|off\n");
+    if ((preset && ckpt) || experts < 1 || experts > 32 || workers < 1 || workers > 32 || replicas < 1 ||
+        replicas > 8 || (strcmp(routing, "topk") && strcmp(routing, "quantile")) ||
+        (strcmp(split, "auto") && strcmp(split, "on") && strcmp(split, "off"))) {
+        fprintf(stderr,
+                "strata up: one of --preset/--ckpt; --experts 1..32, --workers 1..32, --replicas 1..8, --routing "
+                "topk|quantile, --cpu-split auto|on|off\n");
         return 2;
     }
     const char *state = st_cli_state_dir(state_arg);
@@ -452,7 +457,8 @@ int st_cmd_up(int argc, char **argv) {
     if (n_split) {
         printf("  cores        ");
         for (int i = 0; i < workers + experts; i++)
-            printf("%s%s-%d %s", i ? ", " : "", i < workers ? "attn" : "expert", i < workers ? i : i - workers, rcs[i].text);
+            printf("%s%s-%d %s", i ? ", " : "", i < workers ? "attn" : "expert", i < workers ? i : i - workers,
+                   rcs[i].text);
         printf(", coordinator %s   (--cpu-split off: every role on every core)\n", rcs[workers + experts].text);
     }
     return 0;
