@@ -57,9 +57,15 @@ PY"
   check "[split] strata up lists the roles' CPUs" "grep -q '^  cores  *attn-0 .*expert-0 .*coordinator ' '$TMP/up.txt'"
 fi
 "$S" down >/dev/null 2>&1
-"$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 --cpu-split off >"$TMP/up2.txt" 2>&1 ||
-  { bad "cluster starts with --cpu-split off"; cat "$TMP/up2.txt"; finish; }
-roles_cpus >"$TMP/nosplit.txt"
+# a cluster started on CPUs $1 with more strata up flags; its roles' CPUs into $TMP/$2.txt
+up_on() {
+  local cpus=$1 name=$2
+  shift 2
+  taskset -c "$cpus" "$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 "$@" >"$TMP/up-$name.txt" 2>&1 ||
+    { bad "cluster starts on CPUs $cpus $*"; cat "$TMP/up-$name.txt"; finish; }
+  roles_cpus >"$TMP/$name.txt"
+}
+up_on "$all" nosplit --cpu-split off
 check "[split] --cpu-split off: every role on every CPU, nothing set ($(tr '\n' ';' <"$TMP/nosplit.txt"))" \
   "[ \"\$(sort -u '$TMP/nosplit.txt')\" = '$all ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ]"
 out=$(timeout 30 "$S" generate --prompt-tokens 3,4,5 --max-tokens 4 --print-tokens 2>/dev/null)
@@ -67,20 +73,15 @@ check "[split] the unsplit cluster generates ($out)" "[ \$(echo '$out' | tr ',' 
 "$S" down >/dev/null 2>&1
 # auto (the default): split with a CPU per role but not two, else not (strata up's own CPUs decide)
 if [ "$ncpu" -ge 2 ]; then
-  two=$(echo "$all" | cut -d, -f1-2)
-  taskset -c "$two" "$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 >"$TMP/up4.txt" 2>&1 ||
-    { bad "cluster starts on CPUs $two"; cat "$TMP/up4.txt"; finish; }
-  roles_cpus >"$TMP/auto2.txt"
+  up_on "$(echo "$all" | cut -d, -f1-2)" auto2
   check "[split] auto on 2 CPUs, 2 roles: split ($(tr '\n' ';' <"$TMP/auto2.txt"))" \
     "[ \$(cut -d' ' -f1 '$TMP/auto2.txt' | sort -u | wc -l) -eq 2 ] && ! grep -q , '$TMP/auto2.txt'"
   "$S" down >/dev/null 2>&1
 fi
 one=$(echo "$all" | cut -d, -f1)
-taskset -c "$one" "$S" up --ckpt "$TMP/ck" --experts 1 --workers 1 --max-seqs 4 >"$TMP/up5.txt" 2>&1 ||
-  { bad "cluster starts on CPU $one"; cat "$TMP/up5.txt"; finish; }
-roles_cpus >"$TMP/auto1.txt"
+up_on "$one" auto1
 check "[split] auto on 1 CPU, 2 roles: not split ($(tr '\n' ';' <"$TMP/auto1.txt"))" \
-  "[ \"\$(sort -u '$TMP/auto1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ] && ! grep -q '^  cores' '$TMP/up5.txt'"
+  "[ \"\$(sort -u '$TMP/auto1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ] && ! grep -q '^  cores' '$TMP/up-auto1.txt'"
 "$S" down >/dev/null 2>&1
 "$S" up --ckpt "$TMP/ck" --cpu-split maybe >"$TMP/up3.txt" 2>&1
 rc=$?
