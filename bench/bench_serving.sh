@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Serving benchmark on the CPU backend: a local cluster (coordinator, EXPERTS expert servers, 1 attention
-# worker over UCX on loopback) per preset under a decode load. Prints the per-step time split
+# Serving benchmark on the CPU backend: a local cluster (`strata up`: coordinator, EXPERTS expert servers,
+# 1 attention worker, the same-host channels; each role on its own CPUs where strata up's core split
+# gives them) per preset under a prefill and a decode load from one process (bench/load.py). Prints the per-step time split
 # (attention, dispatch, network, expert compute, combine, thresholds, coordinator merge) and the
 # dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
 # mean message size (goal: >= 60% at decode sizes, >= 80% at prefill sizes), and the wait the attention
