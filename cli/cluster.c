@@ -343,6 +343,9 @@ int st_cmd_up(int argc, char **argv) {
     static role_cores_t rcs[2 * 32 + 1];
     bool cpu_roles = (!attn_dev || !strcmp(attn_dev, "cpu")) && (!expert_dev || !strcmp(expert_dev, "cpu"));
     int n_split = strcmp(split, "off") && cpu_roles ? cpu_split(rcs, workers, experts, !strcmp(split, "on")) : 0;
+    if (!n_split && !strcmp(split, "on"))
+        fprintf(stderr, "strata up: --cpu-split on: %s; every role runs on every CPU\n",
+                cpu_roles ? "fewer CPUs than roles" : "a role runs on a GPU");
     char bin[PATH_MAX - 64], exe[PATH_MAX], ready[700], log[700];
     self_dir(bin, sizeof bin);
     pid_t pids[MAX_PROCS];

@@ -83,6 +83,10 @@ up_on "$one" auto1
 check "[split] auto on 1 CPU, 2 roles: not split ($(tr '\n' ';' <"$TMP/auto1.txt"))" \
   "[ \"\$(sort -u '$TMP/auto1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ] && ! grep -q '^  cores' '$TMP/up-auto1.txt'"
 "$S" down >/dev/null 2>&1
+up_on "$one" on1 --cpu-split on
+check "[split] on with fewer CPUs than roles: says so, no split" \
+  "grep -q 'cpu-split on: fewer CPUs than roles' '$TMP/up-on1.txt' && [ \"\$(sort -u '$TMP/on1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ]"
+"$S" down >/dev/null 2>&1
 "$S" up --ckpt "$TMP/ck" --cpu-split maybe >"$TMP/up3.txt" 2>&1
 rc=$?
 check "[split] --cpu-split maybe is refused (exit $rc: $(head -c 160 "$TMP/up3.txt"))" "[ $rc -eq 2 ] && grep -q 'cpu-split auto|on|off' '$TMP/up3.txt'"
