@@ -8,10 +8,10 @@
 #include "bench_common.h"
 
 /* argv[1]: sections (bit 0: the grouped FFN and the table mode, 1: decode-sized routed FFN, per slot vs
- * grouped, 2: dispatch and MLA prefill; default all); argv[2]: which of the four FFN shapes (bit i:
+ * grouped, 2: dispatch and MLA prefill, 3: an expert server's dispatch node by node; default all); argv[2]: which of the four FFN shapes (bit i:
  * shape i; default all). Kernel variants are not switched here: they are compared in kernels/dev
  * programs (docs/kernels.md). */
-static int b_smask = 0x7, b_shmask = 0xf;
+static int b_smask = 0xf, b_shmask = 0xf;
 
 /* The grouped FFN as the engine runs it (stacked weights, st_cuda_moe_ffn) and the table mode as the
  * expert server runs it (a pointer table, st_cuda_moe_ffn_table: the default rule, and every expert
@@ -61,6 +61,99 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
         st_gpu_free(ws), st_gpu_free(wst), st_gpu_free((void *)d_tab);
     free(hoff), free(tab);
+}
+
+/* An expert server's dispatch as expert_server/compute_gpu.c queues it for T tokens routed to k of E
+ * experts each (token t to (t + i·E/k) mod E, i < k): the tables up from pinned memory (one copy), the T distinct
+ * bf16 rows expanded into the grouped order, the FFN in table mode, the summation tree into T output
+ * rows. Each node alone (back to back), the four as one graph (back to back: the device's time), and
+ * one replay from launch to the host's sync (what the server waits for a dispatch). */
+static void bench_server(int T, int k, int E, int l, int w) {
+    int n = T * k;
+    st_bf16_t *rows = bdev((size_t)T * l * 2), *x = bdev((size_t)n * l * 2);
+    float *y = bdev((size_t)n * l * 4), *out = bdev((size_t)T * l * 4);
+    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
+    BK(st_cuda_fill_uniform(&bs, rows, true, (size_t)T * l, -1.f, 1.f, 1));
+    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    const st_bf16_t **tab = malloc(sizeof *tab * 3 * E);
+    for (int e = 0; e < E; e++)
+        tab[3 * e] = w1 + (size_t)e * w * l, tab[3 * e + 1] = w3 + (size_t)e * w * l,
+                tab[3 * e + 2] = w2 + (size_t)e * l * w;
+    const st_bf16_t **d_tab = bdev(sizeof *tab * 3 * E);
+    BK(st_gpu_memcpy_h2d((void *)d_tab, tab, sizeof *tab * 3 * E));
+    /* grouped rows by expert, tokens ascending; the pinned block as the server lays it out: offsets [E + 1] | loff [T + 1] |
+     * lrow [n] | lid [n] | lp [n] | src [n] */
+    size_t words = (size_t)E + 1 + T + 1 + 4 * (size_t)n;
+    uint32_t *h = NULL;
+    BK(st_gpu_host_alloc((void **)&h, words * 4));
+    uint32_t *hoff = h, *loff = hoff + E + 1, *lrow = loff + T + 1, *lid = lrow + n, *src = lid + 2 * (size_t)n;
+    float *lp = (float *)(lid + n);
+    int *hoff_i = calloc((size_t)E + 1, sizeof(int)), *fill = calloc((size_t)E, sizeof(int));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < k; i++) hoff_i[(t + i * (E / k)) % E + 1]++;
+    for (int e = 0; e < E; e++) hoff_i[e + 1] += hoff_i[e];
+    for (int e = 0; e <= E; e++) hoff[e] = (uint32_t)hoff_i[e];
+    for (int t = 0; t < T; t++) {
+        loff[t] = (uint32_t)(t * k);
+        int ex[64];
+        for (int i = 0; i < k; i++) ex[i] = (t + i * (E / k)) % E;
+        for (int a = 1; a < k; a++) /* ascending ids (the tree's leaf order) */
+            for (int b = a; b > 0 && ex[b - 1] > ex[b]; b--) { int v = ex[b]; ex[b] = ex[b - 1]; ex[b - 1] = v; }
+        for (int i = 0; i < k; i++) {
+            int r = hoff_i[ex[i]] + fill[ex[i]]++;
+            lrow[t * k + i] = (uint32_t)r, lid[t * k + i] = (uint32_t)ex[i], lp[t * k + i] = 1.f / (float)k;
+            src[r] = (uint32_t)t;
+        }
+    }
+    loff[T] = (uint32_t)n;
+    uint32_t *d = bdev(words * 4);
+    const uint32_t *d_loff = d + E + 1, *d_lrow = d_loff + T + 1, *d_lid = d_lrow + n, *d_src = d_lid + 2 * (size_t)n;
+    const float *d_lp = (const float *)(d_lid + n);
+    const int *d_off = (const int *)d;
+    size_t wsh = st_cuda_moe_ffn_table_ws_bytes(n, w);
+    void *ws = bdev(wsh);
+    BK(st_gpu_memcpy_h2d(d, h, words * 4));
+    bool rows_ffn = st_cuda_moe_ffn_slots_pick(n, E, l, w); /* the server's choice for n routed slots */
+#define FFN()                                                                                                       \
+    (rows_ffn ? st_cuda_moe_ffn_rows_table(&bs, y, (st_bf16_t *)ws, x, d_off, E, n, d_tab, l, w, true, 4.f, 25.f) \
+              : st_cuda_moe_ffn_table(&bs, y, x, d_off, hoff_i, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsh))
+    double ms[5], sum = 0;
+    const char *what[5] = {"tables up", "expand", rows_ffn ? "FFN (per row)" : "FFN (table)", "tree",
+                           "graph of the four"};
+    BTIME(ms[0], 20, st_gpu_memcpy_async(&bs, d, h, words * 4, ST_GPU_COPY_H2D));
+    BTIME(ms[1], 20, st_cuda_moe_expand(&bs, x, rows, true, d_src, n, T, l));
+    BTIME(ms[2], 20, FFN());
+    BTIME(ms[3], 20, st_cuda_moe_tree_reduce(&bs, out, y, d_loff, d_lrow, d_lid, d_lp, T, l));
+    void *exec = NULL;
+    BK(st_gpu_capture_begin(&bs));
+    BK(st_gpu_memcpy_async(&bs, d, h, words * 4, ST_GPU_COPY_H2D));
+    BK(st_cuda_moe_expand(&bs, x, rows, true, d_src, n, T, l));
+    BK(FFN());
+#undef FFN
+    BK(st_cuda_moe_tree_reduce(&bs, out, y, d_loff, d_lrow, d_lid, d_lp, T, l));
+    BK(st_gpu_capture_end(&bs, &exec));
+    BTIME(ms[4], 20, st_gpu_graph_launch(exec, &bs));
+    for (int i = 0; i < 4; i++) sum += ms[i];
+    double lat[51];
+    for (int r = 0; r < 51; r++) { /* one replay: launch, then the host's sync */
+        double t0 = st_time_sec();
+        BK(st_gpu_graph_launch(exec, &bs));
+        BK(st_gpu_stream_sync(&bs));
+        lat[r] = (st_time_sec() - t0) * 1e3;
+    }
+    for (int a = 1; a < 51; a++)
+        for (int b = a; b > 0 && lat[b - 1] > lat[b]; b--) { double v = lat[b]; lat[b] = lat[b - 1]; lat[b - 1] = v; }
+    printf("server dispatch T=%d k=%d E=%d l=%d w=%d (%d pairs, %zu table bytes):", T, k, E, l, w, n, words * 4);
+    for (int i = 0; i < 5; i++) printf(" %s %.1f us%s", what[i], ms[i] * 1e3, i < 4 ? "," : "");
+    printf("\nRESULT es_dispatch T=%d k=%d E=%d: graph %.1f us (nodes alone %.1f us), launch to sync %.1f us (median of "
+           "51), FFN alone %.1f us\n", T, k, E, ms[4] * 1e3, sum * 1e3, lat[25] * 1e3, ms[2] * 1e3);
+    st_gpu_graph_destroy(exec);
+    st_gpu_free(rows), st_gpu_free(x), st_gpu_free(y), st_gpu_free(out), st_gpu_free(w1), st_gpu_free(w3),
+        st_gpu_free(w2), st_gpu_free((void *)d_tab), st_gpu_free(d), st_gpu_free(ws);
+    st_gpu_host_free(h);
+    free(tab), free(hoff_i), free(fill);
 }
 
 static void bench_dispatch(int T, int k, int E, int l) {
@@ -214,6 +307,11 @@ int main(int argc, char **argv) {
         bench_dispatch(8192, 16, 896, 1024);
         bench_mla_prefill(4096, 16);
         bench_mla_prefill(8192, 16);
+    }
+    if (b_smask & 8) { /* small's routed experts at batch 1, 32, 256 */
+        bench_server(1, 8, 64, 512, 768);
+        bench_server(32, 8, 64, 512, 768);
+        bench_server(256, 8, 64, 512, 768);
     }
     return 0;
 }
