@@ -8,10 +8,34 @@
 #include "bench_common.h"
 
 /* argv[1]: sections (bit 0: the grouped FFN and the table mode, 1: decode-sized routed FFN, per slot vs
- * grouped, 2: dispatch and MLA prefill, 3: an expert server's dispatch node by node; default all); argv[2]: which of the four FFN shapes (bit i:
- * shape i; default all). Kernel variants are not switched here: they are compared in kernels/dev
- * programs (docs/kernels.md). */
+ * grouped, 2: dispatch and MLA prefill, 3: an expert server's dispatch node by node; default all);
+ * argv[2]: which of the four FFN shapes (bit i: shape i; default all). Kernel variants are not switched
+ * here: they are compared in kernels/dev programs (docs/kernels.md). */
 static int b_smask = 0xf, b_shmask = 0xf;
+
+/* E experts' weights w1, w3 [w, l] and w2 [l, w] bf16, uniform in ±0.03, and their device pointer
+ * table [E][3] (the table mode's); freed with experts_free. */
+typedef struct {
+    st_bf16_t *w1, *w3, *w2;
+    const st_bf16_t **d_tab;
+} experts_t;
+static experts_t experts_make(int E, int l, int w) {
+    experts_t x = {bdev((size_t)E * w * l * 2), bdev((size_t)E * w * l * 2), bdev((size_t)E * l * w * 2), NULL};
+    BK(st_cuda_fill_uniform(&bs, x.w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
+    BK(st_cuda_fill_uniform(&bs, x.w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
+    BK(st_cuda_fill_uniform(&bs, x.w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
+    const st_bf16_t **tab = malloc(sizeof *tab * 3 * E);
+    for (int e = 0; e < E; e++)
+        tab[3 * e] = x.w1 + (size_t)e * w * l, tab[3 * e + 1] = x.w3 + (size_t)e * w * l,
+                tab[3 * e + 2] = x.w2 + (size_t)e * l * w;
+    x.d_tab = bdev(sizeof *tab * 3 * E);
+    BK(st_gpu_memcpy_h2d((void *)x.d_tab, tab, sizeof *tab * 3 * E));
+    free(tab);
+    return x;
+}
+static void experts_free(experts_t *x) {
+    st_gpu_free(x->w1), st_gpu_free(x->w3), st_gpu_free(x->w2), st_gpu_free((void *)x->d_tab);
+}
 
 /* The grouped FFN as the engine runs it (stacked weights, st_cuda_moe_ffn) and the table mode as the
  * expert server runs it (a pointer table, st_cuda_moe_ffn_table: the default rule, and every expert
@@ -20,17 +44,10 @@ static void bench_ffn(int E, int tpe, int l, int w) {
     int Nmax = E * tpe * 3 / 2;
     st_bf16_t *x = bdev((size_t)Nmax * l * 2);
     float *y = bdev((size_t)Nmax * l * 4);
-    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
     BK(st_cuda_fill_uniform(&bs, x, true, (size_t)Nmax * l, -1.f, 1.f, 1));
-    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
-    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
-    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
-    const st_bf16_t **tab = malloc(sizeof *tab * 3 * E);
-    for (int e = 0; e < E; e++)
-        tab[3 * e] = w1 + (size_t)e * w * l, tab[3 * e + 1] = w3 + (size_t)e * w * l,
-                tab[3 * e + 2] = w2 + (size_t)e * l * w;
-    const st_bf16_t **d_tab = bdev(sizeof *tab * 3 * E);
-    BK(st_gpu_memcpy_h2d((void *)d_tab, tab, sizeof *tab * 3 * E));
+    experts_t X = experts_make(E, l, w);
+    st_bf16_t *w1 = X.w1, *w3 = X.w3, *w2 = X.w2;
+    const st_bf16_t **d_tab = X.d_tab;
     int *hoff = malloc(sizeof(int) * (E + 1)), *off = bdev(sizeof(int) * (E + 1));
     size_t wsb = st_cuda_moe_ffn_ws_bytes(Nmax, w), wsh = st_cuda_moe_ffn_table_ws_bytes(Nmax, w);
     void *ws = bdev(wsb), *wst = bdev(wsh);
@@ -58,9 +75,9 @@ static void bench_ffn(int E, int tpe, int l, int w) {
                    minr ? "all experts via cuBLAS" : "default rule", ms, fl / (ms * 1e9));
         }
     }
-    st_gpu_free(x), st_gpu_free(y), st_gpu_free(w1), st_gpu_free(w3), st_gpu_free(w2), st_gpu_free(off),
-        st_gpu_free(ws), st_gpu_free(wst), st_gpu_free((void *)d_tab);
-    free(hoff), free(tab);
+    st_gpu_free(x), st_gpu_free(y), st_gpu_free(off), st_gpu_free(ws), st_gpu_free(wst);
+    experts_free(&X);
+    free(hoff);
 }
 
 /* An expert server's dispatch as expert_server/compute_gpu.c queues it for T tokens routed to k of E
@@ -72,19 +89,11 @@ static void bench_server(int T, int k, int E, int l, int w) {
     int n = T * k;
     st_bf16_t *rows = bdev((size_t)T * l * 2), *x = bdev((size_t)n * l * 2);
     float *y = bdev((size_t)n * l * 4), *out = bdev((size_t)T * l * 4);
-    st_bf16_t *w1 = bdev((size_t)E * w * l * 2), *w3 = bdev((size_t)E * w * l * 2), *w2 = bdev((size_t)E * l * w * 2);
     BK(st_cuda_fill_uniform(&bs, rows, true, (size_t)T * l, -1.f, 1.f, 1));
-    BK(st_cuda_fill_uniform(&bs, w1, true, (size_t)E * w * l, -0.03f, 0.03f, 2));
-    BK(st_cuda_fill_uniform(&bs, w3, true, (size_t)E * w * l, -0.03f, 0.03f, 3));
-    BK(st_cuda_fill_uniform(&bs, w2, true, (size_t)E * w * l, -0.03f, 0.03f, 4));
-    const st_bf16_t **tab = malloc(sizeof *tab * 3 * E);
-    for (int e = 0; e < E; e++)
-        tab[3 * e] = w1 + (size_t)e * w * l, tab[3 * e + 1] = w3 + (size_t)e * w * l,
-                tab[3 * e + 2] = w2 + (size_t)e * l * w;
-    const st_bf16_t **d_tab = bdev(sizeof *tab * 3 * E);
-    BK(st_gpu_memcpy_h2d((void *)d_tab, tab, sizeof *tab * 3 * E));
-    /* grouped rows by expert, tokens ascending; the pinned block as the server lays it out: offsets [E + 1] | loff [T + 1] |
-     * lrow [n] | lid [n] | lp [n] | src [n] */
+    experts_t X = experts_make(E, l, w);
+    const st_bf16_t **d_tab = X.d_tab;
+    /* grouped rows by expert, tokens ascending; the pinned block as the server lays it out:
+     * offsets [E + 1] | loff [T + 1] | lrow [n] | lid [n] | lp [n] | src [n] */
     size_t words = (size_t)E + 1 + T + 1 + 4 * (size_t)n;
     uint32_t *h = NULL;
     BK(st_gpu_host_alloc((void **)&h, words * 4));
@@ -150,10 +159,10 @@ static void bench_server(int T, int k, int E, int l, int w) {
     printf("\nRESULT es_dispatch T=%d k=%d E=%d: graph %.1f us (nodes alone %.1f us), launch to sync %.1f us (median of "
            "51), FFN alone %.1f us\n", T, k, E, ms[4] * 1e3, sum * 1e3, lat[25] * 1e3, ms[2] * 1e3);
     st_gpu_graph_destroy(exec);
-    st_gpu_free(rows), st_gpu_free(x), st_gpu_free(y), st_gpu_free(out), st_gpu_free(w1), st_gpu_free(w3),
-        st_gpu_free(w2), st_gpu_free((void *)d_tab), st_gpu_free(d), st_gpu_free(ws);
+    st_gpu_free(rows), st_gpu_free(x), st_gpu_free(y), st_gpu_free(out), st_gpu_free(d), st_gpu_free(ws);
+    experts_free(&X);
     st_gpu_host_free(h);
-    free(tab), free(hoff_i), free(fill);
+    free(hoff_i), free(fill);
 }
 
 static void bench_dispatch(int T, int k, int E, int l) {
