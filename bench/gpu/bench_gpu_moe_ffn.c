@@ -101,15 +101,23 @@ static void bench_server(int T, int k, int E, int l, int w) {
     float *lp = (float *)(lid + n);
     int *hoff_i = calloc((size_t)E + 1, sizeof(int)), *fill = calloc((size_t)E, sizeof(int));
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < k; i++) hoff_i[(t + i * (E / k)) % E + 1]++;
-    for (int e = 0; e < E; e++) hoff_i[e + 1] += hoff_i[e];
-    for (int e = 0; e <= E; e++) hoff[e] = (uint32_t)hoff_i[e];
+        for (int i = 0; i < k; i++)
+            hoff_i[(t + i * (E / k)) % E + 1]++;
+    for (int e = 0; e < E; e++)
+        hoff_i[e + 1] += hoff_i[e];
+    for (int e = 0; e <= E; e++)
+        hoff[e] = (uint32_t)hoff_i[e];
     for (int t = 0; t < T; t++) {
         loff[t] = (uint32_t)(t * k);
         int ex[64];
-        for (int i = 0; i < k; i++) ex[i] = (t + i * (E / k)) % E;
+        for (int i = 0; i < k; i++)
+            ex[i] = (t + i * (E / k)) % E;
         for (int a = 1; a < k; a++) /* ascending ids (the tree's leaf order) */
-            for (int b = a; b > 0 && ex[b - 1] > ex[b]; b--) { int v = ex[b]; ex[b] = ex[b - 1]; ex[b - 1] = v; }
+            for (int b = a; b > 0 && ex[b - 1] > ex[b]; b--) {
+                int v = ex[b];
+                ex[b] = ex[b - 1];
+                ex[b - 1] = v;
+            }
         for (int i = 0; i < k; i++) {
             int r = hoff_i[ex[i]] + fill[ex[i]]++;
             lrow[t * k + i] = (uint32_t)r, lid[t * k + i] = (uint32_t)ex[i], lp[t * k + i] = 1.f / (float)k;
@@ -125,8 +133,8 @@ static void bench_server(int T, int k, int E, int l, int w) {
     void *ws = bdev(wsh);
     BK(st_gpu_memcpy_h2d(d, h, words * 4));
     bool rows_ffn = st_cuda_moe_ffn_slots_pick(n, E, l, w); /* the server's choice for n routed slots */
-#define FFN()                                                                                                       \
-    (rows_ffn ? st_cuda_moe_ffn_rows_table(&bs, y, (st_bf16_t *)ws, x, d_off, E, n, d_tab, l, w, true, 4.f, 25.f) \
+#define FFN()                                                                                                          \
+    (rows_ffn ? st_cuda_moe_ffn_rows_table(&bs, y, (st_bf16_t *)ws, x, d_off, E, n, d_tab, l, w, true, 4.f, 25.f)      \
               : st_cuda_moe_ffn_table(&bs, y, x, d_off, hoff_i, E, 0, d_tab, l, w, true, 4.f, 25.f, ws, wsh))
     double ms[5], sum = 0;
     const char *what[5] = {"tables up", "expand", rows_ffn ? "FFN (per row)" : "FFN (table)", "tree",
@@ -144,7 +152,8 @@ static void bench_server(int T, int k, int E, int l, int w) {
     BK(st_cuda_moe_tree_reduce(&bs, out, y, d_loff, d_lrow, d_lid, d_lp, T, l));
     BK(st_gpu_capture_end(&bs, &exec));
     BTIME(ms[4], 20, st_gpu_graph_launch(exec, &bs));
-    for (int i = 0; i < 4; i++) sum += ms[i];
+    for (int i = 0; i < 4; i++)
+        sum += ms[i];
     double lat[51];
     for (int r = 0; r < 51; r++) { /* one replay: launch, then the host's sync */
         double t0 = st_time_sec();
@@ -153,11 +162,18 @@ static void bench_server(int T, int k, int E, int l, int w) {
         lat[r] = (st_time_sec() - t0) * 1e3;
     }
     for (int a = 1; a < 51; a++)
-        for (int b = a; b > 0 && lat[b - 1] > lat[b]; b--) { double v = lat[b]; lat[b] = lat[b - 1]; lat[b - 1] = v; }
+        for (int b = a; b > 0 && lat[b - 1] > lat[b]; b--) {
+            double v = lat[b];
+            lat[b] = lat[b - 1];
+            lat[b - 1] = v;
+        }
     printf("server dispatch T=%d k=%d E=%d l=%d w=%d (%d pairs, %zu table bytes):", T, k, E, l, w, n, words * 4);
-    for (int i = 0; i < 5; i++) printf(" %s %.1f us%s", what[i], ms[i] * 1e3, i < 4 ? "," : "");
-    printf("\nRESULT es_dispatch T=%d k=%d E=%d: graph %.1f us (nodes alone %.1f us), launch to sync %.1f us (median of "
-           "51), FFN alone %.1f us\n", T, k, E, ms[4] * 1e3, sum * 1e3, lat[25] * 1e3, ms[2] * 1e3);
+    for (int i = 0; i < 5; i++)
+        printf(" %s %.1f us%s", what[i], ms[i] * 1e3, i < 4 ? "," : "");
+    printf(
+        "\nRESULT es_dispatch T=%d k=%d E=%d: graph %.1f us (nodes alone %.1f us), launch to sync %.1f us (median of "
+        "51), FFN alone %.1f us\n",
+        T, k, E, ms[4] * 1e3, sum * 1e3, lat[25] * 1e3, ms[2] * 1e3);
     st_gpu_graph_destroy(exec);
     st_gpu_free(rows), st_gpu_free(x), st_gpu_free(y), st_gpu_free(out), st_gpu_free(d), st_gpu_free(ws);
     experts_free(&X);
