@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Serving benchmark on the CPU backend: a local cluster (`strata up`: coordinator, EXPERTS expert servers,
 # 1 attention worker, the same-host channels; each role on its own CPUs where strata up's core split
-# gives them) per preset under a prefill and a decode load from one process (bench/load.py). Prints the per-step time split
-# (attention, dispatch, network, expert compute, combine, thresholds, coordinator merge) and the
+# gives them) per preset under a prefill and a decode load from one process (bench/load.py). Prints
+# the per-step time split (attention, dispatch, network, expert compute, combine, thresholds,
+# coordinator merge) and the
 # dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
 # mean message size (goal: >= 60% at decode sizes, >= 80% at prefill sizes), and the wait the attention
 # side sees per MoE layer. Ends with `RESULT goodput_decode_pct N` and `RESULT goodput_prefill_pct N`
@@ -80,7 +81,10 @@ for p in $presets; do
     read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
     bw=$(perftest_bw "$msg")
     tp=$({ "$BIN/bench_transport" "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4}')
-    ratio=$(python3 -c "print(f'{100 * $good / $bw:.0f}% of {$bw:.0f} MB/s (st_tp alone streams {${tp:-0}:.0f} MB/s = {100 * ${tp:-0} / $bw:.0f}%)' if $bw > 0 else 'n/a')")
+    ratio=$(python3 -c "
+good, bw, tp = $good, $bw, '${tp:-}'
+alone = f' (st_tp alone streams {float(tp):.0f} MB/s = {100 * float(tp) / bw:.0f}%)' if tp and bw > 0 else ''
+print(f'{100 * good / bw:.0f}% of {bw:.0f} MB/s' + alone if bw > 0 else 'n/a')")
     pct=$(python3 -c "print(f'{100 * $good / $bw:.0f}' if $bw > 0 else 'nan')")
     results+=("$load $p $pct")
     printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
