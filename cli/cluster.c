@@ -157,7 +157,7 @@ static pid_t spawn(char *const argv[], const char *log, const role_cores_t *rc) 
  * while it waits), so no hand-off waits for a wake-up; but a role computes on its share only, where
  * with one micro-batch the roles take turns on every CPU. Measured (docs/perf-cpu.md): on 2 CPUs, a
  * worker and a server, split is as fast or faster (tiny decode +5-10% tokens/s, the data path 10% →
- * 60-120% of ucp_am_bw); on 16, with two servers, sharing is faster (small prefill 128 against 86-101
+ * 40-120% of ucp_am_bw); on 16, with two servers, sharing is faster (small prefill 128 against 86-101
  * tokens/s). So `auto` splits when there is a CPU per role but fewer than two; `on` whenever there is
  * one per role. The coordinator (rc[workers + experts]) gets the last CPU when one is left over, else
  * shares the last expert server's: on a worker's cores its per-step work (and a local load's) stalls
