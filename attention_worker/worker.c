@@ -702,7 +702,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
 static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double until) {
     const srv_t *sv = &aw->srv[pd->s];
     double t_wait = st_time_sec(); /* this thread looks for this reply from now on */
-    double left = (until - st_time_sec()) * 1e3;
+    double left = (until - t_wait) * 1e3;
     st_xfer_msg_t m;
     st_wire_info_t info;
     st_status_t rc = st_xfer_chan_wait_reply(ch, (uint32_t)pd->mb, left < 1 ? 1 : (int)left, &m);

@@ -340,7 +340,7 @@ int st_cmd_up(int argc, char **argv) {
     if (!*st_tun_str(ST_TUN_UCX_TLS)) setenv("UCX_TLS", "tcp", 1); /* loopback everywhere, containers included */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
     /* cores per role: the workers' shares, the servers', the coordinator's */
-    static role_cores_t rcs[2 * 32 + 1];
+    static role_cores_t rcs[MAX_PROCS]; /* workers + experts + 1 ≤ 65 */
     bool cpu_roles = (!attn_dev || !strcmp(attn_dev, "cpu")) && (!expert_dev || !strcmp(expert_dev, "cpu"));
     int n_split = strcmp(split, "off") && cpu_roles ? cpu_split(rcs, workers, experts, !strcmp(split, "on")) : 0;
     if (!n_split && !strcmp(split, "on"))
