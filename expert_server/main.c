@@ -10,10 +10,7 @@ static void usage_to(FILE *out) {
     fprintf(out, "usage: strata-expert --coordinator HOST:PORT[,HOST:PORT...] [--coordinator-file F] --ckpt DIR [--listen HOST:PORT] [--name NAME]\n"
                     "                     [--max-rows N] [--slots N] [--device cpu|cuda:N]\n"
                     "       " ST_SEC_USAGE "\n"
-            "  HOST may be a name (localhost) or an address. --help, --version.\n"
-                    "  (--set ES_INLINE_ROWS=N: dispatches of at most N rows run on the network thread when idle;\n"
-                    "   0: always queued; default %d on cuda, 0 on cpu; see strata config)\n",
-            ST_ES_INLINE_ROWS_GPU);
+            "  HOST may be a name (localhost) or an address. --help, --version.\n");
 }
 static void usage(void) { usage_to(stderr); }
 
@@ -25,7 +22,7 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, int *out) 
 }
 
 int main(int argc, char **argv) {
-    st_es_opts_t o = {.inline_rows = -1};
+    st_es_opts_t o = {0};
     static char host[256];
     static st_member_flags_t mf;
     if (st_help_version(argc, argv, "strata-expert", usage_to)) return 0; /* they win over everything */
@@ -69,6 +66,5 @@ int main(int argc, char **argv) {
     st_fd_limit_raise();
     if (st_sec_opts_finish(&mf.sec, "strata-expert") != ST_OK) return 2;
     o.sec = &mf.sec;
-    o.inline_rows = (int)st_tun_int(ST_TUN_ES_INLINE_ROWS); /* < 0: the server's default for its device */
     return st_es_run(&o);
 }

@@ -1,13 +1,15 @@
-/* Expert server event loop and compute thread (see server.h).
- * Loop thread: UCX (receive dispatches, send replies), gRPC membership, signals; and, on a GPU server,
- * a small dispatch (≤ inline_rows rows) that arrives while nothing else computes, run in place
- * (decode-sized dispatches are latency-bound: the queue would cost two thread wake-ups).
- * Compute thread: the other expert FFNs, and (GPU) the placed experts' uploads while idle. They meet
- * through two slot rings (mutex + condvar one way, mutex + uv_async the other). Receive/reply buffers
- * are preallocated slots: nothing is allocated per dispatch.
+/* Expert server threads (see server.h).
+ * Main loop thread: gRPC membership (placement, heartbeats), signals.
+ * Data thread: a libuv loop of its own that owns UCX (listener, workers' connections, dispatches,
+ * replies) and computes each dispatch where it landed, then sends the reply from the same thread:
+ * no queue, no thread hand-off per layer. After a message it keeps polling (uv_run NOWAIT) for the
+ * data path's spin (XFER_SPIN_US) before it sleeps on the worker's event fd, so the next layer's
+ * dispatch finds it awake. Receive/reply buffers are preallocated slots: nothing is allocated per
+ * dispatch.
+ * Upload thread (GPU): the placed experts' uploads while nothing computes.
  * Same-host workers (common/xfer): a worker whose hello says it runs on this host gets a channel in
  * shared memory, served by a link thread of its own that waits on the worker's doorbell (spin, then
- * futex), computes from the request slot straight into the reply slot and signals: no loop thread,
+ * futex), computes from the request slot straight into the reply slot and signals: no UCX,
  * no queue, no copy. The worker's UCX connection stays the control path: its loss ends the link. */
 #include <pthread.h>
 #include <signal.h>
@@ -26,7 +28,7 @@
 #include "strata/wire.h"
 #include "strata/xfer.h"
 
-enum { SLOT_FREE = 0, SLOT_RECV, SLOT_QUEUED, SLOT_DONE, SLOT_SENDING };
+enum { SLOT_FREE = 0, SLOT_RECV, SLOT_SENDING };
 
 #ifdef STRATA_WITH_CUDA
 #define ST_ES_PINNED(es) ((es)->gpu != NULL) /* slot buffers from the pinned arena */
@@ -41,7 +43,7 @@ typedef struct {
     st_tp_recv_t recv;
     st_tp_send_req_t send;
     uint8_t *in, *out; /* payload buffers, cap bytes each */
-    st_tp_ep_t *ep;    /* reply endpoint; NULL once the peer is lost (loop thread only) */
+    st_tp_ep_t *ep;    /* reply endpoint; NULL once the peer is lost (data thread only) */
     st_wire_info_t info;
     st_status_t result;
     uint32_t n_out;    /* output rows of the reply (compute_one) */
@@ -55,7 +57,8 @@ typedef struct {
 struct es {
     st_es_opts_t o;
     st_rpc_sec_t rpc_sec; /* toward the coordinator (lives as long as the membership) */
-    uv_loop_t loop;
+    uv_loop_t loop;  /* main: gRPC, signals */
+    uv_loop_t dloop; /* data thread's: UCX */
     st_tp_t *tp;
     st_member_t *mem;
     st_ckpt_t *ck;
@@ -66,34 +69,33 @@ struct es {
 #endif
     slot_t *slots;
     size_t cap;
-    /* loop → compute */
-    pthread_t th;
+    pthread_t dth, uth; /* data thread; upload thread (GPU only, uth_on) */
+    int uth_on;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int *q_in, q_in_n, q_in_head; /* ring of slot indices */
-    int *q_out, q_out_n, q_out_head;
-    uv_async_t async;
+    uv_async_t async; /* on dloop: offers to send, the stop */
     uv_signal_t sig_int, sig_term;
-    int stop;
+    int stop;         /* under mu */
     uint64_t served, rows;
+    uint64_t n_msgs;  /* data thread: messages handled (its spin restarts when this moves) */
     /* GPU: the (layer, expert) pairs placed here, uploaded by the compute thread between dispatches
      * (so the first requests do not pay for it); want[i], i = layer · n_experts + expert, under mu */
     unsigned char *want;
     size_t n_want, bind_next; /* pairs; next index to look at (compute thread, under mu) */
     int placed;               /* a placement has been applied to want */
-    /* the compute resources (es->cx / es->gpu) in use: by the compute thread (a queued dispatch or an
-     * upload), by the loop thread running a small dispatch itself, or by a link thread; under mu.
+    /* the compute resources (es->cx / es->gpu) in use: by the data thread (a dispatch), the upload
+     * thread (an upload) or a link thread; under mu.
      * NOTE: whoever clears it broadcasts cv (link threads wait for it there) */
     int busy;
     /* same-host links (see the top): the list and the number of link threads still running, under mu */
     struct shm_link *links;
     int n_link_threads;
-    st_tp_recv_t hello_recv[4]; /* loop thread: hellos being received (a header, no payload) */
+    st_tp_recv_t hello_recv[4]; /* data thread: hellos being received (a header, no payload) */
     int hello_busy[4];
     uint8_t hello_buf[8];
 };
 
-/* ---------------------------------------------------------------- compute thread */
+/* ---------------------------------------------------------------- compute */
 
 /* One dispatch → its output rows in s->out (the reply's payload, s->n_out rows). */
 static void compute_one(es_t *es, slot_t *s) {
@@ -136,7 +138,7 @@ static void compute_one(es_t *es, slot_t *s) {
  * returns 0 when none is left. */
 static int bind_one(es_t *es) {
     const int n_exp = st_ckpt_config(es->ck)->n_experts;
-    if (es->busy) return 0; /* the loop thread is running a dispatch: it signals when done */
+    if (es->busy) return 0; /* a dispatch is running: its thread signals when done */
     while (es->bind_next < es->n_want && !es->want[es->bind_next]) es->bind_next++;
     if (es->bind_next >= es->n_want) {
         if (es->bind_next == es->n_want && es->placed) { /* once per placement */
@@ -159,38 +161,33 @@ static int bind_one(es_t *es) {
     pthread_cond_broadcast(&es->cv);
     return 1;
 }
-#endif
 
-static void *compute_main(void *arg) {
+/* Uploads placed experts one at a time while nothing computes (a dispatch never waits for more than one). */
+static void *upload_main(void *arg) {
     es_t *es = arg;
     pthread_mutex_lock(&es->mu);
-    for (;;) {
-        while (!es->stop && (es->q_in_n == 0 || es->busy)) {
-#ifdef STRATA_WITH_CUDA
-            /* idle: upload placed experts one at a time (a dispatch never waits for more than one) */
-            if (es->gpu && bind_one(es)) continue;
-#endif
-            pthread_cond_wait(&es->cv, &es->mu);
-        }
-        if (es->stop) break;
-        int i = es->q_in[es->q_in_head];
-        es->q_in_head = (es->q_in_head + 1) % es->o.slots;
-        es->q_in_n--;
-        es->busy = 1;
-        pthread_mutex_unlock(&es->mu);
-        compute_one(es, &es->slots[i]);
-        pthread_mutex_lock(&es->mu);
-        es->busy = 0;
-        pthread_cond_broadcast(&es->cv);
-        es->q_out[(es->q_out_head + es->q_out_n) % es->o.slots] = i;
-        es->q_out_n++;
-        uv_async_send(&es->async);
-    }
+    while (!es->stop)
+        if (!bind_one(es)) pthread_cond_wait(&es->cv, &es->mu);
     pthread_mutex_unlock(&es->mu);
     return NULL;
 }
+#endif
 
-/* ---------------------------------------------------------------- loop thread */
+/* The compute resources, taken by a thread that computes (it waits while another one does). */
+static void busy_take(es_t *es) {
+    pthread_mutex_lock(&es->mu);
+    while (es->busy) pthread_cond_wait(&es->cv, &es->mu); /* whoever clears busy broadcasts */
+    es->busy = 1;
+    pthread_mutex_unlock(&es->mu);
+}
+static void busy_give(es_t *es) {
+    pthread_mutex_lock(&es->mu);
+    es->busy = 0;
+    pthread_cond_broadcast(&es->cv);
+    pthread_mutex_unlock(&es->mu);
+}
+
+/* ---------------------------------------------------------------- data thread */
 
 static void slot_free(slot_t *s) {
     s->state = SLOT_FREE;
@@ -241,23 +238,20 @@ static void send_reply(es_t *es, slot_t *s) {
 
 static void offers_send(es_t *es);
 
+/* Links made (offers to send), or the stop: UCX goes, and with its handles the data loop ends. */
 static void on_async(uv_async_t *a) {
     es_t *es = a->data;
-    offers_send(es);
-    for (;;) {
-        pthread_mutex_lock(&es->mu);
-        if (es->q_out_n == 0) {
-            pthread_mutex_unlock(&es->mu);
-            break;
-        }
-        int i = es->q_out[es->q_out_head];
-        es->q_out_head = (es->q_out_head + 1) % es->o.slots;
-        es->q_out_n--;
-        pthread_mutex_unlock(&es->mu);
-        slot_t *s = &es->slots[i];
-        if (!s->ep) slot_free(s); /* the worker is gone: nobody to answer */
-        else send_reply(es, s);
+    pthread_mutex_lock(&es->mu);
+    int stop = es->stop;
+    pthread_mutex_unlock(&es->mu);
+    if (!stop) {
+        offers_send(es);
+        return;
     }
+    if (!es->tp) return;
+    st_tp_destroy(es->tp);
+    es->tp = NULL;
+    uv_close((uv_handle_t *)&es->async, NULL);
 }
 
 static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t hdr_len, size_t len) {
@@ -307,6 +301,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     s->info = info;
     s->ep = r->ep;
     s->t_arrive = st_time_ns();
+    es->n_msgs++;
     if (info.row_width != (uint32_t)st_config_expert_width(st_ckpt_config(es->ck))) {
         s->result = ST_ERR_PROTOCOL;
         snprintf(s->err, sizeof s->err, "row width %u, this model's experts work at %d", info.row_width,
@@ -314,40 +309,42 @@ static void am_done(void *arg, st_tp_recv_t *r) {
         send_reply(es, s);
         return;
     }
-    pthread_mutex_lock(&es->mu);
-    if (info.token_count <= (uint32_t)es->o.inline_rows && !es->busy && es->q_in_n == 0) {
-        /* small and nothing else running: compute here, saving the two thread hand-offs of the queue
-         * (the loop is held for the dispatch's compute time, tens of µs at these sizes) */
-        es->busy = 1;
-        pthread_mutex_unlock(&es->mu);
-        compute_one(es, s);
-        pthread_mutex_lock(&es->mu);
-        es->busy = 0;
-        pthread_cond_broadcast(&es->cv); /* uploads and link threads may go on */
-        pthread_mutex_unlock(&es->mu);
-        send_reply(es, s);
-        return;
+    /* computed here and answered from here (UCX holds what arrives meanwhile) */
+    busy_take(es);
+    compute_one(es, s);
+    busy_give(es);
+    send_reply(es, s);
+}
+
+/* The data thread: its loop, polled without sleeping for the data path's spin after each message
+ * (the next layer's dispatch comes within it while a worker is stepping), then asleep on the UCX
+ * worker's event fd until something comes. Ends when the loop has no handle left (the stop). */
+static void *data_main(void *arg) {
+    es_t *es = arg;
+    const uint64_t spin = st_xfer_spin_ns();
+    for (;;) {
+        uint64_t seen = es->n_msgs, t0 = st_time_ns();
+        while (st_time_ns() - t0 < spin) {
+            if (!uv_run(&es->dloop, UV_RUN_NOWAIT)) return NULL;
+            if (es->n_msgs != seen) seen = es->n_msgs, t0 = st_time_ns();
+        }
+        if (!uv_run(&es->dloop, UV_RUN_ONCE)) return NULL;
     }
-    s->state = SLOT_QUEUED;
-    es->q_in[(es->q_in_head + es->q_in_n) % es->o.slots] = s->idx;
-    es->q_in_n++;
-    pthread_cond_broadcast(&es->cv);
-    pthread_mutex_unlock(&es->mu);
 }
 
 /* ---------------------------------------------------------------- same-host links */
 
 /* One same-host worker's channel and the thread that makes and serves it. Freed when its three holders
- * let go: the thread (once it left), the OFFER (its send's callback, or the loop when there is none
+ * let go: the thread (once it left), the OFFER (its send's callback, or the data thread when there is none
  * to send) and the UCX endpoint (its loss callback, or the server's teardown). */
 typedef struct shm_link {
     es_t *es;
     st_xfer_chan_t *ch; /* the thread's; NULL until it made it and once it destroyed it (under mu) */
-    st_tp_ep_t *ep;     /* the worker's connection; NULL once lost (loop thread) */
+    st_tp_ep_t *ep;     /* the worker's connection; NULL once lost (data thread) */
     uint32_t n_slots;   /* the channel asked for */
     size_t req, rep;
     int ready;          /* the thread made the channel (1) or could not (-1); under mu */
-    int offered;        /* the loop took the ready link (loop thread) */
+    int offered;        /* the data thread took the ready link (data thread) */
     int lost;           /* the worker's connection is gone (under mu) */
     st_tp_send_req_t offer;
     uint8_t handle[ST_XFER_HANDLE_BYTES];
@@ -377,20 +374,6 @@ static void link_put(shm_link_t *l) {
     free(l->peer);
 #endif
     free(l);
-}
-
-/* The compute resources, taken by a link thread (it waits while another thread computes). */
-static void busy_take(es_t *es) {
-    pthread_mutex_lock(&es->mu);
-    while (es->busy) pthread_cond_wait(&es->cv, &es->mu); /* whoever clears busy broadcasts */
-    es->busy = 1;
-    pthread_mutex_unlock(&es->mu);
-}
-static void busy_give(es_t *es) {
-    pthread_mutex_lock(&es->mu);
-    es->busy = 0;
-    pthread_cond_broadcast(&es->cv);
-    pthread_mutex_unlock(&es->mu);
 }
 
 /* A worker's device memory for slot k (wire.h PEER): opened (replacing the slot's earlier one), or
@@ -462,7 +445,7 @@ static void link_serve(shm_link_t *l, uint32_t k, const st_xfer_msg_t *m) {
 }
 
 /* The channel a worker asked for (link_main, before it serves): making and page-locking hundreds of
- * MB takes about a second, which the loop thread cannot spend (its heartbeats would stop). */
+ * MB takes about a second, which the data thread cannot spend (dispatches would wait). */
 static st_status_t link_make(shm_link_t *l) {
     es_t *es = l->es;
     st_xfer_chan_t *ch = NULL;
@@ -488,7 +471,7 @@ static st_status_t link_make(shm_link_t *l) {
     if (ch && (l->lost || es->stop))
         st_xfer_chan_abort(ch, l->lost ? "the worker's connection was lost" : "the expert server is stopping");
     pthread_mutex_unlock(&es->mu);
-    uv_async_send(&es->async); /* the loop sends the offer (on_async) */
+    uv_async_send(&es->async); /* the data thread sends the offer (on_async) */
     return ch ? ST_OK : ST_ERR_NO_MEMORY;
 }
 
@@ -554,7 +537,7 @@ static st_tp_recv_t *hello_begin(void *arg, st_tp_ep_t *ep, const void *hdr, siz
 
 /* A worker asks for the same-host path: on this host, a channel (a slot per micro-batch, requests as
  * large as both sides allow, replies as large as ours), made by its own thread (link_make), whose
- * handle the loop sends back once it exists (offers_send). */
+ * handle the data thread sends back once it exists (offers_send). */
 static void hello_done(void *arg, st_tp_recv_t *r) {
     es_t *es = arg;
     es->hello_busy[(int)(intptr_t)r->user] = 0;
@@ -594,7 +577,7 @@ static void hello_done(void *arg, st_tp_recv_t *r) {
     st_tp_ep_set_user(r->ep, l);
 }
 
-/* Loop thread: the offers of the links whose channel is made (or could not be: nothing to send). */
+/* Data thread: the offers of the links whose channel is made (or could not be: nothing to send). */
 static void offers_send(es_t *es) {
     for (;;) {
         shm_link_t *l;
@@ -663,11 +646,10 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
 
 static void on_member_stopped(void *arg) {
     es_t *es = arg;
-    st_tp_destroy(es->tp);
     st_rpc_cleanup();
-    uv_close((uv_handle_t *)&es->async, NULL);
     uv_close((uv_handle_t *)&es->sig_int, NULL);
     uv_close((uv_handle_t *)&es->sig_term, NULL);
+    uv_async_send(&es->async); /* the data thread closes UCX (es->stop is set) and leaves */
 }
 
 static void on_signal(uv_signal_t *h, int sig) {
@@ -711,7 +693,6 @@ int st_es_run(const st_es_opts_t *opts) {
     if (es->o.slots <= 0) es->o.slots = 16;
     if (!es->o.host) es->o.host = "127.0.0.1";
     if (!es->o.name) es->o.name = "expert";
-    if (es->o.inline_rows < 0) es->o.inline_rows = es->o.use_cuda ? ST_ES_INLINE_ROWS_GPU : 0;
     st_xfer_set_spin(es->o.use_cuda);
     int rc = 1;
     if (st_ckpt_open(&es->ck, es->o.ckpt) != ST_OK) goto out;
@@ -742,9 +723,7 @@ int st_es_run(const st_es_opts_t *opts) {
     es->cap = st_wire_dispatch_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts,
                                      (uint32_t)st_config_expert_width(c), (uint32_t)es->o.max_rows, false);
     es->slots = calloc((size_t)es->o.slots, sizeof(slot_t));
-    es->q_in = calloc((size_t)es->o.slots, sizeof(int));
-    es->q_out = calloc((size_t)es->o.slots, sizeof(int));
-    if (!es->slots || !es->q_in || !es->q_out) goto out_cx;
+    if (!es->slots) goto out_cx;
 #ifdef STRATA_WITH_CUDA
     /* GPU: slot buffers pinned, so the rows go between them and the device by DMA, with no host copy */
     if (es->gpu &&
@@ -769,13 +748,15 @@ int st_es_run(const st_es_opts_t *opts) {
         }
     }
     uv_loop_init(&es->loop);
+    uv_loop_init(&es->dloop);
     pthread_mutex_init(&es->mu, NULL);
     pthread_cond_init(&es->cv, NULL);
-    uv_async_init(&es->loop, &es->async, on_async);
+    uv_async_init(&es->dloop, &es->async, on_async);
     es->async.data = es;
     uint16_t port = 0;
     if (st_rpc_init(&es->loop) != ST_OK) goto out_loop;
-    if (st_tp_create(&es->loop, &es->tp) != ST_OK) goto out_rpc;
+    /* NOTE: made and set up here, before the data thread runs its loop (the thread's start orders it) */
+    if (st_tp_create(&es->dloop, &es->tp) != ST_OK) goto out_rpc;
     const st_sec_opts_t *sec = es->o.sec;
     if (sec && sec->have_secret) st_tp_set_secret(es->tp, &sec->secret); /* workers must prove it */
     if (st_tp_set_am_handler(es->tp, ST_WIRE_AM_DISPATCH, am_begin, am_done, es) != ST_OK ||
@@ -794,12 +775,28 @@ int st_es_run(const st_es_opts_t *opts) {
                            .capacity = (uint32_t)es->o.max_rows, .coordinator = es->o.coordinator,
                            .coordinator_file = es->o.coordinator_file,
                            .sec = sec ? &es->rpc_sec : NULL, .on_placement = on_placement, .arg = es};
-    if (st_member_start(&es->loop, &mo, &es->mem) != ST_OK) goto out_tp;
-    pthread_create(&es->th, NULL, compute_main, es);
+    if (pthread_create(&es->dth, NULL, data_main, es) != 0) {
+        ST_FAIL(ST_ERR_INTERNAL, "expert: no data thread");
+        goto out_tp;
+    }
+    if (st_member_start(&es->loop, &mo, &es->mem) != ST_OK) {
+        pthread_mutex_lock(&es->mu);
+        es->stop = 1;
+        pthread_mutex_unlock(&es->mu);
+        uv_async_send(&es->async);
+        pthread_join(es->dth, NULL); /* UCX closed, the data loop ended */
+        st_rpc_cleanup();
+        goto out_loops;
+    }
+#ifdef STRATA_WITH_CUDA
+    es->uth_on = es->gpu && pthread_create(&es->uth, NULL, upload_main, es) == 0;
+    if (es->gpu && !es->uth_on) st_log_warn("expert %s: no upload thread: experts upload when first used", es->o.name);
+#endif
     st_log_info("expert %s: serving %s on UCX %s, %d slots × %d rows, %s", es->o.name, es->o.ckpt, endpoint,
                 es->o.slots, es->o.max_rows,
                 sec && sec->have_secret ? "workers prove the cluster secret" : "no data-plane authentication");
-    st_member_serve(&es->loop, &es->sig_int, &es->sig_term, on_signal, es, es->th, "expert", es->o.name, endpoint);
+    st_member_serve(&es->loop, &es->sig_int, &es->sig_term, on_signal, es, es->dth, "expert", es->o.name, endpoint);
+    if (es->uth_on) pthread_join(es->uth, NULL); /* it left at the stop's broadcast */
     /* the link threads leave within a slice of their abort (at the stop, or here); then the links go */
     pthread_mutex_lock(&es->mu);
     for (shm_link_t *l = es->links; l; l = l->next)
@@ -821,8 +818,11 @@ out_rpc:
     st_rpc_cleanup();
 out_loop:
     uv_close((uv_handle_t *)&es->async, NULL);
+out_loops:
+    uv_run(&es->dloop, UV_RUN_DEFAULT);
     uv_run(&es->loop, UV_RUN_DEFAULT);
 out_loop_closed:
+    uv_loop_close(&es->dloop);
     uv_loop_close(&es->loop);
 out_slots:
     for (int i = 0; es->slots && i < es->o.slots && !ST_ES_PINNED(es); i++) {
@@ -833,8 +833,6 @@ out_slots:
     if (es->pinned.base) st_gpu_arena_cleanup(&es->pinned);
 #endif
     free(es->slots);
-    free(es->q_in);
-    free(es->q_out);
 out_cx:
     st_es_compute_cleanup(&es->cx);
 #ifdef STRATA_WITH_CUDA

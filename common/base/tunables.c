@@ -43,9 +43,6 @@ static const tun_field_t g_fields[] = {
                                     "cluster secret file of every role when --cluster-secret-file is not given"},
     [ST_TUN_WORKER_SYNC] = {"WORKER_SYNC", TUN_BOOL, "0", 0, 1, NULL, "", 0,
                             "attention worker: finish each micro-batch before sending the next (no overlap; diagnosis)"},
-    [ST_TUN_ES_INLINE_ROWS] = {"ES_INLINE_ROWS", TUN_INT, "-1", -1, INT_MAX, NULL, "rows", 0,
-                               "expert server: compute dispatches up to this size on the receiving thread "
-                               "(-1: 512 on a GPU, 0 on the CPU; 0: always queue)"},
     [ST_TUN_CUDA_GRAPHS] = {"CUDA_GRAPHS", TUN_BOOL, "1", 0, 1, NULL, "", 0,
                             "GPU roles: replay decode steps (engine) and decode-size dispatches (expert server) as CUDA graphs "
                             "(0: plain launches; diagnosis)"},
@@ -54,6 +51,9 @@ static const tun_field_t g_fields[] = {
     [ST_TUN_XFER_SPIN_US] = {"XFER_SPIN_US", TUN_INT, "-1", -1, 10000000, NULL, "us", 0,
                              "same-host data path: how long a thread waiting for its peer spins before it sleeps "
                              "(-1: 2000 in a role that drives a GPU, whose host has a core to spare for it; 30 otherwise)"},
+    [ST_TUN_XFER_SHM] = {"XFER_SHM", TUN_BOOL, "1", 0, 1, NULL, "", 0,
+                         "attention worker: ask a server on this host for a shared-memory channel (0: every server "
+                         "over UCX, as across hosts; comparisons)"},
     [ST_TUN_UCX_TLS] = {"UCX_TLS", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,
                         "UCX's transports, read by UCX (strata up sets tcp when unset)"},
     [ST_TUN_UCX_NET_DEVICES] = {"UCX_NET_DEVICES", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,

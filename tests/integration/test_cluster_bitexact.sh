@@ -15,10 +15,10 @@ cmp_rows() { # cluster rows == reference rows from the last prompt position on, 
   python3 "$(dirname "$0")/../npytool.py" same "$1" "$2" $(($3 - 1))
 }
 # the second configuration also splits every step into up to 3 ping-pong micro-batches, and its
-# expert servers run dispatches of up to 512 rows on their loop thread when idle (as GPU servers do)
-for cfg in "1 1 1 0" "3 2 3 512"; do
+# workers reach the expert servers over UCX as across hosts (XFER_SHM=0), not through same-host channels
+for cfg in "1 1 1 1" "3 2 3 0"; do
   set -- $cfg
-  if ! "$S" up --set ES_INLINE_ROWS="$4" --set LOG=debug --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 \
+  if ! "$S" up --set XFER_SHM="$4" --set LOG=debug --ckpt "$TMP/ck" --experts "$1" --workers "$2" --max-seqs 8 \
        --max-batch-tokens 256 --micro-batches "$3" --min-mb-tokens 1 >"$TMP/up.txt" 2>&1; then
     bad "cluster with $1 expert servers and $2 workers starts"; cat "$TMP/up.txt"; continue
   fi
@@ -46,8 +46,15 @@ for cfg in "1 1 1 0" "3 2 3 512"; do
   b=$("$S" generate $samp 2>/dev/null)
   check "[$1 experts, $2 workers] sampled with a seed: strata run and the server give the same tokens ($a)" \
     "[ -n \"$a\" ] && [ \"$a\" = \"$b\" ]"
-  check "[$1 experts, $2 workers] strata up's --set reached every expert server (configuration logged)" \
-    "[ \$(grep -lE 'STRATA_ES_INLINE_ROWS +$4 +env' $STRATA_STATE/expert-*.log | wc -l) -eq $1 ]"
+  check "[$1 experts, $2 workers] strata up's --set reached every worker (configuration logged)" \
+    "[ \$(grep -lE 'STRATA_XFER_SHM +$4 +env' $STRATA_STATE/attn-*.log | wc -l) -eq $2 ]"
+  if [ "$4" = 0 ]; then
+    check "[$1 experts, $2 workers] dispatches went over UCX only (no same-host channel)" \
+      "! grep -q 'dispatches go through shared memory' $STRATA_STATE/attn-*.log && ! grep -q 'shared-memory channel' $STRATA_STATE/expert-*.log"
+  else
+    check "[$1 experts, $2 workers] dispatches went through the same-host channel" \
+      "grep -q 'dispatches go through shared memory' $STRATA_STATE/attn-*.log"
+  fi
   if [ "$1" = 3 ]; then
     check "[3 experts, 2 workers] steps ran as ping-pong micro-batches" "grep -q ' [23] micro-batches' $STRATA_STATE/attn-*.log"
     h=$(http)

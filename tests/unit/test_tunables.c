@@ -11,7 +11,7 @@
 int main(void) {
     /* NOTE: before the first st_tun_* call or log line: the table reads the environment once */
     setenv("STRATA_THREADS", "3", 1);
-    setenv("STRATA_ES_INLINE_ROWS", "lots", 1);
+    setenv("STRATA_XFER_SPIN_US", "lots", 1);
     setenv("STRATA_WORKER_SYNC", "yes", 1);
     setenv("STRATA_LOG", "warn", 1);
     setenv("UCX_NET_DEVICES", "lo", 1);
@@ -19,9 +19,9 @@ int main(void) {
     unsetenv("UCX_TLS");
 
     CHECK(st_tun_load() == ST_ERR_CONFIG, "a malformed STRATA_ variable fails the load");
-    CHECK(strstr(st_err_last(), "STRATA_ES_INLINE_ROWS") != NULL, "the error names it: %s", st_err_last());
+    CHECK(strstr(st_err_last(), "STRATA_XFER_SPIN_US") != NULL, "the error names it: %s", st_err_last());
     CHECK(strstr(st_err_last(), "THREADS") == NULL, "and only it: %s", st_err_last());
-    CHECK(st_tun_int(ST_TUN_ES_INLINE_ROWS) == -1 && st_tun_source(ST_TUN_ES_INLINE_ROWS) == ST_TUN_FROM_DEFAULT,
+    CHECK(st_tun_int(ST_TUN_XFER_SPIN_US) == -1 && st_tun_source(ST_TUN_XFER_SPIN_US) == ST_TUN_FROM_DEFAULT,
           "its default is kept");
     CHECK(st_tun_int(ST_TUN_THREADS) == 3 && st_tun_source(ST_TUN_THREADS) == ST_TUN_FROM_ENV, "STRATA_THREADS=3");
     CHECK(st_tun_int(ST_TUN_WORKER_SYNC) == 1, "a boolean in words");
@@ -51,7 +51,7 @@ int main(void) {
     CHECK(st_tun_set("UCX_TLS", "tcp") == ST_ERR_INVALID_ARG && st_tun_source(ST_TUN_UCX_TLS) == ST_TUN_FROM_DEFAULT,
           "UCX's entries are never set by Strata");
     CHECK(st_tun_set("API_KEY", "k3y") == ST_OK && !strcmp(st_tun_str(ST_TUN_API_KEY), "k3y"), "a string entry");
-    CHECK(st_tun_set("ES_INLINE_ROWS", "0") == ST_OK && st_tun_int(ST_TUN_ES_INLINE_ROWS) == 0, "0 = always queue");
+    CHECK(st_tun_set("XFER_SPIN_US", "0") == ST_OK && st_tun_int(ST_TUN_XFER_SPIN_US) == 0, "0 = no spin");
 
     /* the --set flag parser */
     char *argv[] = {"prog", "--set", "STATE=/tmp/x", "--other", "--set", "bad", "--set"};
@@ -95,7 +95,7 @@ int main(void) {
         CHECK(strstr(buf, "STRATA_THREADS") && strstr(buf, "UCX_TLS") && strstr(buf, "STRATA_CLUSTER_SECRET_FILE"),
               "entries named by their variables");
         CHECK(strstr(buf, "k3y") == NULL && strstr(buf, "<3 characters>") != NULL, "the API key is not printed");
-        CHECK(strstr(buf, "STRATA_ES_INLINE_ROWS='lots'") != NULL, "the ignored variable is named");
+        CHECK(strstr(buf, "STRATA_XFER_SPIN_US='lots'") != NULL, "the ignored variable is named");
     }
     return st_test_done();
 }

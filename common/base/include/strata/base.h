@@ -102,10 +102,10 @@ typedef enum {
     ST_TUN_API_KEY,             /* string, secret: client API key */
     ST_TUN_CLUSTER_SECRET_FILE, /* string: cluster secret file */
     ST_TUN_WORKER_SYNC,         /* bool: attention worker without micro-batch overlap */
-    ST_TUN_ES_INLINE_ROWS,      /* int: expert server inline-compute threshold, −1 = by device */
     ST_TUN_CUDA_GRAPHS,         /* bool: GPU roles replay decode steps / dispatches as CUDA graphs */
     ST_TUN_HOST_ROUTE,          /* bool: GPU engine routes on the host (quantile mode) */
     ST_TUN_XFER_SPIN_US,        /* int: same-host data path spin before sleeping, −1 = by device */
+    ST_TUN_XFER_SHM,            /* bool: the worker asks same-host servers for a shared-memory channel */
     ST_TUN_UCX_TLS,             /* UCX's, read only */
     ST_TUN_UCX_NET_DEVICES,     /* UCX's, read only */
     ST_TUN_COUNT
