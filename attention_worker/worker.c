@@ -1,16 +1,18 @@
 /* Attention worker (see worker.h).
  *
- * Threads. The loop thread owns every network object: gRPC (Worker.Generate, membership), UCX
- * endpoints, request calls. The compute thread owns the engine and the sequences and runs the
- * scheduler. They meet in three places, all under `mu`:
- *   inbox   loop → compute: new requests, cancellations (compute waits on `cv`);
- *   outbox  compute → loop: token chunks, finishes, dispatch sends (woken by uv_async);
- *   pend    per (micro-batch, server) dispatch records: the compute thread fills and posts them,
- *           the loop sends them and lands replies in their preallocated buffers, then signals `cv`.
+ * Threads. The loop thread owns the control plane: gRPC (Worker.Generate, membership), request
+ * calls. The compute thread owns the engine, the sequences and the scheduler, and the data plane:
+ * a libuv loop of its own (dloop) with UCX (the expert servers' endpoints), the expert-server table
+ * and the placement it follows. So a dispatch is sent, and its reply landed, by the thread that
+ * packs and unpacks it: no hand-off per layer. The compute thread runs dloop whenever it waits
+ * (polled without sleeping for the data path's spin, XFER_SPIN_US, then asleep on UCX's event fd, the
+ * wake-up async or a deadline). The two threads meet under `mu`:
+ *   inbox   loop → compute: new requests, cancellations, a new placement (woken by `dwake`);
+ *   outbox  compute → loop: token chunks, finishes, score reports (woken by uv_async).
  * Every wait on the network is bounded by expert_timeout_ms. A server that fails or times out is
  * retried once on a replica; tokens with no live holder fail only their own sequences.
  *
- * Same-host servers (common/xfer): after connecting, the loop sends the server a hello (boot id);
+ * Same-host servers (common/xfer): after connecting, the worker sends the server a hello (boot id);
  * a server on this host answers with a shared-memory channel (a slot per micro-batch). From then on
  * the compute thread packs that server's dispatches straight into its request slot, rings its
  * doorbell, and waits on the reply slot's flag itself (spin, then futex; bounded): no uv_async, no
@@ -63,7 +65,7 @@ enum { MB_DONE, MB_LAUNCHED, MB_AT_EXPERTS }; /* a micro-batch's state within a 
 #define PLAN_DEV_MIN_SLOTS 8192
 
 enum { P_IDLE = 0, P_QUEUED, P_SENT, P_DONE, P_FAILED };
-enum { EV_CHUNK = 1, EV_SEND, EV_REPORT, EV_END };
+enum { EV_CHUNK = 1, EV_REPORT, EV_END };
 enum { SRV_FREE = 0, SRV_USED, SRV_RETIRED }; /* srv_t.state */
 enum { IN_NEW = 1, IN_CANCEL };
 
@@ -73,12 +75,12 @@ typedef struct {
     uint64_t id;
     char name[64], endpoint[128];
     uint32_t capacity; /* rows per dispatch it accepts */
-    st_tp_ep_t *ep;    /* loop thread only */
+    st_tp_ep_t *ep;    /* compute thread only */
     int alive;         /* under mu */
     int state;         /* SRV_*; changed on the loop thread under mu */
     uint64_t retired_gen; /* SRV_RETIRED: reusable once the compute thread applied this placement */
-    /* same host: the channel (set by channel_attach and taken away by the loop, under mu; used by the
-     * compute thread while a pend names it) and the loop thread's records of the hello / offer exchange */
+    /* same host: the channel (set by channel_attach and taken away by srv_reap, under mu; used by the
+     * compute thread while a pend names it) and the records of the hello / offer exchange */
     st_xfer_chan_t *chan;
     bool chan_read;    /* the engine's device reads replies in the channel where they lie (st_engine_host_map) */
     uint32_t chan_peer; /* bit mb: the server opened micro-batch mb's device memory (wire.h ST_WIRE_FLAG_PEER):
@@ -101,15 +103,15 @@ typedef struct {
     size_t slen, cap;
     size_t rlen;
     st_tp_send_req_t send;
-    int send_busy; /* loop thread: UCX still holds `send` */
-    int recv_busy; /* loop thread: UCX is landing a reply in rbuf */
+    int send_busy; /* UCX still holds `send` */
+    int recv_busy; /* UCX is landing a reply in rbuf */
     int soft;      /* failed by an answer (error reply, capacity), not by the server going away */
     st_xfer_chan_t *chan;  /* same host: the channel this dispatch went through (set with state, under mu) */
     const uint8_t *rview;  /* same host: the reply in the channel's slot (else it is in rbuf) */
     bool peer;             /* the dispatch went through the engine's device memory: its output rows are in
                             * aw->peer[mb]'s reply region from reply_row */
     uint32_t reply_row;
-    double t_sent, t_recv; /* loop thread: when UCX took the dispatch, when the reply landed */
+    double t_sent, t_recv; /* when UCX took the dispatch, when the reply was taken */
     st_tp_recv_t recv;
     char err[256];
 } pend_t;
@@ -179,7 +181,13 @@ struct aw {
     st_engine_peer_mem_t peer[MAX_MB]; /* each micro-batch's device memory for same-host servers; reply NULL:
                                         * none (a CPU engine) */
     bool peer_off;                     /* compute thread: a server that shared it failed unanswered (remote_finish) */
-    st_tp_t *tp;
+    st_tp_t *tp;         /* on dloop */
+    uv_loop_t dloop;     /* the compute thread's: UCX, the server table's timer, dwake */
+    uv_async_t dwake;    /* wakes the compute thread (inbox, placement, signals) */
+    uv_timer_t dtimer;   /* bounds a sleep of the compute thread */
+    int dl_closed;       /* under mu: dwake is closed (the compute thread left) */
+    uint8_t *place_in;   /* under mu: the newest placement (encoded), for the compute thread to apply */
+    size_t place_in_len;
     st_rpc_server_t *rpc;
     st_member_t *mem;
     int rpc_port;
@@ -197,16 +205,16 @@ struct aw {
     int rep_busy[2];
     in_msg_t *in_head, *in_tail;
     ev_t *ev_head, *ev_tail;
-    srv_t srv[MAX_SERVERS];
-    int n_srv;      /* slots ever used (high-water mark; never shrinks, so the compute thread's loops
-                     * over it stay valid); a slot's state says whether it holds a server */
+    srv_t srv[MAX_SERVERS]; /* compute thread; fields the loop thread reads under mu */
+    int n_srv;      /* slots ever used (high-water mark; never shrinks); a slot's state says whether it
+                     * holds a server */
     int *holders;   /* [n_layers][n_experts][R] server indices, -1 none */
     int R;
-    uint64_t place_gen, place_applied; /* local placement generations: applied by the loop / copied
-                                        * by the compute thread */
+    uint64_t place_gen, place_applied; /* local placement generations: applied to the table / copied
+                                        * for the steps (both by the compute thread, at different times) */
     uint64_t place_version;            /* the coordinator's version of the newest map */
     char srv_full[200];                /* non-empty while holders were left out: the table is full */
-    /* loop thread: the newest map (encoded) while some holders wait for a slot */
+    /* the newest map (encoded) while some holders wait for a slot */
     uint8_t *place_copy;
     size_t place_copy_len;
     uint32_t retry_ms;
@@ -353,6 +361,32 @@ static void ev_put(aw_t *aw, ev_t *ev) {
     aw->ev_free = ev;
     pthread_cond_signal(&aw->cv_ev);
     pthread_mutex_unlock(&aw->mu);
+}
+
+/* Wakes the compute thread wherever it waits: a turn of dloop ends (dwake), or, at the teardown, cv.
+ * Under mu. */
+static void wake_compute(aw_t *aw) {
+    if (!aw->dl_closed) uv_async_send(&aw->dwake);
+    pthread_cond_broadcast(&aw->cv);
+}
+
+static void on_dtimer(uv_timer_t *t) { (void)t; }
+
+/* Compute thread: one turn of its data loop (UCX, the server table, dwake), asleep until something
+ * comes or, with until >= 0, at most until then (monotonic seconds). NOTE: never with mu held (the
+ * turn's callbacks take it). */
+static void dl_sleep(aw_t *aw, double until) {
+    if (until >= 0) {
+        double left = until - st_time_sec();
+        if (left <= 0) {
+            uv_run(&aw->dloop, UV_RUN_NOWAIT);
+            return;
+        }
+        uv_update_time(&aw->dloop);
+        uv_timer_start(&aw->dtimer, on_dtimer, (uint64_t)ceil(left * 1e3), 0);
+    }
+    uv_run(&aw->dloop, UV_RUN_ONCE);
+    uv_timer_stop(&aw->dtimer);
 }
 
 static void post_event(aw_t *aw, ev_t *ev) {
@@ -600,6 +634,8 @@ static bool zrun_plan(aw_t *aw, const st_dispatch_plan_t *p, int s, const st_moe
     return true;
 }
 
+static void do_send(aw_t *aw, int mb, int s);
+
 /* Pack and post the dispatches of plan p for micro-batch mb. peer_ok: a same-host server that opened
  * the micro-batch's device memory reads the rows there and writes its output rows into its reply
  * region (one after another, from row 0; a retry round goes through the channels: the first round's
@@ -688,11 +724,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pd->soft = 0;
         pd->err[0] = 0;
         pthread_mutex_unlock(&aw->mu);
-        ev_t *ev = ev_get(aw);
-        ev->kind = EV_SEND;
-        ev->mb = mb;
-        ev->s = s;
-        post_event(aw, ev);
+        do_send(aw, mb, s); /* this thread owns UCX: posted now, no hand-off */
     }
     aw->stage[ST_PROTO_STAGE_DISPATCH] += st_time_sec() - t0;
 }
@@ -743,11 +775,6 @@ static void shm_wait(aw_t *aw, pend_t *pd, st_xfer_chan_t *ch, double until) {
 static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work_t *w, int *failed_mask, int *n_failed) {
     double t_wait = st_time_sec(), slowest_net = 0, until = aw->t_plan[mb] + aw->o.expert_timeout_ms * 1e-3;
     uint32_t slowest_us = 0;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)(until > t_wait ? (until - t_wait) * 1e9 : 0);
-    dl.tv_sec += (time_t)(ns / 1000000000ull);
-    dl.tv_nsec = (long)(ns % 1000000000ull);
     *n_failed = 0;
     /* same-host servers first: this thread waits on their reply flags itself */
     for (int s = 0; s < aw->n_srv; s++) {
@@ -758,13 +785,15 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pthread_mutex_unlock(&aw->mu);
         if (ch) shm_wait(aw, pd, ch, until);
     }
-    pthread_mutex_lock(&aw->mu);
+    /* the others over UCX: this thread runs its data loop, whose callbacks settle their records
+     * (am_done, on_srv_lost), polling for the data path's spin, then asleep until the deadline */
+    const uint64_t spin = st_xfer_spin_ns(), t_poll = st_time_ns();
     for (;;) {
         int waiting = 0;
+        pthread_mutex_lock(&aw->mu);
         for (int s = 0; s < aw->n_srv; s++)
             if (p->n_rows[s] && (aw->pend[mb][s].state == P_QUEUED || aw->pend[mb][s].state == P_SENT)) waiting = 1;
-        if (!waiting) break;
-        if (pthread_cond_timedwait(&aw->cv, &aw->mu, &dl) != 0) {
+        if (waiting && st_time_sec() >= until) {
             for (int s = 0; s < aw->n_srv; s++) {
                 pend_t *pd = &aw->pend[mb][s];
                 if (p->n_rows[s] && (pd->state == P_QUEUED || pd->state == P_SENT)) {
@@ -773,10 +802,13 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
                              aw->srv[s].name, aw->srv[s].endpoint, aw->o.expert_timeout_ms);
                 }
             }
-            break;
+            waiting = 0;
         }
+        pthread_mutex_unlock(&aw->mu);
+        if (!waiting) break;
+        if (st_time_ns() - t_poll < spin) st_tp_poll(aw->tp);
+        else dl_sleep(aw, until);
     }
-    pthread_mutex_unlock(&aw->mu);
     double t_unpack = st_time_sec();
     for (int s = 0; s < aw->n_srv; s++) {
         if (!p->n_rows[s]) continue;
@@ -1124,15 +1156,16 @@ static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
     return 0;
 }
 
-/* Spin (up to the data path's spin) until a micro-batch at the experts has its replies or one on the
- * device is done; false when neither happened. */
+/* Spin (up to the data path's spin, running the data loop) until a micro-batch at the experts has its
+ * replies or one on the device is done; false when neither happened. */
 static bool poll_either(aw_t *aw, int nmb, const int *live) {
     uint64_t t0 = st_time_ns(), spin = st_xfer_spin_ns();
-    do
+    do {
+        st_tp_poll(aw->tp); /* UCX replies land */
         for (int m = 0; m < nmb; m++)
             if ((live[m] == MB_AT_EXPERTS && replies_in(aw, m)) || (live[m] == MB_LAUNCHED && st_engine_mb_ready(aw->mbs[m])))
                 return true;
-    while (st_time_ns() - t0 < spin);
+    } while (st_time_ns() - t0 < spin);
     return false;
 }
 
@@ -1236,6 +1269,7 @@ static void step(aw_t *aw) {
     for (int m = 0; m < nmb; m++) left += live[m] != MB_DONE;
     while (left > 0) {
         bool moved = false, gpu_busy = false;
+        st_tp_poll(aw->tp); /* UCX replies land (replies_in) */
         for (int m = 0; m < nmb; m++) {
             if (live[m] == MB_AT_EXPERTS && replies_in(aw, m)) {
                 mb_resume(aw, m, w, why);
@@ -1256,16 +1290,11 @@ static void step(aw_t *aw) {
             for (m = 0; live[m] != MB_LAUNCHED; m++) {}
             left -= mb_collect(aw, m, w, why, live);
         } else if (gpu_busy) { /* both kinds outstanding: poll both for the spin the data path's waits
-                                * use (a role driving a GPU has a core for it), then a short sleep
-                                * (a reply through the loop thread wakes it) */
+                                * use (a role driving a GPU has a core for it), then every 20 µs
+                                * (neither a device's work nor a same-host reply wakes an fd) */
             if (poll_either(aw, nmb, live)) continue;
-            pthread_mutex_lock(&aw->mu);
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_nsec += 20000;
-            if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&aw->cv, &aw->mu, &dl);
-            pthread_mutex_unlock(&aw->mu);
+            struct timespec nap = {0, 20000};
+            nanosleep(&nap, NULL);
         } else { /* only replies outstanding: wait (bounded) for the oldest dispatch */
             mb_resume(aw, m, w, why);
             live[m] = MB_LAUNCHED;
@@ -1313,17 +1342,8 @@ static void step(aw_t *aw) {
  * Returns 1 when a map arrived; on the deadline fails the admitted sequences and returns 0. */
 static int placement_wait(aw_t *aw) {
     if (aw->map_wait_since == 0) aw->map_wait_since = st_time_sec();
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_nsec += 20 * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&aw->mu);
-    if (aw->place_gen == 0) pthread_cond_timedwait(&aw->cv, &aw->mu, &dl);
+    if (aw->place_gen == 0) dl_sleep(aw, st_time_sec() + 0.02); /* a map arrives through dwake */
     int have = aw->place_gen != 0;
-    pthread_mutex_unlock(&aw->mu);
     if (have) {
         sync_placement(aw);
         return 1;
@@ -1339,18 +1359,30 @@ static int placement_wait(aw_t *aw) {
 
 static void chan_bury(aw_t *aw);
 
+/* The data loop's own handles closed and the loop run until they are (UCX destroyed before). */
+static void dl_close(aw_t *aw) {
+    uv_close((uv_handle_t *)&aw->dwake, NULL);
+    uv_close((uv_handle_t *)&aw->dtimer, NULL);
+    uv_close((uv_handle_t *)&aw->retry_timer, NULL);
+    uv_run(&aw->dloop, UV_RUN_DEFAULT);
+}
+
 static void *compute_main(void *arg) {
     aw_t *aw = arg;
     for (;;) {
+        /* the data loop's news first (a placement, a lost server), then idle until work, a stop, or a
+         * new map (copied at once: retired server slots are reused only after that) */
+        uv_run(&aw->dloop, UV_RUN_NOWAIT);
         pthread_mutex_lock(&aw->mu);
-        /* idle until work, a stop, or a new map (copied at once: the loop reuses retired server
-         * slots only after that) */
-        while (!aw->stop && !aw->draining && !aw->in_head && aw->active == 0 && aw->place_gen == aw->place_applied &&
-               aw->n_dead == 0)
-            pthread_cond_wait(&aw->cv, &aw->mu);
+        int idle = !aw->stop && !aw->draining && !aw->in_head && aw->active == 0 &&
+                   aw->place_gen == aw->place_applied && aw->n_dead == 0;
         /* draining: stop once the requests in flight are done or the grace period is over */
         int stop = aw->stop || (aw->draining && (aw->active == 0 || st_time_sec() >= aw->drain_deadline));
         pthread_mutex_unlock(&aw->mu);
+        if (idle) {
+            dl_sleep(aw, -1);
+            continue;
+        }
         chan_bury(aw);
         if (stop) break;
         drain_inbox(aw, 1);
@@ -1380,6 +1412,16 @@ static void *compute_main(void *arg) {
         free(w);
     }
     aw->wait_tail = NULL;
+    /* the data plane goes with this thread: UCX closed (what is in flight completes with an error),
+     * the channels released, then the data loop's handles */
+    st_tp_destroy(aw->tp);
+    aw->tp = NULL;
+    pthread_mutex_lock(&aw->mu);
+    for (int s = 0; s < aw->n_srv; s++)
+        if (aw->srv[s].chan) st_xfer_chan_abort(aw->srv[s].chan, "the attention worker is stopping");
+    aw->dl_closed = 1;
+    pthread_mutex_unlock(&aw->mu);
+    dl_close(aw);
     pthread_mutex_lock(&aw->mu);
     aw->compute_done = 1;
     pthread_mutex_unlock(&aw->mu);
@@ -1387,7 +1429,7 @@ static void *compute_main(void *arg) {
     return NULL;
 }
 
-/* ================================================================ loop thread */
+/* ================================================================ data plane (compute thread, on dloop) */
 
 static st_status_t alloc_pend(aw_t *aw, int s);
 static void on_table_timer(uv_timer_t *t);
@@ -1402,7 +1444,6 @@ static void on_sent(st_tp_send_req_t *req, st_status_t st) {
         pd->state = P_FAILED;
         snprintf(pd->err, sizeof pd->err, "expert server %s (%s): send failed: %s", aw->srv[pd->s].name,
                  aw->srv[pd->s].endpoint, st_status_str(st));
-        pthread_cond_broadcast(&aw->cv);
     }
     pthread_mutex_unlock(&aw->mu);
 }
@@ -1432,7 +1473,6 @@ static void do_send(aw_t *aw, int mb, int s) {
             snprintf(e, sizeof e, "expert server %s (%s) is not reachable", sv->name, sv->endpoint);
             memcpy(pd->err, e, sizeof e);
         }
-        pthread_cond_broadcast(&aw->cv);
         pthread_mutex_unlock(&aw->mu);
     }
 }
@@ -1478,7 +1518,6 @@ static void am_done(void *arg, st_tp_recv_t *r) {
             pd->t_recv = st_time_sec();
             pd->state = P_DONE;
         }
-        pthread_cond_broadcast(&aw->cv);
     }
     pthread_mutex_unlock(&aw->mu);
 }
@@ -1505,7 +1544,6 @@ static void on_srv_lost(st_tp_ep_t *ep, st_status_t why, void *arg) {
             snprintf(pd->err, sizeof pd->err, "lost expert server %s (%s): %s", sv->name, sv->endpoint, st_status_str(why));
         }
     }
-    pthread_cond_broadcast(&aw->cv);
     pthread_mutex_unlock(&aw->mu);
 }
 
@@ -1522,7 +1560,7 @@ static int split_hostport(const char *s, char *host, size_t hn, uint16_t *port) 
     return 0;
 }
 
-/* ---- the expert-server table (loop thread; slot fields that the compute thread reads change under mu) */
+/* ---- the expert-server table (slot fields that the loop thread or channel_attach read change under mu) */
 
 /* Whether retired slot s can be closed and freed: the compute thread has copied a map without it
  * (so no step can name it again) and UCX holds none of its buffers. Under mu. */
@@ -1559,8 +1597,8 @@ static void chan_free(aw_t *aw, st_xfer_chan_t *ch, bool read) {
     st_xfer_chan_destroy(ch);
 }
 
-/* Loop thread: a channel no dispatch names any more, for the compute thread to free between steps
- * (the engine may read a reply in it until its step ends). Here at once when it cannot be queued. */
+/* A channel no dispatch names any more, for the compute thread to free between steps (the engine may
+ * read a reply in it until its step ends). Here at once when it cannot be queued. */
 static void chan_retire(aw_t *aw, st_xfer_chan_t *ch, bool read) {
     pthread_mutex_lock(&aw->mu);
     if (aw->n_dead == aw->cap_dead) {
@@ -1570,7 +1608,7 @@ static void chan_retire(aw_t *aw, st_xfer_chan_t *ch, bool read) {
     }
     bool queued = aw->n_dead < aw->cap_dead;
     if (queued) aw->chan_dead[aw->n_dead++] = (struct dead_chan){ch, read};
-    pthread_cond_broadcast(&aw->cv);
+    wake_compute(aw);
     pthread_mutex_unlock(&aw->mu);
     if (!queued) chan_free(aw, ch, read); /* out of memory for the list: now */
 }
@@ -1635,7 +1673,7 @@ static int srv_reap(aw_t *aw) {
     return waiting;
 }
 
-/* ---- the same-host path: hello → offer (loop thread) → channel (channel_attach, its own thread) */
+/* ---- the same-host path: hello → offer → channel (channel_attach, its own thread) */
 
 static void hello_sent(st_tp_send_req_t *req, st_status_t st) {
     srv_t *sv = req->user;
@@ -1920,7 +1958,6 @@ static int apply_placement(aw_t *aw, const st_proto_placement_t *p) {
         aw->srv_full[0] = 0;
     aw->place_gen = gen;
     aw->place_version = p->version;
-    pthread_cond_broadcast(&aw->cv);
     pthread_mutex_unlock(&aw->mu);
     free(hs);
     if (missing)
@@ -1966,15 +2003,8 @@ static void on_table_timer(uv_timer_t *t) {
     table_upkeep(aw, NULL, missing, srv_reap(aw));
 }
 
-/* New map: follow the expert servers it names, rebuild the holder table. */
-static void on_placement(void *arg, const st_proto_placement_t *p) {
-    aw_t *aw = arg;
-    const st_config_t *c = aw->c;
-    if ((int)p->n_layers != c->n_layers || (int)p->n_experts != c->n_experts || !p->offsets) {
-        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored",
-                     aw->o.name, p->n_layers, p->n_experts, c->n_layers, c->n_experts);
-        return;
-    }
+/* New map (compute thread): follow the expert servers it names, rebuild the holder table. */
+static void placement_follow(aw_t *aw, const st_proto_placement_t *p) {
     int missing = apply_placement(aw, p);
     if (missing < 0) {
         st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement v%llu: out of memory; kept the previous map", aw->o.name,
@@ -1987,6 +2017,52 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
         n += aw->srv[s].state == SRV_USED;
     st_log_info("worker %s: placement v%llu applied (%d expert servers%s)", aw->o.name, (unsigned long long)p->version,
                 n, missing ? ", some without a slot" : "");
+}
+
+/* dwake: the newest map the loop thread handed over, if any (the wake-up itself ends a turn of dloop). */
+static void on_dwake(uv_async_t *a) {
+    aw_t *aw = a->data;
+    pthread_mutex_lock(&aw->mu);
+    uint8_t *buf = aw->place_in;
+    size_t len = aw->place_in_len;
+    aw->place_in = NULL;
+    pthread_mutex_unlock(&aw->mu);
+    if (!buf) return;
+    st_proto_placement_t p;
+    if (st_proto_placement_decode(buf, len, &p) == ST_OK) {
+        placement_follow(aw, &p);
+        st_proto_placement_cleanup(&p);
+    } else {
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement hand-over: %s", aw->o.name, st_err_last());
+    }
+    free(buf);
+}
+
+/* ================================================================ loop thread */
+
+/* New map (membership, loop thread): checked, then handed to the compute thread, which owns the
+ * server table (a newer map replaces one it has not applied yet). */
+static void on_placement(void *arg, const st_proto_placement_t *p) {
+    aw_t *aw = arg;
+    const st_config_t *c = aw->c;
+    if ((int)p->n_layers != c->n_layers || (int)p->n_experts != c->n_experts || !p->offsets) {
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement is %u×%u, model has %d×%d layers×experts; ignored",
+                     aw->o.name, p->n_layers, p->n_experts, c->n_layers, c->n_experts);
+        return;
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (st_proto_placement_encode(p, &buf, &len) != ST_OK) {
+        st_log_every(ST_LOG_ERROR, 10.0, "worker %s: placement v%llu: %s; kept the previous map", aw->o.name,
+                     (unsigned long long)p->version, st_err_last());
+        return;
+    }
+    pthread_mutex_lock(&aw->mu);
+    free(aw->place_in);
+    aw->place_in = buf;
+    aw->place_in_len = len;
+    wake_compute(aw);
+    pthread_mutex_unlock(&aw->mu);
 }
 
 /* The coordinator knows this worker: from now on only its member token opens Worker/Generate. */
@@ -2011,7 +2087,7 @@ static void inbox_push(aw_t *aw, in_msg_t *m) {
     if (aw->in_tail) aw->in_tail->next = m;
     else aw->in_head = m;
     aw->in_tail = m;
-    pthread_cond_broadcast(&aw->cv);
+    wake_compute(aw);
     pthread_mutex_unlock(&aw->mu);
 }
 
@@ -2083,17 +2159,11 @@ static void cancel_to_compute(aw_t *aw, int req, uint64_t gen) {
 }
 
 static void on_rpc_closed(void *arg) {
-    aw_t *aw = arg;
-    st_tp_destroy(aw->tp);
-    pthread_mutex_lock(&aw->mu);
-    for (int s = 0; s < aw->n_srv; s++)
-        if (aw->srv[s].chan) st_xfer_chan_abort(aw->srv[s].chan, "the attention worker is stopping");
-    pthread_mutex_unlock(&aw->mu);
+    aw_t *aw = arg; /* the compute thread has left, with UCX (compute_main) */
     st_rpc_cleanup();
     uv_close((uv_handle_t *)&aw->async, NULL);
     uv_close((uv_handle_t *)&aw->sig_int, NULL);
     uv_close((uv_handle_t *)&aw->sig_term, NULL);
-    uv_close((uv_handle_t *)&aw->retry_timer, NULL);
     uv_close((uv_handle_t *)&aw->flush_timer, NULL);
 }
 
@@ -2146,9 +2216,7 @@ static void on_async(uv_async_t *a) {
     pthread_mutex_unlock(&aw->mu);
     while (ev) {
         ev_t *next = ev->next;
-        if (ev->kind == EV_SEND) {
-            do_send(aw, ev->mb, ev->s);
-        } else if (ev->kind == EV_REPORT) {
+        if (ev->kind == EV_REPORT) {
             st_member_set_step(aw->mem, ev->gen); /* the member is the loop's */
             /* never wait on the coordinator: with two reports still in flight, drop this one */
             if (aw->reports_inflight < 2 &&
@@ -2184,7 +2252,6 @@ static void on_async(uv_async_t *a) {
     }
     if (done && aw->compute_done != 2) {
         aw->compute_done = 2;
-        uv_timer_stop(&aw->retry_timer);
         if (drained) {
             st_log_info("worker %s: drained; exiting", aw->o.name);
             uv_timer_start(&aw->flush_timer, on_flushed, 200, 0);
@@ -2207,7 +2274,7 @@ static void on_signal(uv_signal_t *h, int sig) {
     } else {
         aw->stop = 1;
     }
-    pthread_cond_broadcast(&aw->cv);
+    wake_compute(aw);
     pthread_mutex_unlock(&aw->mu);
     if (drain)
         st_log_info("worker %s: SIGTERM: draining %u requests in flight (at most %d s); new requests are refused",
@@ -2377,11 +2444,15 @@ int st_aw_run(const st_aw_opts_t *opts) {
     pthread_cond_init(&aw->cv_ev, NULL);
     uv_async_init(&aw->loop, &aw->async, on_async);
     aw->async.data = aw;
-    uv_timer_init(&aw->loop, &aw->retry_timer);
     uv_timer_init(&aw->loop, &aw->flush_timer);
-    aw->retry_timer.data = aw->flush_timer.data = aw;
+    /* the data loop: made and set up here, run by the compute thread once it starts */
+    uv_loop_init(&aw->dloop);
+    uv_async_init(&aw->dloop, &aw->dwake, on_dwake);
+    uv_timer_init(&aw->dloop, &aw->dtimer);
+    uv_timer_init(&aw->dloop, &aw->retry_timer);
+    aw->retry_timer.data = aw->flush_timer.data = aw->dwake.data = aw;
     if (st_rpc_init(&aw->loop) != ST_OK) goto out_loop;
-    if (st_tp_create(&aw->loop, &aw->tp) != ST_OK) goto out_rpc;
+    if (st_tp_create(&aw->dloop, &aw->tp) != ST_OK) goto out_rpc;
     if (aw->secure) st_tp_set_secret(aw->tp, &sec->secret); /* before any connection */
     {
         char lh[128];
@@ -2428,13 +2499,15 @@ out_rpc:
     st_rpc_cleanup();
 out_loop:
     uv_close((uv_handle_t *)&aw->async, NULL);
-    uv_close((uv_handle_t *)&aw->retry_timer, NULL);
     uv_close((uv_handle_t *)&aw->flush_timer, NULL);
     uv_run(&aw->loop, UV_RUN_DEFAULT);
+    aw->dl_closed = 1; /* the compute thread never ran */
+    dl_close(aw);
 out_closed:
     pthread_mutex_lock(&aw->mu); /* channel_attach threads end within their open and map */
     while (aw->n_attach > 0) pthread_cond_wait(&aw->cv, &aw->mu);
     pthread_mutex_unlock(&aw->mu);
+    uv_loop_close(&aw->dloop);
     uv_loop_close(&aw->loop);
 out_engine:
     for (int m = 0; m < MAX_MB; m++) {
@@ -2475,6 +2548,7 @@ out:
     free(aw->seqs);
     free(aw->reqs);
     free(aw->place_copy);
+    free(aw->place_in);
     free(aw);
     return rc;
 }

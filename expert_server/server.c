@@ -316,17 +316,23 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     send_reply(es, s);
 }
 
-/* The data thread: its loop, polled without sleeping for the data path's spin after each message
- * (the next layer's dispatch comes within it while a worker is stepping), then asleep on the UCX
- * worker's event fd until something comes. Ends when the loop has no handle left (the stop). */
+/* The data thread: UCX polled without sleeping for the data path's spin after each message (the
+ * next layer's dispatch comes within it while a worker is stepping), with a turn of its loop every
+ * millisecond (offers, the stop), then asleep in the loop on UCX's event fd until something comes.
+ * Ends when the loop has no handle left (the stop). */
 static void *data_main(void *arg) {
     es_t *es = arg;
     const uint64_t spin = st_xfer_spin_ns();
     for (;;) {
-        uint64_t seen = es->n_msgs, t0 = st_time_ns();
-        while (st_time_ns() - t0 < spin) {
-            if (!uv_run(&es->dloop, UV_RUN_NOWAIT)) return NULL;
-            if (es->n_msgs != seen) seen = es->n_msgs, t0 = st_time_ns();
+        uint64_t seen = es->n_msgs, t0 = st_time_ns(), t_turn = t0;
+        while (es->tp && st_time_ns() - t0 < spin) {
+            st_tp_poll(es->tp);
+            uint64_t now = st_time_ns();
+            if (es->n_msgs != seen) seen = es->n_msgs, t0 = now;
+            if (now - t_turn > 1000000) {
+                if (!uv_run(&es->dloop, UV_RUN_NOWAIT)) return NULL;
+                t_turn = now;
+            }
         }
         if (!uv_run(&es->dloop, UV_RUN_ONCE)) return NULL;
     }

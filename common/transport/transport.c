@@ -678,6 +678,19 @@ static void drive(st_tp_t *tp) {
     tp->in_drive = 0;
 }
 
+int st_tp_poll(st_tp_t *tp) {
+    if (tp->in_drive || !tp->worker) return 0;
+    tp->in_drive = 1;
+    int did = 0;
+    for (;;) { /* as drive, without arming: a poller comes back at once */
+        unsigned n = ucp_worker_progress(tp->worker);
+        if (!deliver(tp) && !n) break;
+        did = 1;
+    }
+    tp->in_drive = 0;
+    return did;
+}
+
 /* ---- UCX start-up ---- */
 
 static st_status_t resolve(const char *host, uint16_t port, struct sockaddr_storage *sa, socklen_t *len) {

@@ -122,6 +122,12 @@ void *st_tp_ep_user(const st_tp_ep_t *ep);
  * The handle is invalid afterwards. */
 void st_tp_ep_close(st_tp_ep_t *ep);
 
+/* Progress and deliver now (callbacks run inside), without sleeping or arming the event fd: for the
+ * thread that runs the loop, polling while it waits for a reply instead of sleeping in the loop (no
+ * wake-up). Nonzero when something happened. Never from a callback. The loop's next turn re-arms
+ * (an event consumed here may leave the fd readable: that turn then returns at once). */
+int st_tp_poll(st_tp_t *tp);
+
 st_status_t st_tp_set_am_handler(st_tp_t *tp, uint16_t am_id, st_tp_am_begin_fn begin, st_tp_am_done_fn done,
                                  void *arg);
 /* Send header (<= ST_TP_HDR_MAX, copied into req) + payload (host memory, must stay valid until
