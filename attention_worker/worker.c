@@ -111,7 +111,8 @@ typedef struct {
     bool peer;             /* the dispatch went through the engine's device memory: its output rows are in
                             * aw->peer[mb]'s reply region from reply_row */
     uint32_t reply_row;
-    double t_sent, t_recv; /* when UCX took the dispatch, when the reply was taken */
+    double t_sent, t_recv; /* when UCX took the dispatch, when the reply came (am_begin, am_done) */
+    double t_seen;         /* when this thread saw the reply's header (am_begin) */
     st_tp_recv_t recv;
     char err[256];
 } pend_t;
@@ -186,6 +187,8 @@ struct aw {
     uv_async_t dwake;    /* wakes the compute thread (inbox, placement, signals) */
     uv_timer_t dtimer;   /* bounds a sleep of the compute thread */
     int dl_closed;       /* under mu: dwake is closed (the compute thread left) */
+    int dl_asleep;       /* compute thread: in a blocking turn of dloop (dl_sleep) */
+    double t_polled;     /* compute thread: when its last poll of the data path ended (am_done's clock) */
     uint8_t *place_in;   /* under mu: the newest placement (encoded), for the compute thread to apply */
     size_t place_in_len;
     st_rpc_server_t *rpc;
@@ -247,6 +250,7 @@ struct aw {
     uint8_t *qbuf[MAX_MB];
     size_t qcap, qlen[MAX_MB];
     int hook_mb;
+    int ucx_out[MAX_MB];         /* compute thread: dispatches posted over UCX since the micro-batch's last wait */
     bool sync_mb; /* STRATA_WORKER_SYNC=1: collect each micro-batch right after its launch (comparisons) */
     uint32_t *load;              /* [n_layers][n_experts] tokens per expert this step */
     int load_next;               /* first layer of the next report's loads */
@@ -372,20 +376,35 @@ static void wake_compute(aw_t *aw) {
 
 static void on_dtimer(uv_timer_t *t) { (void)t; }
 
-/* Compute thread: one turn of its data loop (UCX, the server table, dwake), asleep until something
- * comes or, with until >= 0, at most until then (monotonic seconds). NOTE: never with mu held (the
- * turn's callbacks take it). */
+/* Compute thread: UCX progressed and its callbacks delivered now (no sleep). NOTE: never with mu held
+ * (the callbacks take it), here and in dl_turn / dl_sleep. */
+static void dl_poll(aw_t *aw) {
+    st_tp_poll(aw->tp);
+    aw->t_polled = st_time_sec();
+}
+
+/* Compute thread: one turn of its data loop without sleeping (UCX, the server table's timer, dwake). */
+static void dl_turn(aw_t *aw) {
+    uv_run(&aw->dloop, UV_RUN_NOWAIT);
+    aw->t_polled = st_time_sec();
+}
+
+/* Compute thread: one turn of its data loop, asleep until something comes or, with until >= 0, at
+ * most until then (monotonic seconds). */
 static void dl_sleep(aw_t *aw, double until) {
     if (until >= 0) {
         double left = until - st_time_sec();
         if (left <= 0) {
-            uv_run(&aw->dloop, UV_RUN_NOWAIT);
+            dl_turn(aw);
             return;
         }
         uv_update_time(&aw->dloop);
         uv_timer_start(&aw->dtimer, on_dtimer, (uint64_t)ceil(left * 1e3), 0);
     }
+    aw->dl_asleep = 1;
     uv_run(&aw->dloop, UV_RUN_ONCE);
+    aw->dl_asleep = 0;
+    aw->t_polled = st_time_sec();
     uv_timer_stop(&aw->dtimer);
 }
 
@@ -806,9 +825,10 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         }
         pthread_mutex_unlock(&aw->mu);
         if (!waiting) break;
-        if (st_time_ns() - t_poll < spin) st_tp_poll(aw->tp);
+        if (st_time_ns() - t_poll < spin) dl_poll(aw);
         else dl_sleep(aw, until);
     }
+    aw->ucx_out[mb] = 0; /* each has its answer, or failed */
     double t_unpack = st_time_sec();
     for (int s = 0; s < aw->n_srv; s++) {
         if (!p->n_rows[s]) continue;
@@ -1160,8 +1180,10 @@ static int is_stop(const aw_t *aw, const seq_t *q, int tok) {
  * replies or one on the device is done; false when neither happened. */
 static bool poll_either(aw_t *aw, int nmb, const int *live) {
     uint64_t t0 = st_time_ns(), spin = st_xfer_spin_ns();
+    bool ucx = false;
+    for (int m = 0; m < nmb; m++) ucx |= live[m] == MB_AT_EXPERTS && aw->ucx_out[m];
     do {
-        st_tp_poll(aw->tp); /* UCX replies land */
+        if (ucx) dl_poll(aw); /* UCX replies land */
         for (int m = 0; m < nmb; m++)
             if ((live[m] == MB_AT_EXPERTS && replies_in(aw, m)) || (live[m] == MB_LAUNCHED && st_engine_mb_ready(aw->mbs[m])))
                 return true;
@@ -1236,6 +1258,7 @@ static void step(aw_t *aw) {
                  ns, total, nmb);
     memset(aw->load, 0, sizeof(uint32_t) * (size_t)aw->c->n_layers * aw->c->n_experts);
     memset(aw->stage, 0, sizeof aw->stage);
+    memset(aw->ucx_out, 0, sizeof aw->ucx_out);
     st_engine_get_stats(aw->e, &aw->est);
     aw->t_step = st_time_sec();
     for (int m = 0; m < nmb; m++) {
@@ -1268,8 +1291,9 @@ static void step(aw_t *aw) {
     int left = 0, rr = 0;
     for (int m = 0; m < nmb; m++) left += live[m] != MB_DONE;
     while (left > 0) {
-        bool moved = false, gpu_busy = false;
-        st_tp_poll(aw->tp); /* UCX replies land (replies_in) */
+        bool moved = false, gpu_busy = false, ucx = false;
+        for (int m = 0; m < nmb; m++) ucx |= live[m] == MB_AT_EXPERTS && aw->ucx_out[m];
+        if (ucx) dl_poll(aw); /* UCX replies land (replies_in) */
         for (int m = 0; m < nmb; m++) {
             if (live[m] == MB_AT_EXPERTS && replies_in(aw, m)) {
                 mb_resume(aw, m, w, why);
@@ -1372,7 +1396,7 @@ static void *compute_main(void *arg) {
     for (;;) {
         /* the data loop's news first (a placement, a lost server), then idle until work, a stop, or a
          * new map (copied at once: retired server slots are reused only after that) */
-        uv_run(&aw->dloop, UV_RUN_NOWAIT);
+        dl_turn(aw);
         pthread_mutex_lock(&aw->mu);
         int idle = !aw->stop && !aw->draining && !aw->in_head && aw->active == 0 &&
                    aw->place_gen == aw->place_applied && aw->n_dead == 0;
@@ -1463,6 +1487,7 @@ static void do_send(aw_t *aw, int mb, int s) {
         pd->t_sent = st_time_sec();
         st = st_tp_send(aw->srv[s].ep, ST_WIRE_AM_DISPATCH, &pd->hdr, sizeof pd->hdr, pd->sbuf, pd->slen, &pd->send);
         if (st != ST_OK) pd->send_busy = 0;
+        else aw->ucx_out[mb]++;
     }
     if (st != ST_OK) {
         pthread_mutex_lock(&aw->mu);
@@ -1488,6 +1513,15 @@ static st_tp_recv_t *am_begin(void *arg, st_tp_ep_t *ep, const void *hdr, size_t
     st_tp_recv_t *r = NULL;
     pthread_mutex_lock(&aw->mu);
     if (pd->state == P_SENT && pd->seq == info.seq && len <= pd->cap) {
+        /* it came after this thread's previous poll: now, when the thread was polling or asleep
+         * waiting for it (the wake-up is the transport's); when it was busy elsewhere (computing),
+         * the earliest it can have come, as shm_wait takes it (that wait is not the transport's).
+         * A large reply's data follows (rendezvous): am_done adds the time that takes. */
+        double now = st_time_sec();
+        pd->t_seen = now;
+        pd->t_recv = aw->dl_asleep || now - aw->t_polled < 20e-6
+                         ? now
+                         : ST_MIN(now, ST_MAX(aw->t_polled, pd->t_sent + info.compute_us * 1e-6));
         pd->recv.buf = pd->rbuf;
         pd->recv.cap = pd->cap;
         pd->recv.user = pd;
@@ -1515,7 +1549,7 @@ static void am_done(void *arg, st_tp_recv_t *r) {
             snprintf(pd->err, sizeof pd->err, "expert server %s: %.*s", aw->srv[pd->s].name, n, (const char *)pd->rbuf);
         } else {
             pd->rlen = r->len;
-            pd->t_recv = st_time_sec();
+            pd->t_recv += st_time_sec() - pd->t_seen; /* the arrival (am_begin) + the data's transfer */
             pd->state = P_DONE;
         }
     }

@@ -5,12 +5,16 @@
 # the per-step time split (attention, dispatch, network, expert compute, combine, thresholds,
 # coordinator merge) and the
 # dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
-# mean message size (goal: >= 60% at decode sizes, >= 80% at prefill sizes), and the wait the attention
-# side sees per MoE layer. Ends with `RESULT goodput_decode_pct N` and `RESULT goodput_prefill_pct N`
-# (the last preset's; every preset's as RESULT goodput_<load>_pct_<preset>).
+# mean message size (goal: >= 60% at decode sizes, >= 80% at prefill sizes), the same against the
+# ping-pong ceiling `ucx_perftest ucp_am_lat` gives at that size (a dispatch and its reply per layer:
+# 2 x size per round trip; at decode sizes a round trip, not a stream, is what one layer can use), and
+# the wait the attention side sees per MoE layer. Ends with `RESULT goodput_decode_pct N` and
+# `RESULT goodput_prefill_pct N` (the last preset's; every preset's as RESULT goodput_<load>_pct_<preset>,
+# and against the ping-pong ceiling as RESULT goodput_<load>_pct_pingpong_<preset>).
 # usage: bench/bench_serving.sh [presets (default "tiny small")] ; env: STRATA_BIN (default build/bin),
 #        CONC (concurrent requests, 8), ROUTING (topk|quantile, quantile), EXPERTS (expert servers: 2, 1 on a 2-core box),
-#        UP_ARGS (more `strata up` flags, e.g. "--cpu-split off")
+#        UP_ARGS (more `strata up` flags, e.g. "--cpu-split off"); STRATA_XFER_SHM=0: the worker reaches the
+#        servers over UCX as across hosts (not through same-host channels)
 set -euo pipefail
 BIN=${STRATA_BIN:-$(cd "$(dirname "$0")/.." && pwd)/build/bin}
 presets=${1:-tiny small}
@@ -29,6 +33,16 @@ perftest_bw() { # $1 = message bytes → MB/s (overall), UCX AM bandwidth on loo
   local srv=$!
   sleep 0.5
   ucx_perftest 127.0.0.1 -p "$port" -t ucp_am_bw -s "$1" -n "$n" -f 2>/dev/null | awk 'NF >= 8 && $1 ~ /^[0-9]+$/ {v=$6} END {print v+0}'
+  wait "$srv" 2>/dev/null || true
+}
+perftest_lat() { # $1 = message bytes → one-way latency in µs (half the round trip), UCX AM ping-pong on loopback
+  local port=$((20000 + RANDOM % 20000)) n=$(( 200000000 / ($1 + 1) ))
+  [ "$n" -gt 5000 ] && n=5000
+  [ "$n" -lt 50 ] && n=50
+  ucx_perftest -t ucp_am_lat -s "$1" -n "$n" -p "$port" >/dev/null 2>&1 &
+  local srv=$!
+  sleep 0.5
+  ucx_perftest 127.0.0.1 -p "$port" -t ucp_am_lat -s "$1" -n "$n" 2>/dev/null | awk '$1 == "Final:" {v=$4} END {print v+0}'
   wait "$srv" 2>/dev/null || true
 }
 snap() { curl -s "http://$1/status" | python3 -c '
@@ -80,13 +94,17 @@ for p in $presets; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
     read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
     bw=$(perftest_bw "$msg")
+    lat=$(perftest_lat "$msg")
     tp=$({ "$BIN/bench_transport" "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4}')
+    # the ping-pong ceiling: 2 x msg bytes per round trip of 2 x lat µs
     ratio=$(python3 -c "
-good, bw, tp = $good, $bw, '${tp:-}'
+good, bw, tp, lat, msg = $good, $bw, '${tp:-}', $lat, $msg
 alone = f' (st_tp alone streams {float(tp):.0f} MB/s = {100 * float(tp) / bw:.0f}%)' if tp and bw > 0 else ''
-print(f'{100 * good / bw:.0f}% of {bw:.0f} MB/s' + alone if bw > 0 else 'n/a')")
+pp = f'; {100 * good * lat / msg:.0f}% of the ping-pong {msg / lat:.0f} MB/s' if lat > 0 else ''
+print(f'{100 * good / bw:.0f}% of {bw:.0f} MB/s' + alone + pp if bw > 0 else 'n/a')")
     pct=$(python3 -c "print(f'{100 * $good / $bw:.0f}' if $bw > 0 else 'nan')")
-    results+=("$load $p $pct")
+    pp=$(python3 -c "print(f'{100 * $good * $lat / $msg:.0f}' if $lat > 0 else 'nan')")
+    results+=("$load $p $pct $pp")
     printf '%-6s %-7s %6d %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' "$p" "$load" "$steps" "$attn" "$disp" "$wait" \
       "$wait_lyr" "$net" "$exp" "$comb" "$thr" "$coord" "$toks" "$msg" "$good" "$ratio"
   done
@@ -99,13 +117,14 @@ done
 echo "per step: wait = blocked on replies after the other micro-batches' attention (wait/lyr: the same per MoE layer,"
 echo "in µs); expert = time at the servers (queue + compute); net = per layer, the slowest server's round trip minus its time at the server (the transport,"
 echo "both ways, loop wake-ups included); goodput = dispatch + reply bytes / net time;"
-echo "ucx_perftest: ucp_am_bw, same UCX_TLS ($UCX_TLS), at the mean message size"
+echo "ucx_perftest: ucp_am_bw (a stream) and ucp_am_lat (ping-pong), same UCX_TLS ($UCX_TLS), at the mean message size"
 for r in "${results[@]}"; do
-  read -r load p pct <<<"$r"
+  read -r load p pct pp <<<"$r"
   echo "RESULT goodput_${load}_pct_${p} $pct"
+  echo "RESULT goodput_${load}_pct_pingpong_${p} $pp"
 done
 for load in decode prefill; do # the last preset's, as the two closing lines
   last=
-  for r in "${results[@]}"; do read -r l p pct <<<"$r"; [ "$l" = "$load" ] && last=$pct; done
+  for r in "${results[@]}"; do read -r l p pct _ <<<"$r"; [ "$l" = "$load" ] && last=$pct; done
   echo "RESULT goodput_${load}_pct ${last:-nan}"
 done

@@ -316,15 +316,19 @@ static void am_done(void *arg, st_tp_recv_t *r) {
     send_reply(es, s);
 }
 
-/* The data thread: UCX polled without sleeping for the data path's spin after each message (the
- * next layer's dispatch comes within it while a worker is stepping), with a turn of its loop every
- * millisecond (offers, the stop), then asleep in the loop on UCX's event fd until something comes.
- * Ends when the loop has no handle left (the stop). */
+/* The data thread: asleep in its loop on UCX's event fd until something comes; after a dispatch, UCX
+ * polled without sleeping for the data path's spin (the next layer's dispatch comes within it while a
+ * worker is stepping), with a turn of the loop every millisecond (offers, the stop). Ends when the
+ * loop has no handle left (the stop). */
 static void *data_main(void *arg) {
     es_t *es = arg;
     const uint64_t spin = st_xfer_spin_ns();
     for (;;) {
-        uint64_t seen = es->n_msgs, t0 = st_time_ns(), t_turn = t0;
+        uint64_t seen = es->n_msgs;
+        if (!uv_run(&es->dloop, UV_RUN_ONCE)) return NULL;
+        if (es->n_msgs == seen) continue; /* no dispatch (a connection, an offer): no spin */
+        uint64_t t0 = st_time_ns(), t_turn = t0;
+        seen = es->n_msgs;
         while (es->tp && st_time_ns() - t0 < spin) {
             st_tp_poll(es->tp);
             uint64_t now = st_time_ns();
@@ -334,7 +338,6 @@ static void *data_main(void *arg) {
                 t_turn = now;
             }
         }
-        if (!uv_run(&es->dloop, UV_RUN_ONCE)) return NULL;
     }
 }
 
