@@ -376,11 +376,12 @@ static void wake_compute(aw_t *aw) {
 
 static void on_dtimer(uv_timer_t *t) { (void)t; }
 
-/* Compute thread: UCX progressed and its callbacks delivered now (no sleep). NOTE: never with mu held
- * (the callbacks take it), here and in dl_turn / dl_sleep. */
-static void dl_poll(aw_t *aw) {
-    st_tp_poll(aw->tp);
+/* Compute thread: UCX progressed and its callbacks delivered now (no sleep); nonzero when something
+ * moved. NOTE: never with mu held (the callbacks take it), here and in dl_turn / dl_sleep. */
+static int dl_poll(aw_t *aw) {
+    int did = st_tp_poll(aw->tp);
     aw->t_polled = st_time_sec();
+    return did;
 }
 
 /* Compute thread: one turn of its data loop without sleeping (UCX, the server table's timer, dwake). */
@@ -805,8 +806,10 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         if (ch) shm_wait(aw, pd, ch, until);
     }
     /* the others over UCX: this thread runs its data loop, whose callbacks settle their records
-     * (am_done, on_srv_lost), polling for the data path's spin, then asleep until the deadline */
-    const uint64_t spin = st_xfer_spin_ns(), t_poll = st_time_ns();
+     * (am_done, on_srv_lost), polling until the data path's spin passes with nothing moving (a large
+     * message's rendezvous moves only while both sides progress), then asleep until the deadline */
+    const uint64_t spin = st_xfer_spin_ns();
+    uint64_t t_poll = st_time_ns();
     for (;;) {
         int waiting = 0;
         pthread_mutex_lock(&aw->mu);
@@ -825,8 +828,8 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         }
         pthread_mutex_unlock(&aw->mu);
         if (!waiting) break;
-        if (st_time_ns() - t_poll < spin) dl_poll(aw);
-        else dl_sleep(aw, until);
+        if (st_time_ns() - t_poll >= spin) dl_sleep(aw, until);
+        else if (dl_poll(aw)) t_poll = st_time_ns();
     }
     aw->ucx_out[mb] = 0; /* each has its answer, or failed */
     double t_unpack = st_time_sec();

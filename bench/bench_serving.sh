@@ -95,12 +95,15 @@ for p in $presets; do
     read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
     bw=$(perftest_bw "$msg")
     lat=$(perftest_lat "$msg")
-    tp=$({ "$BIN/bench_transport" "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4}')
+    # the transport alone, both sides polling as the roles do while a worker steps: its stream and its
+    # ping-pong (2 x msg per round trip) at this size
+    read -r tp tprt < <({ "$BIN/bench_transport" --poll "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4, $3} END {if (NR < 2) print "", ""}')
     # the ping-pong ceiling: 2 x msg bytes per round trip of 2 x lat µs
     ratio=$(python3 -c "
-good, bw, tp, lat, msg = $good, $bw, '${tp:-}', $lat, $msg
+good, bw, tp, tprt, lat, msg = $good, $bw, '${tp:-}', '${tprt:-}', $lat, $msg
 alone = f' (st_tp alone streams {float(tp):.0f} MB/s = {100 * float(tp) / bw:.0f}%)' if tp and bw > 0 else ''
 pp = f'; {100 * good * lat / msg:.0f}% of the ping-pong {msg / lat:.0f} MB/s' if lat > 0 else ''
+pp += f' (st_tp alone {float(tprt):.0f} MB/s = {100 * float(tprt) * lat / msg:.0f}%)' if tprt and lat > 0 else ''
 print(f'{100 * good / bw:.0f}% of {bw:.0f} MB/s' + alone + pp if bw > 0 else 'n/a')")
     pct=$(python3 -c "print(f'{100 * $good / $bw:.0f}' if $bw > 0 else 'nan')")
     pp=$(python3 -c "print(f'{100 * $good * $lat / $msg:.0f}' if $lat > 0 else 'nan')")

@@ -1,10 +1,13 @@
 /* Transport benchmark: st_tp (UCX active messages driven by libuv) on loopback, two processes.
  * For each message size: round trips (request/response, the MoE layer pattern) and one-way
  * streaming with a window of 8 in flight (what `ucx_perftest ucp_am_bw` measures). Prints MB/s;
- * bench/bench_serving.sh puts them next to ucx_perftest. usage: bench_transport [sizes...] */
+ * bench/bench_serving.sh puts them next to ucx_perftest. --poll: both sides poll (st_tp_poll) instead
+ * of sleeping in the loop, as the roles do while a worker steps (what `ucp_am_lat` does).
+ * usage: bench_transport [--poll] [sizes...] */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,7 +34,7 @@ typedef struct {
     size_t size;
     int todo, inflight, got, mode; /* mode 0 ping-pong, 1 stream */
     double t0, t1;
-    int done;
+    int done, poll;
 } side_t;
 
 static side_t S;
@@ -112,6 +115,18 @@ static void cli_kick(void) {
     }
 }
 
+/* The loop until the client is done (the server: for ever): asleep in it, or polling. */
+static void run(void) {
+    if (!S.poll) {
+        uv_run(&S.loop, UV_RUN_DEFAULT);
+        return;
+    }
+    for (unsigned i = 0; !S.done; i++) {
+        st_tp_poll(S.tp);
+        if (i % 256 == 0) uv_run(&S.loop, UV_RUN_NOWAIT); /* connections, handshakes */
+    }
+}
+
 static void setup(void) {
     uv_loop_init(&S.loop);
     for (int i = 0; i < WINDOW * 2; i++) S.rbuf[i] = malloc(MAXB);
@@ -122,10 +137,11 @@ static void setup(void) {
 
 int main(int argc, char **argv) {
     size_t sizes[16] = {4096, 65536, 262144, 1 << 20, 2621440};
-    int n_sizes = 5;
-    if (argc > 1) {
+    int n_sizes = 5, a = 1;
+    if (a < argc && !strcmp(argv[a], "--poll")) S.poll = 1, a++;
+    if (a < argc) {
         n_sizes = 0;
-        for (int i = 1; i < argc && n_sizes < 16; i++) sizes[n_sizes++] = (size_t)strtoull(argv[i], NULL, 10);
+        for (int i = a; i < argc && n_sizes < 16; i++) sizes[n_sizes++] = (size_t)strtoull(argv[i], NULL, 10);
     }
     if (!getenv("UCX_TLS")) setenv("UCX_TLS", "tcp", 1);
     st_log_set_level(ST_LOG_WARN);
@@ -139,7 +155,7 @@ int main(int argc, char **argv) {
         st_tp_set_am_handler(S.tp, AM_REQ, begin, srv_done, NULL);
         if (st_tp_listen(S.tp, "127.0.0.1", 0, on_accept, NULL, &port) != ST_OK) _exit(1);
         if (write(pfd[1], &port, sizeof port) != sizeof port) _exit(1);
-        uv_run(&S.loop, UV_RUN_DEFAULT);
+        run();
         _exit(0);
     }
     uint16_t port;
@@ -159,12 +175,12 @@ int main(int argc, char **argv) {
             S.got = S.inflight = S.done = 0;
             uv_run(&S.loop, UV_RUN_NOWAIT);
             cli_kick();
-            uv_run(&S.loop, UV_RUN_DEFAULT);
+            run();
             S.todo = n;
             S.got = S.inflight = S.done = 0;
             S.t0 = st_time_sec();
             cli_kick();
-            uv_run(&S.loop, UV_RUN_DEFAULT);
+            run();
             double dt = S.t1 - S.t0;
             r[mode] = mode ? sz * (double)n / dt / 1e6 : dt / n * 1e6;
         }

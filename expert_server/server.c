@@ -317,9 +317,9 @@ static void am_done(void *arg, st_tp_recv_t *r) {
 }
 
 /* The data thread: asleep in its loop on UCX's event fd until something comes; after a dispatch, UCX
- * polled without sleeping for the data path's spin (the next layer's dispatch comes within it while a
- * worker is stepping), with a turn of the loop every millisecond (offers, the stop). Ends when the
- * loop has no handle left (the stop). */
+ * polled without sleeping until the data path's spin passes with nothing moving (the next layer's
+ * dispatch comes within it while a worker is stepping), with a turn of the loop every millisecond
+ * (offers, the stop). Ends when the loop has no handle left (the stop). */
 static void *data_main(void *arg) {
     es_t *es = arg;
     const uint64_t spin = st_xfer_spin_ns();
@@ -330,9 +330,9 @@ static void *data_main(void *arg) {
         uint64_t t0 = st_time_ns(), t_turn = t0;
         seen = es->n_msgs;
         while (es->tp && st_time_ns() - t0 < spin) {
-            st_tp_poll(es->tp);
+            int moved = st_tp_poll(es->tp); /* a reply's rendezvous moves only while both sides progress */
             uint64_t now = st_time_ns();
-            if (es->n_msgs != seen) seen = es->n_msgs, t0 = now;
+            if (moved || es->n_msgs != seen) seen = es->n_msgs, t0 = now;
             if (now - t_turn > 1000000) {
                 if (!uv_run(&es->dloop, UV_RUN_NOWAIT)) return NULL;
                 t_turn = now;
