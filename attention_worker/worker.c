@@ -182,14 +182,14 @@ struct aw {
     st_engine_peer_mem_t peer[MAX_MB]; /* each micro-batch's device memory for same-host servers; reply NULL:
                                         * none (a CPU engine) */
     bool peer_off;                     /* compute thread: a server that shared it failed unanswered (remote_finish) */
-    st_tp_t *tp;         /* on dloop */
-    uv_loop_t dloop;     /* the compute thread's: UCX, the server table's timer, dwake */
-    uv_async_t dwake;    /* wakes the compute thread (inbox, placement, signals) */
-    uv_timer_t dtimer;   /* bounds a sleep of the compute thread */
-    int dl_closed;       /* under mu: dwake is closed (the compute thread left) */
-    int dl_asleep;       /* compute thread: in a blocking turn of dloop (dl_sleep) */
-    double t_polled;     /* compute thread: when its last poll of the data path ended (am_done's clock) */
-    uint8_t *place_in;   /* under mu: the newest placement (encoded), for the compute thread to apply */
+    st_tp_t *tp;                       /* on dloop */
+    uv_loop_t dloop;                   /* the compute thread's: UCX, the server table's timer, dwake */
+    uv_async_t dwake;                  /* wakes the compute thread (inbox, placement, signals) */
+    uv_timer_t dtimer;                 /* bounds a sleep of the compute thread */
+    int dl_closed;                     /* under mu: dwake is closed (the compute thread left) */
+    int dl_asleep;                     /* compute thread: in a blocking turn of dloop (dl_sleep) */
+    double t_polled;                   /* compute thread: when its last poll of the data path ended */
+    uint8_t *place_in;                 /* under mu: the newest map (encoded), for the compute thread */
     size_t place_in_len;
     st_rpc_server_t *rpc;
     st_member_t *mem;
@@ -250,7 +250,7 @@ struct aw {
     uint8_t *qbuf[MAX_MB];
     size_t qcap, qlen[MAX_MB];
     int hook_mb;
-    int ucx_out[MAX_MB];         /* compute thread: dispatches posted over UCX since the micro-batch's last wait */
+    int ucx_out[MAX_MB];         /* compute thread: dispatches sent over UCX since the micro-batch's last wait */
     bool sync_mb; /* STRATA_WORKER_SYNC=1: collect each micro-batch right after its launch (comparisons) */
     uint32_t *load;              /* [n_layers][n_experts] tokens per expert this step */
     int load_next;               /* first layer of the next report's loads */
