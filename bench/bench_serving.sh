@@ -25,24 +25,16 @@ export UCX_TLS=${UCX_TLS:-tcp}
 work=$(mktemp -d /tmp/strata-bench.XXXXXX)
 export STRATA_STATE=$work/state
 trap '"$BIN/strata" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-perftest_bw() { # $1 = message bytes → MB/s (overall), UCX AM bandwidth on loopback
-  local port=$((20000 + RANDOM % 20000)) n=$(( 400000000 / ($1 + 1) ))
+perftest() { # $1 = ucp_am_bw | ucp_am_lat, $2 = message bytes → UCX AM on loopback: MB/s overall (bw) or
+  # one-way µs, half the round trip (lat)
+  local port=$((20000 + RANDOM % 20000)) n=$(( 400000000 / ($2 + 1) )) col=6
+  [ "$1" = ucp_am_lat ] && col=3
   [ "$n" -gt 5000 ] && n=5000
   [ "$n" -lt 50 ] && n=50
-  ucx_perftest -t ucp_am_bw -s "$1" -n "$n" -p "$port" >/dev/null 2>&1 &
+  ucx_perftest -t "$1" -s "$2" -n "$n" -p "$port" >/dev/null 2>&1 &
   local srv=$!
   sleep 0.5
-  ucx_perftest 127.0.0.1 -p "$port" -t ucp_am_bw -s "$1" -n "$n" -f 2>/dev/null | awk 'NF >= 8 && $1 ~ /^[0-9]+$/ {v=$6} END {print v+0}'
-  wait "$srv" 2>/dev/null || true
-}
-perftest_lat() { # $1 = message bytes → one-way latency in µs (half the round trip), UCX AM ping-pong on loopback
-  local port=$((20000 + RANDOM % 20000)) n=$(( 200000000 / ($1 + 1) ))
-  [ "$n" -gt 5000 ] && n=5000
-  [ "$n" -lt 50 ] && n=50
-  ucx_perftest -t ucp_am_lat -s "$1" -n "$n" -p "$port" >/dev/null 2>&1 &
-  local srv=$!
-  sleep 0.5
-  ucx_perftest 127.0.0.1 -p "$port" -t ucp_am_lat -s "$1" -n "$n" 2>/dev/null | awk '$1 == "Final:" {v=$4} END {print v+0}'
+  ucx_perftest 127.0.0.1 -p "$port" -t "$1" -s "$2" -n "$n" -f 2>/dev/null | awk -v c="$col" 'NF >= 8 && $1 ~ /^[0-9]+$/ {v=$c} END {print v+0}'
   wait "$srv" 2>/dev/null || true
 }
 snap() { curl -s "http://$1/status" | python3 -c '
@@ -93,8 +85,8 @@ for p in $presets; do
   for load in prefill decode; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
     read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
-    bw=$(perftest_bw "$msg")
-    lat=$(perftest_lat "$msg")
+    bw=$(perftest ucp_am_bw "$msg")
+    lat=$(perftest ucp_am_lat "$msg")
     # the transport alone, both sides polling as the roles do while a worker steps: its stream and its
     # ping-pong (2 x msg per round trip) at this size
     read -r tp tprt < <({ "$BIN/bench_transport" --poll "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4, $3} END {if (NR < 2) print "", ""}')

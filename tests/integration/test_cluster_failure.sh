@@ -9,6 +9,14 @@
 expert_pid() { # pid of this cluster's expert-1 (the checkpoint path makes it unique on the machine)
   pgrep -f -- "--ckpt $TMP/ck .*--name expert-1( |$)" | head -n 1
 }
+settle() { # $1 = the requests' stderr prefix: waits for pids[]; sets failed, named (expert-1), hung
+  failed=0; named=0; hung=0
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    [ $rc -eq 124 ] && hung=$((hung+1))
+    if [ $rc -ne 0 ]; then failed=$((failed+1)); grep -q "expert-1" "$1$i.err" && named=$((named+1)); fi
+  done
+}
 for cfg in "2 1" "1 1" "1 0"; do
   set -- $cfg
   R=$1
@@ -22,12 +30,7 @@ for cfg in "2 1" "1 1" "1 0"; do
   done
   sleep 1.0
   kill -9 "$(expert_pid)"
-  failed=0; named=0; hung=0
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}"; rc=$?
-    [ $rc -eq 124 ] && hung=$((hung+1))
-    if [ $rc -ne 0 ]; then failed=$((failed+1)); grep -q "expert-1" "$TMP/r$R-$i.err" && named=$((named+1)); fi
-  done
+  settle "$TMP/r$R-"
   check "[$tag] no request hangs" "[ $hung -eq 0 ]"
   if [ "$R" = 2 ]; then
     check "[$tag] every request completes after losing a server" "[ $failed -eq 0 ]"
@@ -59,12 +62,7 @@ done
 sp=$(expert_pid)
 t0=$(date +%s.%N)
 kill -STOP "$sp"
-failed=0; named=0; hung=0
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"; rc=$?
-  [ $rc -eq 124 ] && hung=$((hung+1))
-  if [ $rc -ne 0 ]; then failed=$((failed+1)); grep -q "expert-1" "$TMP/s$i.err" && named=$((named+1)); fi
-done
+settle "$TMP/s"
 secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 check "[UCX, stopped server] requests end within the timeout, failing ones naming it ($failed failed, $named named, ${secs} s)" \
   "[ $hung -eq 0 ] && [ $failed -ge 1 ] && [ $named -eq $failed ] && python3 -c 'assert $secs < 10'"
