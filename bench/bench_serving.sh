@@ -4,7 +4,7 @@
 # gives them) per preset under a prefill and a decode load from one process (bench/load.py). Prints
 # the per-step time split (attention, dispatch, network, expert compute, combine, thresholds,
 # coordinator merge) and the
-# dispatch+combine goodput next to `ucx_perftest ucp_am_bw` measured in the same run at the same
+# dispatch+combine goodput next to `ucx_perftest ucp_am_bw` (best of three) measured in the same run at the same
 # mean message size (goal: >= 60% at decode sizes, >= 80% at prefill sizes), the same against the
 # ping-pong ceiling `ucx_perftest ucp_am_lat` gives at that size (a dispatch and its reply per layer:
 # 2 x size per round trip; at decode sizes a round trip, not a stream, is what one layer can use), and
@@ -85,8 +85,9 @@ for p in $presets; do
   for load in prefill decode; do
     if [ $load = prefill ]; then run_load "$http" "$long" 1; else run_load "$http" "$short" "$gen"; fi
     read -r steps attn disp wait net exp comb thr coord toks msg good wait_lyr <"$work/row"
-    bw=$(perftest ucp_am_bw "$msg")
-    lat=$(perftest ucp_am_lat "$msg")
+    # the ceilings: the best of three runs each (a single run on a shared VM swings 2-3x)
+    bw=$(for _ in 1 2 3; do perftest ucp_am_bw "$msg"; done | awk '$1 > m {m = $1} END {print m + 0}')
+    lat=$(for _ in 1 2 3; do perftest ucp_am_lat "$msg"; done | awk '$1 > 0 && (m == "" || $1 < m) {m = $1} END {print m + 0}')
     # the transport alone, both sides polling as the roles do while a worker steps: its stream and its
     # ping-pong (2 x msg per round trip) at this size
     read -r tp tprt < <({ "$BIN/bench_transport" --poll "$msg" 2>/dev/null || true; } | awk 'NR == 2 {print $4, $3} END {if (NR < 2) print "", ""}')
