@@ -77,7 +77,7 @@ typedef struct {
     uint32_t capacity; /* rows per dispatch it accepts */
     st_tp_ep_t *ep;    /* compute thread only */
     int alive;         /* under mu */
-    int state;         /* SRV_*; changed on the loop thread under mu */
+    int state;         /* SRV_*; changed by the table (compute thread) under mu */
     uint64_t retired_gen; /* SRV_RETIRED: reusable once the compute thread applied this placement */
     /* same host: the channel (set by channel_attach and taken away by srv_reap, under mu; used by the
      * compute thread while a pend names it) and the records of the hello / offer exchange */
@@ -608,7 +608,7 @@ static void drain_inbox(aw_t *aw, int admit_ok) {
 }
 
 /* Copy the newest placement (server indices) for the compute thread, at a step boundary. NOTE: once
- * place_applied reaches a slot's retired_gen, no step can name that slot again: the loop may reuse it. */
+ * place_applied reaches a slot's retired_gen, no step can name that slot again: the table may reuse it. */
 static void sync_placement(aw_t *aw) {
     pthread_mutex_lock(&aw->mu);
     if (aw->place_gen != aw->place_applied) {
@@ -676,7 +676,7 @@ static void send_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
             pthread_mutex_unlock(&aw->mu);
             continue;
         }
-        /* same host: packed straight into the server's request slot, claimed first (the loop frees a
+        /* same host: packed straight into the server's request slot, claimed first (srv_reap frees a
          * channel only while no dispatch names it) */
         pthread_mutex_lock(&aw->mu);
         st_xfer_chan_t *ch = aw->srv[s].alive ? aw->srv[s].chan : NULL;
@@ -801,7 +801,7 @@ static void wait_plan(aw_t *aw, int mb, st_dispatch_plan_t *p, const st_moe_work
         pend_t *pd = &aw->pend[mb][s];
         if (!p->n_rows[s]) continue;
         pthread_mutex_lock(&aw->mu);
-        st_xfer_chan_t *ch = pd->state == P_SENT ? pd->chan : NULL; /* the loop frees none a sent pend names */
+        st_xfer_chan_t *ch = pd->state == P_SENT ? pd->chan : NULL; /* srv_reap frees none a sent pend names */
         pthread_mutex_unlock(&aw->mu);
         if (ch) shm_wait(aw, pd, ch, until);
     }

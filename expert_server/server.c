@@ -2,10 +2,10 @@
  * Main loop thread: gRPC membership (placement, heartbeats), signals.
  * Data thread: a libuv loop of its own that owns UCX (listener, workers' connections, dispatches,
  * replies) and computes each dispatch where it landed, then sends the reply from the same thread:
- * no queue, no thread hand-off per layer. After a message it keeps polling (uv_run NOWAIT) for the
- * data path's spin (XFER_SPIN_US) before it sleeps on the worker's event fd, so the next layer's
- * dispatch finds it awake. Receive/reply buffers are preallocated slots: nothing is allocated per
- * dispatch.
+ * no queue, no thread hand-off per layer. After a dispatch it polls UCX (st_tp_poll) until the data
+ * path's spin (XFER_SPIN_US) passes with nothing moving, before it sleeps on UCX's event fd, so the
+ * next layer's dispatch finds it awake. Receive/reply buffers are preallocated slots: nothing is
+ * allocated per dispatch.
  * Upload thread (GPU): the placed experts' uploads while nothing computes.
  * Same-host workers (common/xfer): a worker whose hello says it runs on this host gets a channel in
  * shared memory, served by a link thread of its own that waits on the worker's doorbell (spin, then
@@ -78,10 +78,10 @@ struct es {
     int stop;         /* under mu */
     uint64_t served, rows;
     uint64_t n_msgs;  /* data thread: messages handled (its spin restarts when this moves) */
-    /* GPU: the (layer, expert) pairs placed here, uploaded by the compute thread between dispatches
+    /* GPU: the (layer, expert) pairs placed here, uploaded by the upload thread between dispatches
      * (so the first requests do not pay for it); want[i], i = layer · n_experts + expert, under mu */
     unsigned char *want;
-    size_t n_want, bind_next; /* pairs; next index to look at (compute thread, under mu) */
+    size_t n_want, bind_next; /* pairs; next index to look at (upload thread, under mu) */
     int placed;               /* a placement has been applied to want */
     /* the compute resources (es->cx / es->gpu) in use: by the data thread (a dispatch), the upload
      * thread (an upload) or a link thread; under mu.
@@ -644,7 +644,7 @@ static void on_placement(void *arg, const st_proto_placement_t *p) {
             for (uint32_t j = p->offsets[i]; j < p->offsets[i + 1] && j < p->n_member_ids; j++) w |= p->member_ids[j] == me;
             es->want[i] = w;
         }
-        es->bind_next = 0; /* the compute thread uploads what is not resident yet */
+        es->bind_next = 0; /* the upload thread uploads what is not resident yet */
         es->placed = 1;
         pthread_cond_signal(&es->cv);
         pthread_mutex_unlock(&es->mu);
