@@ -2,6 +2,8 @@
  *  phase 1: this process listens, child C1 connects; each side sends 1000 active messages of
  *           8 B .. 4 MiB (eager and rendezvous) with checksums and verifies all it receives;
  *           then C1 is killed and the listener side's peer-lost callback must fire in bounded time.
+ *           C1 drives its transport by polling alone (st_tp_poll, never its loop), as a role's
+ *           spinning thread does; this process by its loop.
  *  phase 2: this process (still running) connects to child C2's listener, exchanges 50 messages
  *           each way, kills C2, and its client-side peer-lost callback must fire.
  * Children are forked before any UCX state exists. Everything is bounded by alarms and a watchdog. */
@@ -226,8 +228,7 @@ static void child_client(int port_fd, int result_fd) { /* C1 */
     if (st_tp_connect(p.tp, "127.0.0.1", (uint16_t)port, &p.ep) != ST_OK) _exit(5);
     st_tp_ep_on_lost(p.ep, on_lost, &p);
     pump(&p);
-    uv_run(&loop, UV_RUN_DEFAULT); /* until killed */
-    _exit(6);
+    for (;;) st_tp_poll(p.tp); /* until killed */
 }
 
 static void child_server(int result_fd) { /* C2 */
