@@ -44,6 +44,9 @@ struct st_es_gpu {
     const st_config_t *c;
     int dev, n_layers, n_experts, ew, mi, max_rows;
     st_gpu_stream_t s;
+    void *done_ev;                 /* a dispatch's end on s, polled while wait_fn runs */
+    void (*wait_fn)(void *);       /* st_es_gpu_set_wait */
+    void *wait_arg;
     /* per (layer, expert): one device block [gate (mi×ew) ; up (mi×ew) ; down (ew×mi)] bf16, NULL
      * until bound. Allocated at bind time (start-up / placement), never per dispatch. */
     st_bf16_t **w;
@@ -131,6 +134,7 @@ st_status_t st_es_gpu_create(st_es_gpu_t **out, const st_ckpt_t *ck, int dev, in
         free(g);
         return s;
     }
+    if ((s = st_gpu_event_create(&g->done_ev)) != ST_OK) goto err;
     size_t nw = (size_t)g->n_layers * (size_t)g->n_experts;
     g->w = calloc(nw + 1, sizeof *g->w);
     if (!g->w) {
@@ -229,8 +233,14 @@ void st_es_gpu_destroy(st_es_gpu_t *g) {
     st_gpu_free(g->d_ws);
     st_gpu_free(g->d_mx);
     if (g->pinned.base) st_gpu_arena_cleanup(&g->pinned);
+    if (g->done_ev) st_gpu_events_destroy(&g->done_ev, 1);
     if (g->s.stream) st_gpu_stream_destroy(&g->s);
     free(g);
+}
+
+void st_es_gpu_set_wait(st_es_gpu_t *g, void (*fn)(void *), void *arg) {
+    g->wait_fn = fn;
+    g->wait_arg = arg;
 }
 
 /* W [rows, cols] (any stored dtype) → dst [rows, cols] bf16 on the device; synchronous. */
@@ -535,6 +545,10 @@ st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const 
     if (key.direct) __atomic_add_fetch(&g->n_served.direct, 1, __ATOMIC_RELAXED);
     if (key.gpu_leaf) __atomic_add_fetch(&g->n_served.leaf_dev, 1, __ATOMIC_RELAXED);
     double t2 = st_time_sec();
+    if (g->wait_fn) { /* the caller's other work (its transport) while the device computes */
+        CK(st_gpu_event_record(g->done_ev, &g->s));
+        while (!st_gpu_event_done(g->done_ev)) g->wait_fn(g->wait_arg);
+    }
     CK(st_gpu_stream_sync(&g->s));
 #undef CK
     if (gpu_leaf && *(volatile uint32_t *)g->h_err != 0xffffffffu)

@@ -62,6 +62,10 @@ st_status_t st_es_gpu_run_peer(st_es_gpu_t *g, int layer, uint32_t n_exp, const 
  * addresses: st_es_gpu_forget drops them all before such memory is unmapped or unpinned (a
  * same-host channel closing). Not concurrently with st_es_gpu_run. */
 void st_es_gpu_forget(st_es_gpu_t *g);
+/* While st_es_gpu_run waits for the device, call fn(arg) again and again (the data thread polls its
+ * transport there: the next dispatch lands while this one computes); NULL: a plain wait. Set by the
+ * thread that computes, for its own calls. */
+void st_es_gpu_set_wait(st_es_gpu_t *g, void (*fn)(void *), void *arg);
 /* Dispatches served so far (tests, the server's log; any thread): by a graph replay; without copying
  * rows (per-row dispatches, ≤ 64 slots, of distinct rows whose request and reply lie in mapped pinned
  * memory, read and written there by the kernels); with the leaf table built on the device (a large

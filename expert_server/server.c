@@ -1,8 +1,9 @@
 /* Expert server threads (see server.h).
  * Main loop thread: gRPC membership (placement, heartbeats), signals.
  * Data thread: a libuv loop of its own that owns UCX (listener, workers' connections, dispatches,
- * replies) and computes each dispatch where it landed, then sends the reply from the same thread:
- * no queue, no thread hand-off per layer. After a dispatch it polls UCX (st_tp_poll) until the data
+ * replies) and computes each dispatch it landed, then sends the reply from the same thread: no
+ * thread hand-off per layer. A GPU server's data thread polls UCX while the device computes, so the
+ * next dispatch lands meanwhile (it is computed next, in order). After a dispatch it polls UCX (st_tp_poll) until the data
  * path's spin (XFER_SPIN_US) passes with nothing moving, before it sleeps on UCX's event fd, so the
  * next layer's dispatch finds it awake. Receive/reply buffers are preallocated slots: nothing is
  * allocated per dispatch.
@@ -28,7 +29,7 @@
 #include "strata/wire.h"
 #include "strata/xfer.h"
 
-enum { SLOT_FREE = 0, SLOT_RECV, SLOT_SENDING };
+enum { SLOT_FREE = 0, SLOT_RECV, SLOT_READY, SLOT_SENDING };
 
 #ifdef STRATA_WITH_CUDA
 #define ST_ES_PINNED(es) ((es)->gpu != NULL) /* slot buffers from the pinned arena */
@@ -78,6 +79,7 @@ struct es {
     int stop;         /* under mu */
     uint64_t served, rows;
     uint64_t n_msgs;  /* data thread: messages handled (its spin restarts when this moves) */
+    int *ready, ready_n, ready_head; /* data thread: landed dispatches to compute, a ring of slot indices */
     /* GPU: the (layer, expert) pairs placed here, uploaded by the upload thread between dispatches
      * (so the first requests do not pay for it); want[i], i = layer · n_experts + expert, under mu */
     unsigned char *want;
@@ -249,8 +251,10 @@ static void on_async(uv_async_t *a) {
         return;
     }
     if (!es->tp) return;
-    st_tp_destroy(es->tp);
+    st_tp_destroy(es->tp); /* NOTE: no loss callbacks: the endpoints the ready slots name are gone */
     es->tp = NULL;
+    for (; es->ready_n; es->ready_n--, es->ready_head = (es->ready_head + 1) % es->o.slots)
+        slot_free(&es->slots[es->ready[es->ready_head]]);
     uv_close((uv_handle_t *)&es->async, NULL);
 }
 
@@ -309,11 +313,42 @@ static void am_done(void *arg, st_tp_recv_t *r) {
         send_reply(es, s);
         return;
     }
-    /* computed here and answered from here (UCX holds what arrives meanwhile) */
-    busy_take(es);
-    compute_one(es, s);
-    busy_give(es);
-    send_reply(es, s);
+    /* computed by this thread once its poll returns (serve_ready), and answered from here */
+    s->state = SLOT_READY;
+    es->ready[(es->ready_head + es->ready_n) % es->o.slots] = s->idx;
+    es->ready_n++;
+}
+
+#ifdef STRATA_WITH_CUDA
+static void poll_tp(void *arg) {
+    es_t *es = arg;
+    st_tp_poll(es->tp);
+}
+#endif
+
+/* The landed dispatches, in order: computed (a GPU server polls UCX meanwhile: what lands then joins
+ * the line) and answered. Data thread, outside UCX's callbacks. */
+static void serve_ready(es_t *es) {
+    while (es->ready_n && es->tp) {
+        slot_t *s = &es->slots[es->ready[es->ready_head]];
+        es->ready_head = (es->ready_head + 1) % es->o.slots;
+        es->ready_n--;
+        if (!s->ep) { /* the worker is gone: nobody to answer */
+            slot_free(s);
+            continue;
+        }
+        busy_take(es);
+#ifdef STRATA_WITH_CUDA
+        if (es->gpu) st_es_gpu_set_wait(es->gpu, poll_tp, es);
+#endif
+        compute_one(es, s);
+#ifdef STRATA_WITH_CUDA
+        if (es->gpu) st_es_gpu_set_wait(es->gpu, NULL, NULL);
+#endif
+        busy_give(es);
+        if (s->ep) send_reply(es, s);
+        else slot_free(s); /* lost while it computed */
+    }
 }
 
 /* The data thread: asleep in its loop on UCX's event fd until something comes; after a dispatch, UCX
@@ -326,15 +361,18 @@ static void *data_main(void *arg) {
     for (;;) {
         uint64_t seen = es->n_msgs;
         if (!uv_run(&es->dloop, UV_RUN_ONCE)) return NULL;
+        serve_ready(es);
         if (es->n_msgs == seen) continue; /* no dispatch (a connection, an offer): no spin */
         uint64_t t0 = st_time_ns(), t_turn = t0;
         seen = es->n_msgs;
         while (es->tp && st_time_ns() - t0 < spin) {
             int moved = st_tp_poll(es->tp); /* a reply's rendezvous moves only while both sides progress */
+            serve_ready(es);
             uint64_t now = st_time_ns();
             if (moved || es->n_msgs != seen) seen = es->n_msgs, t0 = now;
             if (now - t_turn > 1000000) {
                 if (!uv_run(&es->dloop, UV_RUN_NOWAIT)) return NULL;
+                serve_ready(es);
                 t_turn = now;
             }
         }
@@ -732,7 +770,8 @@ int st_es_run(const st_es_opts_t *opts) {
     es->cap = st_wire_dispatch_bytes((uint32_t)es->o.max_rows, (uint32_t)c->n_experts,
                                      (uint32_t)st_config_expert_width(c), (uint32_t)es->o.max_rows, false);
     es->slots = calloc((size_t)es->o.slots, sizeof(slot_t));
-    if (!es->slots) goto out_cx;
+    es->ready = calloc((size_t)es->o.slots, sizeof(int));
+    if (!es->slots || !es->ready) goto out_slots;
 #ifdef STRATA_WITH_CUDA
     /* GPU: slot buffers pinned, so the rows go between them and the device by DMA, with no host copy */
     if (es->gpu &&
@@ -842,7 +881,7 @@ out_slots:
     if (es->pinned.base) st_gpu_arena_cleanup(&es->pinned);
 #endif
     free(es->slots);
-out_cx:
+    free(es->ready);
     st_es_compute_cleanup(&es->cx);
 #ifdef STRATA_WITH_CUDA
     st_es_gpu_destroy(es->gpu);
