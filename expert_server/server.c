@@ -3,10 +3,10 @@
  * Data thread: a libuv loop of its own that owns UCX (listener, workers' connections, dispatches,
  * replies) and computes each dispatch it landed, then sends the reply from the same thread: no
  * thread hand-off per layer. A GPU server's data thread polls UCX while the device computes, so the
- * next dispatch lands meanwhile (it is computed next, in order). After a dispatch it polls UCX (st_tp_poll) until the data
- * path's spin (XFER_SPIN_US) passes with nothing moving, before it sleeps on UCX's event fd, so the
- * next layer's dispatch finds it awake. Receive/reply buffers are preallocated slots: nothing is
- * allocated per dispatch.
+ * next dispatch lands meanwhile (it is computed next, in order). After a dispatch it polls UCX
+ * (st_tp_poll) until the data path's spin (XFER_SPIN_US) passes with nothing moving, before it
+ * sleeps on UCX's event fd, so the next layer's dispatch finds it awake. Receive/reply buffers are
+ * preallocated slots: nothing is allocated per dispatch.
  * Upload thread (GPU): the placed experts' uploads while nothing computes.
  * Same-host workers (common/xfer): a worker whose hello says it runs on this host gets a channel in
  * shared memory, served by a link thread of its own that waits on the worker's doorbell (spin, then
