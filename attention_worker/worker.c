@@ -1720,7 +1720,9 @@ static void hello_sent(st_tp_send_req_t *req, st_status_t st) {
 /* Ask a newly connected server for a channel; it answers only when it runs on this host. */
 static void send_hello(aw_t *aw, srv_t *sv) {
     st_xfer_hello_t h;
-    if (!st_tun_int(ST_TUN_XFER_SHM) || sv->hello_busy || sv->chan || st_xfer_hello_init(&h, (uint32_t)aw->o.micro_batches, aw->pay_cap) != ST_OK) return;
+    if (!st_tun_int(ST_TUN_XFER_SHM) || sv->hello_busy || sv->chan || /* XFER_SHM=0: over UCX, as across hosts */
+        st_xfer_hello_init(&h, (uint32_t)aw->o.micro_batches, aw->pay_cap) != ST_OK)
+        return;
     sv->hello.cb = hello_sent;
     sv->hello.user = sv;
     sv->hello_busy = 1;
