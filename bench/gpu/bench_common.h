@@ -48,6 +48,15 @@ static void *bdev(size_t bytes) {
     return p;
 }
 
+/* v[0..n) ascending (insertion: a few samples) */
+static inline void b_sort(double *v, int n) {
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && v[b - 1] > v[b]; b--) {
+            double x = v[b];
+            v[b] = v[b - 1], v[b - 1] = x;
+        }
+}
+
 /* median over 5 repetitions of the mean of `it` calls of statement st (3 warm-up calls first), ms */
 #define BTIME(ms_out, it, st)                                                  \
     do {                                                                       \
@@ -61,10 +70,7 @@ static void *bdev(size_t bytes) {
             BK(st_gpu_timer_stop(&t_, &bs, &v_[r_]));                          \
             v_[r_] /= (it);                                                    \
         }                                                                      \
-        for (int a_ = 1; a_ < 5; a_++)                                         \
-            for (int b_ = a_; b_ > 0 && v_[b_ - 1] > v_[b_]; b_--) {           \
-                double x_ = v_[b_]; v_[b_] = v_[b_ - 1]; v_[b_ - 1] = x_;      \
-            }                                                                  \
+        b_sort(v_, 5);                                                         \
         st_gpu_timer_cleanup(&t_);                                             \
         (ms_out) = v_[2];                                                      \
     } while (0)

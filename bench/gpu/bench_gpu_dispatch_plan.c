@@ -68,11 +68,7 @@ static void run_shape(int T, int kc, int E, int S) {
         st_moe_dispatch_plan(&h, ids, cnt, wts, so, failed, T, kc);
         v[r] = now_s() - t0;
     }
-    for (int a = 1; a < 11; a++)
-        for (int b = a; b > 0 && v[b - 1] > v[b]; b--) {
-            double y = v[b];
-            v[b] = v[b - 1], v[b - 1] = y;
-        }
+    b_sort(v, 11);
     const double host_us = 1e6 * v[5];
 
     /* the device */

@@ -161,12 +161,7 @@ static void bench_server(int T, int k, int E, int l, int w) {
         BK(st_gpu_stream_sync(&bs));
         lat[r] = (st_time_sec() - t0) * 1e3;
     }
-    for (int a = 1; a < 51; a++)
-        for (int b = a; b > 0 && lat[b - 1] > lat[b]; b--) {
-            double v = lat[b];
-            lat[b] = lat[b - 1];
-            lat[b - 1] = v;
-        }
+    b_sort(lat, 51);
     printf("server dispatch T=%d k=%d E=%d l=%d w=%d (%d pairs, %zu table bytes):", T, k, E, l, w, n, words * 4);
     for (int i = 0; i < 5; i++)
         printf(" %s %.1f us%s", what[i], ms[i] * 1e3, i < 4 ? "," : "");

@@ -46,15 +46,6 @@ static st_status_t step(int T, int m) {
     return ST_OK;
 }
 
-static void sort_ms(double *v, int n) {
-    for (int a = 1; a < n; a++)
-        for (int b = a; b > 0 && v[b - 1] > v[b]; b--) {
-            double x = v[b];
-            v[b] = v[b - 1];
-            v[b - 1] = x;
-        }
-}
-
 /* median of REPS timed steps of mode m, each from freshly filled logits (2 warm-up steps first), ms */
 static double time_step(int T, int m) {
     st_gpu_timer_t t;
@@ -69,7 +60,7 @@ static double time_step(int T, int m) {
         if (r >= 0) v[r] = ms;
     }
     st_gpu_timer_cleanup(&t);
-    sort_ms(v, REPS);
+    b_sort(v, REPS);
     return v[REPS / 2];
 }
 
@@ -135,7 +126,7 @@ int main(void) {
             BK(st_qsum_finish(qb, &len));
             pk[r] = now_ms() - t0;
         }
-        sort_ms(pk, 5);
+        b_sort(pk, 5);
         /* the CPU path it replaces: the scores (σ, as the last step left them) to the host, st_qsum_add_layer */
         float *hs = malloc(sizeof(float) * (size_t)T * N);
         double cpu = 0;

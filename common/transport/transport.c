@@ -655,38 +655,39 @@ static int deliver(st_tp_t *tp) {
     return did;
 }
 
+/* Progress and deliver until neither does anything; nonzero when something happened. NOTE: deliver
+ * after every productive progress call, so receive records are handed back (and sends re-posted)
+ * before UCX drains more messages off the wire. */
+static int progress_all(st_tp_t *tp) {
+    int did = 0;
+    for (;;) {
+        unsigned n = ucp_worker_progress(tp->worker);
+        if (!deliver(tp) && !n) return did;
+        did = 1;
+    }
+}
+
 /* Progress until idle, deliver, then arm the event fd; UCS_ERR_BUSY means more is pending. */
 static void drive(st_tp_t *tp) {
     if (tp->in_drive || !tp->worker) return;
     tp->in_drive = 1;
-    for (;;) {
-        /* NOTE: deliver after every productive progress call, so receive records are handed back
-           (and sends re-posted) before UCX drains more messages off the wire. */
-        unsigned n = ucp_worker_progress(tp->worker);
-        if (deliver(tp) || n) continue;
-        ucs_status_t s = ucp_worker_arm(tp->worker);
-        if (s == UCS_ERR_BUSY) {
-            uv_idle_start(&tp->idle, on_idle);
-        } else {
-            if (s != UCS_OK) st_log_warn("transport: ucp_worker_arm: %s", ucs_status_string(s));
-            /* closes still in flight complete on fd events too, but keep polling them cheaply */
-            if (tp->closing) uv_idle_start(&tp->idle, on_idle);
-            else uv_idle_stop(&tp->idle);
-        }
-        break;
+    progress_all(tp);
+    ucs_status_t s = ucp_worker_arm(tp->worker);
+    if (s == UCS_ERR_BUSY) {
+        uv_idle_start(&tp->idle, on_idle);
+    } else {
+        if (s != UCS_OK) st_log_warn("transport: ucp_worker_arm: %s", ucs_status_string(s));
+        /* closes still in flight complete on fd events too, but keep polling them cheaply */
+        if (tp->closing) uv_idle_start(&tp->idle, on_idle);
+        else uv_idle_stop(&tp->idle);
     }
     tp->in_drive = 0;
 }
 
-int st_tp_poll(st_tp_t *tp) {
+int st_tp_poll(st_tp_t *tp) { /* as drive, without arming: a poller comes back at once */
     if (tp->in_drive || !tp->worker) return 0;
     tp->in_drive = 1;
-    int did = 0;
-    for (;;) { /* as drive, without arming: a poller comes back at once */
-        unsigned n = ucp_worker_progress(tp->worker);
-        if (!deliver(tp) && !n) break;
-        did = 1;
-    }
+    int did = progress_all(tp);
     tp->in_drive = 0;
     return did;
 }
