@@ -1396,6 +1396,7 @@ static void dl_close(aw_t *aw) {
 
 static void *compute_main(void *arg) {
     aw_t *aw = arg;
+    st_cpu_data_thread("st-compute");
     for (;;) {
         /* the data loop's news first (a placement, a lost server), then idle until work, a stop, or a
          * new map (copied at once: retired server slots are reused only after that) */
@@ -2477,6 +2478,10 @@ int st_aw_run(const st_aw_opts_t *opts) {
                                         .tls_key = sec->tls_key,
                                         .tls_ca = sec->tls_ca};
     }
+    /* the engine's kernel threads exist: this thread and the libraries' threads to the control CPUs */
+    char who[96];
+    snprintf(who, sizeof who, "worker %s", aw->o.name);
+    st_cpu_control(who);
     uv_loop_init(&aw->loop);
     pthread_mutex_init(&aw->mu, NULL);
     pthread_cond_init(&aw->cv, NULL);

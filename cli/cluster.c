@@ -116,6 +116,7 @@ typedef struct {
     cpu_set_t cpus;
     char threads[16]; /* STRATA_THREADS, "" when the user set it */
     bool spin;        /* STRATA_XFER_SPIN_US=SPLIT_SPIN_US (the user did not set it) */
+    char control[64]; /* STRATA_CONTROL_CPUS: the coordinator's CPUs; "" when the user set it, or for it */
     char text[64];    /* "2-3", for strata up's summary */
 } role_cores_t;
 
@@ -140,6 +141,7 @@ static pid_t spawn(char *const argv[], const char *log, const role_cores_t *rc) 
             } else {
                 if (rc->threads[0]) setenv("STRATA_THREADS", rc->threads, 1);
                 if (rc->spin) setenv("STRATA_XFER_SPIN_US", SPLIT_SPIN_US, 1);
+                if (rc->control[0]) setenv("STRATA_CONTROL_CPUS", rc->control, 1);
             }
         }
         execv(argv[0], argv);
@@ -161,7 +163,10 @@ static pid_t spawn(char *const argv[], const char *log, const role_cores_t *rc) 
  * tokens/s). So `auto` splits when there is a CPU per role but fewer than two; `on` whenever there is
  * one per role. The coordinator (rc[workers + experts]) gets the last CPU when one is left over, else
  * shares the last expert server's: on a worker's cores its per-step work (and a local load's) stalls
- * the worker's hand-offs. Values the user set are kept. Returns the number of roles given cores (0: no
+ * the worker's hand-offs. The roles' own control threads (event loops, gRPC's and UCX's threads) go
+ * there too (CONTROL_CPUS, st_cpu_control), so each role's data-path threads have its CPUs to
+ * themselves: on 2 CPUs that halved the decode layers a worker's per-step gRPC work stalled
+ * (docs/perf-cpu.md). Values the user set are kept. Returns the number of roles given cores (0: no
  * split). */
 static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
     cpu_set_t all;
@@ -170,6 +175,7 @@ static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
     if (n < roles || (!always && n >= 2 * roles)) return 0;
     bool own_threads = st_tun_source(ST_TUN_THREADS) == ST_TUN_FROM_DEFAULT;
     bool own_spin = st_tun_source(ST_TUN_XFER_SPIN_US) == ST_TUN_FROM_DEFAULT;
+    bool own_control = st_tun_source(ST_TUN_CONTROL_CPUS) == ST_TUN_FROM_DEFAULT;
     int shared = n > roles ? n - 1 : n; /* the roles' CPUs */
     for (int r = 0; r <= roles; r++) {
         int k = r < roles ? shared / roles + (r < shared % roles) : n - shared, first = -1, last = -1;
@@ -190,6 +196,9 @@ static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
             memcpy(rc[r].text, rc[r - 1].text, sizeof rc[r].text);
         }
     }
+    for (int r = 0; r < roles; r++) /* the roles' control threads with the coordinator (st_cpu_control) */
+        snprintf(rc[r].control, sizeof rc[r].control, "%s", own_control ? rc[roles].text : "");
+    rc[roles].control[0] = 0;
     return roles;
 }
 

@@ -167,6 +167,7 @@ static int bind_one(es_t *es) {
 /* Uploads placed experts one at a time while nothing computes (a dispatch never waits for more than one). */
 static void *upload_main(void *arg) {
     es_t *es = arg;
+    st_cpu_data_thread("st-upload");
     pthread_mutex_lock(&es->mu);
     while (!es->stop)
         if (!bind_one(es)) pthread_cond_wait(&es->cv, &es->mu);
@@ -357,6 +358,7 @@ static void serve_ready(es_t *es) {
  * (offers, the stop). Ends when the loop has no handle left (the stop). */
 static void *data_main(void *arg) {
     es_t *es = arg;
+    st_cpu_data_thread("st-data");
     const uint64_t spin = st_xfer_spin_ns();
     for (;;) {
         uint64_t seen = es->n_msgs;
@@ -525,6 +527,7 @@ static st_status_t link_make(shm_link_t *l) {
 static void *link_main(void *arg) {
     shm_link_t *l = arg;
     es_t *es = l->es;
+    st_cpu_data_thread("st-link");
     if (link_make(l) == ST_OK) {
         for (;;) {
             uint32_t k;
@@ -795,6 +798,10 @@ int st_es_run(const st_es_opts_t *opts) {
             goto out_slots;
         }
     }
+    /* the kernels' threads exist: this thread and the libraries' threads to the control CPUs */
+    char who[96];
+    snprintf(who, sizeof who, "expert %s", es->o.name);
+    st_cpu_control(who);
     uv_loop_init(&es->loop);
     uv_loop_init(&es->dloop);
     pthread_mutex_init(&es->mu, NULL);

@@ -104,6 +104,7 @@ static void lin_work(lin_job_t *j, int me) {
 static void *lin_thread(void *arg) {
     int me = (int)(intptr_t)arg;
     uint64_t seen = 0;
+    st_cpu_data_thread("st-linear");
     pthread_mutex_lock(&g_lin.mu);
     for (;;) {
         while (g_lin.gen == seen) pthread_cond_wait(&g_lin.go, &g_lin.mu);

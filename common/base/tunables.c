@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef enum { TUN_INT, TUN_BOOL, TUN_STR, TUN_ENUM } tun_type_t;
+typedef enum { TUN_INT, TUN_BOOL, TUN_STR, TUN_ENUM, TUN_CPUS } tun_type_t;
 
 #define TUN_SECRET 1u  /* value never printed or logged (its length is) */
 #define TUN_OUTSIDE 2u /* another library's variable, read by that library: shown, never set */
@@ -54,6 +54,11 @@ static const tun_field_t g_fields[] = {
     [ST_TUN_XFER_SHM] = {"XFER_SHM", TUN_BOOL, "1", 0, 1, NULL, "", 0,
                          "attention worker: ask a server on this host for a shared-memory channel (0: every server "
                          "over UCX, as across hosts; comparisons)"},
+    [ST_TUN_CONTROL_CPUS] = {"CONTROL_CPUS", TUN_CPUS, "", 0, 0, NULL, "cpus", 0,
+                             "CPU roles: the CPUs of a role's control threads (its event loop; gRPC's, UCX's and libuv's "
+                             "threads), so that its data-path threads (a worker's compute thread, an expert server's data "
+                             "and link threads, the kernels' threads) have the process's other CPUs to themselves; strata "
+                             "up's core split sets the coordinator's (empty: every thread on every CPU of the process)"},
     [ST_TUN_UCX_TLS] = {"UCX_TLS", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,
                         "UCX's transports, read by UCX (strata up sets tcp when unset)"},
     [ST_TUN_UCX_NET_DEVICES] = {"UCX_NET_DEVICES", TUN_STR, "", 0, 0, NULL, "", TUN_OUTSIDE,
@@ -83,6 +88,7 @@ static const char *tun_expect(const tun_field_t *f, char *buf, size_t n) {
     if (f->type == TUN_INT) snprintf(buf, n, "an integer in %ld..%ld", f->lo, f->hi);
     else if (f->type == TUN_BOOL) snprintf(buf, n, "a boolean (1/0, yes/no, true/false, on/off)");
     else if (f->type == TUN_ENUM) snprintf(buf, n, "one of %s", f->choices);
+    else if (f->type == TUN_CPUS) snprintf(buf, n, "a CPU list such as 3 or 0-3,8 (CPUs below %d)", ST_CPU_MAX);
     else snprintf(buf, n, "a string under %d bytes", TUN_VAL_MAX);
     return buf;
 }
@@ -97,6 +103,9 @@ static int tun_parse(const tun_field_t *f, const char *text, tun_value_t *v) {
     if (strlen(text) >= TUN_VAL_MAX) return -1;
     switch (f->type) {
     case TUN_STR: break;
+    case TUN_CPUS:
+        if (st_cpu_list_parse(text, NULL) != 0) return -1;
+        break;
     case TUN_BOOL:
         if (!strcmp(text, "1") || !strcmp(text, "yes") || !strcmp(text, "true") || !strcmp(text, "on")) num = 1;
         else if (!strcmp(text, "0") || !strcmp(text, "no") || !strcmp(text, "false") || !strcmp(text, "off")) num = 0;
@@ -246,7 +255,7 @@ static void tun_line(int i, char *out, size_t n, int with_doc) {
     var_name(f, var, sizeof var);
     if ((f->flags & TUN_SECRET) && v->text[0]) snprintf(val, sizeof val, "<%zu characters>", strlen(v->text));
     else snprintf(val, sizeof val, "%s%.64s%s", f->type == TUN_STR ? "\"" : "", v->text, f->type == TUN_STR ? "\"" : "");
-    const char *ty = f->type == TUN_INT ? "int" : f->type == TUN_BOOL ? "bool" : f->type == TUN_STR ? "string" : f->choices;
+    const char *ty = f->type == TUN_INT ? "int" : f->type == TUN_BOOL ? "bool" : f->type == TUN_STR ? "string" : f->type == TUN_CPUS ? "cpus" : f->choices;
     int k = with_doc ? snprintf(out, n, "%-28s %-24s %-8s", var, val, src_name(v->src))
                      : snprintf(out, n, "%-28s %-24s %s", var, val, src_name(v->src));
     if (with_doc && k > 0 && (size_t)k < n)

@@ -30,29 +30,38 @@ print(n, "JSON lines")
 PY
 check "[logs] the roles' lines are dated JSON objects ($(cat "$TMP/logs.txt" | tail -n 1))" "grep -q 'JSON lines' '$TMP/logs.txt'"
 
-# the roles' CPUs (python: sched_getaffinity) and their STRATA_THREADS / STRATA_XFER_SPIN_US at start
+# the roles' CPUs (python: sched_getaffinity): their data-path thread's (a server's st-data, a worker's
+# st-compute), their STRATA_THREADS / STRATA_XFER_SPIN_US / STRATA_CONTROL_CPUS at start, their main
+# thread's (the control threads'), the coordinator's
 roles_cpus() {
   python3 - "$STRATA_STATE/cluster.env" <<'PY'
 import os, sys
 pids = [int(p) for l in open(sys.argv[1]) if l.startswith("pids=") for p in l[5:].split(",")]
+show = lambda s: ",".join(map(str, sorted(s)))
 for pid in pids[1:]:  # the coordinator first, then the expert servers and the workers
     env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
-    cpus = sorted(os.sched_getaffinity(pid))
-    print(",".join(map(str, cpus)), env.get("STRATA_THREADS", "-"), env.get("STRATA_XFER_SPIN_US", "-"))
+    data = [int(t) for t in os.listdir(f"/proc/{pid}/task")
+            if open(f"/proc/{pid}/task/{t}/comm").read().strip() in ("st-data", "st-compute")]
+    assert len(data) == 1, data
+    print(show(os.sched_getaffinity(data[0])), env.get("STRATA_THREADS", "-"), env.get("STRATA_XFER_SPIN_US", "-"),
+          env.get("STRATA_CONTROL_CPUS", "-"), show(os.sched_getaffinity(pid)), show(os.sched_getaffinity(pids[0])))
 PY
 }
 ncpu=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
 all=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
 roles_cpus >"$TMP/split.txt"
 if [ "$ncpu" -ge 2 ]; then
-  check "[split] each role on its own CPUs, threads and spin to match ($(tr '\n' ';' <"$TMP/split.txt"); $ncpu CPUs)" \
+  check "[split] each role's data path on its own CPUs, threads and spin to match, its control threads on the coordinator's ($(tr '\n' ';' <"$TMP/split.txt"); $ncpu CPUs)" \
     "python3 - '$TMP/split.txt' '${STRATA_THREADS:-}' <<'PY'
 import sys
 rows = [l.split() for l in open(sys.argv[1])]
-sets = [set(map(int, c.split(','))) for c, _, _ in rows]
+sets = [set(map(int, c.split(','))) for c, *_ in rows]
 assert len(rows) == 2 and all(sets) and not sets[0] & sets[1], rows
-for (c, t, spin), cpus in zip(rows, sets):
+for (c, t, spin, control, main, coord), cpus in zip(rows, sets):
     assert t == (sys.argv[2] or str(len(cpus))) and spin == '50000', rows
+    # the control threads with the coordinator: its CPU list, as a list of CPUs
+    want = ','.join(str(x) for a, _, b in (r.partition('-') for r in control.split(',')) for x in range(int(a), int(b or a) + 1))
+    assert want == main == coord, rows
 PY"
   check "[split] strata up lists the roles' CPUs" "grep -q '^  cores  *attn-0 .*expert-0 .*coordinator ' '$TMP/up.txt'"
 fi
@@ -67,7 +76,7 @@ up_on() {
 }
 up_on "$all" nosplit --cpu-split off
 check "[split] --cpu-split off: every role on every CPU, nothing set ($(tr '\n' ';' <"$TMP/nosplit.txt"))" \
-  "[ \"\$(sort -u '$TMP/nosplit.txt')\" = '$all ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ]"
+  "[ \"\$(sort -u '$TMP/nosplit.txt')\" = '$all ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--} ${STRATA_CONTROL_CPUS:--} $all $all' ]"
 out=$(timeout 30 "$S" generate --prompt-tokens 3,4,5 --max-tokens 4 --print-tokens 2>/dev/null)
 check "[split] the unsplit cluster generates ($out)" "[ \$(echo '$out' | tr ',' '\n' | grep -c '^[0-9]') -eq 4 ]"
 "$S" down >/dev/null 2>&1
@@ -81,11 +90,11 @@ fi
 one=$(echo "$all" | cut -d, -f1)
 up_on "$one" auto1
 check "[split] auto on 1 CPU, 2 roles: not split ($(tr '\n' ';' <"$TMP/auto1.txt"))" \
-  "[ \"\$(sort -u '$TMP/auto1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ] && ! grep -q '^  cores' '$TMP/up-auto1.txt'"
+  "[ \"\$(sort -u '$TMP/auto1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--} ${STRATA_CONTROL_CPUS:--} $one $one' ] && ! grep -q '^  cores' '$TMP/up-auto1.txt'"
 "$S" down >/dev/null 2>&1
 up_on "$one" on1 --cpu-split on
 check "[split] on with fewer CPUs than roles: says so, no split" \
-  "grep -q 'cpu-split on: fewer CPUs than roles' '$TMP/up-on1.txt' && [ \"\$(sort -u '$TMP/on1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--}' ]"
+  "grep -q 'cpu-split on: fewer CPUs than roles' '$TMP/up-on1.txt' && [ \"\$(sort -u '$TMP/on1.txt')\" = '$one ${STRATA_THREADS:--} ${STRATA_XFER_SPIN_US:--} ${STRATA_CONTROL_CPUS:--} $one $one' ]"
 "$S" down >/dev/null 2>&1
 "$S" up --ckpt "$TMP/ck" --cpu-split maybe >"$TMP/up3.txt" 2>&1
 rc=$?

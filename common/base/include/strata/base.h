@@ -106,6 +106,7 @@ typedef enum {
     ST_TUN_HOST_ROUTE,          /* bool: GPU engine routes on the host (quantile mode) */
     ST_TUN_XFER_SPIN_US,        /* int: same-host data path spin before sleeping, −1 = by device */
     ST_TUN_XFER_SHM,            /* bool: the worker asks same-host servers for a shared-memory channel */
+    ST_TUN_CONTROL_CPUS,        /* CPU list: a CPU role's control threads (st_cpu_control) */
     ST_TUN_UCX_TLS,             /* UCX's, read only */
     ST_TUN_UCX_NET_DEVICES,     /* UCX's, read only */
     ST_TUN_COUNT
@@ -239,6 +240,25 @@ typedef struct {
 /* If argv[*i] is one of the flags above, consume it (and its value) and return 1; 0 if not ours;
  * -1 (after printing why) when its value is missing. */
 int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i);
+/* ---- CPUs: a role's control threads apart from its data path (common/base/cpu.c) ----
+ * CONTROL_CPUS (the table) names the CPUs of a role's control threads: its event loop and the threads
+ * the libraries start (gRPC, UCX, libuv's pool). Its data-path threads (the worker's compute thread,
+ * the expert server's data and link threads, the kernels' threads) keep the process's other CPUs, so
+ * a thread that spins on its peer is not taken off its CPU by the control plane's per-step work. */
+#define ST_CPU_MAX 1024
+/* A CPU list ("3", "0-3,8": ascending ranges of CPUs below ST_CPU_MAX, no blanks): 0 when it parses
+ * (and, when mask is given, its CPUs as bits of ST_CPU_MAX / 64 words), -1 when it does not. */
+int st_cpu_list_parse(const char *list, uint64_t *mask);
+/* The role's main thread, after it made its kernels' threads and before any library starts its own:
+ * with CONTROL_CPUS set, the process's CPUs less those become the data-path threads' (all of them
+ * when that leaves none) and the calling thread moves to CONTROL_CPUS, so the threads it starts
+ * from now on follow it. Logs what it did; a CPU list the kernel refuses is a warning (every thread
+ * stays where it is), never an error. */
+void st_cpu_control(const char *role);
+/* A data-path thread's first call: names it (top -H, /proc/PID/task/TID/comm; at most 15 characters)
+ * and moves it to the data-path CPUs when st_cpu_control set them. */
+void st_cpu_data_thread(const char *name);
+
 /* Every role's start: loads the configuration table (st_tun_load) and logs it (st_tun_log), then
  * loads the secret (flag, else CLUSTER_SECRET_FILE of the table) and derives the tokens; fails when
  * a STRATA_ variable does not parse, when there is no secret and --insecure was not given, or a TLS
