@@ -31,6 +31,7 @@ struct st_xfer_chan {
     uint32_t *count;   /* per slot: requests posted (client) or taken (server) */
     uint8_t *pending;  /* client: posted, reply not taken yet */
     uint32_t doorbell; /* client: posts so far; server: requests taken so far */
+    uint64_t t_taken;  /* server: when st_xfer_chan_next last returned a request (ns; 0: never) */
 };
 
 static size_t a256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -195,8 +196,12 @@ st_status_t st_xfer_chan_gpu_map(st_xfer_chan_t *c) { return st_xfer_region_gpu_
 #endif
 
 st_status_t st_xfer_chan_next(st_xfer_chan_t *c, int timeout_ms, uint32_t *slot, st_xfer_msg_t *m) {
-    st_status_t rc = st_xfer__wait_host(c->r, CHAN_DOORBELL, c->doorbell + 1, timeout_ms, true);
+    /* spin only within the data path's spin of the last request: an idle server's polls sleep at once */
+    uint64_t now = st_time_ns(), spin = st_xfer_spin_ns();
+    spin = c->t_taken && now - c->t_taken < spin ? spin - (now - c->t_taken) : 0;
+    st_status_t rc = st_xfer__wait_host(c->r, CHAN_DOORBELL, c->doorbell + 1, timeout_ms, true, spin);
     if (rc) return rc;
+    c->t_taken = st_time_ns();
     for (uint32_t s = 0; s < c->n; s++) {
         uint32_t posted = __atomic_load_n((const uint32_t *)(c->base + req_flag(s)), __ATOMIC_ACQUIRE);
         if (posted == c->count[s]) continue;

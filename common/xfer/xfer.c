@@ -44,6 +44,10 @@ typedef struct {
 /* spin before sleeping: a peer answering within the spin is never slept on (st_xfer_set_spin) */
 static uint64_t g_spin_ns = 30000u; /* set at a role's start, before its threads */
 #define XFER_SLICE_NS 1000000u    /* a sleeping waiter checks abort, peer and deadline every 1 ms */
+/* an idle poll's (quiet) slices double up to this: its doorbell is rung by a CPU, which wakes it, so
+ * the slice bounds only how soon it sees an abort or the peer's exit (an idle server: 1 000 wake-ups
+ * a second took 2% of a CPU) */
+#define XFER_IDLE_SLICE_NS 32000000u
 
 static inline void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static inline void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
@@ -390,18 +394,20 @@ void st_xfer_set_spin(bool gpu_role) {
 uint64_t st_xfer_spin_ns(void) { return g_spin_ns; }
 
 st_status_t st_xfer_wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms) {
-    return st_xfer__wait_host(r, flag_off, seq, timeout_ms, false);
+    return st_xfer__wait_host(r, flag_off, seq, timeout_ms, false, g_spin_ns);
 }
 
-st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms, bool quiet) {
+st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms, bool quiet,
+                               uint64_t spin_ns) {
     st_status_t rc = flag_check(r, flag_off, "wait");
     if (rc) return rc;
     if (timeout_ms <= 0) return ST_FAIL(ST_ERR_INVALID_ARG, "xfer wait: timeout %d ms (every wait is bounded)", timeout_ms);
     uint32_t *f = flag_at(r, flag_off);
     if (st_flag_met(f, seq, NULL)) return ST_OK;
     uint64_t t0 = st_time_ns(), deadline = t0 + (uint64_t)timeout_ms * 1000000u;
-    if (!__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE) && st_flag_wait(f, seq, NULL, g_spin_ns, NULL)) return ST_OK;
-    for (;;) {
+    if (spin_ns > deadline - t0) spin_ns = deadline - t0; /* no spin past the wait's bound */
+    if (!__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE) && st_flag_wait(f, seq, NULL, spin_ns, NULL)) return ST_OK;
+    for (uint64_t cur = XFER_SLICE_NS;; cur = quiet && 2 * cur <= XFER_IDLE_SLICE_NS ? 2 * cur : cur) {
         if (st_flag_met(f, seq, NULL)) return ST_OK; /* met before the peer died or the abort: the data is there */
         if (__atomic_load_n(&r->aborted, __ATOMIC_ACQUIRE)) return aborted_status(r, quiet);
         if ((rc = peer_check(r, quiet)) != ST_OK) return rc;
@@ -411,7 +417,7 @@ st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t se
         if (now >= deadline)
             return ST_FAIL(ST_ERR_TIMEOUT, "xfer wait: %s did not signal within %d ms (flag at %zu is %u, want %u)",
                            label_of(r), timeout_ms, flag_off, __atomic_load_n(f, __ATOMIC_ACQUIRE), seq);
-        uint64_t left = deadline - now, slice = left < XFER_SLICE_NS ? left : XFER_SLICE_NS;
+        uint64_t left = deadline - now, slice = left < cur ? left : cur;
         struct timespec ts = {.tv_sec = (time_t)(slice / 1000000000u), .tv_nsec = (long)(slice % 1000000000u)};
         __atomic_add_fetch(&f[1], 1u, __ATOMIC_SEQ_CST);
         uint32_t v = __atomic_load_n(f, __ATOMIC_SEQ_CST);

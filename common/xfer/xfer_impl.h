@@ -33,9 +33,11 @@ struct st_xfer_region {
 #define XFER_PAGE 4096   /* HOST: the header page before the user bytes */
 #define XFER_DEV_HDR 256 /* DEVICE: the header before the user bytes */
 
-/* st_xfer_wait_host; quiet: its ending is not an error worth a log line (an idle server's poll, whose
- * owner logs why its link ended): timeouts, aborts and the peer's exit are recorded, logged at DEBUG */
-st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms, bool quiet);
+/* st_xfer_wait_host, spinning spin_ns before it sleeps; quiet: its ending is not an error worth a log
+ * line (an idle server's poll, whose owner logs why its link ended): timeouts, aborts and the peer's
+ * exit are recorded, logged at DEBUG */
+st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms, bool quiet,
+                               uint64_t spin_ns);
 
 #ifdef STRATA_XFER_GPU
 st_status_t st_xfer__dev_create(st_xfer_region_t *r);

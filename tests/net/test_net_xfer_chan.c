@@ -216,8 +216,37 @@ static void test_local(void) {
     CHECK(st_xfer_hello_check(&bad, sizeof bad, &got) == ST_ERR_PROTOCOL, "unterminated boot id");
 }
 
+/* An idle server's polls spin only within the data path's spin of its last request, then sleep: six
+ * 50 ms polls after a request, with a 100 ms spin, spin ~100 ms in all (each spun its 50 ms before). */
+static void test_idle_poll(void) {
+    CHECK(st_tun_set("XFER_SPIN_US", "100000") == ST_OK, "XFER_SPIN_US=100000");
+    st_xfer_set_spin(false);
+    st_xfer_chan_t *srv = NULL, *cli = NULL;
+    uint8_t h[ST_XFER_HANDLE_BYTES];
+    CHECK(st_xfer_chan_create(2, 64, 64, &srv) == ST_OK && st_xfer_chan_export(srv, h) == ST_OK &&
+              st_xfer_chan_open(h, sizeof h, &cli) == ST_OK,
+          "channel: %s", st_err_last());
+    uint32_t s;
+    st_xfer_msg_t m;
+    if (srv && cli) {
+        CHECK(st_xfer_chan_post(cli, 0, NULL, 0, 1) == ST_OK && st_xfer_chan_next(srv, 1000, &s, &m) == ST_OK, "a request");
+        struct timespec a, b;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+        int idle = 0;
+        for (int i = 0; i < 6; i++) idle += st_xfer_chan_next(srv, 50, &s, &m) == ST_ERR_TIMEOUT;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+        double cpu_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+        CHECK(idle == 6 && cpu_ms < 200, "six idle 50 ms polls took %.0f ms of CPU (300 when each spins)", cpu_ms);
+    }
+    st_xfer_chan_destroy(cli);
+    st_xfer_chan_destroy(srv);
+    CHECK(st_tun_set("XFER_SPIN_US", "30") == ST_OK, "XFER_SPIN_US=30");
+    st_xfer_set_spin(false);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
+    test_idle_poll();
     test_local();
     test_rounds();
     return st_test_done();

@@ -128,7 +128,8 @@ st_status_t st_xfer_chan_wait_reply(st_xfer_chan_t *c, uint32_t slot, int timeou
 /* Non-blocking: true once the reply to the request pending in slot has arrived (then wait_reply
  * returns at once), or when nothing is pending there. */
 bool st_xfer_chan_reply_in(const st_xfer_chan_t *c, uint32_t slot);
-/* server: the next posted request (*slot, *m), waiting up to timeout_ms; a timeout here is an idle
+/* server: the next posted request (*slot, *m), waiting up to timeout_ms (spinning only until the data
+ * path's spin has passed since the last request: an idle server sleeps); a timeout here is an idle
  * poll (ST_ERR_TIMEOUT), and an abort or the client's exit ends it (ST_ERR_PEER): recorded in
  * st_err_last, logged at DEBUG only (the caller says why its link ended). */
 st_status_t st_xfer_chan_next(st_xfer_chan_t *c, int timeout_ms, uint32_t *slot, st_xfer_msg_t *m);
