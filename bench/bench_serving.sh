@@ -78,7 +78,10 @@ printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' pre
   "wait/lyr us" "net ms" "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
 results=()
 for p in $presets; do
-  case $p in tiny) long=1024; short=16; gen=64 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
+  # tiny decodes 256 tokens a request: ~260 steps of the 8 requests together, where 64 (~65 steps) left
+  # the steps of their arrivals and ends (each request's HTTP, gRPC and the load's threads on the
+  # coordinator's CPU) half the decode's network time (docs/perf-cpu.md); small's steps are long
+  case $p in tiny) long=1024; short=16; gen=256 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
   "$BIN/strata" up --preset "$p" --experts "$experts" --workers 1 --routing "$routing" --max-seqs "$conc" \
       --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) ${UP_ARGS:-} >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
