@@ -54,7 +54,7 @@ static const tun_field_t g_fields[] = {
     [ST_TUN_XFER_SHM] = {"XFER_SHM", TUN_BOOL, "1", 0, 1, NULL, "", 0,
                          "attention worker: ask a server on this host for a shared-memory channel (0: every server "
                          "over UCX, as across hosts; comparisons)"},
-    [ST_TUN_CONTROL_CPUS] = {"CONTROL_CPUS", TUN_CPUS, "", 0, 0, NULL, "cpus", 0,
+    [ST_TUN_CONTROL_CPUS] = {"CONTROL_CPUS", TUN_CPUS, "", 0, 0, NULL, "", 0,
                              "CPU roles: the CPUs of a role's control threads (its event loop; gRPC's, UCX's and libuv's "
                              "threads), so that its data-path threads (a worker's compute thread, an expert server's data "
                              "and link threads, the kernels' threads) have the process's other CPUs to themselves; strata "
@@ -254,8 +254,15 @@ static void tun_line(int i, char *out, size_t n, int with_doc) {
     char var[64], val[80];
     var_name(f, var, sizeof var);
     if ((f->flags & TUN_SECRET) && v->text[0]) snprintf(val, sizeof val, "<%zu characters>", strlen(v->text));
-    else snprintf(val, sizeof val, "%s%.64s%s", f->type == TUN_STR ? "\"" : "", v->text, f->type == TUN_STR ? "\"" : "");
-    const char *ty = f->type == TUN_INT ? "int" : f->type == TUN_BOOL ? "bool" : f->type == TUN_STR ? "string" : f->type == TUN_CPUS ? "cpus" : f->choices;
+    else {
+        const char *q = f->type == TUN_STR || f->type == TUN_CPUS ? "\"" : "";
+        snprintf(val, sizeof val, "%s%.64s%s", q, v->text, q);
+    }
+    const char *ty = f->type == TUN_INT    ? "int"
+                     : f->type == TUN_BOOL ? "bool"
+                     : f->type == TUN_STR  ? "string"
+                     : f->type == TUN_CPUS ? "CPU list"
+                                           : f->choices;
     int k = with_doc ? snprintf(out, n, "%-28s %-24s %-8s", var, val, src_name(v->src))
                      : snprintf(out, n, "%-28s %-24s %s", var, val, src_name(v->src));
     if (with_doc && k > 0 && (size_t)k < n)
