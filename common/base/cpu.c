@@ -57,11 +57,15 @@ void st_cpu_control(const char *role) {
     CPU_ZERO(&ctl);
     for (int c = 0; c < ST_CPU_MAX; c++)
         if (mask[c / 64] >> (c % 64) & 1) CPU_SET(c, &ctl);
-    if (pthread_getaffinity_np(pthread_self(), sizeof proc, &proc) != 0) CPU_ZERO(&proc);
+    int err = pthread_getaffinity_np(pthread_self(), sizeof proc, &proc);
+    if (err) {
+        st_log_warn("%s: CONTROL_CPUS ignored: this thread's CPUs: %s", role, strerror(err));
+        return;
+    }
     CPU_XOR(&data, &proc, &ctl);
     CPU_AND(&data, &data, &proc); /* the process's CPUs less the control ones */
     if (!CPU_COUNT(&data)) data = proc;
-    int err = pthread_setaffinity_np(pthread_self(), sizeof ctl, &ctl);
+    err = pthread_setaffinity_np(pthread_self(), sizeof ctl, &ctl);
     char dt[256], ct[256];
     set_text(&data, dt, sizeof dt);
     set_text(&ctl, ct, sizeof ct);
