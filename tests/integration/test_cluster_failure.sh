@@ -25,7 +25,7 @@ for cfg in "2 1" "1 1" "1 0"; do
      --heartbeat-ms 200 >"$TMP/up.txt" 2>&1 || { bad "cluster ($tag) starts"; cat "$TMP/up.txt"; continue; }
   pids=()
   for i in 0 1 2 3; do
-    timeout 120 "$S" generate --prompt-tokens "$((i+1)),2,3,4,5" --max-tokens 400 --print-tokens >"$TMP/r$R-$i.out" 2>"$TMP/r$R-$i.err" &
+    timeout 120 "$S" generate --prompt-tokens "$((i+1)),2,3,4,5" --max-tokens 1500 --ignore-eos --print-tokens >"$TMP/r$R-$i.out" 2>"$TMP/r$R-$i.err" &
     pids+=($!)
   done
   sleep 1.0
