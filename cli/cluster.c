@@ -471,7 +471,8 @@ int st_cmd_up(int argc, char **argv) {
         for (int i = 0; i < workers + experts; i++)
             printf("%s%s-%d %s", i ? ", " : "", i < workers ? "attn" : "expert", i < workers ? i : i - workers,
                    rcs[i].text);
-        printf(", coordinator %s   (--cpu-split off: every role on every core)\n", rcs[workers + experts].text);
+        printf(", coordinator %s%s   (--cpu-split off: every role on every core)\n", rcs[workers + experts].text,
+               rcs[0].control[0] ? " with every role's control threads" : "");
     }
     return 0;
 }
