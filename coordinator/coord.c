@@ -228,13 +228,15 @@ static member_t *member_auth(coord_t *co, st_rpc_call_t *call, uint64_t id, cons
     return *why ? NULL : m;
 }
 
-/* A random id no entry has (never 0) and a 128-bit token. */
+/* A random id no entry has (never 0; below 2^53, so /status's JSON carries it exactly to any client,
+ * JavaScript's included, and never as a negative number) and a 128-bit token. */
 static st_status_t new_identity(coord_t *co, uint64_t *id, char token[ST_PROTO_TOKEN_LEN + 1]) {
     uint8_t t[ST_PROTO_TOKEN_LEN / 2];
     uint64_t v = 0;
     for (int tries = 0; v == 0 || st_coord_member_find(co, v); tries++) {
         if (tries > 16 || st_random_bytes(&v, sizeof v) != ST_OK)
             return ST_FAIL(ST_ERR_INTERNAL, "register: no randomness for a member id");
+        v &= (1ull << 53) - 1;
     }
     if (st_random_bytes(t, sizeof t) != ST_OK) return ST_FAIL(ST_ERR_INTERNAL, "register: no randomness for a member token");
     st_hex(t, sizeof t, token);

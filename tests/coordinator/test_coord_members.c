@@ -411,13 +411,16 @@ static void test_ids(st_rpc_channel_t *ch) {
     }
     CHECK(ok, "three registrations: %s", rr.detail);
     if (!ok) return;
-    int tokens = 1, seq = 0, high = 0;
+    int tokens = 1, seq = 0, high = 0, safe = 1;
     for (int i = 0; i < 3; i++) {
         tokens &= is_hex32(r[i].member_token);
         high |= r[i].member_id >> 32 != 0;
+        safe &= r[i].member_id < (1ull << 53);
         for (int k = 0; k < 3; k++) seq |= k != i && (r[k].member_id == r[i].member_id + 1 || r[k].member_id == r[i].member_id);
     }
     CHECK(tokens, "member tokens are 32 hex digits (got \"%s\")", r[0].member_token);
+    CHECK(safe, "member ids below 2^53 (exact in JSON): %llu %llu %llu", (unsigned long long)r[0].member_id,
+          (unsigned long long)r[1].member_id, (unsigned long long)r[2].member_id);
     CHECK(!seq && high, "member ids are random, not a counter: %llu %llu %llu", (unsigned long long)r[0].member_id,
           (unsigned long long)r[1].member_id, (unsigned long long)r[2].member_id);
     CHECK(strcmp(r[0].member_token, r[1].member_token) != 0, "each registration its own token");
