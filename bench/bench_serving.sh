@@ -78,10 +78,11 @@ printf '%-6s %-7s %6s %8s %8s %8s %9s %8s %9s %8s %8s %8s %9s %9s %12s %s\n' pre
   "wait/lyr us" "net ms" "expert ms" "comb ms" "thr ms" "coord ms" "tok/s" "msg bytes" "goodput MB/s" "vs ucx_perftest am_bw"
 results=()
 for p in $presets; do
-  # tiny decodes 256 tokens a request: ~260 steps of the 8 requests together, where 64 (~65 steps) left
-  # the steps of their arrivals and ends (each request's HTTP, gRPC and the load's threads on the
-  # coordinator's CPU) half the decode's network time (docs/perf-cpu.md); small's steps are long
-  case $p in tiny) long=1024; short=16; gen=256 ;; small) long=128; short=16; gen=8 ;; *) long=128; short=16; gen=8 ;; esac
+  # decodes long enough that the 8 requests' arrivals and ends (each one's HTTP, gRPC and the load's
+  # threads on the coordinator's CPU) do not set the figure: tiny 256 tokens a request (~260 steps;
+  # 64 left them half the decode's network time, docs/perf-cpu.md), small 32 (~33 steps; 8 gave 9
+  # steps, where one stalled layer moved the figure from 283% to 45%)
+  case $p in tiny) long=1024; short=16; gen=256 ;; small) long=128; short=16; gen=32 ;; *) long=128; short=16; gen=8 ;; esac
   "$BIN/strata" up --preset "$p" --experts "$experts" --workers 1 --routing "$routing" --max-seqs "$conc" \
       --max-batch-tokens $((long * conc)) --max-ctx $((long + gen + 8)) ${UP_ARGS:-} >"$work/up.txt" 2>&1 || { cat "$work/up.txt"; exit 1; }
   http=$(sed -n 's/^http=//p' "$STRATA_STATE/cluster.env")
