@@ -116,7 +116,7 @@ typedef struct {
     cpu_set_t cpus;
     char threads[16]; /* STRATA_THREADS, "" when the user set it */
     bool spin;        /* STRATA_XFER_SPIN_US=SPLIT_SPIN_US (the user did not set it) */
-    char control[64]; /* STRATA_CONTROL_CPUS: the coordinator's CPUs; "" when the user set it, or for it */
+    const char *control; /* STRATA_CONTROL_CPUS: the coordinator's text; NULL when the user set it, or for it */
     char text[64];    /* "2-3", for strata up's summary */
 } role_cores_t;
 
@@ -141,7 +141,7 @@ static pid_t spawn(char *const argv[], const char *log, const role_cores_t *rc) 
             } else {
                 if (rc->threads[0]) setenv("STRATA_THREADS", rc->threads, 1);
                 if (rc->spin) setenv("STRATA_XFER_SPIN_US", SPLIT_SPIN_US, 1);
-                if (rc->control[0]) setenv("STRATA_CONTROL_CPUS", rc->control, 1);
+                if (rc->control) setenv("STRATA_CONTROL_CPUS", rc->control, 1);
             }
         }
         execv(argv[0], argv);
@@ -196,9 +196,8 @@ static int cpu_split(role_cores_t *rc, int workers, int experts, bool always) {
             memcpy(rc[r].text, rc[r - 1].text, sizeof rc[r].text);
         }
     }
-    for (int r = 0; r < roles; r++) /* the roles' control threads with the coordinator (st_cpu_control) */
-        snprintf(rc[r].control, sizeof rc[r].control, "%s", own_control ? rc[roles].text : "");
-    rc[roles].control[0] = 0;
+    for (int r = 0; r <= roles; r++) /* the roles' control threads with the coordinator (st_cpu_control) */
+        rc[r].control = own_control && r < roles ? rc[roles].text : NULL;
     return roles;
 }
 
@@ -472,7 +471,7 @@ int st_cmd_up(int argc, char **argv) {
             printf("%s%s-%d %s", i ? ", " : "", i < workers ? "attn" : "expert", i < workers ? i : i - workers,
                    rcs[i].text);
         printf(", coordinator %s%s   (--cpu-split off: every role on every core)\n", rcs[workers + experts].text,
-               rcs[0].control[0] ? " with every role's control threads" : "");
+               rcs[0].control ? " with every role's control threads" : "");
     }
     return 0;
 }
