@@ -33,9 +33,9 @@ struct st_xfer_region {
 #define XFER_PAGE 4096   /* HOST: the header page before the user bytes */
 #define XFER_DEV_HDR 256 /* DEVICE: the header before the user bytes */
 
-/* st_xfer_wait_host, spinning spin_ns before it sleeps; quiet: its ending is not an error worth a log
- * line (an idle server's poll, whose owner logs why its link ended): timeouts, aborts and the peer's
- * exit are recorded, logged at DEBUG */
+/* st_xfer_wait_host, spinning spin_ns before it sleeps; quiet: an idle server's poll, whose ending is
+ * not an error worth a log line (its owner logs why its link ended: timeouts, aborts and the peer's
+ * exit are recorded, logged at DEBUG) and whose sleep slices double up to XFER_IDLE_SLICE_NS */
 st_status_t st_xfer__wait_host(st_xfer_region_t *r, size_t flag_off, uint32_t seq, int timeout_ms, bool quiet,
                                uint64_t spin_ns);
 

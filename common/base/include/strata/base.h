@@ -240,6 +240,14 @@ typedef struct {
 /* If argv[*i] is one of the flags above, consume it (and its value) and return 1; 0 if not ours;
  * -1 (after printing why) when its value is missing. */
 int st_sec_opts_parse(st_sec_opts_t *o, int argc, char **argv, int *i);
+/* Every role's start: loads the configuration table (st_tun_load) and logs it (st_tun_log), then
+ * loads the secret (flag, else CLUSTER_SECRET_FILE of the table) and derives the tokens; fails when
+ * a STRATA_ variable does not parse, when there is no secret and --insecure was not given, or a TLS
+ * file is given without its pair. */
+st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role);
+#define ST_SEC_USAGE \
+    "[--cluster-secret-file F | --insecure] [--tls --tls-cert F --tls-key F --tls-ca F] [--set NAME=VALUE ...]"
+
 /* ---- CPUs: a role's control threads apart from its data path (common/base/cpu.c) ----
  * CONTROL_CPUS (the table) names the CPUs of a role's control threads: its event loop and the threads
  * the libraries start (gRPC, UCX, libuv's pool). Its data-path threads (the worker's compute thread,
@@ -258,14 +266,6 @@ void st_cpu_control(const char *role);
 /* A data-path thread's first call: names it (top -H, /proc/PID/task/TID/comm; at most 15 characters)
  * and moves it to the data-path CPUs when st_cpu_control set them. */
 void st_cpu_data_thread(const char *name);
-
-/* Every role's start: loads the configuration table (st_tun_load) and logs it (st_tun_log), then
- * loads the secret (flag, else CLUSTER_SECRET_FILE of the table) and derives the tokens; fails when
- * a STRATA_ variable does not parse, when there is no secret and --insecure was not given, or a TLS
- * file is given without its pair. */
-st_status_t st_sec_opts_finish(st_sec_opts_t *o, const char *role);
-#define ST_SEC_USAGE \
-    "[--cluster-secret-file F | --insecure] [--tls --tls-cert F --tls-key F --tls-ca F] [--set NAME=VALUE ...]"
 
 #define ST_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
