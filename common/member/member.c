@@ -343,6 +343,14 @@ static void on_report(st_status_t st, const uint8_t *b, size_t n, const char *de
     report_t *r = arg;
     st_member_t *m = r->m;
     m->calls--;
+    /* the reply names the newest table: fetch it now rather than at the next heartbeat, so a worker
+     * routes with the table of ~2 steps before (the estimator's default lead) instead of one up to a
+     * heartbeat old (docs/quantile.md, "Table delay"); one fetch in flight at a time */
+    st_proto_scores_reply_t rep;
+    if (st == ST_OK && !m->stopping && st_proto_scores_reply_decode(b, n, &rep) == ST_OK) {
+        follow_versions(m, 0, rep.threshold_version);
+        st_proto_scores_reply_cleanup(&rep);
+    }
     r->cb(st, b, n, detail, r->arg);
     free(r);
     maybe_finish_stop(m);
