@@ -523,6 +523,34 @@ static st_status_t check_scores(const coord_t *co, const st_proto_scores_t *r) {
     return ST_OK;
 }
 
+/* The newest table as the wire carries it: tau for every layer (non-MoE rows NaN) and rho only for the
+ * layers this version probes (a whole row is set or NaN); unchanged when the requester knows it or
+ * none is published. Points into co's buffers (valid until the next call). */
+static st_proto_thresholds_t thresholds_msg(coord_t *co, uint64_t known) {
+    st_proto_thresholds_t t = {.version = co->tau_version, .n_layers = (uint32_t)co->cfg.n_layers,
+                               .n_experts = (uint32_t)co->cfg.n_experts, .step = co->tau_steps};
+    st_qtable_t q = {0};
+    if (co->q) st_qstate_table(co->q, &q);
+    if (known == co->tau_version || q.version == 0) {
+        t.unchanged = 1;
+        return t;
+    }
+    uint32_t E = q.n_experts, off = (uint32_t)co->cfg.first_k_dense;
+    for (size_t i = 0; i < (size_t)off * E; i++) co->tau_all[i] = NAN;
+    memcpy(co->tau_all + (size_t)off * E, q.tau, sizeof(float) * q.n_layers * E);
+    for (uint32_t l = 0; l < q.n_layers; l++) {
+        const float *row = q.rho + (size_t)l * E;
+        if (!st_qtau_is_set(row[0])) continue;
+        memcpy(co->rho_all + t.n_rho_layers * E, row, sizeof(float) * E);
+        co->rho_layers[t.n_rho_layers++] = l + off;
+    }
+    t.tau = co->tau_all;
+    t.rho = co->rho_all;
+    t.n_rho = t.n_rho_layers * E;
+    t.rho_layers = co->rho_layers;
+    return t;
+}
+
 static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *arg) {
     coord_t *co = arg;
     st_proto_scores_t r;
@@ -587,7 +615,11 @@ static void h_report(st_rpc_call_t *call, const uint8_t *req, size_t len, void *
     uint8_t *buf = NULL;
     size_t n = 0;
     if (s == ST_OK) {
+        /* the newest table rides along when the worker routed with an older one: no GetThresholds
+         * round trip per step, and the worker routes with it ~2 steps after the counts it reflects */
         st_proto_scores_reply_t rep = {.threshold_version = co->tau_version};
+        st_proto_thresholds_t t = thresholds_msg(co, r.threshold_version);
+        if (!t.unchanged) rep.thresholds = &t;
         s = st_proto_scores_reply_encode(&rep, &buf, &n);
     }
     reply_threshold_msg(co, call, s, buf, n);
@@ -601,29 +633,7 @@ static void h_thresholds(st_rpc_call_t *call, const uint8_t *req, size_t len, vo
         st_rpc_call_finish(call, ST_ERR_INVALID_ARG, st_err_last());
         return;
     }
-    st_proto_thresholds_t t = {.version = co->tau_version, .n_layers = (uint32_t)co->cfg.n_layers,
-                               .n_experts = (uint32_t)co->cfg.n_experts, .step = co->tau_steps};
-    st_qtable_t q = {0};
-    if (co->q) st_qstate_table(co->q, &q);
-    if (r.known_version == co->tau_version || q.version == 0) {
-        t.unchanged = 1;
-    } else {
-        /* the estimator works over MoE layers; the wire carries tau for every layer (non-MoE rows
-         * NaN) and rho only for the layers this version probes (a whole row is set or NaN) */
-        uint32_t E = q.n_experts, off = (uint32_t)co->cfg.first_k_dense;
-        for (size_t i = 0; i < (size_t)off * E; i++) co->tau_all[i] = NAN;
-        memcpy(co->tau_all + (size_t)off * E, q.tau, sizeof(float) * q.n_layers * E);
-        for (uint32_t l = 0; l < q.n_layers; l++) {
-            const float *row = q.rho + (size_t)l * E;
-            if (!st_qtau_is_set(row[0])) continue;
-            memcpy(co->rho_all + t.n_rho_layers * E, row, sizeof(float) * E);
-            co->rho_layers[t.n_rho_layers++] = l + off;
-        }
-        t.tau = co->tau_all;
-        t.rho = co->rho_all;
-        t.n_rho = t.n_rho_layers * E;
-        t.rho_layers = co->rho_layers;
-    }
+    st_proto_thresholds_t t = thresholds_msg(co, r.known_version);
     uint8_t *buf;
     size_t n;
     st_status_t es_ = st_proto_thresholds_encode(&t, &buf, &n);

@@ -60,10 +60,6 @@ static int eq_version_req(const st_proto_version_req_t *a, const st_proto_versio
     return a->known_version == b->known_version;
 }
 
-static int eq_scores_reply(const st_proto_scores_reply_t *a, const st_proto_scores_reply_t *b) {
-    return a->threshold_version == b->threshold_version;
-}
-
 static int eq_members(const st_proto_member_t *a, const st_proto_member_t *b, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (a[i].member_id != b[i].member_id || a[i].role != b[i].role || !str_eq(a[i].name, b[i].name) ||
@@ -104,6 +100,11 @@ static int eq_thresholds(const st_proto_thresholds_t *a, const st_proto_threshol
            a->n_experts == b->n_experts && (a->tau == NULL) == (b->tau == NULL) && mem_eq(a->tau, b->tau, n_tau * sizeof(float)) &&
            a->n_rho == b->n_rho && mem_eq(a->rho, b->rho, a->n_rho * sizeof(float)) && a->n_rho_layers == b->n_rho_layers &&
            mem_eq(a->rho_layers, b->rho_layers, a->n_rho_layers * sizeof(uint32_t));
+}
+
+static int eq_scores_reply(const st_proto_scores_reply_t *a, const st_proto_scores_reply_t *b) {
+    return a->threshold_version == b->threshold_version && (a->thresholds == NULL) == (b->thresholds == NULL) &&
+           (!a->thresholds || eq_thresholds(a->thresholds, b->thresholds));
 }
 
 static int eq_generate_req(const st_proto_generate_req_t *a, const st_proto_generate_req_t *b) {

@@ -359,20 +359,6 @@ st_status_t st_proto_version_req_decode(const uint8_t *buf, size_t len, st_proto
 }
 void st_proto_version_req_cleanup(st_proto_version_req_t *m) { (void)m; }
 
-st_status_t st_proto_scores_reply_encode(const st_proto_scores_reply_t *m, uint8_t **out, size_t *len) {
-    Strata__V1__ReportScoresReply pb;
-    strata__v1__report_scores_reply__init(&pb);
-    pb.threshold_version = m->threshold_version;
-    return pack_msg(&pb.base, "ReportScoresReply", out, len);
-}
-st_status_t st_proto_scores_reply_decode(const uint8_t *buf, size_t len, st_proto_scores_reply_t *out) {
-    Strata__V1__ReportScoresReply *pb = (void *)unpack_msg(&strata__v1__report_scores_reply__descriptor, buf, len);
-    if (!pb) return ST_ERR_PROTOCOL;
-    out->threshold_version = pb->threshold_version;
-    protobuf_c_message_free_unpacked(&pb->base, NULL);
-    return ST_OK;
-}
-void st_proto_scores_reply_cleanup(st_proto_scores_reply_t *m) { (void)m; }
 
 /* ---- Placement ---- */
 
@@ -590,28 +576,34 @@ static int rho_ok(uint32_t n_layers, uint32_t n_experts, size_t n_rho, const uin
     return 1;
 }
 
-st_status_t st_proto_thresholds_encode(const st_proto_thresholds_t *m, uint8_t **out, size_t *len) {
+/* NOTE: pb points into m's arrays */
+static st_status_t thresholds_to_pb(const st_proto_thresholds_t *m, Strata__V1__Thresholds *pb) {
     size_t cells;
     if (!cells_ok(m->n_layers, m->n_experts, &cells) || (!m->unchanged && cells && !m->tau))
         return ST_FAIL(ST_ERR_INVALID_ARG, "proto: thresholds %u x %u: bad shape", m->n_layers, m->n_experts);
-    Strata__V1__Thresholds pb;
-    strata__v1__thresholds__init(&pb);
-    pb.version = m->version;
-    pb.unchanged = m->unchanged != 0;
-    pb.step = m->step;
-    pb.n_layers = m->n_layers;
-    pb.n_experts = m->n_experts;
+    strata__v1__thresholds__init(pb);
+    pb->version = m->version;
+    pb->unchanged = m->unchanged != 0;
+    pb->step = m->step;
+    pb->n_layers = m->n_layers;
+    pb->n_experts = m->n_experts;
     if (!m->unchanged) {
-        pb.n_tau = cells;
-        pb.tau = m->tau;
+        pb->n_tau = cells;
+        pb->tau = m->tau;
         if (!rho_ok(m->n_layers, m->n_experts, m->n_rho, m->rho_layers, m->n_rho_layers) || (m->n_rho && !m->rho))
             return ST_FAIL(ST_ERR_INVALID_ARG, "proto: thresholds: rho of %zu values over %zu layers", m->n_rho, m->n_rho_layers);
-        pb.n_rho = m->n_rho;
-        pb.rho = m->rho;
-        pb.n_rho_layers = m->n_rho_layers;
-        pb.rho_layers = m->rho_layers;
+        pb->n_rho = m->n_rho;
+        pb->rho = m->rho;
+        pb->n_rho_layers = m->n_rho_layers;
+        pb->rho_layers = m->rho_layers;
     }
-    return pack_msg(&pb.base, "Thresholds", out, len);
+    return ST_OK;
+}
+
+st_status_t st_proto_thresholds_encode(const st_proto_thresholds_t *m, uint8_t **out, size_t *len) {
+    Strata__V1__Thresholds pb;
+    st_status_t st = thresholds_to_pb(m, &pb);
+    return st != ST_OK ? st : pack_msg(&pb.base, "Thresholds", out, len);
 }
 
 void st_proto_thresholds_cleanup(st_proto_thresholds_t *m) {
@@ -621,20 +613,15 @@ void st_proto_thresholds_cleanup(st_proto_thresholds_t *m) {
     memset(m, 0, sizeof *m);
 }
 
-st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_thresholds_t *out) {
-    Strata__V1__Thresholds *pb = (void *)unpack_msg(&strata__v1__thresholds__descriptor, buf, len);
-    if (!pb) return ST_ERR_PROTOCOL;
-    st_status_t st = ST_OK;
+static st_status_t thresholds_from_pb(const Strata__V1__Thresholds *pb, st_proto_thresholds_t *out) {
     size_t cells;
     st_proto_thresholds_t r = {0};
     /* NOTE: "unchanged" carries no table at all (tau nor rho): what encode writes for it */
     if (!cells_ok(pb->n_layers, pb->n_experts, &cells) || pb->n_tau != (pb->unchanged ? 0 : cells) ||
         ((pb->n_rho || pb->n_rho_layers) && pb->unchanged) ||
-        !rho_ok(pb->n_layers, pb->n_experts, pb->n_rho, pb->rho_layers, pb->n_rho_layers)) {
-        st = ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u%s with %zu tau, %zu rho over %zu layers", pb->n_layers,
-                       pb->n_experts, pb->unchanged ? " (unchanged)" : "", pb->n_tau, pb->n_rho, pb->n_rho_layers);
-        goto err_unpacked;
-    }
+        !rho_ok(pb->n_layers, pb->n_experts, pb->n_rho, pb->rho_layers, pb->n_rho_layers))
+        return ST_REJECT(ST_ERR_PROTOCOL, "proto: thresholds %u x %u%s with %zu tau, %zu rho over %zu layers", pb->n_layers,
+                         pb->n_experts, pb->unchanged ? " (unchanged)" : "", pb->n_tau, pb->n_rho, pb->n_rho_layers);
     r.version = pb->version;
     r.unchanged = pb->unchanged != 0;
     r.step = pb->step;
@@ -647,15 +634,51 @@ st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_
         !dup_arr((void **)&r.rho_layers, pb->rho_layers, pb->n_rho_layers, sizeof(uint32_t))) {
         free(r.tau);
         free(r.rho);
-        st = NOMEM("Thresholds");
-        goto err_unpacked;
+        return NOMEM("Thresholds");
     }
-    protobuf_c_message_free_unpacked(&pb->base, NULL);
     *out = r;
     return ST_OK;
-err_unpacked:
+}
+
+st_status_t st_proto_thresholds_decode(const uint8_t *buf, size_t len, st_proto_thresholds_t *out) {
+    Strata__V1__Thresholds *pb = (void *)unpack_msg(&strata__v1__thresholds__descriptor, buf, len);
+    if (!pb) return ST_ERR_PROTOCOL;
+    st_status_t st = thresholds_from_pb(pb, out);
     protobuf_c_message_free_unpacked(&pb->base, NULL);
     return st;
+}
+
+st_status_t st_proto_scores_reply_encode(const st_proto_scores_reply_t *m, uint8_t **out, size_t *len) {
+    Strata__V1__ReportScoresReply pb;
+    Strata__V1__Thresholds th;
+    strata__v1__report_scores_reply__init(&pb);
+    pb.threshold_version = m->threshold_version;
+    if (m->thresholds) {
+        st_status_t st = thresholds_to_pb(m->thresholds, &th);
+        if (st != ST_OK) return st;
+        pb.thresholds = &th;
+    }
+    return pack_msg(&pb.base, "ReportScoresReply", out, len);
+}
+st_status_t st_proto_scores_reply_decode(const uint8_t *buf, size_t len, st_proto_scores_reply_t *out) {
+    Strata__V1__ReportScoresReply *pb = (void *)unpack_msg(&strata__v1__report_scores_reply__descriptor, buf, len);
+    if (!pb) return ST_ERR_PROTOCOL;
+    st_proto_scores_reply_t r = {.threshold_version = pb->threshold_version};
+    st_status_t st = ST_OK;
+    if (pb->thresholds) {
+        if (!(r.thresholds = calloc(1, sizeof *r.thresholds)))
+            st = NOMEM("ReportScoresReply");
+        else if ((st = thresholds_from_pb(pb->thresholds, r.thresholds)) != ST_OK)
+            free(r.thresholds);
+    }
+    protobuf_c_message_free_unpacked(&pb->base, NULL);
+    if (st == ST_OK) *out = r;
+    return st;
+}
+void st_proto_scores_reply_cleanup(st_proto_scores_reply_t *m) {
+    if (m->thresholds) st_proto_thresholds_cleanup(m->thresholds);
+    free(m->thresholds);
+    m->thresholds = NULL;
 }
 
 /* ---- Generate ---- */

@@ -152,6 +152,12 @@ static int use_target(st_member_t *m, const char *addr) {
 
 /* ---- calls ---- */
 
+static void new_thresholds(st_member_t *m, const st_proto_thresholds_t *t) {
+    if (t->unchanged || t->version <= m->have_thresholds) return;
+    m->have_thresholds = t->version;
+    m->o.on_thresholds(m->o.arg, t);
+}
+
 static void on_thresholds(st_status_t st, const uint8_t *b, size_t n, const char *detail, void *arg) {
     st_member_t *m = arg;
     m->calls--;
@@ -159,10 +165,7 @@ static void on_thresholds(st_status_t st, const uint8_t *b, size_t n, const char
     st_proto_thresholds_t t;
     if (st == ST_OK && !m->stopping) {
         if (st_proto_thresholds_decode(b, n, &t) == ST_OK) {
-            if (!t.unchanged && t.version > m->have_thresholds) {
-                m->have_thresholds = t.version;
-                m->o.on_thresholds(m->o.arg, &t);
-            }
+            new_thresholds(m, &t);
             st_proto_thresholds_cleanup(&t);
         } else {
             st_log_every(ST_LOG_WARN, 10.0, "member %s: bad Thresholds from %s: %s", m->name, m->target, st_err_last());
@@ -343,13 +346,18 @@ static void on_report(st_status_t st, const uint8_t *b, size_t n, const char *de
     report_t *r = arg;
     st_member_t *m = r->m;
     m->calls--;
-    /* the reply names the newest table: fetch it now rather than at the next heartbeat, so a worker
-     * routes with the table of ~2 steps before (the estimator's default lead) instead of one up to a
-     * heartbeat old (docs/quantile.md, "Table delay"); one fetch in flight at a time */
+    /* the reply carries the newest table when the report routed with an older one (else it names
+     * the newest version: fetch that), so a worker routes with the table of ~2 steps before, the
+     * estimator's default lead, not one up to a heartbeat old (docs/quantile.md, "Table delay") */
     st_proto_scores_reply_t rep;
-    if (st == ST_OK && !m->stopping && st_proto_scores_reply_decode(b, n, &rep) == ST_OK) {
-        follow_versions(m, 0, rep.threshold_version);
-        st_proto_scores_reply_cleanup(&rep);
+    if (st == ST_OK && !m->stopping) {
+        if (st_proto_scores_reply_decode(b, n, &rep) == ST_OK) {
+            if (rep.thresholds && m->o.on_thresholds) new_thresholds(m, rep.thresholds);
+            follow_versions(m, 0, rep.threshold_version);
+            st_proto_scores_reply_cleanup(&rep);
+        } else {
+            st_log_every(ST_LOG_WARN, 10.0, "member %s: bad ReportScoresReply from %s: %s", m->name, m->target, st_err_last());
+        }
     }
     r->cb(st, b, n, detail, r->arg);
     free(r);

@@ -102,6 +102,8 @@ int main(int argc, char **argv) {
     float tau[6] = {NAN, NAN, NAN, 0.5f, 0.25f, 0.125f}, rho[6] = {NAN, NAN, NAN, 0.4f, 0.2f, 0.1f};
     st_proto_thresholds_t th = {.version = 8, .step = 80, .n_layers = 2, .n_experts = 3, .tau = tau, .n_rho = 6, .rho = rho};
     PUT(K_THRESHOLDS, "table", thresholds, &th);
+    st_proto_scores_reply_t srt = {.threshold_version = 8, .thresholds = &th};
+    PUT(K_SCORES_REPLY, "reply_table", scores_reply, &srt);
     st_proto_thresholds_t tu = {.version = 8, .unchanged = 1, .n_layers = 2, .n_experts = 3};
     PUT(K_THRESHOLDS, "unchanged", thresholds, &tu);
     /* rho of the probed layers only (rho_layers) */

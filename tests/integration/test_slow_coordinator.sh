@@ -5,8 +5,8 @@
 # a prompt coordinator, routing top-k until the first thresholds arrive and then with the last table
 # it has (its reports name that version while newer ones exist). A worker that waited for each reply
 # would need >= 1.5 s per step (>= 0.75 s with two reports in flight).
-# With a prompt coordinator the worker's table is ~2 versions old (it fetches on the ReportScores
-# reply naming a newer one, not at the next heartbeat).
+# With a prompt coordinator the worker's table is ~2 versions old (the ReportScores reply carries
+# the newest table; heartbeats alone left it 31 behind).
 . "$(dirname "$0")/lib.sh"
 "$S" ckpt init --preset tiny --out "$TMP/ck" --seed 3 >/dev/null 2>&1
 NTOK=160
@@ -50,8 +50,8 @@ check "prompt coordinator: cluster ready" "start 0"
 gen_s >/dev/null # warm-up
 base=$(gen_s)
 echo "prompt coordinator: $NTOK tokens in $base s"
-# the table delay: a worker fetches the newest table when its ReportScores reply names it, not at the
-# next heartbeat (200 ms here, ~70 steps): sampled while it decodes, published minus routed-with
+# the table delay: the newest table comes with the worker's ReportScores reply, not after the next
+# heartbeat (200 ms here, ~70 steps): sampled while it decodes, published minus routed-with
 lags=""
 "$S" generate --prompt-tokens "$PROMPT" --max-tokens 600 --ignore-eos >/dev/null 2>&1 & gp=$!
 sleep 0.3

@@ -219,6 +219,42 @@ int main(void) {
               srd.threshold_version == 8,
           "scores reply");
     free(buf);
+    st_proto_scores_reply_cleanup(&srd);
+    /* with the newest table riding along */
+    float tau6[6] = {NAN, NAN, NAN, 0.5f, 0.25f, -1.0f}, rho3[3] = {0.4f, 0.2f, 0.1f};
+    uint32_t probed[1] = {1};
+    st_proto_thresholds_t tt = {.version = 9, .step = 90, .n_layers = 2, .n_experts = 3, .tau = tau6, .n_rho = 3,
+                                .rho = rho3, .n_rho_layers = 1, .rho_layers = probed};
+    srp.thresholds = &tt;
+    CHECK(st_proto_scores_reply_encode(&srp, &buf, &n) == ST_OK && st_proto_scores_reply_decode(buf, n, &srd) == ST_OK &&
+              srd.threshold_version == 8 && srd.thresholds && srd.thresholds->version == 9 && srd.thresholds->step == 90 &&
+              srd.thresholds->n_layers == 2 && srd.thresholds->n_experts == 3 && !memcmp(srd.thresholds->tau, tau6, sizeof tau6) &&
+              srd.thresholds->n_rho == 3 && !memcmp(srd.thresholds->rho, rho3, sizeof rho3) &&
+              srd.thresholds->n_rho_layers == 1 && srd.thresholds->rho_layers[0] == 1,
+          "scores reply with a table");
+    free(buf);
+    st_proto_scores_reply_cleanup(&srd);
+    CHECK(srd.thresholds == NULL, "scores reply cleanup frees the table");
+    /* an embedded table of the wrong shape is refused (encode, and decode of the bytes a peer could send) */
+    tt.n_rho_layers = 2;
+    CHECK(st_proto_scores_reply_encode(&srp, &buf, &n) != ST_OK, "scores reply with a malformed table: not encoded");
+    {
+        /* a peer's bytes: a 2 x 3 table whose n_experts reads 2, so tau has 6 values for 4 cells */
+        st_proto_thresholds_t bad = {.version = 9, .n_layers = 2, .n_experts = 3, .tau = tau6};
+        uint8_t *b3;
+        size_t n3;
+        srp.thresholds = &bad;
+        CHECK(st_proto_scores_reply_encode(&srp, &b3, &n3) == ST_OK, "2 x 3 table encodes");
+        /* n_experts is field 5 of Thresholds: tag 0x28, varint 3 */
+        size_t hits = 0;
+        for (size_t i = 0; i + 1 < n3; i++)
+            if (b3[i] == 0x28 && b3[i + 1] == 3) b3[i + 1] = 2, hits++;
+        CHECK(hits == 1, "found n_experts in the encoding");
+        st_proto_scores_reply_t d3;
+        CHECK(st_proto_scores_reply_decode(b3, n3, &d3) == ST_ERR_PROTOCOL, "scores reply whose table has more tau than cells: refused");
+        free(b3);
+    }
+    srp.thresholds = NULL;
     /* empty bytes decode to defaults */
     st_proto_heartbeat_reply_t hr;
     CHECK(st_proto_heartbeat_reply_decode((const uint8_t *)"", 0, &hr) == ST_OK && hr.known == 0, "empty message");

@@ -161,10 +161,6 @@ typedef struct {
     char member_token[ST_PROTO_TOKEN_MAX + 1]; /* worker_id's registration token */
 } st_proto_scores_t;
 
-typedef struct {
-    uint64_t threshold_version;
-} st_proto_scores_reply_t;
-
 /* τ[l][e] = tau[l*n_experts + e] (NaN = unset layer); unchanged: requester is current, tau NULL.
  * rho, the probe thresholds: with n_rho_layers > 0 only the rows of those layers (ascending, each
  * < n_layers): rho[i*n_experts + e] is layer rho_layers[i]'s, n_rho = n_rho_layers * n_experts, every
@@ -180,6 +176,14 @@ typedef struct {
     size_t n_rho_layers;
     uint32_t *rho_layers; /* [n_rho_layers] */
 } st_proto_thresholds_t;
+
+/* thresholds: the coordinator's newest table when it is newer than the one the report routed with
+ * (NULL: none; the worker fetches on threshold_version, or at a heartbeat). Encode reads the caller's;
+ * decode allocates it and cleanup frees it. */
+typedef struct {
+    uint64_t threshold_version;
+    st_proto_thresholds_t *thresholds;
+} st_proto_scores_reply_t;
 
 typedef struct {
     char *request_id;
