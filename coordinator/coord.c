@@ -430,6 +430,21 @@ static void h_placement(st_rpc_call_t *call, const uint8_t *req, size_t len, voi
 
 /* ================================================================ gRPC: thresholds */
 
+/* The published table as the wire carries it, built once per version: tau for every layer (non-MoE
+ * rows NaN) and rho only for the layers this version probes (a whole row is set or NaN). */
+static void wire_table(coord_t *co, const st_qtable_t *q) {
+    uint32_t E = q->n_experts, off = (uint32_t)co->cfg.first_k_dense;
+    for (size_t i = 0; i < (size_t)off * E; i++) co->tau_all[i] = NAN;
+    memcpy(co->tau_all + (size_t)off * E, q->tau, sizeof(float) * q->n_layers * E);
+    co->n_rho_layers = 0;
+    for (uint32_t l = 0; l < q->n_layers; l++) {
+        const float *row = q->rho + (size_t)l * E;
+        if (!st_qtau_is_set(row[0])) continue;
+        memcpy(co->rho_all + (size_t)co->n_rho_layers * E, row, sizeof(float) * E);
+        co->rho_layers[co->n_rho_layers++] = l + off;
+    }
+}
+
 static void publish_thresholds(coord_t *co) {
     st_qtable_t t;
     double t0 = st_time_sec();
@@ -441,6 +456,7 @@ static void publish_thresholds(coord_t *co) {
     } else {
         co->tau_version = t.version;
         co->tau_steps++;
+        wire_table(co, &t);
     }
     co->tau_data = 0;
     for (int i = 0; i < co->n_members; i++) co->members[i].reported = 0;
@@ -523,30 +539,19 @@ static st_status_t check_scores(const coord_t *co, const st_proto_scores_t *r) {
     return ST_OK;
 }
 
-/* The newest table as the wire carries it: tau for every layer (non-MoE rows NaN) and rho only for the
- * layers this version probes (a whole row is set or NaN); unchanged when the requester knows it or
- * none is published. Points into co's buffers (valid until the next call). */
-static st_proto_thresholds_t thresholds_msg(coord_t *co, uint64_t known) {
+/* The newest table for a requester that knows version `known`: unchanged when that is the newest
+ * or none is published. Points into co's wire table (wire_table). */
+static st_proto_thresholds_t thresholds_msg(const coord_t *co, uint64_t known) {
     st_proto_thresholds_t t = {.version = co->tau_version, .n_layers = (uint32_t)co->cfg.n_layers,
                                .n_experts = (uint32_t)co->cfg.n_experts, .step = co->tau_steps};
-    st_qtable_t q = {0};
-    if (co->q) st_qstate_table(co->q, &q);
-    if (known == co->tau_version || q.version == 0) {
+    if (known == co->tau_version || co->tau_version == 0) {
         t.unchanged = 1;
         return t;
     }
-    uint32_t E = q.n_experts, off = (uint32_t)co->cfg.first_k_dense;
-    for (size_t i = 0; i < (size_t)off * E; i++) co->tau_all[i] = NAN;
-    memcpy(co->tau_all + (size_t)off * E, q.tau, sizeof(float) * q.n_layers * E);
-    for (uint32_t l = 0; l < q.n_layers; l++) {
-        const float *row = q.rho + (size_t)l * E;
-        if (!st_qtau_is_set(row[0])) continue;
-        memcpy(co->rho_all + t.n_rho_layers * E, row, sizeof(float) * E);
-        co->rho_layers[t.n_rho_layers++] = l + off;
-    }
     t.tau = co->tau_all;
     t.rho = co->rho_all;
-    t.n_rho = t.n_rho_layers * E;
+    t.n_rho_layers = co->n_rho_layers;
+    t.n_rho = (size_t)co->n_rho_layers * t.n_experts;
     t.rho_layers = co->rho_layers;
     return t;
 }

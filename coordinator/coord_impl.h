@@ -114,6 +114,7 @@ struct coord {
     uint64_t tau_version, tau_steps;
     float *tau_all, *rho_all; /* [n_layers][n_experts] for the wire (rho_all: the probed rows, packed) */
     uint32_t *rho_layers;     /* [n_layers] the probed layers of the reply */
+    uint32_t n_rho_layers;    /* how many: tau_all, rho_all and rho_layers are built once per version */
     int tau_data;             /* summaries merged since the last end_step */
     uint64_t stale_summaries; /* dropped: built on a table older than the estimator's history */
     /* metrics */

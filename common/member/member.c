@@ -346,14 +346,13 @@ static void on_report(st_status_t st, const uint8_t *b, size_t n, const char *de
     report_t *r = arg;
     st_member_t *m = r->m;
     m->calls--;
-    /* the reply carries the newest table when the report routed with an older one (else it names
-     * the newest version: fetch that), so a worker routes with the table of ~2 steps before, the
-     * estimator's default lead, not one up to a heartbeat old (docs/quantile.md, "Table delay") */
+    /* the reply carries the newest table when the report routed with an older one, so a worker
+     * routes with the table of ~2 steps before, the estimator's default lead, not one up to a
+     * heartbeat old (docs/quantile.md, "Table delay") */
     st_proto_scores_reply_t rep;
-    if (st == ST_OK && !m->stopping) {
+    if (st == ST_OK && !m->stopping && m->o.on_thresholds) {
         if (st_proto_scores_reply_decode(b, n, &rep) == ST_OK) {
-            if (rep.thresholds && m->o.on_thresholds) new_thresholds(m, rep.thresholds);
-            follow_versions(m, 0, rep.threshold_version);
+            if (rep.thresholds) new_thresholds(m, rep.thresholds);
             st_proto_scores_reply_cleanup(&rep);
         } else {
             st_log_every(ST_LOG_WARN, 10.0, "member %s: bad ReportScoresReply from %s: %s", m->name, m->target, st_err_last());

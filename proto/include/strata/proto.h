@@ -178,8 +178,8 @@ typedef struct {
 } st_proto_thresholds_t;
 
 /* thresholds: the coordinator's newest table when it is newer than the one the report routed with
- * (NULL: none; the worker fetches on threshold_version, or at a heartbeat). Encode reads the caller's;
- * decode allocates it and cleanup frees it. */
+ * (NULL: the report routed with the newest). Encode reads the caller's; decode allocates it and
+ * cleanup frees it. */
 typedef struct {
     uint64_t threshold_version;
     st_proto_thresholds_t *thresholds;
